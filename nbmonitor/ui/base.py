@@ -1,0 +1,19 @@
+"""What the monitor asks of a view."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from nbmonitor._frame import Frame
+
+
+class View(Protocol):
+    """Something that shows Frames. Called from the sampler thread only; never raises on purpose.
+
+    ``publish`` shows the newest frame; ``close`` shows the final one (status "closed") and
+    releases the view's feed. Neither may call ``display()`` or ``print()``.
+    """
+
+    def publish(self, frame: Frame) -> None: ...
+
+    def close(self, frame: Frame) -> None: ...
