@@ -50,5 +50,9 @@ class CpuBackend:
         out["torch_threads"] = float(torch.get_num_threads())
         return out
 
+    def device_gauges(self, sample: dict[str, float]) -> list[dict[str, float | str]]:
+        """No accelerator, so no gauges (the dashboard shows CPU/RAM from the sample)."""
+        return []
+
     def close(self) -> None:
         pass

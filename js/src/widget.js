@@ -1,0 +1,285 @@
+// nbmonitor dashboard panel (anywidget ESM): header, gauges, alerts and the per-layer panel.
+// Curves are bqplot figures composed beside this widget on the Python side.
+//
+// The sampler may publish several times per second; every model change only marks a section
+// dirty and one requestAnimationFrame redraws what changed, so bursts cost one redraw.
+
+import { toTypedArray } from "./binary.js";
+import {
+  DASH,
+  fmtBytes,
+  fmtDuration,
+  fmtInt,
+  fmtJoules,
+  fmtNumber,
+  fmtPercent,
+  fmtStepTime,
+  isNum,
+} from "./format.js";
+import { Heatmap } from "./heatmap.js";
+import { LayerTable } from "./table.js";
+
+/** Traits this view reads, and the section each one dirties. */
+export const SECTIONS = {
+  header: ["header"],
+  system: ["gauges"],
+  devices: ["gauges"],
+  alerts: ["alerts"],
+  errors: ["alerts"],
+  layers: ["layers"],
+  layers_grid: ["layers"],
+  layers_steps: ["layers"],
+};
+
+/**
+ * @param {string} tag @param {string} [className] @param {string} [text]
+ * @returns {HTMLElement}
+ */
+function h(tag, className, text) {
+  const node = document.createElement(tag);
+  if (className) node.className = className;
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+/** A labelled value in the header; `data-field` is what tests and the browser test read. */
+function stat(parent, field, label) {
+  const box = h("div", "nbm-stat");
+  const value = h("span", "nbm-stat-value", DASH);
+  value.dataset.field = field;
+  box.append(h("span", "nbm-stat-label", label), value);
+  parent.append(box);
+  return value;
+}
+
+/** @param {number | null | undefined} fraction in [0, 1] */
+function bar(fraction, level) {
+  const outer = h("div", "nbm-bar");
+  const inner = h("div", `nbm-bar-fill${level ? ` nbm-${level}` : ""}`);
+  inner.style.width = `${isNum(fraction) ? Math.round(Math.min(1, Math.max(0, fraction)) * 1000) / 10 : 0}%`;
+  outer.append(inner);
+  return outer;
+}
+
+function level(fraction) {
+  if (!isNum(fraction)) return "";
+  return fraction >= 0.95 ? "crit" : fraction >= 0.85 ? "warn" : "";
+}
+
+/** One gauge row: label, bar, text. */
+function gauge(label, fraction, text, field) {
+  const row = h("div", "nbm-gauge");
+  const value = h("span", "nbm-gauge-text", text);
+  if (field) value.dataset.field = field;
+  row.append(h("span", "nbm-gauge-label", label), bar(fraction, level(fraction)), value);
+  return row;
+}
+
+function card(title, kind) {
+  const box = h("div", `nbm-card nbm-card-${kind}`);
+  box.append(h("div", "nbm-card-title", title));
+  return box;
+}
+
+const ratio = (a, b) => (isNum(a) && isNum(b) && b > 0 ? a / b : null);
+
+/** @param {Record<string, any>} system */
+export function systemCards(system) {
+  const cards = [];
+  const cpu = card("CPU", "cpu");
+  cpu.append(
+    gauge("system", isNum(system.cpu_percent) ? system.cpu_percent / 100 : null, fmtPercent(system.cpu_percent), "cpu"),
+  );
+  if (isNum(system.process_cpu_percent)) {
+    // A process can use several cores: its share is of one core, so it may exceed 100%.
+    cpu.append(h("div", "nbm-note", `this process ${fmtPercent(system.process_cpu_percent)}`));
+  }
+  cards.push(cpu);
+  const ram = card("RAM", "ram");
+  ram.append(
+    gauge(
+      "used",
+      ratio(system.ram_used_bytes, system.ram_total_bytes),
+      `${fmtBytes(system.ram_used_bytes)} / ${fmtBytes(system.ram_total_bytes)}`,
+      "ram",
+    ),
+  );
+  if (isNum(system.process_rss_bytes)) ram.append(h("div", "nbm-note", `this process ${fmtBytes(system.process_rss_bytes)}`));
+  cards.push(ram);
+  if (isNum(system.energy_per_step_j) || isNum(system.energy_per_sample_j)) {
+    const energy = card("Energy", "energy");
+    const e1 = h("div", "nbm-note", `${fmtJoules(system.energy_per_step_j)} / step`);
+    e1.dataset.field = "energy_per_step";
+    const e2 = h("div", "nbm-note", `${fmtJoules(system.energy_per_sample_j)} / sample`);
+    e2.dataset.field = "energy_per_sample";
+    energy.append(e1, e2);
+    cards.push(energy);
+  }
+  return cards;
+}
+
+/** @param {Record<string, any>} d @param {number} index */
+export function deviceCard(d, index) {
+  const box = card(`GPU ${index}${d.name ? ` \u00b7 ${d.name}` : ""}`, "gpu");
+  box.dataset.device = String(index);
+  const memFrac = ratio(d.mem_used_bytes, d.mem_total_bytes);
+  box.append(
+    gauge("util", isNum(d.util_percent) ? d.util_percent / 100 : null, fmtPercent(d.util_percent)),
+    gauge("memory", memFrac, `${fmtBytes(d.mem_used_bytes)} / ${fmtBytes(d.mem_total_bytes)}`),
+  );
+  const temp = isNum(d.temperature_c) ? `${Math.round(d.temperature_c)} \u00b0C` : DASH;
+  const power = isNum(d.power_w)
+    ? `${Math.round(d.power_w)} W${isNum(d.power_limit_w) ? ` / ${Math.round(d.power_limit_w)} W` : ""}`
+    : DASH;
+  box.append(h("div", "nbm-note", `${temp} \u00b7 ${power}`));
+  const throttle = typeof d.throttle === "string" ? d.throttle.trim() : "";
+  if (throttle && throttle.toLowerCase() !== "none") {
+    const t = h("div", "nbm-throttle", `throttled: ${throttle}`);
+    box.append(t);
+  }
+  return box;
+}
+
+const MAX_LAYER_NAMES = 4;
+
+/** @param {Record<string, any>} alert */
+export function alertItem(alert) {
+  const item = h("li", `nbm-alert nbm-sev-${alert.severity ?? "warning"}`);
+  const step = isNum(alert.step) ? ` (step ${fmtInt(alert.step)})` : "";
+  item.append(h("span", "nbm-alert-msg", `${alert.message ?? alert.rule ?? ""}${step}`));
+  const layers = Array.isArray(alert.layers) ? alert.layers : [];
+  if (layers.length) {
+    const more = layers.length > MAX_LAYER_NAMES ? ` +${layers.length - MAX_LAYER_NAMES} more` : "";
+    const names = h("span", "nbm-alert-layers", `in ${layers.slice(0, MAX_LAYER_NAMES).join(", ")}${more}`);
+    names.title = layers.join("\n");
+    item.append(names);
+  }
+  return item;
+}
+
+class Dashboard {
+  /** @param {HTMLElement} el */
+  constructor(el) {
+    this.el = el;
+    this.root = h("div", "nbm-root");
+    el.append(this.root);
+
+    const header = h("div", "nbm-header");
+    const title = h("div", "nbm-title");
+    this.run = h("span", "nbm-run");
+    this.backend = h("span", "nbm-chip nbm-backend");
+    this.status = h("span", "nbm-status");
+    this.status.dataset.field = "status";
+    title.append(this.run, this.backend, this.status);
+    const stats = h("div", "nbm-stats");
+    this.step = stat(stats, "step", "step");
+    this.progress = h("div", "nbm-progress");
+    this.step.parentElement?.append(this.progress);
+    this.loss = stat(stats, "loss", "loss");
+    this.throughput = stat(stats, "samples_per_s", "samples/s");
+    this.stepTime = stat(stats, "step_time", "step time");
+    this.elapsed = stat(stats, "elapsed", "elapsed");
+    this.eta = stat(stats, "eta", "ETA");
+    header.append(title, stats);
+
+    this.gauges = h("div", "nbm-gauges");
+    this.alerts = h("ul", "nbm-alerts");
+    this.layers = h("div", "nbm-layers");
+    this.layersTitle = h("div", "nbm-section-title", "Per-layer gradients (log10 norm, layers \u00d7 steps)");
+    this.layers.append(this.layersTitle);
+    this.heatmap = new Heatmap(this.layers);
+    this.table = new LayerTable(this.layers);
+    this.layers.hidden = true;
+    this.root.append(header, this.gauges, this.alerts, this.layers);
+  }
+
+  /** @param {Record<string, any>} s */
+  drawHeader(s) {
+    this.run.textContent = s.run ?? "";
+    this.backend.textContent = s.backend ?? "";
+    const status = s.status ?? "running";
+    this.status.textContent = status;
+    this.status.className = `nbm-status nbm-status-${status}`;
+    const total = isNum(s.total_steps) ? s.total_steps : null;
+    this.step.textContent = total ? `${fmtInt(s.step)} / ${fmtInt(total)}` : fmtInt(s.step);
+    this.progress.hidden = !total;
+    this.progress.replaceChildren(bar(total && isNum(s.step) ? s.step / total : null, ""));
+    this.loss.textContent = fmtNumber(s.loss);
+    this.throughput.textContent = fmtNumber(s.samples_per_s, 3);
+    this.stepTime.textContent = fmtStepTime(s.step_time);
+    this.elapsed.textContent = fmtDuration(s.elapsed_s);
+    this.eta.textContent = status === "closed" ? DASH : fmtDuration(s.eta_s);
+  }
+
+  drawGauges(system, devices) {
+    const cards = systemCards(system ?? {});
+    (devices ?? []).forEach((d, i) => cards.push(deviceCard(d, i)));
+    this.gauges.replaceChildren(...cards);
+  }
+
+  drawAlerts(alerts, errors) {
+    const items = (alerts ?? []).map(alertItem);
+    for (const error of errors ?? []) items.push(h("li", "nbm-alert nbm-sev-error nbm-error", String(error)));
+    this.alerts.replaceChildren(...items);
+    this.alerts.hidden = items.length === 0;
+  }
+
+  drawLayers(meta, grid, steps) {
+    const rows = meta?.n_layers ?? 0;
+    const cols = meta?.n_steps ?? 0;
+    this.layers.hidden = !meta || !Array.isArray(meta.names) || meta.names.length === 0;
+    if (this.layers.hidden) return;
+    const values = toTypedArray(grid, "float32");
+    const complete = values.length === rows * cols;
+    this.heatmap.draw({
+      values: complete ? values : new Float32Array(0),
+      rows: complete ? rows : 0,
+      cols: complete ? cols : 0,
+      names: meta.names,
+      steps: toTypedArray(steps, "float64"),
+    });
+    this.table.update(Array.isArray(meta.table) ? meta.table : []);
+  }
+
+  destroy() {
+    this.heatmap.destroy();
+    this.table.destroy();
+    this.root.remove();
+  }
+}
+
+/** @param {{ model: any, el: HTMLElement }} ctx */
+export function render({ model, el }) {
+  const view = new Dashboard(el);
+  const dirty = new Set(["header", "gauges", "alerts", "layers"]);
+  let frame = 0;
+
+  const redraw = () => {
+    frame = 0;
+    if (dirty.has("header")) view.drawHeader(model.get("header") ?? {});
+    if (dirty.has("gauges")) view.drawGauges(model.get("system"), model.get("devices"));
+    if (dirty.has("alerts")) view.drawAlerts(model.get("alerts"), model.get("errors"));
+    if (dirty.has("layers")) view.drawLayers(model.get("layers"), model.get("layers_grid"), model.get("layers_steps"));
+    dirty.clear();
+  };
+
+  /** @type {[string, () => void][]} */
+  const listeners = Object.entries(SECTIONS).map(([trait, sections]) => [
+    `change:${trait}`,
+    () => {
+      for (const s of sections) dirty.add(s);
+      if (!frame) frame = requestAnimationFrame(redraw);
+    },
+  ]);
+  for (const [event, fn] of listeners) model.on(event, fn);
+  redraw();
+
+  return () => {
+    for (const [event, fn] of listeners) model.off(event, fn);
+    if (frame) cancelAnimationFrame(frame);
+    frame = 0;
+    view.destroy();
+  };
+}
+
+export default { render };

@@ -1,0 +1,210 @@
+import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
+import widget, { render } from "../src/widget.js";
+import { sortRows } from "../src/table.js";
+import { FakeModel, baseState, nextFrame } from "./fake-model.js";
+
+const field = (el, name) => el.querySelector(`[data-field="${name}"]`)?.textContent;
+
+let el;
+beforeEach(() => {
+  el = document.createElement("div");
+  document.body.append(el);
+});
+afterEach(() => {
+  el.remove();
+  vi.restoreAllMocks();
+});
+
+describe("render", () => {
+  it("is the default export's render", () => {
+    expect(widget.render).toBe(render);
+  });
+
+  it("builds the header and the CPU/RAM gauges", () => {
+    const model = new FakeModel(baseState());
+    render({ model, el });
+    expect(el.querySelector(".nbm-run").textContent).toBe("demo-run");
+    expect(el.querySelector(".nbm-backend").textContent).toBe("cpu");
+    expect(field(el, "status")).toBe("running");
+    expect(el.querySelector(".nbm-status").classList.contains("nbm-status-running")).toBe(true);
+    expect(field(el, "step")).toBe("120 / 1,000");
+    expect(field(el, "loss")).toBe("0.4321");
+    expect(field(el, "step_time")).toBe("25.0 ms");
+    expect(field(el, "eta")).toBe("1:31");
+    expect(field(el, "cpu")).toBe("42%");
+    expect(field(el, "ram")).toBe("8.0 GiB / 16.0 GiB");
+    expect(el.querySelector(".nbm-card-cpu").textContent).toContain("this process 180%");
+    expect(el.querySelectorAll(".nbm-card-gpu").length).toBe(0);
+    expect(el.querySelector(".nbm-card-energy")).toBeNull();
+    expect(el.querySelector(".nbm-alerts").hidden).toBe(true);
+    expect(el.querySelector(".nbm-layers").hidden).toBe(true);
+  });
+
+  it("shows a dash for null (NaN on the Python side) values", () => {
+    const state = baseState();
+    state.header = { ...state.header, loss: null, total_steps: null, eta_s: null };
+    render({ model: new FakeModel(state), el });
+    expect(field(el, "loss")).toBe("\u2013");
+    expect(field(el, "step")).toBe("120");
+    expect(el.querySelector(".nbm-progress").hidden).toBe(true);
+  });
+
+  it("updates the DOM once per animation frame after model changes", async () => {
+    const model = new FakeModel(baseState());
+    render({ model, el });
+    const raf = vi.spyOn(window, "requestAnimationFrame");
+    model.set("header", { ...model.get("header"), step: 121, loss: 0.4 });
+    model.set("header", { ...model.get("header"), step: 122, loss: 0.39 });
+    model.set("system", { ...model.get("system"), cpu_percent: 97 });
+    // Coalesced: three changes, one scheduled redraw, nothing drawn yet.
+    expect(raf).toHaveBeenCalledTimes(1);
+    expect(field(el, "step")).toBe("120 / 1,000");
+    await nextFrame();
+    expect(field(el, "step")).toBe("122 / 1,000");
+    expect(field(el, "loss")).toBe("0.39");
+    expect(field(el, "cpu")).toBe("97%");
+    expect(el.querySelector(".nbm-card-cpu .nbm-bar-fill").classList.contains("nbm-crit")).toBe(true);
+  });
+
+  it("shows the closed status and hides the ETA", async () => {
+    const model = new FakeModel(baseState());
+    render({ model, el });
+    model.set("header", { ...model.get("header"), status: "closed" });
+    await nextFrame();
+    expect(field(el, "status")).toBe("closed");
+    expect(el.querySelector(".nbm-status").className).toContain("nbm-status-closed");
+    expect(field(el, "eta")).toBe("\u2013");
+  });
+
+  it("renders a gauge card per GPU with throttle reasons, and energy", async () => {
+    const model = new FakeModel(baseState());
+    render({ model, el });
+    model.set("devices", [
+      {
+        name: "NVIDIA H100",
+        util_percent: 88,
+        mem_used_bytes: 40 * 2 ** 30,
+        mem_total_bytes: 80 * 2 ** 30,
+        temperature_c: 61,
+        power_w: 420,
+        power_limit_w: 700,
+        throttle: "sw_power_cap",
+      },
+      { name: "NVIDIA H100", util_percent: null, mem_used_bytes: null, mem_total_bytes: null, throttle: "" },
+    ]);
+    model.set("system", { ...model.get("system"), energy_per_step_j: 12.5, energy_per_sample_j: 0.049 });
+    await nextFrame();
+    const cards = el.querySelectorAll(".nbm-card-gpu");
+    expect(cards.length).toBe(2);
+    expect(cards[0].textContent).toContain("GPU 0 \u00b7 NVIDIA H100");
+    expect(cards[0].textContent).toContain("88%");
+    expect(cards[0].textContent).toContain("40.0 GiB / 80.0 GiB");
+    expect(cards[0].textContent).toContain("61 \u00b0C \u00b7 420 W / 700 W");
+    expect(cards[0].querySelector(".nbm-throttle").textContent).toBe("throttled: sw_power_cap");
+    expect(cards[1].querySelector(".nbm-throttle")).toBeNull();
+    expect(field(el, "energy_per_step")).toBe("12.5 J / step");
+    expect(field(el, "energy_per_sample")).toBe("49.0 mJ / sample");
+  });
+
+  it("lists alerts with their layers, and errors", async () => {
+    const model = new FakeModel(baseState());
+    render({ model, el });
+    model.set("alerts", [
+      {
+        rule: "vanishing",
+        severity: "warning",
+        message: "Gradients are vanishing",
+        step: 50,
+        layers: ["l1", "l2", "l3", "l4", "l5", "l6"],
+      },
+    ]);
+    model.set("errors", ["backend: psutil failed 3 times"]);
+    await nextFrame();
+    const items = el.querySelectorAll(".nbm-alert");
+    expect(items.length).toBe(2);
+    expect(items[0].textContent).toContain("Gradients are vanishing (step 50)");
+    expect(items[0].querySelector(".nbm-alert-layers").textContent).toBe("in l1, l2, l3, l4 +2 more");
+    expect(items[1].classList.contains("nbm-error")).toBe(true);
+    expect(el.querySelector(".nbm-alerts").hidden).toBe(false);
+  });
+
+  it("draws the per-layer heatmap from binary buffers and a sortable, flagged table", async () => {
+    const put = vi.fn();
+    vi.spyOn(HTMLCanvasElement.prototype, "getContext").mockReturnValue({ putImageData: put });
+    globalThis.ImageData ??= class {
+      constructor(data, w, hgt) {
+        Object.assign(this, { data, width: w, height: hgt });
+      }
+    };
+    const model = new FakeModel(baseState());
+    render({ model, el });
+    const grid = new Float32Array([-1, -2, Number.NaN, 0, 1, 2]); // 2 layers x 3 steps
+    model.set("layers_grid", new DataView(grid.buffer));
+    model.set("layers_steps", new DataView(new Float64Array([10, 20, 30]).buffer));
+    model.set("layers", {
+      names: ["fc1.weight", "fc2.weight"],
+      n_layers: 2,
+      n_steps: 3,
+      table: [
+        { name: "fc1.weight", shape: [4, 8], numel: 32, dtype: "float32", grad_norm: 0.1, param_norm: 2, update_ratio: 1e-3, flags: [] },
+        { name: "fc2.weight", shape: [8, 1], numel: 8, dtype: "float32", grad_norm: 100, param_norm: 1, update_ratio: null, flags: ["exploding"] },
+      ],
+    });
+    await nextFrame();
+    expect(el.querySelector(".nbm-layers").hidden).toBe(false);
+    const canvas = el.querySelector("canvas");
+    expect([canvas.width, canvas.height]).toEqual([3, 2]);
+    expect(put).toHaveBeenCalledTimes(1);
+    const image = put.mock.calls[0][0];
+    // NaN cell transparent, the largest value bright yellow.
+    expect(image.data[2 * 4 + 3]).toBe(0);
+    expect(Array.from(image.data.slice(5 * 4, 5 * 4 + 4))).toEqual([253, 231, 37, 255]);
+    expect(el.querySelector(".nbm-heatmap-legend").textContent).toContain("-2");
+
+    const rows = () => Array.from(el.querySelectorAll(".nbm-table tbody tr"));
+    expect(rows().map((r) => r.firstChild.textContent)).toEqual(["fc1.weight", "fc2.weight"]);
+    expect(rows()[1].classList.contains("nbm-flagged")).toBe(true);
+    expect(rows()[1].querySelector(".nbm-flag").textContent).toBe("exploding");
+    expect(rows()[0].children[1].textContent).toBe("(4, 8)");
+    // Click "grad norm": largest first; click again: ascending.
+    const th = el.querySelector('th[data-key="grad_norm"]');
+    th.click();
+    expect(rows()[0].firstChild.textContent).toBe("fc2.weight");
+    th.click();
+    expect(rows()[0].firstChild.textContent).toBe("fc1.weight");
+    // Sorting survives a data update.
+    model.set("layers", { ...model.get("layers") });
+    await nextFrame();
+    expect(rows()[0].firstChild.textContent).toBe("fc1.weight");
+  });
+
+  it("hides the layer panel when the matrix does not match its shape", async () => {
+    const model = new FakeModel(baseState({ layers: { names: ["a"], n_layers: 1, n_steps: 4, table: [] } }));
+    render({ model, el });
+    expect(el.querySelector(".nbm-layers").hidden).toBe(false);
+    expect(el.querySelector("canvas").width).toBe(1);
+  });
+
+  it("cleans up: removes listeners, cancels the pending frame and the DOM", async () => {
+    const model = new FakeModel(baseState());
+    const cleanup = render({ model, el });
+    expect(model.listenerCount()).toBeGreaterThan(0);
+    const cancel = vi.spyOn(window, "cancelAnimationFrame");
+    model.set("header", { ...model.get("header"), step: 999 });
+    cleanup();
+    expect(model.listenerCount()).toBe(0);
+    expect(cancel).toHaveBeenCalled();
+    expect(el.children.length).toBe(0);
+    model.set("header", { ...model.get("header"), step: 1000 });
+    await nextFrame();
+    expect(el.textContent).toBe("");
+  });
+});
+
+describe("sortRows", () => {
+  it("keeps missing values last in both directions", () => {
+    const rows = [{ v: 2 }, { v: null }, { v: 5 }, { v: Number.NaN }];
+    expect(sortRows(rows, "v", 1).map((r) => r.v)).toEqual([2, 5, null, Number.NaN]);
+    expect(sortRows(rows, "v", -1).map((r) => r.v)).toEqual([5, 2, null, Number.NaN]);
+  });
+});

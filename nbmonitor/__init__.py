@@ -1,0 +1,12 @@
+"""nbmonitor: a live training monitor inside your Jupyter notebook.
+
+>>> import nbmonitor
+>>> mon = nbmonitor.attach(model, optimizer, total_steps=500)  # doctest: +SKIP
+"""
+
+from nbmonitor._monitor import Monitor, attach
+from nbmonitor._runlog import Run, RunDirError
+from nbmonitor._runlog import open_run as open
+from nbmonitor._version import __version__
+
+__all__ = ["Monitor", "Run", "RunDirError", "__version__", "attach", "open"]

@@ -1,0 +1,311 @@
+"""Model and optimizer hooks: what the training thread does for nbmonitor, and nothing more.
+
+Every hook only appends a record to the Recorder. Gradient norms are computed on the device with
+one fused ``torch._foreach_norm`` call in the optimizer pre-step hook (gradients are final there)
+and cross to the host later, without a synchronisation. Every hook body is wrapped: an exception
+is reported to ``on_error`` and the user's loop goes on; a hook that keeps failing is switched off.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch.utils.hooks import RemovableHandle
+
+from nbmonitor._recorder import (
+    DeviceValue,
+    LogRecord,
+    Recorder,
+    StepRecord,
+    make_log_record,
+)
+
+ErrorSink = Callable[[str, BaseException], None]
+
+# After this many consecutive failures a hook stops doing anything (its handle stays until close).
+MAX_CONSECUTIVE_ERRORS = 5
+
+
+def optimizer_parameters(optimizer: torch.optim.Optimizer) -> list[torch.nn.Parameter]:
+    """The optimizer's parameters in group order, each once."""
+    seen: set[int] = set()
+    out: list[torch.nn.Parameter] = []
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if id(p) not in seen:
+                seen.add(id(p))
+                out.append(p)
+    return out
+
+
+def batch_size(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
+    """Leading dimension of the first tensor among a forward call's inputs (0 if none)."""
+    for value in (*args, *kwargs.values()):
+        found = _first_tensor(value)
+        if found is not None:
+            return int(found.shape[0]) if found.dim() > 0 else 1
+    return 0
+
+
+def _first_tensor(value: object, depth: int = 0) -> torch.Tensor | None:
+    if isinstance(value, torch.Tensor):
+        return value
+    if depth >= 2:
+        return None
+    items: Any
+    if isinstance(value, Mapping):
+        items = value.values()
+    elif isinstance(value, (list, tuple)):
+        items = value
+    else:
+        return None
+    for item in items:
+        found = _first_tensor(item, depth + 1)
+        if found is not None:
+            return found
+    return None
+
+
+def output_loss(output: object) -> torch.Tensor | None:
+    """The ``.loss`` (or ``["loss"]``) of a Hugging Face style model output, if it is a scalar."""
+    if isinstance(output, torch.Tensor):
+        return None
+    loss = getattr(output, "loss", None)
+    if loss is None and isinstance(output, Mapping):
+        loss = output.get("loss")
+    if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+        return loss
+    return None
+
+
+def grad_norms(grads: list[torch.Tensor]) -> DeviceValue:
+    """[total, *per-tensor] L2 norms of ``grads`` in float32, on the device, as one value."""
+    dense = [g.coalesce().values() if g.is_sparse else g for g in grads]
+    norms = torch._foreach_norm(dense, 2, dtype=torch.float32)
+    device = norms[0].device
+    per = torch.stack([n if n.device == device else n.to(device, non_blocking=True) for n in norms])
+    total = torch.linalg.vector_norm(per).reshape(1)
+    return DeviceValue(torch.cat([total, per]))
+
+
+class Hooks:
+    """Installs the hooks on one model (and optimizer) and keeps the training-side counters.
+
+    ``step`` is the number of completed optimizer steps (or backward passes without an
+    optimizer). All state here is written by the training thread only.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        recorder: Recorder,
+        on_error: ErrorSink,
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.recorder = recorder
+        self._on_error = on_error
+        self.step = 0
+        self._samples = 0
+        self._micro = 0
+        self._step_start: float | None = None
+        self._last_end: float | None = None
+        self._pending_norms: tuple[DeviceValue | None, tuple[int, ...] | None] = (None, None)
+        self._backward_queued = False
+        self._failures: dict[str, int] = {}
+        self.handles: list[RemovableHandle] = []
+        names = {id(p): n for n, p in model.named_parameters()}
+        if optimizer is not None:
+            params = optimizer_parameters(optimizer)
+        else:
+            params = [p for p in model.parameters() if p.requires_grad]
+        self.params: list[torch.nn.Parameter] = params
+        self.param_names: list[str] = [names.get(id(p), f"param{i}") for i, p in enumerate(params)]
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def install(self) -> None:
+        m = self.model
+        self.handles.append(m.register_forward_pre_hook(self._forward_pre, with_kwargs=True))
+        self.handles.append(m.register_forward_hook(self._forward, with_kwargs=True))
+        if self.optimizer is not None:
+            self.handles.append(self.optimizer.register_step_pre_hook(self._step_pre))
+            self.handles.append(self.optimizer.register_step_post_hook(self._step_post))
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+
+    @property
+    def log_step(self) -> int:
+        """The step a value logged now belongs to.
+
+        Once a grad-enabled forward has run since the last step ended, the value belongs to the
+        step in progress; otherwise to the step that just ended (``mon.log`` after ``step()``).
+        """
+        return self.step + 1 if self._micro else self.step
+
+    def log(self, scalars: Mapping[str, object]) -> None:
+        self.recorder.put(make_log_record(self.log_step, scalars))
+
+    # -- error accounting -----------------------------------------------------------------------
+
+    def _failed(self, source: str, exc: BaseException) -> None:
+        self._failures[source] = self._failures.get(source, 0) + 1
+        self._on_error(source, exc)
+
+    def _enabled(self, source: str) -> bool:
+        return self._failures.get(source, 0) < MAX_CONSECUTIVE_ERRORS
+
+    def _ok(self, source: str) -> None:
+        if self._failures.get(source):
+            self._failures[source] = 0
+
+    # -- hooks --------------------------------------------------------------------------------
+
+    def _forward_pre(
+        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
+        source = "hook:forward_pre"
+        if not torch.is_grad_enabled() or not self._enabled(source):
+            return None
+        try:
+            if self._step_start is None:
+                self._step_start = time.perf_counter()
+            self._micro += 1
+            self._samples += batch_size(args, kwargs)
+            self._ok(source)
+        except Exception as exc:
+            self._failed(source, exc)
+        return None
+
+    def _forward(
+        self,
+        module: torch.nn.Module,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        output: Any,
+    ) -> None:
+        source = "hook:forward"
+        if not torch.is_grad_enabled() or not self._enabled(source):
+            return None
+        try:
+            loss = output_loss(output)
+            if loss is not None:
+                self.recorder.put(make_log_record(self.log_step, {"loss": loss}))
+            if self.optimizer is None:
+                self._watch_backward(loss if loss is not None else _first_tensor(output))
+            self._ok(source)
+        except Exception as exc:
+            self._failed(source, exc)
+        return None
+
+    def _watch_backward(self, tensor: torch.Tensor | None) -> None:
+        # Without an optimizer a step is a backward pass. A hook on the output's gradient queues a
+        # callback that autograd runs once the whole backward pass has finished (as DDP does).
+        if tensor is not None and tensor.requires_grad:
+            tensor.register_hook(self._output_grad)  # type: ignore[no-untyped-call]
+
+    def _output_grad(self, grad: torch.Tensor) -> None:
+        try:
+            if not self._backward_queued:
+                self._backward_queued = True
+                engine = torch.autograd.Variable._execution_engine
+                engine.queue_callback(self._backward_end)
+        except Exception as exc:
+            self._failed("hook:backward", exc)
+        return None
+
+    def _backward_end(self) -> None:
+        self._backward_queued = False
+        source = "hook:backward"
+        if not self._enabled(source):
+            return
+        try:
+            self._collect_norms()
+            self._end_step()
+            self._ok(source)
+        except Exception as exc:
+            self._failed(source, exc)
+
+    def _step_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        source = "hook:optimizer_pre_step"
+        if not self._enabled(source):
+            return None
+        try:
+            self._collect_norms()
+            self._ok(source)
+        except Exception as exc:
+            self._pending_norms = (None, None)
+            self._failed(source, exc)
+        return None
+
+    def _step_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        source = "hook:optimizer_post_step"
+        if not self._enabled(source):
+            return None
+        try:
+            self._end_step()
+            self._ok(source)
+        except Exception as exc:
+            self._failed(source, exc)
+        return None
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _collect_norms(self) -> None:
+        grads: list[torch.Tensor] = []
+        index: list[int] = []
+        for i, p in enumerate(self.params):
+            g = p.grad
+            if g is not None:
+                grads.append(g)
+                index.append(i)
+        if not grads:
+            self._pending_norms = (None, None)
+            return
+        which = None if len(index) == len(self.params) else tuple(index)
+        self._pending_norms = (grad_norms(grads), which)
+
+    def _end_step(self) -> None:
+        now = time.perf_counter()
+        start = self._last_end if self._last_end is not None else self._step_start
+        step_time = now - start if start is not None else float("nan")
+        self.step += 1
+        norms, which = self._pending_norms
+        self._pending_norms = (None, None)
+        self.recorder.put(
+            StepRecord(
+                step=self.step,
+                time=time.time(),
+                step_time=step_time,
+                samples=self._samples,
+                micro_batches=self._micro,
+                lrs=self._lrs(),
+                norms=norms,
+                norm_index=which,
+            )
+        )
+        self._last_end = now
+        self._samples = 0
+        self._micro = 0
+
+    def _lrs(self) -> tuple[float | DeviceValue, ...]:
+        if self.optimizer is None:
+            return ()
+        out: list[float | DeviceValue] = []
+        for group in self.optimizer.param_groups:
+            lr = group.get("lr", float("nan"))
+            if isinstance(lr, torch.Tensor):
+                out.append(DeviceValue(lr.reshape(1)))
+            else:
+                out.append(float(lr))
+        return tuple(out)
+
+
+__all__ = ["Hooks", "LogRecord", "batch_size", "grad_norms", "optimizer_parameters", "output_loss"]

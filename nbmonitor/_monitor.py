@@ -1,0 +1,548 @@
+"""Monitor: the lifecycle of one monitored model, and the glue between the parts.
+
+attach() validates, closes any earlier monitor of the same model (the notebook cell re-run),
+installs the hooks, creates the run directory and starts the sampler thread. Everything after
+that happens in ``tick()`` on the sampler thread, except ``log()``, which only records.
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime as _dt
+import math
+import os
+import platform
+import socket
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from nbmonitor import backends as _backends
+from nbmonitor._frame import Alert, Frame, Series
+from nbmonitor._hooks import Hooks, optimizer_parameters
+from nbmonitor._recorder import Recorder
+from nbmonitor._runlog import RunLog
+from nbmonitor._sampler import ErrorLog, SamplerThread, Source
+from nbmonitor._steps import StepAssembler
+from nbmonitor._store import Store
+from nbmonitor._version import __version__
+from nbmonitor.ui.base import View
+
+# Chart lines sent to views: bounded so that one publish stays small however long the run.
+STEP_SERIES = ("loss", "loss_smooth", "lr", "grad_norm", "step_time", "samples_per_s")
+SYSTEM_SERIES = ("cpu_percent", "process_cpu_percent", "ram_used_bytes", "process_rss_bytes")
+DEVICE_SERIES = ("util_percent", "mem_used_bytes", "temperature_c", "power_w")
+MAX_POINTS = 2000
+# Views are refreshed at most this often, whatever the sampling interval.
+PUBLISH_EVERY_S = 0.25
+MAX_ALERTS = 200
+
+Columns = dict[str, npt.NDArray[np.float64]]
+
+# The live monitor of each model, so that attaching again replaces it.
+_LIVE: weakref.WeakKeyDictionary[torch.nn.Module, Monitor] = weakref.WeakKeyDictionary()
+_ALL: weakref.WeakSet[Monitor] = weakref.WeakSet()
+_atexit_registered = False
+
+
+def _signal_all() -> None:
+    # At interpreter exit only signal: joining threads or writing files here can hang shutdown.
+    for monitor in list(_ALL):
+        monitor._thread.signal()
+
+
+def _json_safe(value: object) -> object:
+    if isinstance(value, (str, int, bool)) or value is None:
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, Mapping):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return float(value.detach().cpu())
+    return repr(value)
+
+
+def _validate(
+    model: object,
+    optimizer: object,
+    interval: object,
+    total_steps: object,
+    name: object,
+) -> None:
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(
+            f"nbmonitor.attach: model must be a torch.nn.Module, got {type(model).__name__}; "
+            "call attach(model, optimizer)."
+        )
+    if optimizer is not None:
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(
+                "nbmonitor.attach: optimizer must be a torch.optim.Optimizer or None, got "
+                f"{type(optimizer).__name__}; pass the optimizer you call .step() on."
+            )
+        model_params = {id(p) for p in model.parameters()}
+        if model_params and not any(id(p) in model_params for p in optimizer_parameters(optimizer)):
+            raise ValueError(
+                "nbmonitor.attach: the optimizer holds none of the model's parameters; "
+                "build it from model.parameters() or pass the matching model."
+            )
+    if (
+        isinstance(interval, bool)
+        or not isinstance(interval, (int, float))
+        or not math.isfinite(interval)
+        or interval <= 0
+    ):
+        raise ValueError(
+            f"nbmonitor.attach: interval must be a number of seconds > 0, got {interval!r}; "
+            "e.g. interval=0.5."
+        )
+    if total_steps is not None and (
+        isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps <= 0
+    ):
+        raise ValueError(
+            f"nbmonitor.attach: total_steps must be a positive int or None, got {total_steps!r}."
+        )
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"nbmonitor.attach: name must be a str or None, got {type(name).__name__}.")
+
+
+def _merge_rows(columns: Columns, rows: Iterable[Mapping[str, float]]) -> Columns:
+    """Append rows to equal-length columns, NaN-filling keys a side lacks."""
+    rows = list(rows)
+    if not rows:
+        return columns
+    n = len(next(iter(columns.values()))) if columns else 0
+    keys = list(columns)
+    for row in rows:
+        keys.extend(k for k in row if k not in columns and k not in keys)
+    out: Columns = {}
+    for key in keys:
+        old = columns.get(key, np.full(n, np.nan))
+        new = np.array([row.get(key, math.nan) for row in rows], dtype=np.float64)
+        out[key] = np.concatenate([old, new])
+    return out
+
+
+class Monitor:
+    """A live monitor of one model's training. Create it with :func:`nbmonitor.attach`.
+
+    The training thread only records; a background thread (``nbmonitor-sampler``) samples the
+    system, assembles per-step rows, writes the run log and refreshes the views.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        *,
+        interval: float = 0.5,
+        total_steps: int | None = None,
+        run_dir: str | os.PathLike[str] = "runs",
+        name: str | None = None,
+        backend: str = "auto",
+        display: bool = True,
+    ) -> None:
+        _validate(model, optimizer, interval, total_steps, name)
+        self._model_ref = weakref.ref(model)
+        self.interval = float(interval)
+        self.total_steps = total_steps
+        self.errors_log = ErrorLog()
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._tick_lock = threading.RLock()
+        self._start = time.time()
+        self._start_mono = time.monotonic()
+        self._last_publish = -math.inf
+        self._views: tuple[View, ...] = ()
+        self._dashboard: Any = None
+        self._alerts: list[Alert] = []
+        self._pending_steps: list[dict[str, float]] = []
+        self._pending_samples: list[dict[str, float]] = []
+        self._pending_events: list[dict[str, object]] = []
+        self._last_sample: dict[str, float] = {}
+
+        self.backend = _backends.select(model, backend)
+        self._recorder = Recorder()
+        self._hooks = Hooks(model, optimizer, self._recorder, self.errors_log.add)
+        self._steps = Store()
+        self._system = Store()
+        self._assembler = StepAssembler()
+        self._best_loss = math.nan
+        run_name = name or type(model).__name__
+        self._runlog = RunLog.create(
+            run_dir, run_name, self._meta(model, optimizer, run_dir, name, backend, display)
+        )
+        self.name = self._runlog.path.name
+        self._sources = [
+            Source("sample", self._sample, self.errors_log),
+            Source("records", self._collect, self.errors_log),
+            Source("runlog", self._persist, self.errors_log),
+            Source("view", self._publish, self.errors_log),
+        ]
+        self._thread = SamplerThread(self.tick, self.interval)
+        self._display = display
+        self._setup_views(display)
+
+    # -- construction helpers --------------------------------------------------------------
+
+    def _meta(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        run_dir: str | os.PathLike[str],
+        name: str | None,
+        backend: str,
+        display: bool,
+    ) -> dict[str, object]:
+        params = list(model.parameters())
+        opt_meta: object = None
+        if optimizer is not None:
+            opt_meta = {
+                "class": type(optimizer).__qualname__,
+                "param_groups": len(optimizer.param_groups),
+                "defaults": _json_safe(optimizer.defaults),
+            }
+        return {
+            "model": {
+                "class": type(model).__qualname__,
+                "module": type(model).__module__,
+                "parameters": sum(p.numel() for p in params),
+                "trainable_parameters": sum(p.numel() for p in params if p.requires_grad),
+                "device": _backends.model_device_type(model),
+            },
+            "optimizer": opt_meta,
+            "backend": {"name": self.backend.name, "devices": list(self.backend.devices)},
+            "versions": {
+                "nbmonitor": __version__,
+                "torch": torch.__version__,
+                "python": platform.python_version(),
+            },
+            "host": socket.gethostname(),
+            "platform": platform.platform(),
+            "pid": os.getpid(),
+            "argv": list(sys.argv),
+            "start_time": _dt.datetime.fromtimestamp(self._start, _dt.UTC).isoformat(),
+            "start_timestamp": self._start,
+            "attach": {
+                "interval": self.interval,
+                "total_steps": self.total_steps,
+                "run_dir": str(run_dir),
+                "name": name,
+                "backend": backend,
+                "display": display,
+            },
+        }
+
+    def _setup_views(self, display: bool) -> None:
+        from nbmonitor.ui.console import ConsoleView, console_logger
+        from nbmonitor.ui.notebook import in_notebook
+
+        if in_notebook():
+            if display:
+                self._views = (self._make_dashboard(),)
+        else:
+            # In a script the console line is the view; with display=False it still goes to
+            # the "nbmonitor" logger but no handler is installed for it.
+            self._views = (ConsoleView(console_logger(install_handler=display)),)
+
+    def _make_dashboard(self) -> Any:
+        from nbmonitor.ui.dashboard import Dashboard
+
+        if self._dashboard is None:
+            self._dashboard = Dashboard(self.name, self.backend.name, self.total_steps)
+        return self._dashboard
+
+    def _start_running(self) -> None:
+        global _atexit_registered
+        self._hooks.install()
+        self._thread.start()
+        _ALL.add(self)
+        if not _atexit_registered:
+            atexit.register(_signal_all)
+            _atexit_registered = True
+
+    # -- public API ----------------------------------------------------------------------------
+
+    @property
+    def run_dir(self) -> Path:
+        """This run's directory on disk."""
+        return self._runlog.path
+
+    @property
+    def status(self) -> str:
+        """``"running"``, ``"degraded"`` (something failed; see ``errors``) or ``"closed"``."""
+        if self._closed:
+            return "closed"
+        return "degraded" if len(self.errors_log) else "running"
+
+    @property
+    def errors(self) -> list[str]:
+        """What failed inside nbmonitor, newest last, as ``"HH:MM:SS source: Error: message"``."""
+        return [str(e) for e in self.errors_log.entries()]
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps completed (backward passes when attached without an optimizer)."""
+        return self._hooks.step
+
+    def log(self, **scalars: object) -> None:
+        """Record values for the current step: numbers or 0-d/1-element tensors on any device.
+
+        Never waits on the device. Logged after ``optimizer.step()``, a value belongs to the step
+        that just ended; logged after a forward pass but before the step, to the step in
+        progress. Several values for a key in one step are averaged. NaN and Inf are kept.
+
+        >>> mon.log(loss=loss, accuracy=acc)  # doctest: +SKIP
+        """
+        if self._closed:
+            return
+        self._hooks.log(scalars)  # raises TypeError for a non-numeric value: that is a user bug
+
+    def close(self) -> None:
+        """Stop monitoring: remove hooks, stop the thread, flush the run log, show the final state.
+
+        Idempotent. Never raises; anything that fails is kept in ``errors``.
+        """
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        try:
+            self._hooks.remove()
+            self._thread.stop()
+            with self._tick_lock:
+                self._collect(wait=True, everything=True)
+                self._persist()
+                frame = self.frame()
+                for view in self._views:
+                    Source("view", lambda v=view: v.close(frame), self.errors_log)()  # type: ignore[misc]
+                self._runlog.update_meta(
+                    end_time=_dt.datetime.now(_dt.UTC).isoformat(),
+                    steps=self._hooks.step,
+                    status="degraded" if len(self.errors_log) else "closed",
+                    errors=self.errors,
+                )
+        except Exception as exc:
+            self.errors_log.add("close", exc)
+        finally:
+            self._runlog.close()
+            try:
+                self.backend.close()
+            except Exception as exc:
+                self.errors_log.add("close", exc)
+            model = self._model_ref()
+            if model is not None and _LIVE.get(model) is self:
+                del _LIVE[model]
+            _ALL.discard(self)
+
+    def __enter__(self) -> Monitor:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def history(self) -> dict[str, npt.NDArray[np.float64]]:
+        """Per-step columns (step, time, loss, lr, grad_norm, step_time, samples_per_s, ...).
+
+        Takes everything recorded so far first. Long runs keep recent steps at full resolution
+        and older ones as bucket means; the run log on disk keeps every step.
+        """
+        with self._tick_lock:
+            if not self._closed:
+                self._collect()
+            columns = self._steps.history()
+            return _merge_rows(columns, self._assembler.peek_open())
+
+    def system(self) -> dict[str, npt.NDArray[np.float64]]:
+        """System samples (time, step, cpu_percent, ram_used_bytes, ...), one row per tick."""
+        with self._tick_lock:
+            return self._system.history()
+
+    def events(self) -> list[Alert]:
+        """Alerts raised so far, oldest first."""
+        with self._tick_lock:
+            return list(self._alerts)
+
+    def dashboard(self) -> Any:
+        """The notebook dashboard of this monitor (created on first call); display it anywhere.
+
+        Every view of it shows the same live feed.
+        """
+        dashboard = self._make_dashboard()
+        if dashboard not in self._views:
+            self._views = (*self._views, dashboard)
+            if self._closed:
+                dashboard.close(self.frame())
+        return dashboard
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        bundle = self.dashboard()._repr_mimebundle_(**kwargs)
+        return bundle
+
+    def __repr__(self) -> str:
+        return f"<nbmonitor.Monitor {self.name!r} step={self.step} status={self.status!r}>"
+
+    # -- the sampler's work ----------------------------------------------------------------------
+
+    def tick(self) -> None:
+        """One sampler iteration, synchronously: sample, collect, persist, publish."""
+        with self._tick_lock:
+            if self._closed:
+                return
+            for source in self._sources:
+                source()
+
+    def _sample(self) -> None:
+        sample = self.backend.sample()
+        row = {"time": time.time(), "step": float(self._hooks.step), **sample}
+        self._last_sample = row
+        self._system.append(row)
+        self._pending_samples.append(row)
+
+    def _collect(self, wait: bool = False, everything: bool = False) -> None:
+        self._assembler.add(self._recorder.drain(wait=wait))
+        rows = self._assembler.take_final(everything=everything)
+        # Layer norms are consumed by the per-layer view; without it keep memory bounded.
+        self._assembler.layer_norms.clear()
+        if rows:
+            for row in rows:
+                loss = row.get("loss", math.nan)
+                if math.isfinite(loss) and not loss >= self._best_loss:
+                    self._best_loss = loss
+            self._steps.extend(rows)
+            self._pending_steps.extend(rows)
+
+    def _persist(self) -> None:
+        steps, samples, events = self._pending_steps, self._pending_samples, self._pending_events
+        self._pending_steps, self._pending_samples, self._pending_events = [], [], []
+        if steps:
+            self._runlog.write_steps(steps)
+        if samples:
+            self._runlog.write_samples(samples)
+        if events:
+            self._runlog.write_events(events)
+        self._runlog.flush()
+
+    def _publish(self) -> None:
+        now = time.monotonic()
+        if not self._views or now - self._last_publish < PUBLISH_EVERY_S:
+            return
+        self._last_publish = now
+        frame = self.frame()
+        for view in self._views:
+            view.publish(frame)
+
+    def frame(self) -> Frame:
+        """A snapshot of everything the views show (built on the sampler thread)."""
+        latest: dict[str, float] = {k: v for k, v in self._last_sample.items() if k != "step"}
+        steps = self._steps
+        if len(steps):
+            latest.update(steps.last_row())
+        for row in self._assembler.peek_open():
+            latest.update({k: v for k, v in row.items() if not math.isnan(v) or k not in latest})
+        latest["best_loss"] = self._best_loss
+        series = {}
+        for name in STEP_SERIES:
+            if name in steps.columns:
+                x, y = steps.series(name, MAX_POINTS)
+                series[name] = Series(x, y)
+        system_names = list(SYSTEM_SERIES)
+        for i in range(len(self.backend.devices)):
+            system_names.extend(f"gpu{i}_{key}" for key in DEVICE_SERIES)
+        for name in system_names:
+            if name in self._system.columns:
+                x, y = self._system.series(name, MAX_POINTS)
+                series[name] = Series(x, y)
+        step = self._hooks.step
+        eta = math.nan
+        if self.total_steps and "step_time" in steps.columns:
+            recent = steps.tail("step_time", 50)
+            recent = recent[np.isfinite(recent)]
+            if recent.size:
+                eta = max(0, self.total_steps - step) * float(np.median(recent))
+        gauges = getattr(self.backend, "device_gauges", None)
+        devices = tuple(gauges(self._last_sample)) if gauges is not None else ()
+        return Frame(
+            run=self.name,
+            backend=self.backend.name,
+            status=self.status,
+            step=step,
+            total_steps=self.total_steps,
+            elapsed_s=time.monotonic() - self._start_mono,
+            eta_s=eta,
+            latest=latest,
+            series=series,
+            devices=devices,
+            alerts=tuple(self._alerts[-20:]),
+            errors=tuple(self.errors[-5:]),
+        )
+
+
+def attach(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    *,
+    interval: float = 0.5,
+    total_steps: int | None = None,
+    run_dir: str | os.PathLike[str] = "runs",
+    name: str | None = None,
+    backend: str = "auto",
+    display: bool = True,
+) -> Monitor:
+    """Start monitoring ``model`` (and ``optimizer``) and show the live view.
+
+    Args:
+        model: the ``torch.nn.Module`` being trained.
+        optimizer: the optimizer whose ``step()`` ends a training step; without one, each
+            backward pass counts as a step.
+        interval: seconds between system samples (and run-log flushes).
+        total_steps: the planned number of steps, for progress and ETA.
+        run_dir: folder under which this run's directory is created.
+        name: a name for the run (default: the model's class name).
+        backend: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"mps"``.
+        display: in a notebook, show the dashboard under the cell; in a script, print a status
+            line every few seconds.
+
+    Attaching again to the same model closes the earlier monitor first.
+
+    >>> mon = nbmonitor.attach(model, optimizer, total_steps=500)  # doctest: +SKIP
+    """
+    # Build (and so validate) the new monitor before closing the old one: a bad argument in a
+    # re-run cell must not stop the monitor that is still working.
+    monitor = Monitor(
+        model,
+        optimizer,
+        interval=interval,
+        total_steps=total_steps,
+        run_dir=run_dir,
+        name=name,
+        backend=backend,
+        display=display,
+    )
+    previous = _LIVE.get(model)
+    if previous is not None:
+        previous.close()
+    _LIVE[model] = monitor
+    monitor._start_running()
+    if display and monitor._dashboard is not None:
+        from nbmonitor.ui.notebook import show
+
+        show(monitor._dashboard)
+    return monitor

@@ -1,0 +1,184 @@
+"""The hand-off from the training thread to the sampler thread.
+
+The training thread appends small records and returns; it never waits on the device. A value that
+lives on an accelerator is copied to pinned host memory with a non-blocking copy and an event is
+recorded behind it; the sampler takes a record only once its event has completed, so reading it
+never blocks. On the CPU the tensor itself is kept (detached) and read by the sampler.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+Number = float | int
+
+
+class DeviceValue:
+    """A tensor of one or more scalars on its way to the host, readable once ``ready()``."""
+
+    __slots__ = ("_event", "_host")
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        t = tensor.detach()
+        if t.device.type == "cuda":
+            # A non-blocking device-to-host copy lands in pinned memory; the event tells the sampler
+            # when it has arrived without a synchronize() on the training thread.
+            self._host = t.to("cpu", non_blocking=True)
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            event.record()
+            self._event: Any = event
+        elif t.device.type == "mps":
+            # MPS has no public event query; the copy is still queued behind the producing kernels
+            # and the sampler, not the training thread, pays for the wait.
+            self._host = t.to("cpu", non_blocking=True)
+            self._event = None
+        else:
+            self._host = t
+            self._event = None
+
+    def ready(self) -> bool:
+        return self._event is None or bool(self._event.query())
+
+    def wait(self) -> None:
+        """Block until the copy has landed; only for close(), never on the training thread."""
+        if self._event is not None:
+            self._event.synchronize()
+
+    def values(self) -> list[float]:
+        flat = self._host.reshape(-1)
+        if flat.dtype not in (torch.float32, torch.float64):
+            flat = flat.to(torch.float64)
+        return [float(v) for v in flat.tolist()]
+
+
+def to_device_value(values: list[torch.Tensor]) -> DeviceValue:
+    """Pack scalar tensors (same device) into one tensor so that they cross in one copy."""
+    if len(values) == 1:
+        return DeviceValue(values[0].detach().reshape(1))
+    return DeviceValue(torch.stack([v.detach().reshape(()).to(torch.float32) for v in values]))
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """One optimizer step (or one backward pass when there is no optimizer)."""
+
+    step: int
+    time: float  # wall clock, seconds since the epoch
+    step_time: float  # seconds since the previous step ended
+    samples: int  # batch items seen by grad-enabled forwards during this step
+    micro_batches: int
+    lrs: tuple[float | DeviceValue, ...]
+    # [total grad norm, *per-parameter grad norms] on its way to the host, or None without grads.
+    norms: DeviceValue | None = None
+    # Which tracked parameters the per-parameter norms belong to; None means all of them.
+    norm_index: tuple[int, ...] | None = None
+
+    def ready(self) -> bool:
+        if self.norms is not None and not self.norms.ready():
+            return False
+        return all(not isinstance(lr, DeviceValue) or lr.ready() for lr in self.lrs)
+
+    def wait(self) -> None:
+        if self.norms is not None:
+            self.norms.wait()
+        for lr in self.lrs:
+            if isinstance(lr, DeviceValue):
+                lr.wait()
+
+
+@dataclass(slots=True)
+class LogRecord:
+    """Values from ``mon.log()`` or read from a model output, for one step."""
+
+    step: int
+    numbers: dict[str, float] = field(default_factory=dict)
+    tensors: list[tuple[tuple[str, ...], DeviceValue]] = field(default_factory=list)
+
+    def ready(self) -> bool:
+        return all(value.ready() for _, value in self.tensors)
+
+    def wait(self) -> None:
+        for _, value in self.tensors:
+            value.wait()
+
+    def resolve(self) -> dict[str, float]:
+        out = dict(self.numbers)
+        for keys, value in self.tensors:
+            out.update(zip(keys, value.values(), strict=True))
+        return out
+
+
+Record = StepRecord | LogRecord
+
+
+def make_log_record(step: int, scalars: Mapping[str, object]) -> LogRecord:
+    """Validate ``mon.log()`` arguments and pack them; raises TypeError for a non-numeric value."""
+    record = LogRecord(step)
+    by_device: dict[torch.device, tuple[list[str], list[torch.Tensor]]] = {}
+    for key, value in scalars.items():
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1:
+                raise TypeError(
+                    f"nbmonitor: log({key}=...) got a tensor of shape {tuple(value.shape)}; "
+                    "pass a 0-d or 1-element tensor (e.g. loss, not the per-sample losses)."
+                )
+            if value.is_complex():
+                raise TypeError(f"nbmonitor: log({key}=...) got a complex tensor; pass a real one.")
+            keys, tensors = by_device.setdefault(value.device, ([], []))
+            keys.append(key)
+            tensors.append(value)
+        elif isinstance(value, bool) or not isinstance(value, (int, float)):
+            if hasattr(value, "__float__") and not isinstance(value, (bool, str, bytes)):
+                # numpy scalars and the like: a float is what the user meant.
+                record.numbers[key] = float(value)
+                continue
+            raise TypeError(
+                f"nbmonitor: log({key}=...) needs a number or a tensor, got "
+                f"{type(value).__name__}; pass e.g. loss=loss or acc=0.93."
+            )
+        else:
+            record.numbers[key] = float(value)
+    for keys, tensors in by_device.values():
+        record.tensors.append((tuple(keys), to_device_value(tensors)))
+    return record
+
+
+class Recorder:
+    """Append-only queue: the training thread puts, the sampler drains records that are ready.
+
+    ``collections.deque`` appends and pops are atomic under the GIL, so the training thread
+    takes no lock.
+    """
+
+    def __init__(self) -> None:
+        self._queue: collections.deque[Record] = collections.deque()
+
+    def put(self, record: Record) -> None:
+        self._queue.append(record)
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def drain(self, wait: bool = False) -> list[Record]:
+        """Records whose device values have landed, in order; stops at the first that has not.
+
+        With ``wait=True`` (used by close()) it waits for every record instead.
+        """
+        out: list[Record] = []
+        queue = self._queue
+        while queue:
+            head = queue[0]
+            if not head.ready():
+                if not wait:
+                    break
+                head.wait()
+            out.append(queue.popleft())
+        return out
+
+    def __iter__(self) -> Iterator[Record]:
+        return iter(list(self._queue))

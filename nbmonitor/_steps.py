@@ -1,0 +1,111 @@
+"""Turns drained records into per-step rows (sampler thread only).
+
+A step's row is open while values for it may still arrive (``mon.log`` after ``optimizer.step``)
+and becomes final once a later step has ended, or at close.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from nbmonitor._recorder import DeviceValue, LogRecord, Record, StepRecord
+
+# Exponential smoothing of the loss for display (about a 20-step window), debiased like Adam so
+# the first points are not pulled towards zero.
+SMOOTHING = 0.95
+
+
+@dataclass
+class _Row:
+    values: dict[str, float] = field(default_factory=dict)
+    sums: dict[str, float] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def add_logged(self, key: str, value: float) -> None:
+        # Several values for one key in one step (gradient accumulation) are averaged.
+        self.sums[key] = self.sums.get(key, 0.0) + value
+        self.counts[key] = self.counts.get(key, 0) + 1
+
+    def build(self, step: int) -> dict[str, float]:
+        row = {"step": float(step)}
+        row.update(self.values)
+        for key, total in self.sums.items():
+            row[key] = total / self.counts[key]
+        return row
+
+
+@dataclass(frozen=True)
+class LayerNorms:
+    """Per-parameter gradient norms of one step; ``index`` None means every tracked parameter."""
+
+    step: int
+    norms: npt.NDArray[np.float64]
+    index: tuple[int, ...] | None
+
+
+class StepAssembler:
+    """Merges StepRecords and LogRecords into one row per step."""
+
+    def __init__(self) -> None:
+        self._open: dict[int, _Row] = {}
+        self._last_ended = 0
+        self._ema = 0.0
+        self._ema_weight = 0.0
+        self.layer_norms: list[LayerNorms] = []
+
+    def add(self, records: list[Record]) -> None:
+        for record in records:
+            if isinstance(record, StepRecord):
+                self._add_step(record)
+            elif isinstance(record, LogRecord):
+                row = self._open.setdefault(record.step, _Row())
+                for key, value in record.resolve().items():
+                    row.add_logged(key, value)
+
+    def _add_step(self, record: StepRecord) -> None:
+        row = self._open.setdefault(record.step, _Row()).values
+        row["time"] = record.time
+        row["step_time"] = record.step_time
+        row["micro_batches"] = float(record.micro_batches)
+        if record.samples:
+            row["samples"] = float(record.samples)
+            row["samples_per_s"] = (
+                record.samples / record.step_time if record.step_time > 0 else math.nan
+            )
+        for i, lr in enumerate(record.lrs):
+            value = lr.values()[0] if isinstance(lr, DeviceValue) else lr
+            row["lr" if i == 0 else f"lr_group{i}"] = value
+        if record.norms is not None:
+            norms = record.norms.values()
+            row["grad_norm"] = norms[0]
+            self.layer_norms.append(
+                LayerNorms(record.step, np.asarray(norms[1:], dtype=np.float64), record.norm_index)
+            )
+        self._last_ended = max(self._last_ended, record.step)
+
+    def take_final(self, everything: bool = False) -> list[dict[str, float]]:
+        """Rows that can no longer change (all rows with ``everything``), in step order."""
+        done = sorted(s for s in self._open if everything or s < self._last_ended)
+        return [self._finish(s, self._open.pop(s)) for s in done]
+
+    def peek_open(self) -> list[dict[str, float]]:
+        """The rows still open, as they stand now (for history() and the header)."""
+        ema, weight = self._ema, self._ema_weight
+        rows = [self._finish(s, self._open[s]) for s in sorted(self._open)]
+        self._ema, self._ema_weight = ema, weight
+        return rows
+
+    def _finish(self, step: int, row: _Row) -> dict[str, float]:
+        out = row.build(step)
+        out.setdefault("time", math.nan)
+        loss = out.get("loss")
+        if loss is not None and math.isfinite(loss):
+            self._ema = SMOOTHING * self._ema + (1 - SMOOTHING) * loss
+            self._ema_weight = SMOOTHING * self._ema_weight + (1 - SMOOTHING)
+        if loss is not None and self._ema_weight > 0:
+            out["loss_smooth"] = self._ema / self._ema_weight
+        return out

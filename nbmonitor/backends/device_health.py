@@ -1,0 +1,191 @@
+"""Health rules for accelerators, as pure functions over recent system-sample columns.
+
+Each rule reads a mapping of numpy arrays keyed like the backend's sample keys (plus ``step``
+and, when present, ``time``), oldest first, and returns the alerts that hold *now*. They keep
+no state: de-duplicating an alert that holds on every tick is the caller's job.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+import numpy.typing as npt
+
+from nbmonitor._frame import Alert
+from nbmonitor.backends.cuda import THROTTLING_MASK, decode_throttle
+
+Columns = Mapping[str, npt.NDArray[np.float64]]
+
+TEMPERATURE_C = 85.0
+MEMORY_FRACTION = 0.95
+IDLE_UTIL_PERCENT = 30.0
+IDLE_WINDOW = 20  # samples: 10 s at the default 0.5 s interval
+
+_GPU_KEY = re.compile(r"^gpu(\d+)_util_percent$")
+_HARD_THROTTLE = 0x008 | 0x020 | 0x040 | 0x080  # hw slowdown, sw/hw thermal, power brake
+
+
+def gpu_indices(columns: Columns) -> list[int]:
+    """The GPU indices that have columns, in order."""
+    found = (_GPU_KEY.match(key) for key in columns)
+    return sorted(int(m.group(1)) for m in found if m)
+
+
+def _last_finite(values: npt.NDArray[np.float64] | None) -> float:
+    if values is None:
+        return math.nan
+    finite = values[np.isfinite(values)]
+    return float(finite[-1]) if finite.size else math.nan
+
+
+def _where(columns: Columns) -> tuple[int, float]:
+    """Step and time of the newest sample, for stamping alerts."""
+    step = _last_finite(columns.get("step"))
+    when = _last_finite(columns.get("time"))
+    return (int(step) if math.isfinite(step) else 0), when
+
+
+def temperature_rule(columns: Columns, threshold_c: float = TEMPERATURE_C) -> list[Alert]:
+    """A GPU at or above ``threshold_c`` is close to thermal slowdown (usually ~87-90 °C)."""
+    step, when = _where(columns)
+    alerts = []
+    for i in gpu_indices(columns):
+        temp = _last_finite(columns.get(f"gpu{i}_temperature_c"))
+        if temp >= threshold_c:
+            alerts.append(
+                Alert(
+                    "gpu_temperature",
+                    "warning",
+                    f"GPU {i} is at {temp:.0f} °C: it will soon slow its clocks to cool down; "
+                    "check airflow and fans, or lower the power limit.",
+                    step,
+                    when,
+                )
+            )
+    return alerts
+
+
+def memory_rule(columns: Columns, fraction: float = MEMORY_FRACTION) -> list[Alert]:
+    """Device memory at or above ``fraction`` of the total: the next large batch may OOM."""
+    step, when = _where(columns)
+    pairs = [
+        (f"GPU {i}", f"gpu{i}_mem_used_bytes", f"gpu{i}_mem_total_bytes")
+        for i in gpu_indices(columns)
+    ]
+    pairs.append(("MPS", "mps_allocated_bytes", "mps_recommended_max_bytes"))
+    alerts = []
+    for label, used_key, total_key in pairs:
+        used = _last_finite(columns.get(used_key))
+        total = _last_finite(columns.get(total_key))
+        if total > 0 and used / total >= fraction:
+            alerts.append(
+                Alert(
+                    "device_memory",
+                    "warning",
+                    f"{label} memory is {used / total:.0%} full ({used / 2**30:.1f} of "
+                    f"{total / 2**30:.1f} GiB): a larger batch or sequence may run out of memory; "
+                    "reduce the batch size or use activation checkpointing / mixed precision.",
+                    step,
+                    when,
+                )
+            )
+    return alerts
+
+
+def throttle_rule(columns: Columns) -> list[Alert]:
+    """Clocks held down by heat or power in the newest sample (from the clock-event mask)."""
+    step, when = _where(columns)
+    alerts = []
+    for i in gpu_indices(columns):
+        mask = _last_finite(columns.get(f"gpu{i}_throttle_mask"))
+        if not math.isfinite(mask):
+            continue
+        active = int(mask) & THROTTLING_MASK
+        if not active:
+            continue
+        reasons = ", ".join(decode_throttle(active))
+        if active & _HARD_THROTTLE:
+            severity = "warning"
+            hint = "the GPU is too hot or its power supply is limiting it; check cooling."
+        else:
+            # Only the software power cap: common at full load, and it costs a little speed.
+            severity = "info"
+            hint = "it is running at its power limit, which is normal under full load."
+        alerts.append(
+            Alert(
+                "gpu_throttling",
+                severity,
+                f"GPU {i} clocks are reduced ({reasons}): {hint}",
+                step,
+                when,
+            )
+        )
+    return alerts
+
+
+def idle_rule(
+    columns: Columns,
+    window: int = IDLE_WINDOW,
+    threshold_percent: float = IDLE_UTIL_PERCENT,
+    gpus: Iterable[int] | None = None,
+) -> list[Alert]:
+    """A training GPU mostly idle over the last ``window`` samples while steps advanced.
+
+    Only judged on a full window, so the first seconds (warm-up, compilation) do not count;
+    ``gpus`` restricts it to the devices the model trains on (other visible GPUs are idle by
+    right).
+    """
+    steps = columns.get("step")
+    if steps is None or len(steps) < window:
+        return []
+    recent_steps = steps[-window:]
+    finite_steps = recent_steps[np.isfinite(recent_steps)]
+    if finite_steps.size < 2 or finite_steps[-1] <= finite_steps[0]:
+        return []  # paused, evaluating or finished: an idle GPU is expected
+    step, when = _where(columns)
+    chosen = set(gpu_indices(columns) if gpus is None else gpus)
+    alerts = []
+    for i in gpu_indices(columns):
+        if i not in chosen:
+            continue
+        util = columns[f"gpu{i}_util_percent"][-window:]
+        util = util[np.isfinite(util)]
+        if util.size < window // 2:
+            continue  # too few readings to judge
+        mean = float(util.mean())
+        if mean < threshold_percent:
+            alerts.append(
+                Alert(
+                    "gpu_idle",
+                    "warning",
+                    f"GPU {i} averaged {mean:.0f}% utilisation over the last {window} samples "
+                    "while training: input-bound? check DataLoader num_workers / pin_memory, "
+                    "or increase the batch size.",
+                    step,
+                    when,
+                )
+            )
+    return alerts
+
+
+def check(columns: Columns, gpus: Iterable[int] | None = None) -> list[Alert]:
+    """Every device rule with its default threshold."""
+    return [
+        *temperature_rule(columns),
+        *memory_rule(columns),
+        *throttle_rule(columns),
+        *idle_rule(columns, gpus=gpus),
+    ]
+
+
+__all__ = [
+    "check",
+    "gpu_indices",
+    "idle_rule",
+    "memory_rule",
+    "temperature_rule",
+    "throttle_rule",
+]

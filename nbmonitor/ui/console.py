@@ -1,0 +1,115 @@
+"""The console view: a compact status line every few seconds through ``logging``, for scripts."""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+import time
+from collections.abc import Callable
+
+from nbmonitor._frame import Frame
+
+LOGGER_NAME = "nbmonitor"
+
+
+def console_logger(install_handler: bool) -> logging.Logger:
+    """The ``nbmonitor`` logger; with ``install_handler`` it prints to stderr if nothing is set up.
+
+    A user who configured logging keeps full control: a handler is added only when neither the
+    ``nbmonitor`` logger nor the root logger has one.
+    """
+    logger = logging.getLogger(LOGGER_NAME)
+    if install_handler and not logger.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("nbmonitor: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+    return logger
+
+
+def _num(value: float | None, fmt: str) -> str:
+    if value is None or not math.isfinite(value):
+        return "n/a" if value is None or math.isnan(value) else str(value)
+    return format(value, fmt)
+
+
+def _duration(seconds: float) -> str:
+    if not math.isfinite(seconds) or seconds < 0:
+        return "n/a"
+    whole = round(seconds)
+    return f"{whole // 3600}:{whole // 60 % 60:02d}:{whole % 60:02d}"
+
+
+def status_line(frame: Frame) -> str:
+    """One line with the numbers a person glances at; NaN shows as n/a."""
+    latest = frame.latest
+    step = f"step {frame.step}" + (f"/{frame.total_steps}" if frame.total_steps else "")
+    parts = [step, f"loss {_num(latest.get('loss'), '.4g')}"]
+    if "lr" in latest:
+        parts.append(f"lr {_num(latest.get('lr'), '.2e')}")
+    if "grad_norm" in latest:
+        parts.append(f"grad {_num(latest.get('grad_norm'), '.3g')}")
+    step_time = latest.get("step_time", math.nan)
+    parts.append(f"{_num(step_time * 1e3, '.1f')} ms/step")
+    parts.append(f"{_num(latest.get('samples_per_s'), ',.0f')} samples/s")
+    parts.append(f"CPU {_num(latest.get('process_cpu_percent'), '.0f')}%")
+    ram = latest.get("process_rss_bytes", math.nan) / 2**30
+    parts.append(f"RSS {_num(ram, '.2f')} GiB")
+    for i, device in enumerate(frame.devices):
+        util = device.get("util_percent", math.nan)
+        if isinstance(util, float):
+            parts.append(f"GPU{i} {_num(util, '.0f')}%")
+    if frame.total_steps:
+        parts.append(f"ETA {_duration(frame.eta_s)}")
+    if frame.status != "running":
+        parts.append(frame.status)
+    return " | ".join(parts)
+
+
+def summary_text(frame: Frame) -> str:
+    """The closing summary: steps, time, last and best loss, throughput, errors."""
+    latest = frame.latest
+    lines = [
+        f"run {frame.run} ({frame.backend}) {frame.status}: {frame.step} steps in "
+        f"{_duration(frame.elapsed_s)}",
+        f"  last loss {_num(latest.get('loss'), '.4g')}, "
+        f"best loss {_num(latest.get('best_loss'), '.4g')}, "
+        f"{_num(latest.get('samples_per_s'), ',.0f')} samples/s, "
+        f"{_num(latest.get('step_time', math.nan) * 1e3, '.1f')} ms/step",
+    ]
+    if frame.alerts:
+        lines.append(f"  {len(frame.alerts)} alert(s); latest: {frame.alerts[-1].message}")
+    if frame.errors:
+        lines.append(f"  {len(frame.errors)} error(s); latest: {frame.errors[-1]}")
+    return "\n".join(lines)
+
+
+class ConsoleView:
+    """Logs ``status_line`` at most every ``every`` seconds and ``summary_text`` at close."""
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        every: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._logger = logger
+        self._every = every
+        self._clock = clock
+        self._last = -math.inf
+        self._closed = False
+
+    def publish(self, frame: Frame) -> None:
+        now = self._clock()
+        if self._closed or now - self._last < self._every:
+            return
+        self._last = now
+        self._logger.info(status_line(frame))
+
+    def close(self, frame: Frame) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._logger.info(summary_text(frame))

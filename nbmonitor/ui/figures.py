@@ -1,0 +1,319 @@
+"""The bqplot half of the dashboard: curves against the training step.
+
+Every figure shares one x scale, so zooming or panning one moves all of them and a step-time
+spike lines up with the GPU memory drop beneath it. bqplot resends a whole array on every
+assignment, so only decimated series are assigned (the Frame's, ~2,000 points), as float32
+(half the bytes; a chart cannot show more precision), and only when they changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import bqplot as bq
+import ipywidgets as widgets
+import numpy as np
+import numpy.typing as npt
+
+from nbmonitor._frame import Series
+
+F32 = npt.NDArray[np.float32]
+Transform = Callable[[npt.NDArray[np.float64], Mapping[str, float]], npt.NDArray[np.float64]]
+
+GIB = float(2**30)
+_MARGIN = {"top": 36, "bottom": 32, "left": 56, "right": 16}
+_MARGIN_TWIN = {"top": 36, "bottom": 32, "left": 56, "right": 56}
+_LAYOUT = {"height": "220px", "width": "auto", "min_width": "300px"}
+_BLUE, _LIGHT_BLUE, _ORANGE, _GREEN, _GREY, _PURPLE = (
+    "#1f77b4",
+    "#9ecae1",
+    "#ff7f0e",
+    "#2ca02c",
+    "#7f7f7f",
+    "#9467bd",
+)
+
+
+@dataclass
+class _Line:
+    """One bqplot Lines mark fed by one Frame series (optionally transformed, e.g. to GiB)."""
+
+    key: str
+    mark: bq.Lines
+    transform: Transform | None = None
+    sent: tuple[F32, F32] | None = None
+
+    def update(self, series: Series, latest: Mapping[str, float]) -> bool:
+        y = series.y if self.transform is None else self.transform(series.y, latest)
+        x32 = np.ascontiguousarray(series.x, dtype=np.float32)
+        y32 = np.ascontiguousarray(y, dtype=np.float32)
+        if self.sent is not None and (
+            np.array_equal(self.sent[0], x32) and np.array_equal(self.sent[1], y32, equal_nan=True)
+        ):
+            return False  # unchanged (e.g. system series while training is paused): send nothing
+        self.mark.x = x32
+        self.mark.y = y32
+        self.sent = (x32, y32)
+        return True
+
+
+@dataclass
+class _Figure:
+    """A figure, its y scales by mode ("linear"/"log") and the lines drawn on it."""
+
+    key: str
+    figure: bq.Figure
+    lines: list[_Line]
+    y_scales: dict[str, bq.Scale]
+    y_axis: bq.Axis
+    panzoom: bq.interacts.PanZoom
+    extra_scales: list[bq.Scale] = field(default_factory=list)
+    shown: bool = False
+
+    def widgets(self) -> Iterator[widgets.Widget]:
+        yield self.figure
+        yield self.figure.layout
+        for line in self.lines:
+            yield line.mark
+
+
+def _mode_scale(mode: str) -> bq.Scale:
+    return bq.LogScale() if mode == "log" else bq.LinearScale()
+
+
+class Curves:
+    """All line charts of one dashboard, laid out in a wrapping grid."""
+
+    def __init__(self) -> None:
+        self.x_scale = bq.LinearScale()
+        self.figures: dict[str, _Figure] = {}
+        self._gpus: set[int] = set()
+        self._add_figure(
+            "loss",
+            "Loss",
+            [("loss", "loss", _LIGHT_BLUE, None), ("loss_smooth", "smoothed", _BLUE, None)],
+        )
+        self._add_figure("lr", "Learning rate", [("lr", "lr", _GREEN, None)])
+        self._add_figure(
+            "grad_norm", "Gradient norm", [("grad_norm", "grad norm", _PURPLE, None)], mode="log"
+        )
+        self._add_twin_figure()
+        self._add_figure(
+            "cpu",
+            "CPU %",
+            [
+                ("cpu_percent", "system", _BLUE, None),
+                ("process_cpu_percent", "this process", _ORANGE, None),
+            ],
+        )
+        self._add_figure(
+            "ram",
+            "RAM (GiB)",
+            [
+                ("ram_used_bytes", "used", _BLUE, _to_gib),
+                ("process_rss_bytes", "this process", _ORANGE, _to_gib),
+                ("ram_total_bytes", "total", _GREY, _to_gib),
+            ],
+        )
+        self.grid = widgets.GridBox(
+            children=[],
+            layout=widgets.Layout(
+                grid_template_columns="repeat(auto-fill, minmax(380px, 1fr))",
+                grid_gap="0px 8px",
+                width="100%",
+            ),
+        )
+
+    # -- construction ---------------------------------------------------------------------------
+
+    def _make(
+        self,
+        key: str,
+        title: str,
+        specs: list[tuple[str, str, str, Transform | None]],
+        mode: str,
+    ) -> tuple[list[_Line], bq.Scale, bq.Axis]:
+        y_scale = _mode_scale(mode)
+        lines = [
+            _Line(
+                series_key,
+                bq.Lines(
+                    x=np.zeros(0, np.float32),
+                    y=np.zeros(0, np.float32),
+                    scales={"x": self.x_scale, "y": y_scale},
+                    colors=[color],
+                    labels=[label],
+                    stroke_width=1.5,
+                    display_legend=len(specs) > 1,
+                ),
+                transform,
+            )
+            for series_key, label, color, transform in specs
+        ]
+        y_axis = bq.Axis(
+            scale=y_scale, orientation="vertical", tick_format=".3~g", grid_lines="dashed"
+        )
+        return lines, y_scale, y_axis
+
+    def _x_axis(self) -> bq.Axis:
+        return bq.Axis(scale=self.x_scale, label="step", tick_format="~s", grid_lines="dashed")
+
+    def _figure(
+        self, title: str, marks: list[bq.Mark], axes: list[bq.Axis], twin: bool = False
+    ) -> bq.Figure:
+        return bq.Figure(
+            title=title,
+            marks=marks,
+            axes=axes,
+            fig_margin=_MARGIN_TWIN if twin else _MARGIN,
+            legend_location="top-right",
+            legend_style={"fill-opacity": "0.6"},
+            title_style={"font-size": "13px"},
+            animation_duration=0,
+            layout=widgets.Layout(**_LAYOUT, display="none"),
+        )
+
+    def _add_figure(
+        self,
+        key: str,
+        title: str,
+        specs: list[tuple[str, str, str, Transform | None]],
+        mode: str = "linear",
+    ) -> None:
+        lines, y_scale, y_axis = self._make(key, title, specs, mode)
+        panzoom = bq.interacts.PanZoom(scales={"x": [self.x_scale], "y": [y_scale]})
+        figure = self._figure(title, [ln.mark for ln in lines], [self._x_axis(), y_axis])
+        figure.interaction = panzoom
+        self.figures[key] = _Figure(key, figure, lines, {mode: y_scale}, y_axis, panzoom)
+
+    def _add_twin_figure(self) -> None:
+        # Step time and throughput are two views of one thing; a right-hand axis keeps both
+        # readable without a second chart.
+        lines, y_scale, y_axis = self._make(
+            "speed", "", [("step_time", "step time (s)", _BLUE, None)], "linear"
+        )
+        right = bq.LinearScale()
+        throughput = _Line(
+            "samples_per_s",
+            bq.Lines(
+                x=np.zeros(0, np.float32),
+                y=np.zeros(0, np.float32),
+                scales={"x": self.x_scale, "y": right},
+                colors=[_ORANGE],
+                labels=["samples/s"],
+                stroke_width=1.5,
+                display_legend=True,
+            ),
+        )
+        lines[0].mark.display_legend = True
+        right_axis = bq.Axis(
+            scale=right, orientation="vertical", side="right", tick_format=".3~s", grid_lines="none"
+        )
+        panzoom = bq.interacts.PanZoom(scales={"x": [self.x_scale], "y": [y_scale, right]})
+        figure = self._figure(
+            "Step time (s) and samples/s",
+            [lines[0].mark, throughput.mark],
+            [self._x_axis(), y_axis, right_axis],
+            twin=True,
+        )
+        figure.interaction = panzoom
+        self.figures["speed"] = _Figure(
+            "speed", figure, [*lines, throughput], {"linear": y_scale}, y_axis, panzoom, [right]
+        )
+
+    def _ensure_gpu(self, index: int) -> None:
+        if index in self._gpus:
+            return
+        self._gpus.add(index)
+        p = f"gpu{index}_"
+        self._add_figure(
+            f"gpu{index}",
+            f"GPU {index}: util and memory %",
+            [
+                (p + "util_percent", "util %", _GREEN, None),
+                (p + "mem_used_bytes", "memory %", _PURPLE, _percent_of(p + "mem_total_bytes")),
+            ],
+        )
+
+    # -- updates --------------------------------------------------------------------------------
+
+    def all_widgets(self) -> Iterator[widgets.Widget]:
+        yield self.grid
+        for fig in self.figures.values():
+            yield from fig.widgets()
+
+    def prepare(self, series: Mapping[str, Series], n_devices: int) -> None:
+        """Create the GPU figures this frame needs (before hold_sync is entered on them)."""
+        gpus = {i for i in range(n_devices)}
+        for key in series:
+            if key.startswith("gpu") and key.endswith("_util_percent"):
+                digits = key[3 : -len("_util_percent")]
+                if digits.isdigit():
+                    gpus.add(int(digits))
+        for index in sorted(gpus):
+            self._ensure_gpu(index)
+
+    def update(self, series: Mapping[str, Series], latest: Mapping[str, float]) -> int:
+        """Assign changed series to their marks; returns how many marks changed."""
+        changed = 0
+        visible: list[widgets.Widget] = []
+        for fig in self.figures.values():
+            for line in fig.lines:
+                s = series.get(line.key)
+                if s is not None and line.update(s, latest):
+                    changed += 1
+            # A chart appears once it has data: no empty "Learning rate" without an optimizer.
+            if not fig.shown and any(ln.sent is not None and len(ln.sent[0]) for ln in fig.lines):
+                fig.shown = True
+                fig.figure.layout.display = None
+            if fig.shown:
+                visible.append(fig.figure)
+        if list(self.grid.children) != visible:
+            self.grid.children = visible
+        return changed
+
+    def set_mode(self, key: str, mode: str) -> None:
+        """Switch one figure's y axis between "linear" and "log" (the zoom is reset with it)."""
+        fig = self.figures[key]
+        if mode not in fig.y_scales:
+            fig.y_scales[mode] = _mode_scale(mode)
+        scale = fig.y_scales[mode]
+        for line in fig.lines:
+            line.mark.scales = {"x": self.x_scale, "y": scale}
+        fig.y_axis.scale = scale
+        fig.panzoom.scales = {"x": [self.x_scale], "y": [scale, *fig.extra_scales]}
+
+    def mode(self, key: str) -> str:
+        fig = self.figures[key]
+        return "log" if isinstance(fig.y_axis.scale, bq.LogScale) else "linear"
+
+    def reset_zoom(self) -> None:
+        """Back to autoscaling: PanZoom pins min/max on the scales it touched."""
+        scales: list[Any] = [self.x_scale]
+        for fig in self.figures.values():
+            scales.extend(fig.y_scales.values())
+            scales.extend(fig.extra_scales)
+        for scale in scales:
+            with scale.hold_sync():
+                scale.min = None
+                scale.max = None
+            # The front end may hold a zoom that never synced back; force the reset through.
+            scale.send_state(["min", "max"])
+
+
+def _to_gib(y: npt.NDArray[np.float64], latest: Mapping[str, float]) -> npt.NDArray[np.float64]:
+    return y / GIB
+
+
+def _percent_of(total_key: str) -> Transform:
+    def transform(
+        y: npt.NDArray[np.float64], latest: Mapping[str, float]
+    ) -> npt.NDArray[np.float64]:
+        total = latest.get(total_key, float("nan"))
+        if not np.isfinite(total) or total <= 0:
+            return np.full_like(y, np.nan)
+        return y * (100.0 / total)
+
+    return transform

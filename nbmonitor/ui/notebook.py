@@ -1,0 +1,41 @@
+"""Where are we running, and how to put a view on screen.
+
+Kept free of widget libraries so the engine can ask ``in_notebook()`` cheaply in a plain script.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from nbmonitor.ui.base import View
+
+
+def in_notebook() -> bool:
+    """True inside a Jupyter kernel (JupyterLab, Notebook, VS Code, Colab), False elsewhere.
+
+    Terminal IPython is not a notebook: it cannot render widgets, so it gets the console view.
+    """
+    # IPython is only ever loaded by a kernel or a shell: if it is absent we are in a plain
+    # interpreter, and importing it here would cost ~100 ms for nothing.
+    if "IPython" not in sys.modules:
+        return False
+    try:
+        from IPython.core.getipython import get_ipython
+    except ImportError:  # pragma: no cover - IPython half-installed
+        return False
+    shell = get_ipython()  # type: ignore[no-untyped-call]
+    if shell is None:
+        return False
+    # Colab and other hosted kernels subclass ZMQInteractiveShell; the kernel app in the config
+    # catches shells that do not (for example, a kernel started with a custom shell class).
+    if any(cls.__name__ == "ZMQInteractiveShell" for cls in type(shell).__mro__):
+        return True
+    config = getattr(shell, "config", None)
+    return bool(config is not None and "IPKernelApp" in config)
+
+
+def show(view: View) -> None:
+    """Display ``view`` in the current cell's output. Main thread only (the kernel's rule)."""
+    from IPython.display import display
+
+    display(view)  # type: ignore[no-untyped-call]

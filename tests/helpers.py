@@ -1,0 +1,62 @@
+"""Small models and loops shared by the engine tests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+def mlp(width: int = 8, depth: int = 2) -> torch.nn.Sequential:
+    layers: list[torch.nn.Module] = []
+    for _ in range(depth):
+        layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
+    layers.append(torch.nn.Linear(width, 1))
+    return torch.nn.Sequential(*layers)
+
+
+def train(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    mon: object,
+    steps: int,
+    batch: int = 4,
+    width: int = 8,
+    accumulate: int = 1,
+) -> list[float]:
+    losses = []
+    for _ in range(steps):
+        for _ in range(accumulate):
+            x = torch.randn(batch, width)
+            loss = model(x).pow(2).mean()
+            loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        mon.log(loss=loss)  # type: ignore[attr-defined]
+        losses.append(loss.item())
+    return losses
+
+
+@dataclass
+class Output:
+    loss: torch.Tensor
+    logits: torch.Tensor
+
+
+class HFStyle(torch.nn.Module):
+    """Returns an object with ``.loss`` like a Hugging Face model given labels."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 2)
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> Output:
+        logits = self.lin(input_ids)
+        return Output(torch.nn.functional.cross_entropy(logits, labels), logits)
+
+
+def hook_counts(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> int:
+    n = len(model._forward_pre_hooks) + len(model._forward_hooks)
+    if optimizer is not None:
+        n += len(optimizer._optimizer_step_pre_hooks) + len(optimizer._optimizer_step_post_hooks)
+    return n

@@ -1,0 +1,414 @@
+"""The engine end to end: attach, record, tick, close, re-attach, bad input."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import nbmonitor
+import numpy as np
+import pytest
+import torch
+from nbmonitor._monitor import Monitor
+from tests.helpers import HFStyle, hook_counts, mlp, train
+
+
+@pytest.fixture
+def model() -> torch.nn.Sequential:
+    torch.manual_seed(0)
+    return mlp()
+
+
+def attach(
+    model: torch.nn.Module, opt: torch.optim.Optimizer | None, tmp_path: Path, **kw: object
+) -> Monitor:
+    kw.setdefault("display", False)
+    kw.setdefault("interval", 60.0)  # tests drive tick() themselves
+    return nbmonitor.attach(model, opt, run_dir=tmp_path, **kw)  # type: ignore[arg-type]
+
+
+def test_records_every_step_with_automatic_metrics(model, tmp_path):
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    with attach(model, opt, tmp_path, total_steps=20) as mon:
+        losses = train(model, opt, mon, 20, batch=4)
+        h = mon.history()
+    assert list(h["step"]) == list(range(1, 21))
+    np.testing.assert_allclose(h["loss"], losses, rtol=1e-6)
+    assert np.all(h["lr"] == 0.05)
+    assert np.all(h["samples"] == 4)
+    assert np.all(np.isfinite(h["step_time"])) and np.all(h["step_time"] > 0)
+    np.testing.assert_allclose(h["samples_per_s"], 4 / h["step_time"])
+    assert np.all(h["time"] > 1e9)
+    assert "loss_smooth" in h
+
+
+def test_grad_norm_matches_torch(model, tmp_path):
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0 keeps weights fixed for the check
+    x = torch.randn(4, 8)
+    with attach(model, opt, tmp_path) as mon:
+        model(x).pow(2).mean().backward()
+        expected = torch.linalg.vector_norm(
+            torch.stack([p.grad.norm() for p in model.parameters()])
+        ).item()
+        opt.step()
+        h = mon.history()
+    assert h["grad_norm"][0] == pytest.approx(expected, rel=1e-5)
+
+
+def test_gradient_accumulation_counts_optimizer_steps(model, tmp_path):
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with attach(model, opt, tmp_path) as mon:
+        train(model, opt, mon, 5, batch=3, accumulate=4)
+        h = mon.history()
+    assert list(h["step"]) == [1, 2, 3, 4, 5]
+    assert np.all(h["micro_batches"] == 4)
+    assert np.all(h["samples"] == 12)
+
+
+def test_without_optimizer_steps_are_backward_passes(model, tmp_path):
+    with attach(model, None, tmp_path) as mon:
+        for _ in range(7):
+            loss = model(torch.randn(2, 8)).sum()
+            loss.backward()
+            mon.log(loss=loss)
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= 0.01 * p.grad
+                    p.grad = None
+        assert mon.step == 7
+        h = mon.history()
+    assert list(h["step"]) == list(range(1, 8))
+    assert np.all(np.isfinite(h["grad_norm"]))
+    assert np.all(np.isfinite(h["loss"]))
+
+
+def test_eval_forward_is_not_counted(model, tmp_path):
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with attach(model, opt, tmp_path) as mon:
+        train(model, opt, mon, 2, batch=5)
+        with torch.no_grad():
+            model(torch.randn(100, 8))
+        train(model, opt, mon, 1, batch=5)
+        h = mon.history()
+    assert list(h["samples"]) == [5, 5, 5]
+
+
+def test_hf_style_loss_is_logged_without_log(tmp_path):
+    model = HFStyle()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    losses = []
+    with attach(model, opt, tmp_path) as mon:
+        for _ in range(3):
+            out = model(input_ids=torch.randn(6, 4), labels=torch.randint(0, 2, (6,)))
+            out.loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(out.loss.item())
+        h = mon.history()
+    np.testing.assert_allclose(h["loss"], losses, rtol=1e-6)
+    assert list(h["samples"]) == [6, 6, 6]  # batch size read from kwargs
+
+
+def test_log_before_step_belongs_to_the_step_in_progress(model, tmp_path):
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with attach(model, opt, tmp_path) as mon:
+        for i in range(3):
+            model(torch.randn(2, 8)).sum().backward()
+            mon.log(marker=float(i + 1))  # before step(): step i+1
+            opt.step()
+            opt.zero_grad()
+            mon.log(after=float(i + 1))  # after step(): the step that just ended
+        h = mon.history()
+    assert list(h["marker"]) == [1.0, 2.0, 3.0]
+    assert list(h["after"]) == [1.0, 2.0, 3.0]
+
+
+def test_log_accepts_tensors_numbers_and_keeps_non_finite(model, tmp_path):
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with attach(model, opt, tmp_path) as mon:
+        model(torch.randn(2, 8)).sum().backward()
+        opt.step()
+        mon.log(
+            a=torch.tensor(1.5, dtype=torch.bfloat16),
+            b=torch.tensor([7], dtype=torch.int64),
+            c=np.float32(0.25),
+            d=3,
+            e=float("nan"),
+            f=torch.tensor(float("inf")),
+            g=torch.tensor(2.0, dtype=torch.float16),
+        )
+        h = mon.history()
+    assert h["a"][0] == 1.5 and h["b"][0] == 7 and h["c"][0] == 0.25 and h["d"][0] == 3
+    assert math.isnan(h["e"][0]) and h["f"][0] == math.inf and h["g"][0] == 2.0
+
+
+def test_several_values_in_one_step_are_averaged(model, tmp_path):
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with attach(model, opt, tmp_path) as mon:
+        for v in (1.0, 2.0, 6.0):
+            model(torch.randn(2, 8)).sum().backward()
+            mon.log(loss=v)
+        opt.step()
+        h = mon.history()
+    assert h["loss"][0] == 3.0
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("high", "needs a number or a tensor, got str"),
+        (None, "needs a number or a tensor, got NoneType"),
+        (torch.ones(3), "pass a 0-d or 1-element tensor"),
+        ([1.0], "needs a number or a tensor, got list"),
+    ],
+)
+def test_log_rejects_non_numeric(model, tmp_path, value, message):
+    with attach(model, None, tmp_path) as mon, pytest.raises(TypeError, match=message):
+        mon.log(x=value)
+
+
+def test_close_removes_hooks_and_is_idempotent(model, tmp_path):
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    before = hook_counts(model, opt)
+    mon = attach(model, opt, tmp_path, interval=0.05)
+    assert hook_counts(model, opt) == before + 4
+    train(model, opt, mon, 3)
+    mon.close()
+    mon.close()
+    assert hook_counts(model, opt) == before
+    assert mon.status == "closed"
+    train(model, opt, mon, 2)  # logging into a closed monitor is a no-op, not an error
+    assert len(mon.history()["step"]) == 3
+
+
+def test_reattach_replaces_previous_monitor(model, tmp_path):
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    first = attach(model, opt, tmp_path, interval=0.05)
+    train(model, opt, first, 2)
+    second = attach(model, opt, tmp_path, interval=0.05)
+    try:
+        assert first.status == "closed"
+        assert hook_counts(model, opt) == 4
+        assert first.run_dir != second.run_dir
+        train(model, opt, second, 3)
+        assert len(second.history()["step"]) == 3
+        assert len(first.history()["step"]) == 2
+        # the first run's log was closed with everything it had
+        assert len(nbmonitor.open(first.run_dir).history()["step"]) == 2
+    finally:
+        second.close()
+    assert hook_counts(model, opt) == 0
+
+
+def test_bad_argument_in_reattach_keeps_the_running_monitor(model, tmp_path):
+    first = attach(model, None, tmp_path)
+    try:
+        with pytest.raises(ValueError, match="interval"):
+            attach(model, None, tmp_path, interval=0)
+        assert first.status == "running"
+    finally:
+        first.close()
+
+
+def test_two_models_at_once(tmp_path):
+    a, b = mlp(), mlp()
+    oa = torch.optim.SGD(a.parameters(), lr=0.01)
+    ob = torch.optim.SGD(b.parameters(), lr=0.01)
+    with attach(a, oa, tmp_path) as ma, attach(b, ob, tmp_path) as mb:
+        train(a, oa, ma, 2)
+        train(b, ob, mb, 5)
+        assert ma.status == mb.status == "running"
+        assert len(ma.history()["step"]) == 2 and len(mb.history()["step"]) == 5
+
+
+def test_sampler_thread_samples_system_stamped_with_step(model, tmp_path):
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with attach(model, opt, tmp_path, interval=0.05) as mon:
+        train(model, opt, mon, 3)
+        deadline = time.monotonic() + 5
+        while len(mon.system().get("time", [])) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        s = mon.system()
+    for key in (
+        "cpu_percent",
+        "process_cpu_percent",
+        "process_rss_bytes",
+        "ram_used_bytes",
+        "ram_total_bytes",
+        "torch_threads",
+    ):
+        assert key in s
+    assert len(s["time"]) >= 3
+    assert s["step"][-1] == 3
+    assert np.all(s["process_rss_bytes"] > 0)
+
+
+def test_failing_sampler_source_degrades_but_training_goes_on(model, tmp_path, monkeypatch):
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with attach(model, opt, tmp_path) as mon:
+
+        def boom() -> dict[str, float]:
+            raise RuntimeError("sensor unplugged")
+
+        monkeypatch.setattr(mon.backend, "sample", boom)
+        for _ in range(7):
+            train(model, opt, mon, 1)
+            mon.tick()
+        assert mon.status == "degraded"
+        assert any("sample: RuntimeError: sensor unplugged" in e for e in mon.errors)
+        assert mon.errors_log.counts["sample"] == 5  # switched off after 5 failures in a row
+        assert "sample" in mon.errors_log.disabled
+        assert len(mon.history()["step"]) == 7  # steps still recorded
+
+
+def test_failing_hook_never_reaches_the_loop(model, tmp_path, monkeypatch):
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with attach(model, opt, tmp_path) as mon:
+
+        def broken(*a: object, **k: object) -> None:
+            raise ValueError("bad grads")
+
+        monkeypatch.setattr("nbmonitor._hooks.grad_norms", broken)
+        train(model, opt, mon, 8)
+        h = mon.history()
+        assert mon.status == "degraded"
+        assert any("hook:optimizer_pre_step: ValueError: bad grads" in e for e in mon.errors)
+        assert mon.errors_log.counts["hook:optimizer_pre_step"] == 5  # then switched off
+    assert len(h["step"]) == 8 and "grad_norm" not in h
+
+
+def test_run_log_readable_while_writing(model, tmp_path):
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with attach(model, opt, tmp_path, name="exp1") as mon:
+        train(model, opt, mon, 4)
+        mon.tick()  # steps 1..3 are final once step 4 ended
+        run = nbmonitor.open(mon.run_dir)
+        assert list(run.history()["step"]) == [1, 2, 3]
+        assert len(run.system()["time"]) == 1
+        meta = run.meta
+        assert meta["model"]["class"] == "Sequential"
+        assert meta["optimizer"]["class"] == "SGD"
+        assert meta["attach"]["name"] == "exp1"
+        assert meta["backend"]["name"] == "cpu"
+        assert mon.run_dir.name.endswith("-exp1")
+    run = nbmonitor.open(mon.run_dir)
+    assert list(run.history()["step"]) == [1, 2, 3, 4]
+    assert run.meta["steps"] == 4
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "message"),
+    [
+        ({"model": [1, 2]}, TypeError, "model must be a torch.nn.Module, got list"),
+        ({"optimizer": "adam"}, TypeError, "optimizer must be a torch.optim.Optimizer"),
+        ({"interval": 0}, ValueError, "interval must be a number of seconds > 0"),
+        ({"interval": -1.0}, ValueError, "interval must be a number of seconds > 0"),
+        ({"interval": float("nan")}, ValueError, "interval must be a number of seconds > 0"),
+        ({"interval": "fast"}, ValueError, "interval must be a number of seconds > 0"),
+        ({"backend": "tpu"}, ValueError, "unknown backend 'tpu'"),
+        ({"total_steps": 0}, ValueError, "total_steps must be a positive int"),
+        ({"name": 5}, TypeError, "name must be a str"),
+    ],
+)
+def test_bad_input_gets_one_line_message(model, tmp_path, kwargs, exc, message):
+    args = {"model": model, "optimizer": None, "run_dir": tmp_path, "display": False}
+    args.update(kwargs)
+    with pytest.raises(exc, match=message) as info:
+        nbmonitor.attach(args.pop("model"), args.pop("optimizer"), **args)
+    assert "\n" not in str(info.value)
+
+
+def test_optimizer_of_another_model_is_rejected(model, tmp_path):
+    other = torch.optim.SGD(mlp().parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="holds none of the model's parameters"):
+        nbmonitor.attach(model, other, run_dir=tmp_path, display=False)
+
+
+def test_unwritable_run_dir(model, tmp_path):
+    blocker = tmp_path / "afile"
+    blocker.write_text("x")
+    with pytest.raises(nbmonitor.RunDirError, match="run_dir") as info:
+        nbmonitor.attach(model, None, run_dir=blocker / "sub", display=False)
+    assert "\n" not in str(info.value)
+    assert hook_counts(model, None) == 0
+
+
+def test_console_view_prints_status_and_summary(model, tmp_path, caplog):
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    caplog.set_level("INFO", logger="nbmonitor")
+    with attach(model, opt, tmp_path, total_steps=10, display=True) as mon:
+        train(model, opt, mon, 4)
+        mon.tick()
+    text = caplog.text
+    assert "step 4/10" in text and "loss" in text and "ms/step" in text and "ETA" in text
+    assert "4 steps in" in text  # the closing summary
+
+
+def test_kill_leaves_readable_log(tmp_path):
+    """SIGKILL a monitored loop: the run log holds the steps up to the last interval."""
+    script = textwrap.dedent(f"""
+        import torch, nbmonitor, sys
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        mon = nbmonitor.attach(model, opt, run_dir={str(tmp_path)!r}, interval=0.05,
+                               display=False)
+        print(mon.run_dir, flush=True)
+        while True:
+            loss = model(torch.randn(8, 4)).pow(2).mean()
+            loss.backward(); opt.step(); opt.zero_grad(); mon.log(loss=loss)
+    """)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=os.getcwd()
+    )
+    try:
+        run_dir = Path(proc.stdout.readline().strip())  # type: ignore[union-attr]
+        steps_file = run_dir / "steps.jsonl"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if steps_file.exists() and steps_file.read_text().count("\n") >= 50:
+                break
+            time.sleep(0.05)
+        time.sleep(0.2)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        proc.kill()
+        proc.stdout.close()  # type: ignore[union-attr]
+    run = nbmonitor.open(run_dir)
+    steps = run.history()["step"]
+    assert len(steps) >= 50
+    np.testing.assert_array_equal(steps, np.arange(1, len(steps) + 1))
+    assert np.all(np.isfinite(run.history()["loss"]))
+    assert len(run.system()["time"]) >= 2
+
+
+def test_demo_command(tmp_path):
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "nbmonitor",
+            "demo",
+            "--seconds",
+            "2",
+            "--run-dir",
+            str(tmp_path),
+            "--interval",
+            "0.1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert "run written to" in out.stdout
+    assert "nbmonitor: step" in out.stderr  # the console status line
+    run_dirs = list(tmp_path.iterdir())
+    assert len(run_dirs) == 1
+    assert len(nbmonitor.open(run_dirs[0]).history()["step"]) > 10
