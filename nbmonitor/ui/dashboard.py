@@ -165,7 +165,7 @@ class Dashboard:
         reset.on_click(lambda _button: self._on_reset())
         controls.append(reset)
         self._controls = widgets.HBox(
-            controls, layout=widgets.Layout(flex_flow="row wrap", gap="4px 16px")
+            controls, layout=widgets.Layout(flex_flow="row wrap", align_items="center")
         )
         self._box = widgets.VBox(
             [self._panel, self._controls, self._curves.grid], layout=widgets.Layout(width="100%")

@@ -8,16 +8,25 @@ assignment, so only decimated series are assigned (the Frame's, ~2,000 points), 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import bqplot as bq
 import ipywidgets as widgets
 import numpy as np
 import numpy.typing as npt
 
 from nbmonitor._frame import Series
+
+# bqscales (bqplot's scales) passes trait metadata the pre-traitlets-4.1 way; the resulting
+# DeprecationWarning at import is theirs, not the user's, and would fail warnings-as-errors test
+# runs (ours and our users'). Silence exactly that message, only for the import.
+with warnings.catch_warnings():
+    warnings.filterwarnings(
+        "ignore", r"metadata \{.*\} was set from the constructor", DeprecationWarning
+    )
+    import bqplot as bq
 
 F32 = npt.NDArray[np.float32]
 Transform = Callable[[npt.NDArray[np.float64], Mapping[str, float]], npt.NDArray[np.float64]]
@@ -153,12 +162,12 @@ class Curves:
             for series_key, label, color, transform in specs
         ]
         y_axis = bq.Axis(
-            scale=y_scale, orientation="vertical", tick_format=".3~g", grid_lines="dashed"
+            scale=y_scale, side="left", tick_format=".3~g", grid_lines="dashed"
         )
         return lines, y_scale, y_axis
 
     def _x_axis(self) -> bq.Axis:
-        return bq.Axis(scale=self.x_scale, label="step", tick_format="~s", grid_lines="dashed")
+        return bq.Axis(scale=self.x_scale, side="bottom", label="step", tick_format="~s", grid_lines="dashed")
 
     def _figure(
         self, title: str, marks: list[bq.Mark], axes: list[bq.Axis], twin: bool = False
@@ -209,7 +218,7 @@ class Curves:
         )
         lines[0].mark.display_legend = True
         right_axis = bq.Axis(
-            scale=right, orientation="vertical", side="right", tick_format=".3~s", grid_lines="none"
+            scale=right, side="right", tick_format=".3~s", grid_lines="none"
         )
         panzoom = bq.interacts.PanZoom(scales={"x": [self.x_scale], "y": [y_scale, right]})
         figure = self._figure(

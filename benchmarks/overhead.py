@@ -1,0 +1,192 @@
+"""Step-time overhead of nbmonitor on a CPU training loop, measured A/B/A/B interleaved.
+
+Two models: a 20-layer MLP and a small GPT-style transformer. Each round runs a block of steps
+per mode, in alternating order, and keeps the block's median step time; the overhead of a mode
+is the median over rounds of (mode block / baseline block of the same round).
+
+    python benchmarks/overhead.py                 # defaults: both models, baseline vs attach
+    python benchmarks/overhead.py --rounds 12 --steps 60 --modes baseline attach naive_item
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+import nbmonitor
+
+
+def mlp20(width: int = 256) -> torch.nn.Module:
+    layers: list[torch.nn.Module] = []
+    for _ in range(20):
+        layers += [torch.nn.Linear(width, width), torch.nn.GELU()]
+    layers.append(torch.nn.Linear(width, 10))
+    return torch.nn.Sequential(*layers)
+
+
+class Block(torch.nn.Module):
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.ln1 = torch.nn.LayerNorm(d)
+        self.attn = torch.nn.MultiheadAttention(d, heads, batch_first=True)
+        self.ln2 = torch.nn.LayerNorm(d)
+        self.mlp = torch.nn.Sequential(
+            torch.nn.Linear(d, 4 * d), torch.nn.GELU(), torch.nn.Linear(4 * d, d)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = x.shape[1]
+        mask = torch.triu(torch.ones(t, t, dtype=torch.bool), 1)
+        h = self.ln1(x)
+        x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
+        return x + self.mlp(self.ln2(x))
+
+
+class TinyGPT(torch.nn.Module):
+    def __init__(self, vocab: int = 512, d: int = 128, layers: int = 4, ctx: int = 64) -> None:
+        super().__init__()
+        self.tok = torch.nn.Embedding(vocab, d)
+        self.pos = torch.nn.Embedding(ctx, d)
+        self.blocks = torch.nn.ModuleList(Block(d, 4) for _ in range(layers))
+        self.ln = torch.nn.LayerNorm(d)
+        self.head = torch.nn.Linear(d, vocab)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1]))
+        for block in self.blocks:
+            x = block(x)
+        out: torch.Tensor = self.head(self.ln(x))
+        return out
+
+
+def make_task(name: str) -> tuple[torch.nn.Module, Callable[[torch.nn.Module], torch.Tensor]]:
+    torch.manual_seed(0)
+    if name == "mlp20":
+        model = mlp20()
+        x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
+        return model, lambda m: torch.nn.functional.cross_entropy(m(x), y)
+    model = TinyGPT()
+    idx = torch.randint(0, 512, (16, 64))
+    return model, lambda m: torch.nn.functional.cross_entropy(
+        m(idx[:, :-1]).reshape(-1, 512), idx[:, 1:].reshape(-1)
+    )
+
+
+class NaiveItemHooks:
+    """What many hand-written monitors do: a per-parameter hook calling .item() on each grad norm."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.norms: dict[str, float] = {}
+        self.handles = [
+            p.register_post_accumulate_grad_hook(self._hook(name))
+            for name, p in model.named_parameters()
+        ]
+
+    def _hook(self, name: str) -> Callable[[torch.Tensor], None]:
+        def hook(p: torch.Tensor) -> None:
+            assert p.grad is not None
+            self.norms[name] = p.grad.norm().item()
+
+        return hook
+
+    def close(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+def run_block(
+    task: str, mode: str, model: torch.nn.Module, loss_fn: Any, opt: Any, steps: int, tmp: str
+) -> float:
+    mon = None
+    naive = None
+    if mode.startswith("attach"):
+        kwargs: dict[str, Any] = {}
+        if mode == "attach_layers_every_step":
+            kwargs["layer_every"] = 1
+        mon = nbmonitor.attach(model, opt, run_dir=tmp, display=False, **kwargs)
+    elif mode == "naive_item":
+        naive = NaiveItemHooks(model)
+    times = []
+    for i in range(steps + 5):
+        t0 = time.perf_counter()
+        loss = loss_fn(model)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if mon is not None:
+            mon.log(loss=loss)
+        if i >= 5:  # the first steps of a block warm caches and allocators
+            times.append(time.perf_counter() - t0)
+    if mon is not None:
+        mon.close()
+    if naive is not None:
+        naive.close()
+    return statistics.median(times)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tasks", nargs="+", default=["mlp20", "gpt"])
+    ap.add_argument("--modes", nargs="+", default=["baseline", "attach"])
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--json", help="write results here")
+    args = ap.parse_args()
+    results: dict[str, Any] = {
+        "machine": f"{platform.node()} {platform.processor() or platform.machine()}, "
+        f"{torch.get_num_threads()} torch threads",
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+        "rounds": args.rounds,
+        "steps_per_block": args.steps,
+        "tasks": {},
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        for task in args.tasks:
+            model, loss_fn = make_task(task)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            params = sum(p.numel() for p in model.parameters())
+            tensors = len(list(model.parameters()))
+            blocks: dict[str, list[float]] = {m: [] for m in args.modes}
+            run_block(task, "baseline", model, loss_fn, opt, args.steps, tmp)  # warm-up
+            for r in range(args.rounds):
+                order = args.modes if r % 2 == 0 else list(reversed(args.modes))
+                for mode in order:
+                    blocks[mode].append(run_block(task, mode, model, loss_fn, opt, args.steps, tmp))
+            base = blocks["baseline"]
+            summary: dict[str, Any] = {"params": params, "param_tensors": tensors}
+            for mode in args.modes:
+                ratios = [b / a for a, b in zip(base, blocks[mode], strict=True)]
+                summary[mode] = {
+                    "median_step_ms": statistics.median(blocks[mode]) * 1e3,
+                    "median_ratio": statistics.median(ratios),
+                    "overhead_percent": (statistics.median(ratios) - 1) * 100,
+                }
+            results["tasks"][task] = summary
+            print(f"{task}: {params:,} params in {tensors} tensors", file=sys.stderr)
+            for mode in args.modes:
+                s = summary[mode]
+                print(
+                    f"  {mode:26s} {s['median_step_ms']:8.3f} ms/step  "
+                    f"x{s['median_ratio']:.4f} ({s['overhead_percent']:+.2f} %)",
+                    file=sys.stderr,
+                )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    print(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
