@@ -20,9 +20,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
 import nbmonitor
+import torch
 
 
 def mlp20(width: int = 256) -> torch.nn.Module:
@@ -82,7 +81,7 @@ def make_task(name: str) -> tuple[torch.nn.Module, Callable[[torch.nn.Module], t
 
 
 class NaiveItemHooks:
-    """What many hand-written monitors do: a per-parameter hook calling .item() on each grad norm."""
+    """What hand-written monitors often do: a per-parameter hook calling .item() on its norm."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.norms: dict[str, float] = {}

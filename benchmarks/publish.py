@@ -20,7 +20,6 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
-
 from nbmonitor._frame import Frame, LayerFrame, Series
 from nbmonitor._store import Store
 
@@ -74,7 +73,6 @@ def frame_at(store: Store, step: int, layers: LayerFrame | None) -> Frame:
 
 def measure(n: int, repeats: int, with_layers: bool) -> dict[str, Any]:
     import ipywidgets
-
     from nbmonitor.ui.dashboard import Dashboard
 
     sent: list[int] = []
@@ -109,12 +107,17 @@ def measure(n: int, repeats: int, with_layers: bool) -> dict[str, Any]:
         dash.publish(base)  # first publish creates figures; not counted
         times, sizes = [], []
         for i in range(repeats):
-            # Each publish changes every line's last point, as a live run does.
+            # Each publish moves every line by one new point (x and y change), as a live run
+            # does, and the heatmap gains a column: the worst case for bytes on the wire.
             series = {
-                k: Series(s.x, np.concatenate((s.y[:-1], [s.y[-1] + i + 1])))
+                k: Series(np.append(s.x[1:], s.x[-1] + i + 1), np.append(s.y[1:], s.y[-1] + i + 1))
                 for k, s in base.series.items()
             }
-            frame = replace(base, step=n + i + 1, series=series)
+            layer_frame = None
+            if layers is not None:
+                grid = np.roll(layers.log10_grad_norm, -(i + 1), axis=1)
+                layer_frame = replace(layers, log10_grad_norm=grid)
+            frame = replace(base, step=n + i + 1, series=series, layers=layer_frame)
             sent.clear()
             t = time.perf_counter()
             dash.publish(frame)

@@ -16,6 +16,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from nbmonitor._recorder import (
+    AuxRecord,
     DeviceValue,
     LogRecord,
     Recorder,
@@ -24,6 +25,15 @@ from nbmonitor._recorder import (
 )
 
 ErrorSink = Callable[[str, BaseException], None]
+
+# The update ratio needs a copy of the parameters across optimizer.step(); above this size the
+# copy is skipped (update ratio NaN) rather than risking an out-of-memory error.
+UPDATE_COPY_MAX_BYTES = 2 * 2**30
+
+
+class NonFiniteError(FloatingPointError):
+    """Raised into the training loop with ``on_nan="raise"``: where NaN/Inf first appeared."""
+
 
 # After this many consecutive failures a hook stops doing anything (its handle stays until close).
 MAX_CONSECUTIVE_ERRORS = 5
@@ -104,8 +114,17 @@ class Hooks:
         optimizer: torch.optim.Optimizer | None,
         recorder: Recorder,
         on_error: ErrorSink,
+        *,
+        layer_every: int = 0,
+        activations: bool = False,
+        check_forward: bool = False,
+        on_nan: str = "warn",
     ) -> None:
         self.model = model
+        self.layer_every = layer_every
+        self.activations = activations
+        self.check_forward = check_forward
+        self.on_nan = on_nan
         self.optimizer = optimizer
         self.recorder = recorder
         self._on_error = on_error
@@ -119,17 +138,39 @@ class Hooks:
         self._failures: dict[str, int] = {}
         self.handles: list[RemovableHandle] = []
         names = {id(p): n for n, p in model.named_parameters()}
-        if optimizer is not None:
-            params = optimizer_parameters(optimizer)
-        else:
-            params = [p for p in model.parameters() if p.requires_grad]
+        params = optimizer_parameters(optimizer) if optimizer is not None else []
+        # Tracked: the optimizer's parameters, then trainable ones it lacks (their gradients
+        # still count in the total norm, as clip_grad_norm_(model.parameters()) would).
+        self.n_optimized = len(params)
+        held = {id(p) for p in params}
+        params += [p for p in model.parameters() if p.requires_grad and id(p) not in held]
         self.params: list[torch.nn.Parameter] = params
         self.param_names: list[str] = [names.get(id(p), f"param{i}") for i, p in enumerate(params)]
+        self.update_copy_skipped = False
+        self._before: list[torch.Tensor] | None = None
+        self._before_norms: torch.Tensor | None = None
+        # Per-forward scratch for the opt-in forward checks and activation statistics.
+        self._leaf_names = {
+            m: n for n, m in model.named_modules() if not any(True for _ in m.children())
+        }
+        self._module_names = {m: n or "(root)" for n, m in model.named_modules()}
+        self._fwd_rows: list[torch.Tensor] = []
+        self._fwd_names: list[str] = []
+        self._act_rows: list[torch.Tensor] = []
+        self._act_names: list[str] = []
+        self._act_on = False
 
     # -- lifecycle ----------------------------------------------------------------------------
 
     def install(self) -> None:
         m = self.model
+        # Per-module hooks go first so that they have run when the root's own hook packs them.
+        if self.check_forward:
+            for module in self._module_names:
+                self.handles.append(module.register_forward_hook(self._check_output))
+        if self.activations:
+            for module in self._leaf_names:
+                self.handles.append(module.register_forward_hook(self._activation_stats))
         self.handles.append(m.register_forward_pre_hook(self._forward_pre, with_kwargs=True))
         self.handles.append(m.register_forward_hook(self._forward, with_kwargs=True))
         if self.optimizer is not None:
@@ -177,6 +218,8 @@ class Hooks:
         try:
             if self._step_start is None:
                 self._step_start = time.perf_counter()
+            if self.activations and self._micro == 0:
+                self._act_on = self._sampling_step()
             self._micro += 1
             self._samples += batch_size(args, kwargs)
             self._ok(source)
@@ -195,12 +238,15 @@ class Hooks:
         if not torch.is_grad_enabled() or not self._enabled(source):
             return None
         try:
+            self._pack_forward_rows()
             loss = output_loss(output)
             if loss is not None:
                 self.recorder.put(make_log_record(self.log_step, {"loss": loss}))
             if self.optimizer is None:
                 self._watch_backward(loss if loss is not None else _first_tensor(output))
             self._ok(source)
+        except NonFiniteError:
+            raise
         except Exception as exc:
             self._failed(source, exc)
         return None
@@ -228,8 +274,13 @@ class Hooks:
             return
         try:
             self._collect_norms()
+            if self.on_nan == "raise":
+                self._raise_if_non_finite()
             self._end_step()
             self._ok(source)
+        except NonFiniteError:
+            self._pending_norms = (None, None)
+            raise
         except Exception as exc:
             self._failed(source, exc)
 
@@ -239,7 +290,13 @@ class Hooks:
             return None
         try:
             self._collect_norms()
+            if self.on_nan == "raise":
+                self._raise_if_non_finite()
+            if self.layer_every and self._sampling_step():
+                self._snapshot_parameters()
             self._ok(source)
+        except NonFiniteError:
+            raise
         except Exception as exc:
             self._pending_norms = (None, None)
             self._failed(source, exc)
@@ -250,11 +307,126 @@ class Hooks:
         if not self._enabled(source):
             return None
         try:
+            if self._before is not None:
+                self._record_update()
             self._end_step()
             self._ok(source)
         except Exception as exc:
+            self._before = None
             self._failed(source, exc)
         return None
+
+    # -- opt-in per-layer measurements ----------------------------------------------------------
+
+    def _sampling_step(self) -> bool:
+        """Whether the step in progress is one of every ``layer_every`` (1-based steps)."""
+        every = self.layer_every or 1
+        return (self.step + 1) % every == 0
+
+    def _snapshot_parameters(self) -> None:
+        params = [p.detach() for p in self.params[: self.n_optimized]]
+        if not params:
+            return
+        size = sum(p.numel() * p.element_size() for p in params)
+        if size > UPDATE_COPY_MAX_BYTES:
+            self.update_copy_skipped = True
+            return
+        norms = torch._foreach_norm(params, 2, dtype=torch.float32)
+        self._before_norms = torch.stack([n.to(norms[0].device) for n in norms])
+        self._before = list(torch._foreach_mul(params, 1.0))
+
+    def _record_update(self) -> None:
+        before, norms = self._before, self._before_norms
+        self._before = self._before_norms = None
+        if before is None or norms is None:
+            return
+        params = [p.detach() for p in self.params[: self.n_optimized]]
+        torch._foreach_sub_(before, params)  # before - after: the update, in place
+        delta = torch._foreach_norm(before, 2, dtype=torch.float32)
+        packed = torch.cat([norms, torch.stack([d.to(norms.device) for d in delta])])
+        names = tuple(self.param_names[: self.n_optimized])
+        self.recorder.put(AuxRecord(self.step + 1, "update", names, DeviceValue(packed)))
+
+    def _check_output(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        if not torch.is_grad_enabled():
+            return None
+        try:
+            out = _first_tensor(output)
+            if out is None or not out.is_floating_point():
+                return None
+            flag = (~torch.isfinite(out.detach())).any().to(torch.float32).reshape(1)
+            inp = _first_tensor(args)
+            if inp is not None and inp.is_floating_point() and inp.numel():
+                x = inp.detach().to(torch.float32)
+                stats = torch.stack(
+                    [x.mean(), x.std() if x.numel() > 1 else x.mean() * 0, x.abs().max()]
+                )
+            else:
+                stats = torch.full((3,), float("nan"), device=flag.device)
+            self._fwd_rows.append(torch.cat([flag, stats.to(flag.device)]))
+            self._fwd_names.append(self._module_names.get(module, type(module).__name__))
+        except Exception as exc:
+            self._failed("hook:check_forward", exc)
+        return None
+
+    def _activation_stats(
+        self, module: torch.nn.Module, args: tuple[Any, ...], output: Any
+    ) -> None:
+        if not self._act_on or not torch.is_grad_enabled():
+            return None
+        try:
+            out = _first_tensor(output)
+            if out is None or not out.is_floating_point() or not out.numel():
+                return None
+            x = out.detach().to(torch.float32)
+            std = x.std() if x.numel() > 1 else x.mean() * 0
+            row = torch.stack([x.mean(), std, x.abs().max(), (x == 0).to(torch.float32).mean()])
+            self._act_rows.append(row)
+            self._act_names.append(self._leaf_names[module])
+        except Exception as exc:
+            self._failed("hook:activations", exc)
+        return None
+
+    def _pack_forward_rows(self) -> None:
+        step = self.log_step
+        if self._fwd_rows:
+            rows, names = self._fwd_rows, tuple(self._fwd_names)
+            self._fwd_rows, self._fwd_names = [], []
+            packed = torch.stack([r.to(rows[0].device) for r in rows])
+            if self.on_nan == "raise":
+                flags = packed[:, 0].cpu()  # opt-in: raise mode synchronises by design
+                if bool(flags.any()):
+                    first = int(flags.nonzero()[0, 0])
+                    mean, std, maxabs = (float(v) for v in packed[first, 1:].cpu())
+                    raise NonFiniteError(
+                        f"nbmonitor: non-finite output first in module {names[first]!r} at step "
+                        f"{step} (its input: mean {mean:.3g}, std {std:.3g}, max |x| {maxabs:.3g})."
+                    )
+            self.recorder.put(AuxRecord(step, "forward", names, DeviceValue(packed.reshape(-1))))
+        if self._act_rows:
+            rows, names = self._act_rows, tuple(self._act_names)
+            self._act_rows, self._act_names = [], []
+            self._act_on = False
+            packed = torch.stack([r.to(rows[0].device) for r in rows])
+            self.recorder.put(
+                AuxRecord(step, "activations", names, DeviceValue(packed.reshape(-1)))
+            )
+
+    def _raise_if_non_finite(self) -> None:
+        norms, _ = self._pending_norms
+        if norms is None:
+            return
+        norms.wait()  # opt-in: raise mode synchronises by design
+        values = norms.values()
+        if all(map(_finite, values[:1])):
+            return
+        index = self._pending_norms[1] or tuple(range(len(self.params)))
+        bad = [self.param_names[index[i]] for i, v in enumerate(values[1:]) if not _finite(v)]
+        shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+        raise NonFiniteError(
+            f"nbmonitor: non-finite gradient at step {self.step + 1}, first in {shown}; "
+            "the optimizer step was not taken (on_nan='raise')."
+        )
 
     # -- helpers ------------------------------------------------------------------------------
 
@@ -308,4 +480,16 @@ class Hooks:
         return tuple(out)
 
 
-__all__ = ["Hooks", "LogRecord", "batch_size", "grad_norms", "optimizer_parameters", "output_loss"]
+def _finite(value: float) -> bool:
+    return value - value == 0.0
+
+
+__all__ = [
+    "Hooks",
+    "LogRecord",
+    "NonFiniteError",
+    "batch_size",
+    "grad_norms",
+    "optimizer_parameters",
+    "output_loss",
+]

@@ -8,6 +8,7 @@ that happens in ``tick()`` on the sampler thread, except ``log()``, which only r
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import datetime as _dt
 import math
 import os
@@ -29,12 +30,15 @@ import torch
 from nbmonitor import backends as _backends
 from nbmonitor._frame import Alert, Frame, Series
 from nbmonitor._hooks import Hooks, optimizer_parameters
+from nbmonitor._layers import GROUPINGS, LayerStats, ParamInfo
 from nbmonitor._recorder import Recorder
 from nbmonitor._runlog import RunLog
 from nbmonitor._sampler import ErrorLog, SamplerThread, Source
 from nbmonitor._steps import StepAssembler
 from nbmonitor._store import Store
 from nbmonitor._version import __version__
+from nbmonitor.debug import check_setup, grads_never_arrived
+from nbmonitor.health import Health, HealthInput, Thresholds
 from nbmonitor.ui.base import View
 
 # Chart lines sent to views: bounded so that one publish stays small however long the run.
@@ -45,6 +49,14 @@ MAX_POINTS = 2000
 # Views are refreshed at most this often, whatever the sampling interval.
 PUBLISH_EVERY_S = 0.25
 MAX_ALERTS = 200
+# Parameter norms and update ratios are measured every this many steps by default: a copy of
+# the parameters across optimizer.step() is the costly part (see docs/performance.md).
+DEFAULT_LAYER_EVERY = 10
+# Steps after which a trainable parameter that never received a gradient is reported.
+NO_GRAD_AFTER_STEPS = 10
+# Rows of recent history handed to the health rules each tick.
+HEALTH_WINDOW = 512
+ON_NAN = ("warn", "raise")
 
 Columns = dict[str, npt.NDArray[np.float64]]
 
@@ -118,6 +130,39 @@ def _validate(
         raise TypeError(f"nbmonitor.attach: name must be a str or None, got {type(name).__name__}.")
 
 
+def _validate_layers(layer_every: object, layer_group: object, on_nan: object) -> None:
+    if isinstance(layer_every, bool) or not isinstance(layer_every, int) or layer_every < 0:
+        raise ValueError(
+            f"nbmonitor.attach: layer_every must be an int >= 0 (0 turns parameter norms and "
+            f"update ratios off), got {layer_every!r}."
+        )
+    if layer_group not in GROUPINGS:
+        raise ValueError(
+            f"nbmonitor.attach: layer_group must be 'param' or 'module', got {layer_group!r}."
+        )
+    if on_nan not in ON_NAN:
+        raise ValueError(f"nbmonitor.attach: on_nan must be 'warn' or 'raise', got {on_nan!r}.")
+
+
+def _thresholds(value: object) -> Thresholds:
+    if value is None:
+        return Thresholds()
+    if isinstance(value, Thresholds):
+        return value
+    if isinstance(value, Mapping):
+        try:
+            return Thresholds(**value)
+        except TypeError as exc:
+            known = ", ".join(f.name for f in dataclasses.fields(Thresholds))
+            raise ValueError(
+                f"nbmonitor.attach: unknown threshold in {sorted(value)}; known: {known}."
+            ) from exc
+    raise TypeError(
+        "nbmonitor.attach: thresholds must be a dict or nbmonitor.Thresholds, got "
+        f"{type(value).__name__}."
+    )
+
+
 def _merge_rows(columns: Columns, rows: Iterable[Mapping[str, float]]) -> Columns:
     """Append rows to equal-length columns, NaN-filling keys a side lacks."""
     rows = list(rows)
@@ -153,8 +198,16 @@ class Monitor:
         name: str | None = None,
         backend: str = "auto",
         display: bool = True,
+        layer_every: int = DEFAULT_LAYER_EVERY,
+        layer_group: str = "param",
+        activations: bool = False,
+        check_forward: bool = False,
+        on_nan: str = "warn",
+        thresholds: Thresholds | Mapping[str, float] | None = None,
     ) -> None:
         _validate(model, optimizer, interval, total_steps, name)
+        _validate_layers(layer_every, layer_group, on_nan)
+        self._health = Health(_thresholds(thresholds))
         self._model_ref = weakref.ref(model)
         self.interval = float(interval)
         self.total_steps = total_steps
@@ -171,11 +224,40 @@ class Monitor:
         self._pending_steps: list[dict[str, float]] = []
         self._pending_samples: list[dict[str, float]] = []
         self._pending_events: list[dict[str, object]] = []
+        self._pending_layer_rows: list[dict[str, float]] = []
         self._last_sample: dict[str, float] = {}
 
         self.backend = _backends.select(model, backend)
         self._recorder = Recorder()
-        self._hooks = Hooks(model, optimizer, self._recorder, self.errors_log.add)
+        self._hooks = Hooks(
+            model,
+            optimizer,
+            self._recorder,
+            self.errors_log.add,
+            layer_every=layer_every,
+            activations=activations,
+            check_forward=check_forward,
+            on_nan=on_nan,
+        )
+        in_opt = {id(p) for p in optimizer_parameters(optimizer)} if optimizer else set()
+        self._layers = LayerStats(
+            [
+                ParamInfo(
+                    name=n,
+                    shape=tuple(p.shape),
+                    numel=p.numel(),
+                    dtype=str(p.dtype).removeprefix("torch."),
+                    device=str(p.device),
+                    requires_grad=p.requires_grad,
+                    in_optimizer=id(p) in in_opt,
+                )
+                for n, p in zip(self._hooks.param_names, self._hooks.params, strict=True)
+            ],
+            group_by=layer_group,
+        )
+        self._layer_flags: dict[str, list[str]] = {}
+        self._no_grad_checked = False
+        self._nonfinite_reported = False
         self._steps = Store()
         self._system = Store()
         self._assembler = StepAssembler()
@@ -188,9 +270,11 @@ class Monitor:
         self._sources = [
             Source("sample", self._sample, self.errors_log),
             Source("records", self._collect, self.errors_log),
+            Source("health", self._check_health, self.errors_log),
             Source("runlog", self._persist, self.errors_log),
             Source("view", self._publish, self.errors_log),
         ]
+        self._add_alerts(check_setup(model, optimizer, step=0, time=self._start))
         self._thread = SamplerThread(self.tick, self.interval)
         self._display = display
         self._setup_views(display)
@@ -242,6 +326,11 @@ class Monitor:
                 "name": name,
                 "backend": backend,
                 "display": display,
+                "layer_every": self._hooks.layer_every,
+                "layer_group": self._layers.group_by,
+                "activations": self._hooks.activations,
+                "check_forward": self._hooks.check_forward,
+                "on_nan": self._hooks.on_nan,
             },
         }
 
@@ -324,6 +413,7 @@ class Monitor:
             self._thread.stop()
             with self._tick_lock:
                 self._collect(wait=True, everything=True)
+                Source("health", self._check_health, self.errors_log)()
                 self._persist()
                 frame = self.frame()
                 for view in self._views:
@@ -419,8 +509,7 @@ class Monitor:
     def _collect(self, wait: bool = False, everything: bool = False) -> None:
         self._assembler.add(self._recorder.drain(wait=wait))
         rows = self._assembler.take_final(everything=everything)
-        # Layer norms are consumed by the per-layer view; without it keep memory bounded.
-        self._assembler.layer_norms.clear()
+        self._collect_layers()
         if rows:
             for row in rows:
                 loss = row.get("loss", math.nan)
@@ -428,6 +517,116 @@ class Monitor:
                     self._best_loss = loss
             self._steps.extend(rows)
             self._pending_steps.extend(rows)
+
+    def _collect_layers(self) -> None:
+        layers, assembler = self._layers, self._assembler
+        for record, values in assembler.aux:
+            if record.kind == "update":
+                layers.add_update(values)
+                row = {"step": float(record.step)}
+                for name, pn, ur in zip(
+                    layers.names, layers.param_norm, layers.update_ratio, strict=True
+                ):
+                    row[f"param_norm/{name}"] = float(pn)
+                    row[f"update_ratio/{name}"] = float(ur)
+                self._pending_layer_rows.append(row)
+            elif record.kind == "forward":
+                layers.add_forward(record.step, record.names, values)
+            elif record.kind == "activations":
+                layers.add_activations(record.names, values)
+        assembler.aux.clear()
+        for item in assembler.layer_norms:
+            per_param = layers.add_grad_norms(item.step, item.norms, item.index)
+            # Reported once when gradients turn non-finite, again only after they recovered.
+            finite = bool(np.all(np.isfinite(item.norms)))
+            if not finite and not self._nonfinite_reported:
+                self._report_non_finite(item.step, per_param)
+            self._nonfinite_reported = not finite
+        assembler.layer_norms.clear()
+        if not self._no_grad_checked and self._hooks.step >= NO_GRAD_AFTER_STEPS:
+            self._no_grad_checked = True
+            trainable = [p.requires_grad for p in layers.params]
+            names = [p.name for p, t in zip(layers.params, trainable, strict=True) if t]
+            seen = layers.seen[np.asarray(trainable, dtype=bool)]
+            alert = grads_never_arrived(names, seen, step=self._hooks.step, time=time.time())
+            if alert is not None:
+                self._add_alerts([alert])
+
+    def _report_non_finite(self, step: int, per_param: npt.NDArray[np.float64]) -> None:
+        """Name the first parameters whose gradient went NaN/Inf, and the first bad module."""
+        names = [p.name for p in self._layers.params]
+        bad = [n for n, v in zip(names, per_param, strict=True) if np.isinf(v) or np.isnan(v)]
+        seen = self._layers.seen
+        bad = [n for n, ok in zip(names, seen, strict=True) if ok and n in bad]
+        shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+        message = f"Non-finite gradients at step {step}, first in {shown or 'unknown'}."
+        forward = [b for b in self._layers.forward_bad if b[0] <= step]
+        if forward:
+            f_step, module, (mean, std, maxabs) = forward[0]
+            message += (
+                f" The first module with a non-finite output was {module!r} at step {f_step} "
+                f"(input mean {mean:.3g}, std {std:.3g}, max |x| {maxabs:.3g})."
+            )
+        else:
+            message += " Lower the learning rate, clip gradients, or check the inputs"
+            message += " (attach(..., check_forward=True) names the first bad module)."
+        self._add_alerts(
+            [Alert("grad_non_finite", "error", message, step, time.time(), tuple(bad))]
+        )
+
+    def _check_health(self) -> None:
+        steps = self._steps
+        columns: dict[str, npt.NDArray[np.float64]] = {
+            key: steps.tail(key, HEALTH_WINDOW)
+            for key in ("step", "loss", "grad_norm")
+            if key in steps.columns
+        }
+        layer_steps, layer_norms = self._layers.recent()
+        system = {key: self._system.tail(key, 120) for key in self._system.columns}
+        gpus = getattr(self.backend, "device_index", None)
+        inp = HealthInput(
+            step=self._hooks.step,
+            time=time.time(),
+            steps=columns,
+            layer_names=self._layers.names,
+            layer_steps=layer_steps,
+            layer_grad_norms=layer_norms,
+            param_norms=self._layers.param_norm,
+            update_ratios=self._layers.update_ratio,
+            activations=self._layers.activations or None,
+            system=system,
+            gpus=[gpus] if isinstance(gpus, int) else None,
+        )
+        # Non-finite gradients are localised per step in _collect_layers, with better names.
+        self._add_alerts([a for a in self._health.check(inp) if a.rule != "grad_non_finite"])
+
+    def _add_alerts(self, alerts: Iterable[Alert]) -> None:
+        for alert in alerts:
+            self._alerts.append(alert)
+            del self._alerts[:-MAX_ALERTS]
+            self._pending_events.append(dataclasses.asdict(alert))
+            for layer in alert.layers:
+                self._layer_flags.setdefault(layer, []).append(alert.rule)
+
+    def layers(self, as_dataframe: bool = False) -> Any:
+        """One row per layer: name, shape, numel, dtype, device, requires_grad, in_optimizer,
+        latest grad_norm, param_norm, update_ratio and flags (the alert rules that named it).
+
+        Returns a list of dicts, or a pandas DataFrame with ``as_dataframe=True``.
+        """
+        with self._tick_lock:
+            if not self._closed:
+                self._collect()
+            rows = self._layers.table(self._layer_flags)
+        if as_dataframe:
+            try:
+                import pandas as pd
+            except ImportError as exc:
+                raise ImportError(
+                    "nbmonitor: layers(as_dataframe=True) needs pandas; pip install pandas."
+                ) from exc
+            return pd.DataFrame(rows)
+        return rows
 
     def _persist(self) -> None:
         steps, samples, events = self._pending_steps, self._pending_samples, self._pending_events
@@ -438,6 +637,9 @@ class Monitor:
             self._runlog.write_samples(samples)
         if events:
             self._runlog.write_events(events)
+        layer_rows, self._pending_layer_rows = self._pending_layer_rows, []
+        if layer_rows:
+            self._runlog.write_layers(layer_rows)
         self._runlog.flush()
 
     def _publish(self) -> None:
@@ -492,6 +694,7 @@ class Monitor:
             devices=devices,
             alerts=tuple(self._alerts[-20:]),
             errors=tuple(self.errors[-5:]),
+            layers=self._layers.frame(self._layer_flags) if self._layers.names else None,
         )
 
 
@@ -505,6 +708,12 @@ def attach(
     name: str | None = None,
     backend: str = "auto",
     display: bool = True,
+    layer_every: int = DEFAULT_LAYER_EVERY,
+    layer_group: str = "param",
+    activations: bool = False,
+    check_forward: bool = False,
+    on_nan: str = "warn",
+    thresholds: Thresholds | Mapping[str, float] | None = None,
 ) -> Monitor:
     """Start monitoring ``model`` (and ``optimizer``) and show the live view.
 
@@ -519,6 +728,17 @@ def attach(
         backend: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"mps"``.
         display: in a notebook, show the dashboard under the cell; in a script, print a status
             line every few seconds.
+        layer_every: measure parameter norms and update ratios (||dw|| / ||w||) every this
+            many steps (0: never). Per-layer gradient norms are measured every step.
+        layer_group: ``"param"`` (a layer is a parameter) or ``"module"``.
+        activations: record activation statistics of leaf modules every ``layer_every``
+            steps (mean, std, max |x|, fraction of zeros) and report dead units.
+        check_forward: check every module's output for NaN/Inf, to name the first module
+            that produced one (costs a few small kernels per module per forward).
+        on_nan: ``"warn"`` reports non-finite gradients in the alerts; ``"raise"`` raises
+            ``nbmonitor.NonFiniteError`` from ``optimizer.step()`` before the bad update is
+            applied (this checks on the host every step, so it synchronises on CUDA).
+        thresholds: health-rule thresholds, as ``nbmonitor.Thresholds`` or a dict of its fields.
 
     Attaching again to the same model closes the earlier monitor first.
 
@@ -535,6 +755,12 @@ def attach(
         name=name,
         backend=backend,
         display=display,
+        layer_every=layer_every,
+        layer_group=layer_group,
+        activations=activations,
+        check_forward=check_forward,
+        on_nan=on_nan,
+        thresholds=thresholds,
     )
     previous = _LIVE.get(model)
     if previous is not None:

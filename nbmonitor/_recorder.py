@@ -113,7 +113,28 @@ class LogRecord:
         return out
 
 
-Record = StepRecord | LogRecord
+@dataclass(slots=True)
+class AuxRecord:
+    """Optional per-layer measurements of one step, packed in one device value.
+
+    ``kind`` is "update" (parameter norms then update norms, one per tracked parameter),
+    "forward" (per module: non-finite flag, input mean, std, max |x|) or "activations" (per leaf
+    module: mean, std, max |x|, fraction of exact zeros); ``names`` label the rows.
+    """
+
+    step: int
+    kind: str
+    names: tuple[str, ...]
+    value: DeviceValue
+
+    def ready(self) -> bool:
+        return self.value.ready()
+
+    def wait(self) -> None:
+        self.value.wait()
+
+
+Record = StepRecord | LogRecord | AuxRecord
 
 
 def make_log_record(step: int, scalars: Mapping[str, object]) -> LogRecord:

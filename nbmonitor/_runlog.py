@@ -36,7 +36,8 @@ META = "meta.json"
 STEPS = "steps.jsonl"
 SYSTEM = "system.jsonl"
 EVENTS = "events.jsonl"
-FILES = {"steps": STEPS, "system": SYSTEM, "events": EVENTS}
+LAYERS = "layers.jsonl"
+FILES = {"steps": STEPS, "system": SYSTEM, "events": EVENTS, "layers": LAYERS}
 
 # Folder names stay portable (no separators, spaces or shell-special characters).
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -150,6 +151,10 @@ class RunLog:
     def write_events(self, events: Sequence[Mapping[str, object]]) -> None:
         """Append events (alerts, errors, lifecycle) to events.jsonl."""
         self._write("events", events)
+
+    def write_layers(self, rows: Sequence[Mapping[str, float]]) -> None:
+        """Append per-layer rows (``step``, ``param_norm/<layer>``, ``update_ratio/<layer>``)."""
+        self._write("layers", rows)
 
     def _write(self, kind: str, records: Sequence[Mapping[str, object]]) -> None:
         if not records:
@@ -279,6 +284,11 @@ class Run:
     def events(self) -> list[dict[str, object]]:
         """events.jsonl as a list of dicts, oldest first."""
         return _read_records(self._file("events"))
+
+    def layers(self) -> dict[str, FloatArray]:
+        """layers.jsonl (written every ``layer_every`` steps) as float64 columns."""
+        path = self._file("layers")
+        return _columns(_read_records(path)) if path.exists() else {}
 
     def __repr__(self) -> str:
         return f"Run({str(self.path)!r})"

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from nbmonitor._recorder import DeviceValue, LogRecord, Record, StepRecord
+from nbmonitor._recorder import AuxRecord, DeviceValue, LogRecord, Record, StepRecord
 
 # Exponential smoothing of the loss for display (about a 20-step window), debiased like Adam so
 # the first points are not pulled towards zero.
@@ -56,11 +56,14 @@ class StepAssembler:
         self._ema = 0.0
         self._ema_weight = 0.0
         self.layer_norms: list[LayerNorms] = []
+        self.aux: list[tuple[AuxRecord, list[float]]] = []
 
     def add(self, records: list[Record]) -> None:
         for record in records:
             if isinstance(record, StepRecord):
                 self._add_step(record)
+            elif isinstance(record, AuxRecord):
+                self.aux.append((record, record.value.values()))
             elif isinstance(record, LogRecord):
                 row = self._open.setdefault(record.step, _Row())
                 for key, value in record.resolve().items():

@@ -15,7 +15,6 @@ from typing import Any
 import ipywidgets
 import numpy as np
 import pytest
-
 from nbmonitor._frame import Alert, Frame, LayerFrame, Series
 from nbmonitor._store import Store
 from nbmonitor.ui import Dashboard, in_notebook

@@ -9,6 +9,7 @@ kernel's main thread and share one lock with ``publish``.
 
 from __future__ import annotations
 
+import contextlib
 import html
 import math
 import threading
@@ -127,6 +128,7 @@ class Dashboard:
         self._closed = False
         self._last: Frame | None = None
         self.publishes = 0  # accepted publishes, for tests and the benchmark
+        self._handles: list[Any] = []  # IPython DisplayHandles of show(), refreshed by close()
 
         self._panel = Panel(
             header={
@@ -202,6 +204,22 @@ class Dashboard:
                 frame = _with_status(frame, "closed")
             self._apply(frame)
             self._closed = True
+        self._refresh_displays()
+
+    def _on_displayed(self, handle: Any) -> None:
+        """Called by ``nbmonitor.ui.show`` with the display handle of the output it created."""
+        self._handles.append(handle)
+
+    def _refresh_displays(self) -> None:
+        # Re-send the output's bundle so its text/html fallback holds the final state. Only from
+        # the main thread: the sampler thread never touches display (DESIGN.md section 1), and
+        # mon.close() normally runs in the user's cell.
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for handle in self._handles:
+            # A front end gone away must not break close().
+            with contextlib.suppress(Exception):
+                handle.update(self)
 
     # -- display --------------------------------------------------------------------------------
 

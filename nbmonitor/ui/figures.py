@@ -161,13 +161,13 @@ class Curves:
             )
             for series_key, label, color, transform in specs
         ]
-        y_axis = bq.Axis(
-            scale=y_scale, side="left", tick_format=".3~g", grid_lines="dashed"
-        )
+        y_axis = bq.Axis(scale=y_scale, side="left", tick_format=".3~g", grid_lines="dashed")
         return lines, y_scale, y_axis
 
     def _x_axis(self) -> bq.Axis:
-        return bq.Axis(scale=self.x_scale, side="bottom", label="step", tick_format="~s", grid_lines="dashed")
+        return bq.Axis(
+            scale=self.x_scale, side="bottom", label="step", tick_format="~s", grid_lines="dashed"
+        )
 
     def _figure(
         self, title: str, marks: list[bq.Mark], axes: list[bq.Axis], twin: bool = False
@@ -217,9 +217,7 @@ class Curves:
             ),
         )
         lines[0].mark.display_legend = True
-        right_axis = bq.Axis(
-            scale=right, side="right", tick_format=".3~s", grid_lines="none"
-        )
+        right_axis = bq.Axis(scale=right, side="right", tick_format=".3~s", grid_lines="none")
         panzoom = bq.interacts.PanZoom(scales={"x": [self.x_scale], "y": [y_scale, right]})
         figure = self._figure(
             "Step time (s) and samples/s",

@@ -35,7 +35,15 @@ def in_notebook() -> bool:
 
 
 def show(view: View) -> None:
-    """Display ``view`` in the current cell's output. Main thread only (the kernel's rule)."""
+    """Display ``view`` in the current cell's output. Main thread only (the kernel's rule).
+
+    The output gets a display id, handed to the view if it wants it (``_on_displayed``), so the
+    view can refresh its static fallback in place when the run closes: a saved or nbconvert'ed
+    notebook then shows the final numbers rather than those at attach time.
+    """
     from IPython.display import display
 
-    display(view)  # type: ignore[no-untyped-call]
+    handle = display(view, display_id=True)  # type: ignore[no-untyped-call]
+    on_displayed = getattr(view, "_on_displayed", None)
+    if handle is not None and callable(on_displayed):
+        on_displayed(handle)

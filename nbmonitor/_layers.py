@@ -1,0 +1,228 @@
+"""Per-layer statistics on the sampler side: bounded recent window + whole-run heatmap.
+
+The hooks hand over per-parameter gradient norms every step (and, every ``layer_every`` steps,
+parameter and update norms). Here they are grouped into layers (a parameter each, or a module
+each), kept for the health rules (the last ``recent`` steps at full resolution) and for the
+heatmap (at most ``columns`` columns over the whole run, each the max over its steps, so a spike
+is never averaged away). Memory is ``layers x (recent + columns)`` floats however long the run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from nbmonitor._frame import LayerFrame
+
+FloatArray = npt.NDArray[np.float64]
+
+GROUPINGS = ("param", "module")
+
+
+@dataclass(frozen=True)
+class ParamInfo:
+    name: str
+    shape: tuple[int, ...]
+    numel: int
+    dtype: str
+    device: str
+    requires_grad: bool
+    in_optimizer: bool
+
+
+def module_of(name: str) -> str:
+    return name.rsplit(".", 1)[0] if "." in name else "(root)"
+
+
+class LayerStats:
+    """Per-layer gradient norms, parameter norms and update ratios of one run."""
+
+    def __init__(
+        self,
+        params: Sequence[ParamInfo],
+        group_by: str = "param",
+        recent: int = 512,
+        columns: int = 128,
+    ) -> None:
+        self.params = list(params)
+        self.group_by = group_by
+        if group_by == "module":
+            names: list[str] = []
+            for p in self.params:
+                if module_of(p.name) not in names:
+                    names.append(module_of(p.name))
+        else:
+            names = [p.name for p in self.params]
+        self.names: tuple[str, ...] = tuple(names)
+        position = {n: i for i, n in enumerate(self.names)}
+        key = module_of if group_by == "module" else (lambda n: n)
+        # Row i of the (layers x params) 0/1 matrix sums the squares of layer i's parameters.
+        self._group = np.zeros((len(self.names), len(self.params)))
+        for j, p in enumerate(self.params):
+            self._group[position[key(p.name)], j] = 1.0
+        n_layers = len(self.names)
+        self._recent = recent
+        self._recent_norms = np.full((n_layers, recent), np.nan)
+        self._recent_steps = np.full(recent, np.nan)
+        self._count = 0
+        self._columns = columns
+        self._heat = np.full((n_layers, columns), np.nan)
+        self._heat_steps = np.full(columns, np.nan)
+        self._heat_used = 0
+        self._width = 1
+        self._in_bucket = 0
+        self.seen = np.zeros(len(self.params), dtype=bool)
+        self.latest_grad = np.full(n_layers, np.nan)
+        self.param_norm = np.full(n_layers, np.nan)
+        self.update_ratio = np.full(n_layers, np.nan)
+        self.param_latest_grad = np.full(len(self.params), np.nan)
+        self.last_step = 0
+        self.activations: dict[str, dict[str, float]] = {}
+        self.forward_bad: list[tuple[int, str, tuple[float, float, float]]] = []
+
+    # -- input ---------------------------------------------------------------------------------
+
+    def _group_norms(self, per_param: FloatArray) -> FloatArray:
+        if self.group_by == "param":
+            return per_param
+        squares = np.where(np.isnan(per_param), 0.0, per_param**2)
+        # A module whose parameters all lack a gradient stays NaN rather than reading 0.
+        has = self._group @ (~np.isnan(per_param)).astype(np.float64) > 0
+        out = np.sqrt(self._group @ squares)
+        out[~has] = np.nan
+        return out
+
+    def add_grad_norms(
+        self, step: int, norms: FloatArray, index: tuple[int, ...] | None
+    ) -> FloatArray:
+        """Take one step's per-parameter norms; returns them per tracked parameter (NaN = none)."""
+        per_param = np.full(len(self.params), np.nan)
+        if index is None:
+            per_param[: len(norms)] = norms
+        else:
+            per_param[list(index)] = norms
+        self.seen |= ~np.isnan(per_param)
+        self.param_latest_grad = per_param
+        layer = self._group_norms(per_param)
+        self.latest_grad = layer
+        self.last_step = step
+        slot = self._count % self._recent
+        self._recent_norms[:, slot] = layer
+        self._recent_steps[slot] = step
+        self._count += 1
+        self._add_heat(step, layer)
+        return per_param
+
+    def _add_heat(self, step: int, layer: FloatArray) -> None:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            logs = np.log10(layer)
+        logs[~np.isfinite(logs)] = np.nan
+        if self._in_bucket == 0:
+            if self._heat_used == self._columns:
+                self._merge_pairs()
+            col = self._heat_used
+            self._heat[:, col] = logs
+            self._heat_steps[col] = step
+            self._heat_used += 1
+        else:
+            col = self._heat_used - 1
+            self._heat[:, col] = np.fmax(self._heat[:, col], logs)
+        self._in_bucket = (self._in_bucket + 1) % self._width
+
+    def _merge_pairs(self) -> None:
+        half = self._columns // 2
+        heat = self._heat[:, : half * 2]
+        self._heat[:, :half] = np.fmax(heat[:, 0::2], heat[:, 1::2])
+        self._heat[:, half:] = np.nan
+        self._heat_steps[:half] = self._heat_steps[: half * 2 : 2]
+        self._heat_steps[half:] = np.nan
+        self._heat_used = half
+        self._width *= 2
+
+    def add_update(self, values: Sequence[float]) -> None:
+        """Parameter norms then update norms of the optimizer's parameters (one sampled step)."""
+        n = len(values) // 2
+        pn = np.full(len(self.params), np.nan)
+        dn = np.full(len(self.params), np.nan)
+        pn[:n] = values[:n]
+        dn[:n] = values[n:]
+        if self.group_by == "module":
+            p_sq = self._group @ np.nan_to_num(pn**2)
+            d_sq = self._group @ np.nan_to_num(dn**2)
+            has = self._group @ (~np.isnan(pn)).astype(np.float64) > 0
+            pn_l, dn_l = np.sqrt(p_sq), np.sqrt(d_sq)
+            pn_l[~has] = np.nan
+            dn_l[~has] = np.nan
+        else:
+            pn_l, dn_l = pn, dn
+        self.param_norm = pn_l
+        with np.errstate(divide="ignore", invalid="ignore"):
+            self.update_ratio = np.where(pn_l > 0, dn_l / pn_l, np.nan)
+
+    def add_forward(self, step: int, names: Sequence[str], values: Sequence[float]) -> None:
+        rows = np.asarray(values, dtype=np.float64).reshape(len(names), 4)
+        bad = np.flatnonzero(rows[:, 0] > 0)
+        if bad.size:
+            first = int(bad[0])
+            mean, std, maxabs = (float(v) for v in rows[first, 1:])
+            self.forward_bad.append((step, names[first], (mean, std, maxabs)))
+
+    def add_activations(self, names: Sequence[str], values: Sequence[float]) -> None:
+        rows = np.asarray(values, dtype=np.float64).reshape(len(names), 4)
+        self.activations = {
+            name: {"mean": r[0], "std": r[1], "max_abs": r[2], "zero_frac": r[3]}
+            for name, r in zip(names, rows.tolist(), strict=True)
+        }
+
+    # -- output --------------------------------------------------------------------------------
+
+    def recent(self) -> tuple[FloatArray, FloatArray]:
+        """(steps, layers x steps grad norms) of the recent window, oldest first."""
+        n = min(self._count, self._recent)
+        start = self._count - n
+        order = [(start + i) % self._recent for i in range(n)]
+        return self._recent_steps[order].copy(), self._recent_norms[:, order].copy()
+
+    def heatmap(self) -> tuple[FloatArray, FloatArray]:
+        """(steps, layers x columns log10 grad norm) over the whole run, NaN where unknown."""
+        used = self._heat_used
+        return self._heat_steps[:used].copy(), self._heat[:, :used].copy()
+
+    def layer_params(self, layer: int) -> list[ParamInfo]:
+        return [self.params[j] for j in np.flatnonzero(self._group[layer])]
+
+    def table(self, flags: dict[str, list[str]] | None = None) -> list[dict[str, object]]:
+        """One dict per layer for ``mon.layers()`` and the dashboard table."""
+        flags = flags or {}
+        rows: list[dict[str, object]] = []
+        for i, name in enumerate(self.names):
+            members = self.layer_params(i)
+            first = members[0]
+            rows.append(
+                {
+                    "name": name,
+                    "shape": first.shape if len(members) == 1 else f"{len(members)} tensors",
+                    "numel": sum(p.numel for p in members),
+                    "dtype": first.dtype,
+                    "device": first.device,
+                    "requires_grad": any(p.requires_grad for p in members),
+                    "in_optimizer": all(p.in_optimizer for p in members),
+                    "grad_norm": float(self.latest_grad[i]),
+                    "param_norm": float(self.param_norm[i]),
+                    "update_ratio": float(self.update_ratio[i]),
+                    "flags": sorted(set(flags.get(name, []))),
+                }
+            )
+        return rows
+
+    def frame(self, flags: dict[str, list[str]] | None = None) -> LayerFrame:
+        steps, heat = self.heatmap()
+        return LayerFrame(
+            names=self.names,
+            steps=steps,
+            log10_grad_norm=heat,
+            table=tuple(self.table(flags)),
+        )

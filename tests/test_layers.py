@@ -1,0 +1,290 @@
+"""Per-layer debugging through the engine: each training bug built on purpose, exact names."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import nbmonitor
+import numpy as np
+import pytest
+import torch
+from nbmonitor._layers import LayerStats, ParamInfo
+from nbmonitor._monitor import Monitor
+from tests.helpers import mlp, train
+
+
+def attach(
+    model: torch.nn.Module, opt: torch.optim.Optimizer | None, tmp_path: Path, **kw: object
+) -> Monitor:
+    kw.setdefault("display", False)
+    kw.setdefault("interval", 60.0)
+    return nbmonitor.attach(model, opt, run_dir=tmp_path, **kw)  # type: ignore[arg-type]
+
+
+def rules(mon: Monitor) -> dict[str, tuple[str, ...]]:
+    return {a.rule: a.layers for a in mon.events()}
+
+
+class TwoBranch(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.main = torch.nn.Linear(4, 1)
+        self.side = torch.nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.main(x) + self.side(x).detach()  # the bug: side never gets a gradient
+
+
+def test_detached_branch_is_reported_by_name(tmp_path):
+    model = TwoBranch()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with attach(model, opt, tmp_path) as mon:
+        for _ in range(12):
+            model(torch.randn(3, 4)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        mon.tick()
+        found = rules(mon)
+    assert found["gradient_not_flowing"] == ("side.weight", "side.bias")
+    table = {r["name"]: r for r in mon.layers()}
+    assert "gradient_not_flowing" in table["side.weight"]["flags"]
+    assert math.isnan(table["side.weight"]["grad_norm"])
+    assert table["main.weight"]["flags"] == []
+
+
+def test_param_missing_from_optimizer_and_frozen_in_optimizer(tmp_path):
+    model = mlp(width=4, depth=2)
+    model[0].weight.requires_grad_(False)
+    params = [p for n, p in model.named_parameters() if n != "4.bias"]
+    opt = torch.optim.SGD(params, lr=0.01)
+    with attach(model, opt, tmp_path) as mon:
+        found = rules(mon)
+        layers = {r["name"]: r for r in mon.layers()}
+    assert found["params_not_in_optimizer"] == ("4.bias",)
+    assert found["frozen_params_in_optimizer"] == ("0.weight",)
+    assert layers["4.bias"]["in_optimizer"] is False
+    assert layers["0.weight"]["requires_grad"] is False
+
+
+def test_lr_zero_group(tmp_path):
+    model = mlp(width=4, depth=1)
+    opt = torch.optim.SGD(
+        [{"params": model[0].parameters(), "lr": 0.0}, {"params": model[2].parameters()}], lr=0.1
+    )
+    with attach(model, opt, tmp_path) as mon:
+        found = rules(mon)
+    assert set(found["lr_zero"]) == {"0.weight", "0.bias"}
+
+
+def test_nan_gradient_localised_to_the_injected_parameter(tmp_path):
+    model = mlp(width=4, depth=3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with attach(model, opt, tmp_path) as mon:
+        train(model, opt, mon, 3, width=4)
+        handle = model[2].weight.register_hook(lambda g: g * float("nan"))
+        train(model, opt, mon, 1, width=4)
+        handle.remove()
+        mon.tick()
+        alerts = [a for a in mon.events() if a.rule == "grad_non_finite"]
+        h = mon.history()
+    assert len(alerts) == 1
+    assert alerts[0].layers == ("2.weight",)
+    assert alerts[0].step == 4
+    assert "2.weight" in alerts[0].message
+    assert math.isnan(h["grad_norm"][3]) and np.all(np.isfinite(h["grad_norm"][:3]))
+    events = nbmonitor.open(mon.run_dir).events()
+    assert any(e["rule"] == "grad_non_finite" and e["layers"] == ["2.weight"] for e in events)
+
+
+def test_check_forward_names_the_first_module_with_nan_output(tmp_path):
+    model = mlp(width=4, depth=3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with attach(model, opt, tmp_path, check_forward=True) as mon:
+        train(model, opt, mon, 2, width=4)
+        with torch.no_grad():
+            model[4].weight[0, 0] = float("nan")
+        train(model, opt, mon, 1, width=4)
+        mon.tick()
+        alert = next(a for a in mon.events() if a.rule == "grad_non_finite")
+    assert "first module with a non-finite output was '4'" in alert.message
+
+
+def test_on_nan_raise_stops_before_the_bad_update(tmp_path):
+    model = mlp(width=4, depth=2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with attach(model, opt, tmp_path, on_nan="raise") as mon:
+        train(model, opt, mon, 2, width=4)
+        model[2].bias.register_hook(lambda g: g * float("inf"))
+        before = [p.detach().clone() for p in model.parameters()]
+        model(torch.randn(2, 4)).sum().backward()
+        with pytest.raises(nbmonitor.NonFiniteError, match=r"first in 2\.bias"):
+            opt.step()
+        for p, b in zip(model.parameters(), before, strict=True):
+            assert torch.equal(p, b)
+
+
+def test_on_nan_raise_with_check_forward_raises_in_forward(tmp_path):
+    model = mlp(width=4, depth=2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with attach(model, opt, tmp_path, on_nan="raise", check_forward=True):
+        with torch.no_grad():
+            model[2].bias[0] = float("nan")
+        with pytest.raises(nbmonitor.NonFiniteError, match="first in module '2'"):
+            model(torch.randn(2, 4))
+
+
+def test_update_ratio_matches_sgd_update(tmp_path):
+    model = mlp(width=4, depth=1)
+    lr = 0.1
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    with attach(model, opt, tmp_path, layer_every=2) as mon:
+        train(model, opt, mon, 1, width=4)
+        x = torch.randn(4, 4)
+        model(x).pow(2).mean().backward()
+        w = model[0].weight.detach().clone()
+        expected = (lr * model[0].weight.grad.norm() / w.norm()).item()
+        opt.step()
+        opt.zero_grad()
+        table = {r["name"]: r for r in mon.layers()}
+    assert table["0.weight"]["update_ratio"] == pytest.approx(expected, rel=1e-4)
+    assert table["0.weight"]["param_norm"] == pytest.approx(w.norm().item(), rel=1e-5)
+    layers_log = nbmonitor.open(mon.run_dir).layers()
+    assert list(layers_log["step"]) == [2.0]
+    assert "update_ratio/0.weight" in layers_log
+
+
+def test_layer_every_zero_turns_update_ratio_off(tmp_path):
+    model = mlp(width=4, depth=1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with attach(model, opt, tmp_path, layer_every=0) as mon:
+        train(model, opt, mon, 4, width=4)
+        rows = mon.layers()
+    assert all(math.isnan(r["update_ratio"]) for r in rows)
+    assert all(math.isfinite(r["grad_norm"]) for r in rows)
+
+
+def test_group_by_module(tmp_path):
+    model = mlp(width=4, depth=1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    with attach(model, opt, tmp_path, layer_group="module") as mon:
+        model(torch.randn(2, 4)).sum().backward()
+        expected = torch.cat([model[0].weight.grad.reshape(-1), model[0].bias.grad]).norm()
+        opt.step()
+        table = mon.layers(as_dataframe=True)
+    assert list(table["name"]) == ["0", "2"]
+    assert table.loc[0, "grad_norm"] == pytest.approx(expected.item(), rel=1e-5)
+    assert table.loc[0, "numel"] == 4 * 4 + 4
+
+
+def test_layer_table_fields(tmp_path):
+    model = mlp(width=4, depth=1)
+    opt = torch.optim.Adam(model.parameters())
+    with attach(model, opt, tmp_path) as mon:
+        train(model, opt, mon, 2, width=4)
+        row = mon.layers()[0]
+    assert set(row) == {
+        "name",
+        "shape",
+        "numel",
+        "dtype",
+        "device",
+        "requires_grad",
+        "in_optimizer",
+        "grad_norm",
+        "param_norm",
+        "update_ratio",
+        "flags",
+    }
+    assert row["name"] == "0.weight" and row["shape"] == (4, 4) and row["numel"] == 16
+    assert row["dtype"] == "float32" and row["device"] == "cpu" and row["in_optimizer"] is True
+
+
+def deep_sigmoid(depth: int = 24, width: int = 16) -> torch.nn.Sequential:
+    layers: list[torch.nn.Module] = []
+    for _ in range(depth):
+        layers += [torch.nn.Linear(width, width), torch.nn.Sigmoid()]
+    layers.append(torch.nn.Linear(width, 1))
+    return torch.nn.Sequential(*layers)
+
+
+def test_vanishing_gradients_in_deep_sigmoid_net(tmp_path):
+    torch.manual_seed(0)
+    model = deep_sigmoid()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with attach(model, opt, tmp_path) as mon:
+        train(model, opt, mon, 40, width=16)
+        mon.tick()
+        found = rules(mon)
+    assert "vanishing_gradients" in found
+    assert "0.weight" in found["vanishing_gradients"]
+    assert "48.weight" not in found["vanishing_gradients"]  # the last layer still learns
+
+
+def test_dead_relu_units_are_named(tmp_path):
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    with torch.no_grad():
+        model[0].bias.fill_(-100.0)  # every pre-activation negative: the ReLU outputs zeros
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with attach(model, opt, tmp_path, activations=True, layer_every=1) as mon:
+        train(model, opt, mon, 25, width=4)
+        mon.tick()
+        found = rules(mon)
+    assert found["dead_units"] == ("1",)
+
+
+def test_healthy_training_raises_no_alert(tmp_path):
+    torch.manual_seed(0)
+    model = mlp(width=16, depth=3)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    w = torch.randn(16, 1)
+    with attach(model, opt, tmp_path, activations=True) as mon:
+        for i in range(300):
+            x = torch.randn(32, 16)
+            loss = torch.nn.functional.mse_loss(model(x), x @ w)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            mon.log(loss=loss)
+            if i % 25 == 0:
+                mon.tick()
+        mon.tick()
+        events = mon.events()
+    assert events == [], [a.message for a in events]
+
+
+def test_heatmap_stays_bounded_and_keeps_spikes():
+    params = [ParamInfo(f"p{i}", (2,), 2, "float32", "cpu", True, True) for i in range(3)]
+    stats = LayerStats(params, recent=64, columns=16)
+    for step in range(1, 1001):
+        norms = np.array([1.0, 1.0, 1e6 if step == 537 else 1.0])
+        stats.add_grad_norms(step, norms, None)
+    _, heat = stats.heatmap()
+    assert heat.shape[0] == 3 and heat.shape[1] <= 16
+    assert np.nanmax(heat[2]) == pytest.approx(6.0)
+    assert np.nanmax(heat[0]) == pytest.approx(0.0)
+    recent_steps, recent = stats.recent()
+    assert recent.shape == (3, 64) and recent_steps[-1] == 1000
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"layer_every": -1}, "layer_every must be an int >= 0"),
+        ({"layer_group": "block"}, "layer_group must be 'param' or 'module'"),
+        ({"on_nan": "ignore"}, "on_nan must be 'warn' or 'raise'"),
+        ({"thresholds": {"explode_factr": 3}}, "unknown threshold"),
+    ],
+)
+def test_bad_layer_options(tmp_path, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        attach(mlp(), None, tmp_path, **kwargs)
+
+
+def test_thresholds_are_configurable(tmp_path):
+    model = mlp(width=4, depth=1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with attach(model, opt, tmp_path, thresholds={"explode_abs": 1e-9}) as mon:
+        train(model, opt, mon, 30, width=4)
+        mon.tick()
+        assert "exploding_gradients" in rules(mon)

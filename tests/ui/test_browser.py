@@ -1,0 +1,228 @@
+"""The quickstart notebook in a real JupyterLab and a real (headless) Chromium.
+
+Starts JupyterLab on 127.0.0.1 with a random port and token and private Jupyter dirs, runs every
+cell of a copy of notebooks/01-quickstart.ipynb, and checks what a user sees: the dashboard
+renders, its step counter and the loss curve grow while the training cell runs, and the
+console has no nbmonitor errors. A screenshot is always written to test-artifacts/ (it is the
+README picture, docs/dashboard.png), and a full-page one on failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "test-artifacts"
+CHROMIUM = Path(os.environ.get("NBMONITOR_CHROMIUM", "/usr/bin/chromium"))
+NOTEBOOK = "01-quickstart.ipynb"
+STEPS = 4000  # long enough to read the live dashboard twice while the loop runs
+
+
+def _require_browser() -> Any:
+    """Playwright's sync API; skip locally without Chromium, but never skip in CI."""
+    missing = None
+    if not CHROMIUM.exists():
+        missing = f"{CHROMIUM} not found"
+    try:
+        from playwright import sync_api
+    except ImportError:
+        missing = "playwright is not installed"
+    if missing:
+        if os.environ.get("CI"):
+            pytest.fail(f"browser test cannot run in CI: {missing}")
+        pytest.skip(missing)
+    return sync_api
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def lab(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A JupyterLab server on a copy of the notebook; yields (base url with token, log path)."""
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    shutil.copy(ROOT / "notebooks" / NOTEBOOK, notebooks / NOTEBOOK)
+    port, token = _free_port(), secrets.token_hex(16)
+    env = dict(os.environ)
+    for var, sub in (
+        ("JUPYTER_RUNTIME_DIR", "runtime"),
+        ("JUPYTER_CONFIG_DIR", "config"),
+        ("JUPYTERLAB_SETTINGS_DIR", "lab-settings"),
+        ("JUPYTERLAB_WORKSPACES_DIR", "lab-workspaces"),
+        ("JUPYTER_DATA_DIR", "data"),  # kernelspecs and extensions still come from sys.prefix
+        ("IPYTHONDIR", "ipython"),
+    ):
+        env[var] = str(tmp_path / sub)
+    # Start the notebook's kernel without the "Select Kernel" dialog, and no news prompt.
+    settings = tmp_path / "lab-settings" / "@jupyterlab"
+    for plugin, value in (
+        ("notebook-extension/tracker", '{"autoStartDefaultKernel": true}'),
+        ("apputils-extension/notification", '{"fetchNews": "false"}'),
+    ):
+        target = settings / f"{plugin}.jupyterlab-settings"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(value)
+    env["JUPYTER_PLATFORM_DIRS"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env["NBMONITOR_QUICKSTART_STEPS"] = str(STEPS)
+    log = tmp_path / "jupyter.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "jupyter", "lab", "--no-browser",
+                f"--IdentityProvider.token={token}", "--ServerApp.ip=127.0.0.1", f"--port={port}",
+                "--ServerApp.port_retries=0", f"--notebook-dir={notebooks}",
+                # No network here: no news feed, no update check.
+                "--LabApp.news_url=",
+                "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+                *(["--allow-root"] if os.geteuid() == 0 else []),  # CI containers run as root
+            ],
+            env=env, cwd=notebooks, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: the finally below ends all of it
+        )  # fmt: skip
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=5):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"JupyterLab did not start:\n{log.read_text()[-3000:]}")
+                time.sleep(0.5)
+        yield f"{base}/lab/tree/{NOTEBOOK}?token={token}", log
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)  # the server shuts its kernels down on SIGTERM
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+
+
+def _points(page: Any) -> int:
+    """Points of the raw loss line: bqplot draws a Lines mark as one SVG path, M then L..."""
+    d = page.evaluate(
+        """() => {
+          const figs = [...document.querySelectorAll('.bqplot.figure')]
+            .filter(f => (f.querySelector('.mainheading')?.textContent ?? '').trim() === 'Loss');
+          const path = figs[0]?.querySelector('path.line');
+          return path ? path.getAttribute('d') ?? '' : '';
+        }"""
+    )
+    return len(re.findall(r"[ML]", d))
+
+
+def _step(page: Any) -> int:
+    text = page.locator(".nbm-root [data-field=step]").first.inner_text()
+    digits = text.split("/")[0].replace(",", "").strip()
+    return int(digits) if digits.isdigit() else -1
+
+
+@pytest.mark.timeout(420)
+def test_quickstart_dashboard_is_live(lab: tuple[str, Path]) -> None:
+    sync_api = _require_browser()
+    url, log = lab
+    ARTIFACTS.mkdir(exist_ok=True)
+    console_errors: list[str] = []
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=str(CHROMIUM),
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--no-first-run",
+            ],
+        )
+        page = browser.new_page(viewport={"width": 1500, "height": 1100})
+        page.on(
+            "console",
+            lambda msg: console_errors.append(msg.text) if msg.type == "error" else None,
+        )
+        page.on("pageerror", lambda exc: console_errors.append(f"pageerror: {exc}"))
+        try:
+            page.set_default_timeout(60_000)
+            page.goto(url, wait_until="domcontentloaded", timeout=120_000)
+            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
+            # Should the kernel dialog show anyway (settings not picked up), accept the default.
+            select = page.locator(".jp-Dialog button.jp-mod-accept", has_text="Select")
+            with contextlib.suppress(sync_api.TimeoutError):
+                select.click(timeout=5_000)
+            page.wait_for_selector(
+                ".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000
+            )
+            page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+            page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+
+            page.wait_for_selector(".nbm-root", timeout=120_000)
+            page.wait_for_function(
+                """() => {
+                  const s = document.querySelector('.nbm-root [data-field=step]');
+                  return s && parseInt(s.textContent.replace(/,/g, '')) > 0;
+                }""",
+                timeout=120_000,
+            )
+            page.wait_for_function(
+                "() => document.querySelector('.bqplot.figure path.line')", timeout=60_000
+            )
+            step1, points1 = _step(page), _points(page)
+            page.wait_for_timeout(3_000)
+            step2, points2 = _step(page), _points(page)
+            status = page.locator(".nbm-root [data-field=status]").first.inner_text()
+            assert status in ("running", "degraded"), status
+            assert step2 < STEPS, "the training cell finished before the second read"
+            assert 0 < step1 < step2, (step1, step2)
+            assert 0 < points1 < points2, (points1, points2)
+
+            # The run finishes and the last cell closes the monitor.
+            page.wait_for_function(
+                "() => document.querySelector('.nbm-root [data-field=status]')"
+                "?.textContent === 'closed'",
+                timeout=240_000,
+            )
+            page.wait_for_timeout(1_500)  # let the last frame's curves draw
+            body = page.locator("body").inner_text()
+            assert "Error displaying widget" not in body
+            assert "Loading widget" not in body
+            assert _step(page) == STEPS
+            assert page.locator(".bqplot.figure").count() >= 4
+
+            output = page.locator(".jp-OutputArea-output:has(.nbm-root)").first
+            output.scroll_into_view_if_needed()
+            output.screenshot(path=str(ARTIFACTS / "dashboard.png"))
+            ours = [
+                e for e in console_errors if re.search(r"nbmonitor|nbm-|anywidget|bqplot", e, re.I)
+            ]
+            assert not ours, ours
+        except BaseException:
+            page.screenshot(path=str(ARTIFACTS / "browser-failure.png"), full_page=True)
+            (ARTIFACTS / "browser-console.log").write_text("\n".join(console_errors))
+            shutil.copy(log, ARTIFACTS / "jupyter.log")
+            raise
+        finally:
+            browser.close()
