@@ -92,13 +92,19 @@ def output_loss(output: object) -> torch.Tensor | None:
 
 
 def grad_norms(grads: list[torch.Tensor]) -> DeviceValue:
-    """[total, *per-tensor] L2 norms of ``grads`` in float32, on the device, as one value."""
-    dense = [g.coalesce().values() if g.is_sparse else g for g in grads]
-    norms = torch._foreach_norm(dense, 2, dtype=torch.float32)
-    device = norms[0].device
-    per = torch.stack([n if n.device == device else n.to(device, non_blocking=True) for n in norms])
-    total = torch.linalg.vector_norm(per).reshape(1)
-    return DeviceValue(torch.cat([total, per]))
+    """Per-tensor L2 norms of ``grads`` in float32, on the device, packed as one value.
+
+    The total norm is not computed here: the sampler derives it on the host from these, which
+    keeps two kernels and their Python overhead off the training thread.
+    """
+    try:
+        # The common case, one dense device, in two calls; anything else takes the slow path.
+        return DeviceValue(torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)))
+    except (RuntimeError, NotImplementedError):
+        dense = [g.coalesce().values() if g.is_sparse else g for g in grads]
+        norms = torch._foreach_norm(dense, 2, dtype=torch.float32)
+        device = norms[0].device
+        return DeviceValue(torch.stack([n.to(device, non_blocking=True) for n in norms]))
 
 
 class Hooks:
@@ -418,10 +424,10 @@ class Hooks:
             return
         norms.wait()  # opt-in: raise mode synchronises by design
         values = norms.values()
-        if all(map(_finite, values[:1])):
+        if all(map(_finite, values)):
             return
         index = self._pending_norms[1] or tuple(range(len(self.params)))
-        bad = [self.param_names[index[i]] for i, v in enumerate(values[1:]) if not _finite(v)]
+        bad = [self.param_names[index[i]] for i, v in enumerate(values) if not _finite(v)]
         shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
         raise NonFiniteError(
             f"nbmonitor: non-finite gradient at step {self.step + 1}, first in {shown}; "
@@ -431,17 +437,14 @@ class Hooks:
     # -- helpers ------------------------------------------------------------------------------
 
     def _collect_norms(self) -> None:
-        grads: list[torch.Tensor] = []
-        index: list[int] = []
-        for i, p in enumerate(self.params):
-            g = p.grad
-            if g is not None:
-                grads.append(g)
-                index.append(i)
+        params = self.params
+        grads = [g for p in params if (g := p.grad) is not None]
         if not grads:
             self._pending_norms = (None, None)
             return
-        which = None if len(index) == len(self.params) else tuple(index)
+        which = None
+        if len(grads) != len(params):
+            which = tuple(i for i, p in enumerate(params) if p.grad is not None)
         self._pending_norms = (grad_norms(grads), which)
 
     def _end_step(self) -> None:

@@ -25,14 +25,14 @@ class DeviceValue:
 
     def __init__(self, tensor: torch.Tensor) -> None:
         t = tensor.detach()
-        if t.device.type == "cuda":
+        if t.is_cuda:
             # A non-blocking device-to-host copy lands in pinned memory; the event tells the sampler
             # when it has arrived without a synchronize() on the training thread.
             self._host = t.to("cpu", non_blocking=True)
             event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             event.record()
             self._event: Any = event
-        elif t.device.type == "mps":
+        elif t.is_mps:
             # MPS has no public event query; the copy is still queued behind the producing kernels
             # and the sampler, not the training thread, pays for the wait.
             self._host = t.to("cpu", non_blocking=True)
@@ -140,7 +140,8 @@ Record = StepRecord | LogRecord | AuxRecord
 def make_log_record(step: int, scalars: Mapping[str, object]) -> LogRecord:
     """Validate ``mon.log()`` arguments and pack them; raises TypeError for a non-numeric value."""
     record = LogRecord(step)
-    by_device: dict[torch.device, tuple[list[str], list[torch.Tensor]]] = {}
+    keys: list[str] = []
+    tensors: list[torch.Tensor] = []
     for key, value in scalars.items():
         if isinstance(value, torch.Tensor):
             if value.numel() != 1:
@@ -150,7 +151,6 @@ def make_log_record(step: int, scalars: Mapping[str, object]) -> LogRecord:
                 )
             if value.is_complex():
                 raise TypeError(f"nbmonitor: log({key}=...) got a complex tensor; pass a real one.")
-            keys, tensors = by_device.setdefault(value.device, ([], []))
             keys.append(key)
             tensors.append(value)
         elif isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -164,8 +164,14 @@ def make_log_record(step: int, scalars: Mapping[str, object]) -> LogRecord:
             )
         else:
             record.numbers[key] = float(value)
-    for keys, tensors in by_device.values():
-        record.tensors.append((tuple(keys), to_device_value(tensors)))
+    if len(tensors) == 1:
+        record.tensors.append(((keys[0],), DeviceValue(tensors[0])))
+    elif tensors:
+        try:
+            record.tensors.append((tuple(keys), to_device_value(tensors)))
+        except RuntimeError:  # tensors on different devices cross one by one
+            pairs = zip(keys, tensors, strict=True)
+            record.tensors.extend(((k,), DeviceValue(t)) for k, t in pairs)
     return record
 
 

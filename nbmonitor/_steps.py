@@ -83,11 +83,10 @@ class StepAssembler:
             value = lr.values()[0] if isinstance(lr, DeviceValue) else lr
             row["lr" if i == 0 else f"lr_group{i}"] = value
         if record.norms is not None:
-            norms = record.norms.values()
-            row["grad_norm"] = norms[0]
-            self.layer_norms.append(
-                LayerNorms(record.step, np.asarray(norms[1:], dtype=np.float64), record.norm_index)
-            )
+            norms = np.asarray(record.norms.values(), dtype=np.float64)
+            # The total norm from the per-tensor ones; NaN/Inf in any of them carries through.
+            row["grad_norm"] = float(np.sqrt(np.sum(norms * norms)))
+            self.layer_norms.append(LayerNorms(record.step, norms, record.norm_index))
         self._last_ended = max(self._last_ended, record.step)
 
     def take_final(self, everything: bool = False) -> list[dict[str, float]]:
