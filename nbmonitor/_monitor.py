@@ -567,6 +567,12 @@ class Monitor:
                 f" The first module with a non-finite output was {module!r} at step {f_step} "
                 f"(input mean {mean:.3g}, std {std:.3g}, max |x| {maxabs:.3g})."
             )
+        elif self._hooks.check_forward:
+            message += (
+                " Every module's forward output was finite, so the overflow happened after the"
+                " model (in the loss) or in the backward pass: lower the learning rate or clip"
+                " gradients."
+            )
         else:
             message += " Lower the learning rate, clip gradients, or check the inputs"
             message += " (attach(..., check_forward=True) names the first bad module)."

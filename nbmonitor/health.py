@@ -41,9 +41,11 @@ MAX_NAMED = 5
 DENSE_FRACTION = 0.9
 DENSE_MIN_ROWS = 8
 # Robust spread (median absolute deviation scaled to a Gaussian sigma) a loss spike must also
-# exceed, so heavy-tailed per-batch losses (small-batch MSE) do not read as spikes.
-SPIKE_SIGMAS = 8.0
+# exceed, so that a loss with a tight noise band is judged by its noise, not only its level.
+SPIKE_SIGMAS = 6.0
 MAD_TO_SIGMA = 1.4826
+# Logged losses (the first ones seen) that set the starting level for the plateau rule.
+START_LOSSES = 10
 TOTAL = "<total>"  # subject of the total grad norm in exploding_gradients (not a layer name)
 _DEVICE_SUBJECT = re.compile(r"^(GPU \d+|MPS)\b")
 
@@ -61,10 +63,12 @@ class Thresholds:
     spike_factor: float = 5.0  # loss > factor x the median of the recent window
     plateau_window: int = 200  # loss not decreasing over this many steps
     plateau_tolerance: float = 0.01  # relative decrease (last vs first quarter) that counts
+    plateau_progress: float = 0.5  # ... and improved by less than this fraction since the start
     dead_fraction: float = 0.99  # activations: fraction of exact zeros at or above this
     window: int = 100  # recent steps used by the running medians
     min_history: int = 20  # steps of reference before median-based rules judge anything
     rearm_steps: int = 100  # steps a condition must stay clear before it can alert again
+    sustain_steps: int = 3  # explosions, spikes and update ratios must last this many steps
     temperature_c: float = device_health.TEMPERATURE_C
     memory_fraction: float = device_health.MEMORY_FRACTION
     idle_util_percent: float = device_health.IDLE_UTIL_PERCENT
@@ -85,6 +89,7 @@ class Thresholds:
             "plateau_window": self.plateau_window,
             "window": self.window,
             "min_history": self.min_history,
+            "sustain_steps": self.sustain_steps,
         }
         for name, count in counts.items():
             if count < 1:
@@ -180,6 +185,24 @@ def _row_max(a: FloatArray) -> tuple[FloatArray, IntArray]:
     where = np.argmax(np.where(finite, a, -np.inf), axis=1)
     value = np.take_along_axis(a, where[:, None], axis=1)[:, 0]
     return np.where(finite.any(axis=1), value, np.nan), where
+
+
+def _sustained(a: FloatArray, start: int, m: int) -> tuple[FloatArray, IntArray]:
+    """Per row, the largest level held for ``m`` consecutive columns among windows that end at
+    or after column ``start``, and the column where that window begins.
+
+    Small batches give heavy-tailed per-step losses and gradient norms (one batch 20x the
+    median is normal with batch size 4): a single step says little, a run of steps does.
+    A NaN inside a window breaks it.
+    """
+    lo = max(0, start - (m - 1))
+    seg = a[:, lo:]
+    rows = a.shape[0]
+    if seg.shape[1] < m:
+        return np.full(rows, np.nan), np.zeros(rows, dtype=np.intp)
+    mins = np.lib.stride_tricks.sliding_window_view(seg, m, axis=1).min(axis=2)
+    value, where = _row_max(mins)
+    return value, where + lo
 
 
 def _dense(values: FloatArray) -> bool:
@@ -298,11 +321,17 @@ class Health:
         self._last_layer_step: float | None = None
         # (rule, subject) -> step from which it has been judged clear (None while it holds)
         self._active: dict[tuple[str, str], int | None] = {}
+        self._start_losses: list[float] = []
+        self._ratio_names: tuple[str, ...] | None = None
+        self._ratio_prev: FloatArray | None = None
+        self._high_streak = np.zeros(0, dtype=np.intp)
+        self._low_streak = np.zeros(0, dtype=np.intp)
 
     def check(self, inp: HealthInput) -> list[Alert]:
         """Judge the data that arrived since the last call; return only the NEW alerts."""
         t = self.thresholds
         view = _View(inp, self._last_step, self._last_layer_step, t.window)
+        self._note_start_loss(view)
         outcomes = [
             self._loss_non_finite(view),
             self._grad_non_finite(view),
@@ -328,6 +357,8 @@ class Health:
         self._active.clear()
         self._last_step = None
         self._last_layer_step = None
+        self._start_losses.clear()
+        self._ratio_names = None
 
     def _settle(self, outcome: _Outcome, step: int) -> list[Alert]:
         rule = outcome.rule
@@ -450,26 +481,26 @@ class Health:
         total = view.column("grad_norm")
         if total is not None and view.has_new_rows:
             ref = total[None, view.ref_from : view.new_from]
-            value, where = _row_max(total[None, view.new_from :])
+            value, where = _sustained(total[None, :], view.new_from, t.sustain_steps)
             verdict = self._explodes(ref, value)
             if verdict is not None:
                 is_judged, is_held, ratio = verdict
                 judged_total = bool(is_judged[0])
                 if is_held[0]:
                     held.append(TOTAL)
-                    step = view.step_col[view.new_from + int(where[0])]
+                    step = view.step_col[int(where[0])]
                     detail[TOTAL] = (float(value[0]), float(ratio[0]), float(step))
 
         layer_judged: Callable[[str], bool] = _never
         grads = view.grads
         if grads is not None and view.has_new_layers:
             ref = grads[:, view.layer_ref_from : view.layer_new_from]
-            value, where = _row_max(grads[:, view.layer_new_from :])
+            value, where = _sustained(grads, view.layer_new_from, t.sustain_steps)
             verdict = self._explodes(ref, value)
             if verdict is not None:
                 is_judged, is_held, ratio = verdict
                 layer_judged = view.layer_judged(is_judged)
-                steps = view.layer_step_col[view.layer_new_from + where]
+                steps = view.layer_step_col[where]
                 for i in np.flatnonzero(is_held):
                     name = view.layer_names[i]
                     held.append(name)
@@ -569,29 +600,44 @@ class Health:
 
     def _update_ratios(self, view: _View) -> list[_Outcome]:
         t = self.thresholds
+        nothing = [_nothing("update_ratio_high"), _nothing("update_ratio_low")]
         ratios = view.inp.update_ratios
         n = len(view.layer_names)
-        if (
-            ratios is None
-            or ratios.shape != (n,)
-            or not (view.has_new_rows or view.has_new_layers)
-            or view.inp.step < t.min_history
-        ):
-            return [_nothing("update_ratio_high"), _nothing("update_ratio_low")]
+        if ratios is None or ratios.shape != (n,):
+            return nothing
         ratios = np.asarray(ratios, dtype=np.float64)
+        if self._ratio_names != view.layer_names:
+            self._ratio_names = view.layer_names
+            self._ratio_prev = None
+            self._high_streak = np.zeros(n, dtype=np.intp)
+            self._low_streak = np.zeros(n, dtype=np.intp)
+        # Ratios come every few steps; only a changed array is a new observation, and a streak
+        # counts observations, so one noisy update does not raise an alert.
+        fresh = self._ratio_prev is None or not np.array_equal(
+            ratios, self._ratio_prev, equal_nan=True
+        )
+        if not fresh or view.inp.step < t.min_history:
+            return nothing
+        self._ratio_prev = ratios.copy()
         finite = np.isfinite(ratios)
         # Biases are often initialised to zero and stay near it, so ||w|| ~ 0 makes the ratio
         # large while nothing is wrong; the hint is about weights.
         weights = np.array([not name.endswith("bias") for name in view.layer_names], dtype=bool)
         high_judged = finite & weights
-        high = high_judged & (ratios > t.update_ratio_high)
         # An update of exactly 0 is no gradient, a frozen parameter or lr == 0: the static
         # checks (debug.check_setup, gradient_not_flowing) name those, so skip them here.
         low_judged = finite & (ratios > 0)
         if view.grads is not None and view.grads.shape[1]:
             latest = view.grads[:, -1]
             low_judged &= np.isfinite(latest) & (latest > 0)
-        low = low_judged & (ratios < t.update_ratio_low)
+        self._high_streak = np.where(
+            high_judged & (ratios > t.update_ratio_high), self._high_streak + 1, 0
+        )
+        self._low_streak = np.where(
+            low_judged & (ratios < t.update_ratio_low), self._low_streak + 1, 0
+        )
+        high = self._high_streak >= t.sustain_steps
+        low = self._low_streak >= t.sustain_steps
         step = view.inp.step
 
         def maker(
@@ -644,26 +690,29 @@ class Health:
         loss = view.column("loss")
         if loss is None or not view.has_new_rows:
             return _nothing(rule)
-        ref = _finite_or_nan(loss[view.ref_from : view.new_from])
-        median_arr, count = _row_medians(ref[None, :])
-        if count[0] < t.min_history:
+        # Work on the logged values only, so a loss logged every k steps is judged the same.
+        rows = np.flatnonzero(np.isfinite(loss[view.ref_from :])) + view.ref_from
+        values = loss[rows]
+        first_new = int(np.searchsorted(rows, view.new_from))
+        ref = values[max(0, first_new - t.window) : first_new]
+        if ref.size < t.min_history or first_new >= values.size:
             return _nothing(rule)
-        median = float(median_arr[0])
+        median = float(_row_medians(ref[None, :])[0][0])
         mad = float(_row_medians(np.abs(ref - median)[None, :])[0][0])
-        new = _finite_or_nan(loss[view.new_from :])
-        if not np.isfinite(new).any():
+        level, where = _sustained(values[None, :], first_new, t.sustain_steps)
+        if not np.isfinite(level[0]):
             return _nothing(rule)
         # Relative to |median| so that negative losses (log-likelihoods) work too, and beyond
-        # a robust noise band so that heavy-tailed per-batch losses do not count.
-        excess = new - median
-        spikes = (excess > (t.spike_factor - 1) * abs(median)) & (
-            excess > SPIKE_SIGMAS * MAD_TO_SIGMA * mad
-        )
-        if not spikes.any():
+        # a robust noise band.
+        excess = float(level[0]) - median
+        if not (
+            excess > (t.spike_factor - 1) * abs(median)
+            and excess > SPIKE_SIGMAS * MAD_TO_SIGMA * mad
+        ):
             return _Outcome(rule, (), _always, lambda _new: [])
-        row = view.new_from + int(np.argmax(np.where(spikes, new, -np.inf)))
+        row = int(rows[int(where[0])])
         step = float(view.step_col[row])
-        value = float(loss[row])
+        value = float(level[0])
 
         def make(_new: list[str]) -> list[Alert]:
             how = f"{value / median:.0f}x the recent median" if median > 0 else "recent median"
@@ -671,9 +720,10 @@ class Health:
                 Alert(
                     rule,
                     "warning",
-                    f"Loss spiked to {_g(value)} at step {int(step)} ({how} {_g(median)}). "
-                    "A bad batch, or the learning rate is at the edge of stability: lower it, "
-                    "add warmup or clip gradients.",
+                    f"Loss spiked to {_g(value)} or more for {t.sustain_steps} steps from step "
+                    f"{int(step)} ({how} {_g(median)}). The learning rate may be at the edge of "
+                    "stability (lower it, add warmup or clip gradients), or a run of bad "
+                    "batches: check the data around that step.",
                     int(step),
                     view.time_at(step),
                 )
@@ -681,12 +731,28 @@ class Health:
 
         return _Outcome(rule, ("",), _always, make)
 
+    def _note_start_loss(self, view: _View) -> None:
+        """Keep the first few logged losses: the level the plateau rule measures progress from."""
+        if len(self._start_losses) >= START_LOSSES:
+            return
+        loss = view.column("loss")
+        if loss is None:
+            return
+        after = -math.inf if self._last_step is None else self._last_step
+        fresh = loss[(view.step_col > after) & np.isfinite(loss)]
+        self._start_losses.extend(float(v) for v in fresh[: START_LOSSES - len(self._start_losses)])
+
     def _loss_plateau(self, view: _View) -> _Outcome:
         rule = "loss_plateau"
         t = self.thresholds
         loss = view.column("loss")
         window = t.plateau_window
-        if loss is None or not view.has_new_rows or loss.size < window:
+        if (
+            loss is None
+            or not view.has_new_rows
+            or loss.size < window
+            or len(self._start_losses) < START_LOSSES
+        ):
             return _nothing(rule)
         recent = _finite_or_nan(loss[-window:])
         quarter = window // 4
@@ -697,7 +763,12 @@ class Health:
             return _nothing(rule)
         before = float(first[first_ok].mean())
         after = float(last[last_ok].mean())
-        if after < before - t.plateau_tolerance * abs(before):
+        start = float(np.median(self._start_losses))
+        progress = (start - after) / abs(start) if start else math.inf
+        # A loss that flattens after falling a long way has converged (or needs an LR decay);
+        # the actionable case is a loss stuck near where it started.
+        stuck = after >= before - t.plateau_tolerance * abs(before)
+        if not (stuck and progress < t.plateau_progress):
             return _Outcome(rule, (), _always, lambda _new: [])
         step = float(view.step_col[-1])
 
@@ -705,10 +776,11 @@ class Health:
             return [
                 Alert(
                     rule,
-                    "info",
+                    "warning",
                     f"Loss has not decreased over the last {window} steps (mean {_g(before)} "
-                    f"-> {_g(after)}) at step {int(step)}. If it has not converged, try another "
-                    "learning rate (or a schedule), and check that labels match inputs.",
+                    f"-> {_g(after)}; it started near {_g(start)}) at step {int(step)}. Try "
+                    "another learning rate, check that labels match inputs and that the "
+                    "optimizer holds the model's parameters.",
                     int(step),
                     view.time_at(step),
                 )
