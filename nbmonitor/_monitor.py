@@ -226,6 +226,7 @@ class Monitor:
         self._pending_events: list[dict[str, object]] = []
         self._pending_layer_rows: list[dict[str, float]] = []
         self._last_sample: dict[str, float] = {}
+        self._notes_seen = 0
 
         self.backend = _backends.select(model, backend)
         self._recorder = Recorder()
@@ -487,7 +488,10 @@ class Monitor:
         return bundle
 
     def __repr__(self) -> str:
-        return f"<nbmonitor.Monitor {self.name!r} step={self.step} status={self.status!r}>"
+        return (
+            f"<nbmonitor.Monitor {self.name!r} backend={self.backend.name!r} step={self.step} "
+            f"status={self.status!r}>"
+        )
 
     # -- the sampler's work ----------------------------------------------------------------------
 
@@ -500,6 +504,12 @@ class Monitor:
                 source()
 
     def _sample(self) -> None:
+        notes = getattr(self.backend, "notes", None)
+        if isinstance(notes, list) and len(notes) > self._notes_seen:
+            # Backend notes (NVML missing, a GPU lost) are facts to show, not failures.
+            new, self._notes_seen = notes[self._notes_seen :], len(notes)
+            now, step = time.time(), self._hooks.step
+            self._add_alerts(Alert("backend", "info", str(n), step, now) for n in new)
         sample = self.backend.sample()
         row = {"time": time.time(), "step": float(self._hooks.step), **sample}
         self._last_sample = row
@@ -657,6 +667,25 @@ class Monitor:
         for view in self._views:
             view.publish(frame)
 
+    def _energy_rates(self) -> dict[str, float]:
+        """Joules per step and per sample on the training GPU over the last ~20 samples."""
+        index = getattr(self.backend, "device_index", None)
+        key = f"gpu{index}_energy_j"
+        if not isinstance(index, int) or key not in self._system.columns:
+            return {}
+        energy, steps = self._system.tail(key, 20), self._system.tail("step", 20)
+        ok = np.isfinite(energy) & np.isfinite(steps)
+        if ok.sum() < 2 or steps[ok][-1] <= steps[ok][0]:
+            return {}
+        per_step = float((energy[ok][-1] - energy[ok][0]) / (steps[ok][-1] - steps[ok][0]))
+        out = {"energy_per_step_j": per_step}
+        if "samples" in self._steps.columns:
+            samples = self._steps.tail("samples", 20)
+            samples = samples[np.isfinite(samples) & (samples > 0)]
+            if samples.size:
+                out["energy_per_sample_j"] = per_step / float(np.median(samples))
+        return out
+
     def frame(self) -> Frame:
         """A snapshot of everything the views show (built on the sampler thread)."""
         latest: dict[str, float] = {k: v for k, v in self._last_sample.items() if k != "step"}
@@ -666,6 +695,7 @@ class Monitor:
         for row in self._assembler.peek_open():
             latest.update({k: v for k, v in row.items() if not math.isnan(v) or k not in latest})
         latest["best_loss"] = self._best_loss
+        latest.update(self._energy_rates())
         series = {}
         for name in STEP_SERIES:
             if name in steps.columns:

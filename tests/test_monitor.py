@@ -412,3 +412,34 @@ def test_demo_command(tmp_path):
     run_dirs = list(tmp_path.iterdir())
     assert len(run_dirs) == 1
     assert len(nbmonitor.open(run_dirs[0]).history()["step"]) > 10
+
+
+def test_energy_per_step_and_sample_from_gpu_counter(model, tmp_path):
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with attach(model, opt, tmp_path) as mon:
+        energy = iter([100.0, 130.0, 160.0])
+        sample = mon.backend.sample
+
+        def with_energy() -> dict[str, float]:
+            return {**sample(), "gpu0_energy_j": next(energy)}
+
+        mon.backend.device_index = 0  # type: ignore[attr-defined]
+        mon.backend.sample = with_energy  # type: ignore[method-assign]
+        for _ in range(3):
+            train(model, opt, mon, 2, batch=5)
+            mon.tick()
+        latest = mon.frame().latest
+    assert latest["energy_per_step_j"] == pytest.approx(15.0)  # 30 J per 2 steps
+    assert latest["energy_per_sample_j"] == pytest.approx(3.0)  # 5 samples per step
+
+
+def test_backend_notes_become_info_alerts(model, tmp_path):
+    with attach(model, None, tmp_path) as mon:
+        mon.backend.notes = ["NVML fields are NaN: pynvml not installed"]  # type: ignore[attr-defined]
+        mon.tick()
+        mon.tick()
+        events = [a for a in mon.events() if a.rule == "backend"]
+    assert [(a.severity, a.message) for a in events] == [
+        ("info", "NVML fields are NaN: pynvml not installed")
+    ]
+    assert "backend='cpu'" in repr(mon)
