@@ -474,8 +474,7 @@ def check_setup(
     if duplicated:
         dup_names = [first_name[key] for key in duplicated]
         where = "; ".join(
-            f"{first_name[key]} in groups {', '.join(map(str, places[key]))}"
-            for key in duplicated[:MAX_NAMED]
+            f"{first_name[key]} {_placement(places[key])}" for key in duplicated[:MAX_NAMED]
         )
         if len(duplicated) > MAX_NAMED:
             where += f"; and {len(duplicated) - MAX_NAMED} more"
@@ -492,6 +491,14 @@ def check_setup(
             )
         )
     return alerts
+
+
+def _placement(groups: list[int]) -> str:
+    """'in groups 0 and 1', or 'twice in group 0'."""
+    distinct = sorted(set(groups))
+    if len(distinct) == 1:
+        return f"{len(groups)} times in group {distinct[0]}"
+    return "in groups " + ", ".join(map(str, distinct[:-1])) + f" and {distinct[-1]}"
 
 
 # -- helpers for the sampler thread --------------------------------------------------------------

@@ -30,7 +30,13 @@ def test_create_makes_the_layout_and_meta(tmp_path: pathlib.Path) -> None:
         assert log.path.parent == tmp_path / "runs"
         assert re.fullmatch(r"\d{8}-\d{6}-test", log.path.name)
         names = sorted(p.name for p in log.path.iterdir())
-        assert names == ["events.jsonl", "meta.json", "steps.jsonl", "system.jsonl"]
+        assert names == [
+            "events.jsonl",
+            "layers.jsonl",
+            "meta.json",
+            "steps.jsonl",
+            "system.jsonl",
+        ]
         meta = json.loads((log.path / "meta.json").read_text())
         assert meta["model"] == "MLP" and meta["parameters"] == 123
         assert meta["format_version"] == FORMAT_VERSION == 1
@@ -38,6 +44,7 @@ def test_create_makes_the_layout_and_meta(tmp_path: pathlib.Path) -> None:
             "steps": "steps.jsonl",
             "system": "system.jsonl",
             "events": "events.jsonl",
+            "layers": "layers.jsonl",
         }
     finally:
         log.close()
@@ -266,3 +273,15 @@ def test_sigkilled_writer_leaves_a_readable_run(tmp_path: pathlib.Path) -> None:
     assert n >= 20
     np.testing.assert_array_equal(h["step"], np.arange(n, dtype=np.float64))
     np.testing.assert_allclose(h["loss"], 1.0 / (np.arange(n) + 1))
+
+
+def test_layer_rows_round_trip(tmp_path: pathlib.Path) -> None:
+    log = _log(tmp_path)
+    try:
+        log.write_layers([{"step": 10.0, "update_ratio/fc.weight": 1e-3}])
+        log.flush()
+        layers = open_run(log.path).layers()
+        assert list(layers["step"]) == [10.0]
+        assert layers["update_ratio/fc.weight"][0] == 1e-3
+    finally:
+        log.close()
