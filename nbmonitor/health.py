@@ -61,6 +61,7 @@ class Thresholds:
     update_ratio_high: float = 1e-1  # ||dw||/||w|| above this: LR too high (healthy ~1e-3)
     update_ratio_low: float = 1e-6  # below this: LR too low, or not really training
     spike_factor: float = 5.0  # loss > factor x the median of the recent window
+    spike_range_fraction: float = 0.1  # ... and up by this fraction of the run's loss range
     plateau_window: int = 200  # loss not decreasing over this many steps
     plateau_tolerance: float = 0.01  # relative decrease (last vs first quarter) that counts
     plateau_progress: float = 0.5  # ... and improved by less than this fraction since the start
@@ -326,6 +327,11 @@ class Health:
         self._ratio_prev: FloatArray | None = None
         self._high_streak = np.zeros(0, dtype=np.intp)
         self._low_streak = np.zeros(0, dtype=np.intp)
+        # Run-wide extremes: an explosion is a new maximum, a spike a real share of the range.
+        self._total_max = -math.inf
+        self._layer_max: FloatArray | None = None
+        self._loss_lo = math.inf
+        self._loss_hi = -math.inf
 
     def check(self, inp: HealthInput) -> list[Alert]:
         """Judge the data that arrived since the last call; return only the NEW alerts."""
@@ -359,6 +365,9 @@ class Health:
         self._last_layer_step = None
         self._start_losses.clear()
         self._ratio_names = None
+        self._total_max = -math.inf
+        self._layer_max = None
+        self._loss_lo, self._loss_hi = math.inf, -math.inf
 
     def _settle(self, outcome: _Outcome, step: int) -> list[Alert]:
         rule = outcome.rule
@@ -482,7 +491,11 @@ class Health:
         if total is not None and view.has_new_rows:
             ref = total[None, view.ref_from : view.new_from]
             value, where = _sustained(total[None, :], view.new_from, t.sustain_steps)
-            verdict = self._explodes(ref, value)
+            # The run's maximum before the sustained window that is being judged.
+            seen = _finite_or_nan(total[: max(0, view.new_from - t.sustain_steps + 1)])
+            if np.isfinite(seen).any():
+                self._total_max = max(self._total_max, float(np.nanmax(seen)))
+            verdict = self._explodes(ref, value, np.array([self._total_max]), view.inp.step)
             if verdict is not None:
                 is_judged, is_held, ratio = verdict
                 judged_total = bool(is_judged[0])
@@ -496,7 +509,13 @@ class Health:
         if grads is not None and view.has_new_layers:
             ref = grads[:, view.layer_ref_from : view.layer_new_from]
             value, where = _sustained(grads, view.layer_new_from, t.sustain_steps)
-            verdict = self._explodes(ref, value)
+            if self._layer_max is None or self._layer_max.shape[0] != grads.shape[0]:
+                self._layer_max = np.full(grads.shape[0], -np.inf)
+            old = _finite_or_nan(grads[:, : max(0, view.layer_new_from - t.sustain_steps + 1)])
+            if old.shape[1]:
+                seen_max, _ = _row_max(old)
+                self._layer_max = np.fmax(self._layer_max, seen_max)
+            verdict = self._explodes(ref, value, self._layer_max, view.inp.step)
             if verdict is not None:
                 is_judged, is_held, ratio = verdict
                 layer_judged = view.layer_judged(is_judged)
@@ -538,19 +557,25 @@ class Health:
         return _Outcome(rule, held, judged, make)
 
     def _explodes(
-        self, ref: FloatArray, value: FloatArray
+        self, ref: FloatArray, value: FloatArray, run_max: FloatArray, step: int
     ) -> tuple[BoolArray, BoolArray, FloatArray] | None:
         """Which rows were judged, which rows' newest maximum is an explosion, and by what
-        factor of their running median."""
+        factor of their running median.
+
+        Relative to the median alone, gradients that rise during learning-rate warm-up, or
+        fluctuate around a converged minimum, read as explosions; a real explosion also
+        beats everything the layer has seen, once the run is a full window old.
+        """
         t = self.thresholds
         median, count = _row_medians(ref)
-        enough = count >= t.min_history
+        enough = (count >= t.min_history) & (step >= t.window)
+        record = value > run_max
         if not enough.any() and t.explode_abs is None:
             return None
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = np.where(enough & (median > 0), value / median, np.nan)
         finite = np.isfinite(value)
-        held = finite & (np.nan_to_num(ratio, nan=0.0) > t.explode_factor)
+        held = finite & record & (np.nan_to_num(ratio, nan=0.0) > t.explode_factor)
         judged = finite & enough
         if t.explode_abs is not None:
             held |= finite & (value > t.explode_abs)
@@ -705,9 +730,16 @@ class Health:
         # Relative to |median| so that negative losses (log-likelihoods) work too, and beyond
         # a robust noise band.
         excess = float(level[0]) - median
+        old = values[:first_new]
+        self._loss_lo = min(self._loss_lo, float(old.min()))
+        self._loss_hi = max(self._loss_hi, float(old.max()))
+        # A jump from 1e-4 to 1e-3 near convergence is noise, not a spike: it must also be a
+        # real share of how far the loss has travelled in this run.
+        span = self._loss_hi - self._loss_lo
         if not (
             excess > (t.spike_factor - 1) * abs(median)
             and excess > SPIKE_SIGMAS * MAD_TO_SIGMA * mad
+            and excess > t.spike_range_fraction * span
         ):
             return _Outcome(rule, (), _always, lambda _new: [])
         row = int(rows[int(where[0])])

@@ -10,7 +10,7 @@ import json
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, ClassVar
 
 import ipywidgets
 import numpy as np
@@ -64,6 +64,7 @@ def make_frame(
 ) -> Frame:
     latest = {
         "loss": 0.5,
+        "best_loss": 0.25,
         "samples_per_s": 1234.5,
         "step_time": 0.02,
         "cpu_percent": 37.0,
@@ -100,6 +101,7 @@ def test_publish_updates_panel_and_marks(sent: Sent) -> None:
     panel = dash._panel
     assert panel.header["step"] == 100
     assert panel.header["loss"] == 0.5
+    assert panel.header["best_loss"] == 0.25
     assert panel.header["status"] == "running"
     assert panel.system["cpu_percent"] == 37.0
     loss = dash._curves.figures["loss"].lines[0].mark
@@ -359,3 +361,64 @@ def test_publish_from_threads_is_safe(sent: Sent) -> None:
 
 def test_in_notebook_is_false_outside_a_kernel() -> None:
     assert in_notebook() is False
+
+
+def test_in_notebook_detects_a_kernel_shell(monkeypatch: pytest.MonkeyPatch) -> None:
+    import IPython.core.getipython as getipython
+
+    class ZMQInteractiveShell:  # the name is what counts: no kernel needed
+        config: ClassVar[dict[str, Any]] = {}
+
+    class TerminalInteractiveShell:
+        config: ClassVar[dict[str, Any]] = {}
+
+    class KernelAppShell:
+        config: ClassVar[dict[str, Any]] = {"IPKernelApp": {}}
+
+    for shell, expected in (
+        (ZMQInteractiveShell(), True),
+        (TerminalInteractiveShell(), False),
+        (KernelAppShell(), True),
+        (None, False),
+    ):
+        monkeypatch.setattr(getipython, "get_ipython", lambda shell=shell: shell)
+        assert in_notebook() is expected, shell
+
+
+def test_show_displays_and_close_refreshes_the_static_summary(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import IPython.display
+    from nbmonitor.ui import show
+
+    updates: list[dict[str, Any]] = []
+
+    class Handle:
+        def update(self, obj: Any) -> None:
+            updates.append(obj._repr_mimebundle_())
+
+    shown: list[Any] = []
+
+    def fake_display(obj: Any, display_id: bool = False) -> Handle:
+        assert display_id is True
+        shown.append(obj)
+        return Handle()
+
+    monkeypatch.setattr(IPython.display, "display", fake_display)
+    dash = Dashboard("r", "cpu", 50)
+    show(dash)
+    assert shown == [dash]
+    dash.publish(make_frame(10))
+    assert updates == []  # publishes never touch the display (sampler thread rule)
+
+    # close() from another thread (the sampler's) does not refresh either...
+    worker = threading.Thread(target=dash.close, args=(make_frame(50),))
+    worker.start()
+    worker.join()
+    assert dash.closed and updates == []
+    # ...but from the main thread (mon.close() in a cell) it re-sends the final summary.
+    dash2 = Dashboard("r2", "cpu", 50)
+    show(dash2)
+    dash2.close(make_frame(50))
+    assert len(updates) == 1
+    assert "closed" in updates[0]["text/html"] and "50 / 1000" in updates[0]["text/html"]

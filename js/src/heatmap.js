@@ -61,9 +61,15 @@ export class Heatmap {
     this.root.className = "nbm-heatmap";
     this.canvas = document.createElement("canvas");
     this.canvas.className = "nbm-heatmap-canvas";
+    // Row labels beside the canvas while they are legible; beyond that the tooltip names rows.
+    this.labels = document.createElement("div");
+    this.labels.className = "nbm-heatmap-labels";
+    const body = document.createElement("div");
+    body.className = "nbm-heatmap-body";
+    body.append(this.labels, this.canvas);
     this.legend = document.createElement("div");
     this.legend.className = "nbm-heatmap-legend";
-    this.root.append(this.canvas, this.legend);
+    this.root.append(body, this.legend);
     parent.append(this.root);
     this.data = { values: new Float32Array(0), rows: 0, cols: 0, names: [], steps: new Float64Array(0) };
     this.onMove = (/** @type {MouseEvent} */ event) => this.hover(event);
@@ -81,11 +87,30 @@ export class Heatmap {
     this.canvas.height = Math.max(rows, 1);
     this.canvas.style.height = `${rows * rowPx}px`;
     const { pixels, lo, hi } = toPixels(values, rows, cols);
+    const steps = data.steps;
+    const span =
+      steps.length > 1 && isNum(steps[0]) ? `, steps ${Math.round(steps[0])}\u2013${Math.round(steps[steps.length - 1])}` : "";
     this.legend.textContent =
-      rows && cols ? `log10 grad norm: ${fmtNumber(lo, 3)} (dark) \u2026 ${fmtNumber(hi, 3)} (bright)` : "";
+      rows && cols ? `log10 grad norm: ${fmtNumber(lo, 3)} (dark) \u2026 ${fmtNumber(hi, 3)} (bright)${span}` : "";
+    const labelled = rows > 0 && rowPx >= 10;
+    this.labels.hidden = !labelled;
+    this.labels.replaceChildren(
+      ...(labelled
+        ? data.names.slice(0, rows).map((name) => {
+            const label = document.createElement("div");
+            label.className = "nbm-heatmap-label";
+            label.style.height = `${rowPx}px`;
+            label.style.lineHeight = `${rowPx}px`;
+            label.textContent = name;
+            label.title = name;
+            return label;
+          })
+        : []),
+    );
+    if (rows === 0 || cols === 0) return;
     // jsdom and some headless setups have no 2D context; the legend and table still work.
     const ctx = this.canvas.getContext("2d");
-    if (!ctx || rows === 0 || cols === 0) return;
+    if (!ctx) return;
     ctx.putImageData(new ImageData(pixels, cols, rows), 0, 0);
   }
 

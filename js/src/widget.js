@@ -141,12 +141,16 @@ export function deviceCard(d, index) {
 }
 
 const MAX_LAYER_NAMES = 4;
+// The strip shows the newest few alerts; older ones stay in mon.events() and the run log.
+export const MAX_ALERTS_SHOWN = 3;
 
 /** @param {Record<string, any>} alert */
 export function alertItem(alert) {
   const item = h("li", `nbm-alert nbm-sev-${alert.severity ?? "warning"}`);
-  const step = isNum(alert.step) ? ` (step ${fmtInt(alert.step)})` : "";
-  item.append(h("span", "nbm-alert-msg", `${alert.message ?? alert.rule ?? ""}${step}`));
+  const message = String(alert.message ?? alert.rule ?? "");
+  // Most diagnoses already name their step; add it only where the message does not.
+  const step = isNum(alert.step) && !/\bstep\b/.test(message) ? ` (step ${fmtInt(alert.step)})` : "";
+  item.append(h("span", "nbm-alert-msg", `${message}${step}`));
   const layers = Array.isArray(alert.layers) ? alert.layers : [];
   if (layers.length) {
     const more = layers.length > MAX_LAYER_NAMES ? ` +${layers.length - MAX_LAYER_NAMES} more` : "";
@@ -176,6 +180,7 @@ class Dashboard {
     this.progress = h("div", "nbm-progress");
     this.step.parentElement?.append(this.progress);
     this.loss = stat(stats, "loss", "loss");
+    this.best = stat(stats, "best_loss", "best loss");
     this.throughput = stat(stats, "samples_per_s", "samples/s");
     this.stepTime = stat(stats, "step_time", "step time");
     this.elapsed = stat(stats, "elapsed", "elapsed");
@@ -205,6 +210,7 @@ class Dashboard {
     this.progress.hidden = !total;
     this.progress.replaceChildren(bar(total && isNum(s.step) ? s.step / total : null, ""));
     this.loss.textContent = fmtNumber(s.loss);
+    this.best.textContent = fmtNumber(s.best_loss);
     this.throughput.textContent = fmtNumber(s.samples_per_s, 3);
     this.stepTime.textContent = fmtStepTime(s.step_time);
     this.elapsed.textContent = fmtDuration(s.elapsed_s);
@@ -218,7 +224,12 @@ class Dashboard {
   }
 
   drawAlerts(alerts, errors) {
-    const items = (alerts ?? []).map(alertItem);
+    const all = alerts ?? [];
+    const items = all.slice(-MAX_ALERTS_SHOWN).reverse().map(alertItem);
+    if (all.length > MAX_ALERTS_SHOWN) {
+      const more = all.length - MAX_ALERTS_SHOWN;
+      items.push(h("li", "nbm-alert nbm-more", `+${more} earlier alert${more > 1 ? "s" : ""} (mon.events())`));
+    }
     for (const error of errors ?? []) items.push(h("li", "nbm-alert nbm-sev-error nbm-error", String(error)));
     this.alerts.replaceChildren(...items);
     this.alerts.hidden = items.length === 0;

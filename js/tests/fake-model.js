@@ -42,6 +42,7 @@ export function baseState(overrides = {}) {
       elapsed_s: 12.5,
       eta_s: 91,
       loss: 0.4321,
+      best_loss: 0.4,
       samples_per_s: 2560,
       step_time: 0.025,
     },

@@ -29,6 +29,7 @@ describe("render", () => {
     expect(el.querySelector(".nbm-status").classList.contains("nbm-status-running")).toBe(true);
     expect(field(el, "step")).toBe("120 / 1,000");
     expect(field(el, "loss")).toBe("0.4321");
+    expect(field(el, "best_loss")).toBe("0.4");
     expect(field(el, "step_time")).toBe("25.0 ms");
     expect(field(el, "eta")).toBe("1:31");
     expect(field(el, "cpu")).toBe("42%");
@@ -128,6 +129,16 @@ describe("render", () => {
     expect(el.querySelector(".nbm-alerts").hidden).toBe(false);
   });
 
+  it("shows the newest alerts first, a few at most, without repeating the step", async () => {
+    const model = new FakeModel(baseState());
+    render({ model, el });
+    const alerts = [1, 2, 3, 4, 5].map((i) => ({ rule: "r", severity: "info", message: `m${i} at step ${i}`, step: i, layers: [] }));
+    model.set("alerts", alerts);
+    await nextFrame();
+    const texts = Array.from(el.querySelectorAll(".nbm-alert")).map((n) => n.textContent);
+    expect(texts).toEqual(["m5 at step 5", "m4 at step 4", "m3 at step 3", "+2 earlier alerts (mon.events())"]);
+  });
+
   it("draws the per-layer heatmap from binary buffers and a sortable, flagged table", async () => {
     const put = vi.fn();
     vi.spyOn(HTMLCanvasElement.prototype, "getContext").mockReturnValue({ putImageData: put });
@@ -159,7 +170,11 @@ describe("render", () => {
     // NaN cell transparent, the largest value bright yellow.
     expect(image.data[2 * 4 + 3]).toBe(0);
     expect(Array.from(image.data.slice(5 * 4, 5 * 4 + 4))).toEqual([253, 231, 37, 255]);
-    expect(el.querySelector(".nbm-heatmap-legend").textContent).toContain("-2");
+    const legend = el.querySelector(".nbm-heatmap-legend").textContent;
+    expect(legend).toContain("-2");
+    expect(legend).toContain("steps 10\u201330");
+    const labels = Array.from(el.querySelectorAll(".nbm-heatmap-label")).map((n) => n.textContent);
+    expect(labels).toEqual(["fc1.weight", "fc2.weight"]);
 
     const rows = () => Array.from(el.querySelectorAll(".nbm-table tbody tr"));
     expect(rows().map((r) => r.firstChild.textContent)).toEqual(["fc1.weight", "fc2.weight"]);

@@ -30,7 +30,7 @@ from nbmonitor.ui.figures import Curves
 MAX_HEATMAP_CELLS = 65_536
 MAX_HEATMAP_COLUMNS = 240
 
-_HEADER_KEYS = ("loss", "samples_per_s", "step_time")
+_HEADER_KEYS = ("loss", "best_loss", "samples_per_s", "step_time")
 _SYSTEM_KEYS = (
     "cpu_percent",
     "process_cpu_percent",
@@ -153,7 +153,7 @@ class Dashboard:
                 value=self._curves.mode(key),
                 description=label,
                 tooltips=[f"{label} on a linear axis", f"{label} on a log axis"],
-                style={"button_width": "56px", "description_width": "initial"},
+                style={"button_width": "64px", "description_width": "initial"},
             )
             toggle.observe(lambda change, key=key: self._on_scale(key, change), names="value")
             self._scale_toggles[key] = toggle

@@ -56,8 +56,9 @@ class _Line:
 
     def update(self, series: Series, latest: Mapping[str, float]) -> bool:
         y = series.y if self.transform is None else self.transform(series.y, latest)
-        x32 = np.ascontiguousarray(series.x, dtype=np.float32)
-        y32 = np.ascontiguousarray(y, dtype=np.float32)
+        n = min(len(series.x), len(y))  # a malformed series must not desync x and y
+        x32 = np.ascontiguousarray(series.x[:n], dtype=np.float32)
+        y32 = np.ascontiguousarray(y[:n], dtype=np.float32)
         if self.sent is not None and (
             np.array_equal(self.sent[0], x32) and np.array_equal(self.sent[1], y32, equal_nan=True)
         ):
@@ -178,7 +179,8 @@ class Curves:
             axes=axes,
             fig_margin=_MARGIN_TWIN if twin else _MARGIN,
             legend_location="top-right",
-            legend_style={"fill-opacity": "0.6"},
+            legend_style={"fill-opacity": "0.6", "stroke-width": "0"},
+            legend_text={"font-size": "11px"},
             title_style={"font-size": "13px"},
             animation_duration=0,
             layout=widgets.Layout(**_LAYOUT, display="none"),

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
 CHROMIUM = Path(os.environ.get("NBMONITOR_CHROMIUM", "/usr/bin/chromium"))
 NOTEBOOK = "01-quickstart.ipynb"
-STEPS = 4000  # long enough to read the live dashboard twice while the loop runs
+STEPS = 6000  # long enough to read the live dashboard twice while the loop runs
 
 
 def _require_browser() -> Any:
@@ -123,16 +123,20 @@ def lab(tmp_path: Path) -> Iterator[tuple[str, Path]]:
                 proc.wait(timeout=10)
 
 
-def _points(page: Any) -> int:
-    """Points of the raw loss line: bqplot draws a Lines mark as one SVG path, M then L..."""
-    d = page.evaluate(
-        """() => {
-          const figs = [...document.querySelectorAll('.bqplot.figure')]
-            .filter(f => (f.querySelector('.mainheading')?.textContent ?? '').trim() === 'Loss');
-          const path = figs[0]?.querySelector('path.line');
-          return path ? path.getAttribute('d') ?? '' : '';
-        }"""
-    )
+_LOSS_PATH_JS = """() => {
+  const figs = [...document.querySelectorAll('.bqplot.figure')]
+    .filter(f => f.querySelector('.mainheading')?.textContent?.trim() === 'Loss');
+  const path = figs[0]?.querySelector('path.line');
+  return path ? path.getAttribute('d') ?? '' : '';
+}"""
+
+
+def _loss_path(page: Any) -> str:
+    """The raw loss line's SVG path: bqplot draws a Lines mark as one path, M then L..."""
+    return str(page.evaluate(_LOSS_PATH_JS))
+
+
+def _points(d: str) -> int:
     return len(re.findall(r"[ML]", d))
 
 
@@ -145,8 +149,13 @@ def _step(page: Any) -> int:
 @pytest.mark.timeout(420)
 def test_quickstart_dashboard_is_live(lab: tuple[str, Path]) -> None:
     sync_api = _require_browser()
+    assert (ROOT / "nbmonitor" / "static" / "widget.js").is_file(), (
+        "front end not built: run `npm run build` in js/ (pip install -e . does it)"
+    )
     url, log = lab
     ARTIFACTS.mkdir(exist_ok=True)
+    for stale in ("browser-failure.png", "browser-console.log", "jupyter.log"):
+        (ARTIFACTS / stale).unlink(missing_ok=True)
     console_errors: list[str] = []
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(
@@ -159,7 +168,7 @@ def test_quickstart_dashboard_is_live(lab: tuple[str, Path]) -> None:
                 "--no-first-run",
             ],
         )
-        page = browser.new_page(viewport={"width": 1500, "height": 1100})
+        page = browser.new_page(viewport={"width": 1400, "height": 2600})
         page.on(
             "console",
             lambda msg: console_errors.append(msg.text) if msg.type == "error" else None,
@@ -187,29 +196,45 @@ def test_quickstart_dashboard_is_live(lab: tuple[str, Path]) -> None:
                 }""",
                 timeout=120_000,
             )
+            # The loss curve has drawn a few points (the first frames may precede any step).
             page.wait_for_function(
-                "() => document.querySelector('.bqplot.figure path.line')", timeout=60_000
+                f"() => (({_LOSS_PATH_JS})().match(/[ML]/g) ?? []).length >= 2", timeout=120_000
             )
-            step1, points1 = _step(page), _points(page)
-            page.wait_for_timeout(3_000)
-            step2, points2 = _step(page), _points(page)
+            step1, path1 = _step(page), _loss_path(page)
+            page.wait_for_timeout(2_500)
+            step2, path2 = _step(page), _loss_path(page)
             status = page.locator(".nbm-root [data-field=status]").first.inner_text()
+            reads = f"step {step1} -> {step2}, points {_points(path1)} -> {_points(path2)}"
             assert status in ("running", "degraded"), status
-            assert step2 < STEPS, "the training cell finished before the second read"
-            assert 0 < step1 < step2, (step1, step2)
-            assert 0 < points1 < points2, (points1, points2)
+            assert step2 < STEPS, f"the training cell finished before the second read: {reads}"
+            assert 0 < step1 < step2, reads
+            if _points(path1) < 1_900:
+                assert 0 < _points(path1) < _points(path2), reads
+            else:  # past ~2,000 steps the engine decimates: the count stays, the curve moves
+                assert path1 != path2, reads
 
-            # The run finishes and the last cell closes the monitor.
+            # Don't wait for the whole run (a loaded CI box can be slow): interrupt the loop,
+            # then run the last cell, which closes the monitor. Interrupting aborts the rest of
+            # "Run All", unless the loop had already finished and the last cell ran by itself.
+            page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Kernel$")).click()
+            page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Interrupt Kernel$")).click()
+            page.wait_for_selector(
+                ".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000
+            )
+            status = page.locator(".nbm-root [data-field=status]").first.inner_text()
+            if status != "closed":
+                page.locator(".jp-Notebook .jp-CodeCell .jp-InputPrompt").last.click()
+                page.keyboard.press("Shift+Enter")
             page.wait_for_function(
                 "() => document.querySelector('.nbm-root [data-field=status]')"
                 "?.textContent === 'closed'",
-                timeout=240_000,
+                timeout=120_000,
             )
             page.wait_for_timeout(1_500)  # let the last frame's curves draw
             body = page.locator("body").inner_text()
             assert "Error displaying widget" not in body
             assert "Loading widget" not in body
-            assert _step(page) == STEPS
+            assert _step(page) >= step2
             assert page.locator(".bqplot.figure").count() >= 4
 
             output = page.locator(".jp-OutputArea-output:has(.nbm-root)").first
