@@ -25,8 +25,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import nbmonitor
 import torch
+
+import nbmonitor
 
 
 def mlp20(width: int = 256) -> torch.nn.Module:

@@ -20,6 +20,7 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
+
 from nbmonitor._frame import Frame, LayerFrame, Series
 from nbmonitor._store import Store
 
@@ -73,6 +74,7 @@ def frame_at(store: Store, step: int, layers: LayerFrame | None) -> Frame:
 
 def measure(n: int, repeats: int, with_layers: bool) -> dict[str, Any]:
     import ipywidgets
+
     from nbmonitor.ui.dashboard import Dashboard
 
     sent: list[int] = []

@@ -18,6 +18,7 @@ import sys
 import time
 
 import numpy as np
+
 from nbmonitor._store import Store
 
 MB = 1024 * 1024

@@ -11,10 +11,12 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import nbmonitor.backends as backends
 import numpy as np
 import pytest
 import torch
+
+import nbmonitor.backends as backends
+from fake_pynvml import FakeGpu, FakeNvml, NVMLError_GpuIsLost, NVMLError_Unknown
 from nbmonitor.backends import (
     Backend,
     CpuBackend,
@@ -26,8 +28,6 @@ from nbmonitor.backends import (
 )
 from nbmonitor.backends.cpu import CPU_KEYS
 from nbmonitor.backends.cuda import ALLOCATOR_KEYS, GPU_FIELDS, PCIE_FIELDS, THROTTLE_REASONS
-
-from fake_pynvml import FakeGpu, FakeNvml, NVMLError_GpuIsLost, NVMLError_Unknown
 
 PID = os.getpid()
 

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 import ipywidgets
 import numpy as np
 import pytest
+
 from nbmonitor._frame import Alert, Frame, LayerFrame, Series
 from nbmonitor._store import Store
 from nbmonitor.ui import Dashboard, in_notebook
@@ -389,6 +390,7 @@ def test_show_displays_and_close_refreshes_the_static_summary(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import IPython.display
+
     from nbmonitor.ui import show
 
     updates: list[dict[str, Any]] = []

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+
 from nbmonitor._frame import Alert
 from nbmonitor.debug import (
     ModelSummary,

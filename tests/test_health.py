@@ -9,9 +9,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from tests.helpers import mlp
+
 from nbmonitor._frame import Alert
 from nbmonitor.health import Health, HealthInput, Thresholds
-from tests.helpers import mlp
 
 LAYERS = ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "fc3.weight", "fc3.bias")
 

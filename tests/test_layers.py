@@ -5,13 +5,14 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import nbmonitor
 import numpy as np
 import pytest
 import torch
+from tests.helpers import mlp, train
+
+import nbmonitor
 from nbmonitor._layers import LayerStats, ParamInfo
 from nbmonitor._monitor import Monitor
-from tests.helpers import mlp, train
 
 
 def attach(

@@ -11,12 +11,13 @@ import textwrap
 import time
 from pathlib import Path
 
-import nbmonitor
 import numpy as np
 import pytest
 import torch
-from nbmonitor._monitor import Monitor
 from tests.helpers import HFStyle, hook_counts, mlp, train
+
+import nbmonitor
+from nbmonitor._monitor import Monitor
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 import pytest
+
 from nbmonitor._runlog import FORMAT_VERSION, Run, RunDirError, RunLog, open_run
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

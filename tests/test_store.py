@@ -7,6 +7,7 @@ import threading
 
 import numpy as np
 import pytest
+
 from nbmonitor._store import Store
 
 METRICS = [f"m{i}" for i in range(20)]

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+
 from nbmonitor.backends import CudaBackend, select
 from nbmonitor.backends.cuda import ALLOCATOR_KEYS, GPU_FIELDS
 

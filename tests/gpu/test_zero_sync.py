@@ -5,10 +5,11 @@ from __future__ import annotations
 import math
 import time
 
-import nbmonitor
 import numpy as np
 import pytest
 import torch
+
+import nbmonitor
 
 pytestmark = [
     pytest.mark.gpu,

@@ -236,6 +236,10 @@ def test_quickstart_dashboard_is_live(lab: tuple[str, Path]) -> None:
             assert "Loading widget" not in body
             assert _step(page) >= step2
             assert page.locator(".bqplot.figure").count() >= 4
+            # The per-layer panel: a drawn heatmap and one table row per parameter (4 Linear).
+            canvas = page.locator(".nbm-root .nbm-heatmap-canvas").first
+            assert canvas.evaluate("c => c.width * c.height") > 0
+            assert page.locator(".nbm-root .nbm-table tbody tr").count() == 8
 
             output = page.locator(".jp-OutputArea-output:has(.nbm-root)").first
             output.scroll_into_view_if_needed()
