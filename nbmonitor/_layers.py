@@ -142,6 +142,10 @@ class LayerStats:
         self._heat_used = half
         self._width *= 2
 
+    def set_param_norms(self, values: Sequence[float]) -> None:
+        """Parameter norms of every tracked parameter (taken once at attach)."""
+        self.param_norm = self._group_norms(np.asarray(values, dtype=np.float64))
+
     def add_update(self, values: Sequence[float]) -> None:
         """Parameter norms then update norms of the optimizer's parameters (one sampled step)."""
         n = len(values) // 2
@@ -149,16 +153,9 @@ class LayerStats:
         dn = np.full(len(self.params), np.nan)
         pn[:n] = values[:n]
         dn[:n] = values[n:]
-        if self.group_by == "module":
-            p_sq = self._group @ np.nan_to_num(pn**2)
-            d_sq = self._group @ np.nan_to_num(dn**2)
-            has = self._group @ (~np.isnan(pn)).astype(np.float64) > 0
-            pn_l, dn_l = np.sqrt(p_sq), np.sqrt(d_sq)
-            pn_l[~has] = np.nan
-            dn_l[~has] = np.nan
-        else:
-            pn_l, dn_l = pn, dn
-        self.param_norm = pn_l
+        pn_l, dn_l = self._group_norms(pn), self._group_norms(dn)
+        known = ~np.isnan(pn_l)
+        self.param_norm = np.where(known, pn_l, self.param_norm)
         with np.errstate(divide="ignore", invalid="ignore"):
             self.update_ratio = np.where(pn_l > 0, dn_l / pn_l, np.nan)
 

@@ -29,7 +29,7 @@ import torch
 
 from nbmonitor import backends as _backends
 from nbmonitor._frame import Alert, Frame, Series
-from nbmonitor._hooks import Hooks, optimizer_parameters
+from nbmonitor._hooks import Hooks, grad_norms, optimizer_parameters
 from nbmonitor._layers import GROUPINGS, LayerStats, ParamInfo
 from nbmonitor._recorder import Recorder
 from nbmonitor._runlog import RunLog
@@ -51,7 +51,7 @@ PUBLISH_EVERY_S = 0.25
 MAX_ALERTS = 200
 # Parameter norms and update ratios are measured every this many steps by default: a copy of
 # the parameters across optimizer.step() is the costly part (see docs/performance.md).
-DEFAULT_LAYER_EVERY = 10
+DEFAULT_LAYER_EVERY = 100
 # Steps after which a trainable parameter that never received a gradient is reported.
 NO_GRAD_AFTER_STEPS = 10
 # Rows of recent history handed to the health rules each tick.
@@ -256,6 +256,13 @@ class Monitor:
             ],
             group_by=layer_group,
         )
+        if self._hooks.params:
+            # Known from the start so that vanishing gradients (grad norm relative to the
+            # parameter norm) can be judged before the first update-ratio step. One wait, at
+            # attach, never in the loop.
+            norms = grad_norms([p.detach() for p in self._hooks.params])
+            norms.wait()
+            self._layers.set_param_norms(norms.values())
         self._layer_flags: dict[str, list[str]] = {}
         self._no_grad_checked = False
         self._nonfinite_reported = False
@@ -663,8 +670,9 @@ class Monitor:
         if not self._views or now - self._last_publish < PUBLISH_EVERY_S:
             return
         self._last_publish = now
-        frame = self.frame()
-        for view in self._views:
+        views = self._views
+        frame = self.frame(detail=any(getattr(v, "wants_detail", True) for v in views))
+        for view in views:
             view.publish(frame)
 
     def _energy_rates(self) -> dict[str, float]:
@@ -686,8 +694,12 @@ class Monitor:
                 out["energy_per_sample_j"] = per_step / float(np.median(samples))
         return out
 
-    def frame(self) -> Frame:
-        """A snapshot of everything the views show (built on the sampler thread)."""
+    def frame(self, detail: bool = True) -> Frame:
+        """A snapshot of everything the views show (built on the sampler thread).
+
+        Without ``detail`` the chart series and the per-layer panel are left out: a console
+        line needs neither, and decimating every series is the costly part of a frame.
+        """
         latest: dict[str, float] = {k: v for k, v in self._last_sample.items() if k != "step"}
         steps = self._steps
         if len(steps):
@@ -697,12 +709,12 @@ class Monitor:
         latest["best_loss"] = self._best_loss
         latest.update(self._energy_rates())
         series = {}
-        for name in STEP_SERIES:
+        for name in STEP_SERIES if detail else ():
             if name in steps.columns:
                 x, y = steps.series(name, MAX_POINTS)
                 series[name] = Series(x, y)
-        system_names = list(SYSTEM_SERIES)
-        for i in range(len(self.backend.devices)):
+        system_names = list(SYSTEM_SERIES) if detail else []
+        for i in range(len(self.backend.devices) if detail else 0):
             system_names.extend(f"gpu{i}_{key}" for key in DEVICE_SERIES)
         for name in system_names:
             if name in self._system.columns:
@@ -730,7 +742,9 @@ class Monitor:
             devices=devices,
             alerts=tuple(self._alerts[-20:]),
             errors=tuple(self.errors[-5:]),
-            layers=self._layers.frame(self._layer_flags) if self._layers.names else None,
+            layers=(
+                self._layers.frame(self._layer_flags) if detail and self._layers.names else None
+            ),
         )
 
 

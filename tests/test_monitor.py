@@ -444,3 +444,25 @@ def test_backend_notes_become_info_alerts(model, tmp_path):
         ("info", "NVML fields are NaN: pynvml not installed")
     ]
     assert "backend='cpu'" in repr(mon)
+
+
+def test_console_view_gets_frames_without_series(model, tmp_path):
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with attach(model, opt, tmp_path) as mon:
+        frames = []
+
+        class Spy:
+            wants_detail = False
+
+            def publish(self, frame: object) -> None:
+                frames.append(frame)
+
+            def close(self, frame: object) -> None:
+                frames.append(frame)
+
+        mon._views = (Spy(),)
+        train(model, opt, mon, 3)
+        mon.tick()
+    assert frames and frames[0].series == {} and frames[0].layers is None
+    assert math.isfinite(frames[0].latest["loss"])
+    assert mon.frame().series and mon.frame().layers is not None

@@ -11,7 +11,9 @@ class View(Protocol):
     """Something that shows Frames. Called from the sampler thread only; never raises on purpose.
 
     ``publish`` shows the newest frame; ``close`` shows the final one (status "closed") and
-    releases the view's feed. Neither may call ``display()`` or ``print()``.
+    releases the view's feed. Neither may call ``display()`` or ``print()``. A view may set a
+    class attribute ``wants_detail = False`` to receive frames without chart series or the
+    per-layer panel (cheaper to build).
     """
 
     def publish(self, frame: Frame) -> None: ...

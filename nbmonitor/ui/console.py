@@ -89,6 +89,9 @@ def summary_text(frame: Frame) -> str:
 class ConsoleView:
     """Logs ``status_line`` at most every ``every`` seconds and ``summary_text`` at close."""
 
+    # Only the latest numbers: the monitor skips chart series and the layer panel for it.
+    wants_detail = False
+
     def __init__(
         self,
         logger: logging.Logger,
