@@ -50,7 +50,7 @@ class Block(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         t = x.shape[1]
-        mask = torch.triu(torch.ones(t, t, dtype=torch.bool), 1)
+        mask = torch.triu(torch.ones(t, t, dtype=torch.bool, device=x.device), 1)
         h = self.ln1(x)
         x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
         return x + self.mlp(self.ln2(x))
@@ -66,29 +66,34 @@ class TinyGPT(torch.nn.Module):
         self.head = torch.nn.Linear(d, vocab)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1]))
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
         for block in self.blocks:
             x = block(x)
         out: torch.Tensor = self.head(self.ln(x))
         return out
 
 
-def make_task(name: str) -> tuple[torch.nn.Module, Callable[[torch.nn.Module], torch.Tensor]]:
+def make_task(
+    name: str, device: str = "cpu"
+) -> tuple[torch.nn.Module, Callable[[torch.nn.Module], torch.Tensor]]:
     torch.manual_seed(0)
+    dev = torch.device(device)
     if name.startswith("mlp20"):
         # "mlp20" trains with batch 256; "mlp20_b64" is the small-batch worst case, where the
         # gradient-norm pass is a larger share of a shorter step.
         batch = 64 if name == "mlp20_b64" else 256
-        model = mlp20()
-        x, y = torch.randn(batch, 256), torch.randint(0, 10, (batch,))
+        model = mlp20().to(dev)
+        x = torch.randn(batch, 256, device=dev)
+        y = torch.randint(0, 10, (batch,), device=dev)
         return model, lambda m: torch.nn.functional.cross_entropy(m(x), y)
     if name == "tiny":
         # Almost no compute: the difference in step time is nbmonitor's bookkeeping alone.
         model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
-        x = torch.randn(4, 8)
+        model = model.to(dev)
+        x = torch.randn(4, 8, device=dev)
         return model, lambda m: m(x).pow(2).mean()
-    model = TinyGPT()
-    idx = torch.randint(0, 512, (16, 64))
+    model = TinyGPT().to(dev)
+    idx = torch.randint(0, 512, (16, 64), device=dev)
     return model, lambda m: torch.nn.functional.cross_entropy(
         m(idx[:, :-1]).reshape(-1, 512), idx[:, 1:].reshape(-1)
     )
@@ -130,8 +135,12 @@ def run_block(
         mon = nbmonitor.attach(model, opt, run_dir=tmp, display=False, **kwargs)
     elif mode == "naive_item":
         naive = NaiveItemHooks(model)
+    cuda = next(model.parameters()).is_cuda
     times = []
     for i in range(steps + 5):
+        if i == 5 and cuda:
+            torch.cuda.synchronize()
+            start = time.perf_counter()
         t0 = time.perf_counter()
         loss = loss_fn(model)
         loss.backward()
@@ -141,6 +150,10 @@ def run_block(
             mon.log(loss=loss)
         if i >= 5:  # the first steps of a block warm caches and allocators
             times.append(time.perf_counter() - t0)
+    if cuda:
+        # On a GPU the host runs ahead of the device: time the whole block, synchronised.
+        torch.cuda.synchronize()
+        times = [(time.perf_counter() - start) / steps]
     if mon is not None:
         mon.close()
     if naive is not None:
@@ -155,6 +168,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--json", help="write results here")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
     args = ap.parse_args()
     results: dict[str, Any] = {
         "machine": f"{platform.node()} {platform.processor() or platform.machine()}, "
@@ -164,11 +178,12 @@ def main() -> int:
         "date": time.strftime("%Y-%m-%d"),
         "rounds": args.rounds,
         "steps_per_block": args.steps,
+        "device": args.device,
         "tasks": {},
     }
     with tempfile.TemporaryDirectory() as tmp:
         for task in args.tasks:
-            model, loss_fn = make_task(task)
+            model, loss_fn = make_task(task, args.device)
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
             params = sum(p.numel() for p in model.parameters())
             tensors = len(list(model.parameters()))
@@ -183,7 +198,9 @@ def main() -> int:
             for mode in args.modes:
                 ratios = [b / a for a, b in zip(base, blocks[mode], strict=True)]
                 diffs = [b - a for a, b in zip(base, blocks[mode], strict=True)]
+                q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (1, 1, 1)
                 summary[mode] = {
+                    "ratio_iqr": [q1, q3],
                     "median_step_ms": statistics.median(blocks[mode]) * 1e3,
                     "median_added_us": statistics.median(diffs) * 1e6,
                     "median_ratio": statistics.median(ratios),
@@ -196,7 +213,8 @@ def main() -> int:
                 print(
                     f"  {mode:26s} {s['median_step_ms']:8.3f} ms/step  "
                     f"x{s['median_ratio']:.4f} ({s['overhead_percent']:+.2f} %, "
-                    f"{s['median_added_us']:+.1f} us)",
+                    f"{s['median_added_us']:+.1f} us; IQR x{s['ratio_iqr'][0]:.3f}.."
+                    f"x{s['ratio_iqr'][1]:.3f})",
                     file=sys.stderr,
                 )
     if args.json:

@@ -45,3 +45,17 @@ def test_notebook_runs(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPat
             o.text for o in outputs if o.output_type == "stream" and o.name == "stderr"
         )
         assert "Traceback" not in stderr
+    if path.name.startswith("02-"):
+        # Each section's bug is caught and named.
+        text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
+        for expected in (
+            "[gradient_not_flowing] Parameters that never received a gradient after",
+            "image.weight, image.bias",
+            "[params_not_in_optimizer]",
+            "6.weight, 6.bias",
+            "[grad_non_finite]",
+            "stopped: nbmonitor: non-finite gradient",
+            "[vanishing_gradients]",
+            "[dead_units]",
+        ):
+            assert expected in text, expected
