@@ -198,7 +198,16 @@ class Hooks:
         return self.step + 1 if self._micro else self.step
 
     def log(self, scalars: Mapping[str, object]) -> None:
-        self.recorder.put(make_log_record(self.log_step, scalars))
+        """Record ``scalars``; a non-numeric value is the caller's bug (TypeError), anything
+        else that goes wrong is nbmonitor's and is only counted."""
+        try:
+            record = make_log_record(self.log_step, scalars)
+        except TypeError:
+            raise
+        except Exception as exc:
+            self._failed("log", exc)
+            return
+        self.recorder.put(record)
 
     # -- error accounting -----------------------------------------------------------------------
 

@@ -820,5 +820,8 @@ def attach(
     if display and monitor._dashboard is not None:
         from nbmonitor.ui.notebook import show
 
-        show(monitor._dashboard)
+        try:
+            show(monitor._dashboard)
+        except Exception as exc:  # a front end that cannot display must not stop training
+            monitor.errors_log.add("view", exc)
     return monitor

@@ -466,3 +466,15 @@ def test_console_view_gets_frames_without_series(model, tmp_path):
     assert frames and frames[0].series == {} and frames[0].layers is None
     assert math.isfinite(frames[0].latest["loss"])
     assert mon.frame().series and mon.frame().layers is not None
+
+
+def test_internal_failure_in_log_is_counted_not_raised(model, tmp_path, monkeypatch):
+    with attach(model, None, tmp_path) as mon:
+
+        def broken(*a: object, **k: object) -> None:
+            raise RuntimeError("device went away")
+
+        monkeypatch.setattr("nbmonitor._hooks.make_log_record", broken)
+        mon.log(loss=1.0)  # must not raise
+        assert mon.status == "degraded"
+        assert any("log: RuntimeError: device went away" in e for e in mon.errors)
