@@ -73,10 +73,12 @@ class StepRecord:
     samples: int  # batch items seen by grad-enabled forwards during this step
     micro_batches: int
     lrs: tuple[float | DeviceValue, ...]
-    # [total grad norm, *per-parameter grad norms] on its way to the host, or None without grads.
+    # Per-parameter gradient norms on their way to the host, or None without gradients.
     norms: DeviceValue | None = None
-    # Which tracked parameters the per-parameter norms belong to; None means all of them.
+    # Which tracked parameter each norm belongs to; None means all of them, in order.
     norm_index: tuple[int, ...] | None = None
+    # The values are squared norms (the CPU path computes them with dot products).
+    norms_squared: bool = False
 
     def ready(self) -> bool:
         if self.norms is not None and not self.norms.ready():

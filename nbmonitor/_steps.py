@@ -84,6 +84,8 @@ class StepAssembler:
             row["lr" if i == 0 else f"lr_group{i}"] = value
         if record.norms is not None:
             norms = np.asarray(record.norms.values(), dtype=np.float64)
+            if record.norms_squared:
+                norms = np.sqrt(norms)
             # The total norm from the per-tensor ones; NaN/Inf in any of them carries through.
             row["grad_norm"] = float(np.sqrt(np.sum(norms * norms)))
             self.layer_norms.append(LayerNorms(record.step, norms, record.norm_index))

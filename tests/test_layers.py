@@ -289,3 +289,32 @@ def test_thresholds_are_configurable(tmp_path):
         train(model, opt, mon, 30, width=4)
         mon.tick()
         assert "exploding_gradients" in rules(mon)
+
+
+def test_cpu_dot_path_gives_the_same_norms_in_parameter_order(tmp_path):
+    # 0.weight has 65,536 values: its norm goes through the dot-product path, the rest through
+    # _foreach_norm; the per-layer table must still line up with the parameters.
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    with attach(model, opt, tmp_path) as mon:
+        assert mon._hooks._dot_plan == ((0,), (1, 2, 3))
+        model(torch.randn(8, 256)).pow(2).mean().backward()
+        expected = {n: p.grad.norm().item() for n, p in model.named_parameters()}
+        total = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()]))
+        opt.step()
+        h = mon.history()
+        rows = {r["name"]: r["grad_norm"] for r in mon.layers()}
+    assert h["grad_norm"][0] == pytest.approx(total.item(), rel=1e-5)
+    for name, value in expected.items():
+        assert rows[name] == pytest.approx(value, rel=1e-5), name
+
+
+def test_nan_in_a_large_layer_is_named_on_the_dot_path(tmp_path):
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with attach(model, opt, tmp_path, on_nan="raise") as mon:
+        model[2].weight.register_hook(lambda g: g * float("nan"))
+        model(torch.randn(8, 256)).sum().backward()
+        with pytest.raises(nbmonitor.NonFiniteError, match=r"first in 2\.weight;"):
+            opt.step()
+        assert mon._hooks._dot_plan is not None
