@@ -28,9 +28,10 @@ import numpy.typing as npt
 import torch
 
 from nbmonitor import backends as _backends
+from nbmonitor._args import check_attach_args, check_layer_args, coerce_thresholds, json_safe
 from nbmonitor._frame import Alert, Frame, Series
 from nbmonitor._hooks import Hooks, grad_norms, optimizer_parameters
-from nbmonitor._layers import GROUPINGS, LayerStats, ParamInfo
+from nbmonitor._layers import LayerStats, ParamInfo
 from nbmonitor._recorder import Recorder
 from nbmonitor._runlog import RunLog
 from nbmonitor._sampler import ErrorLog, SamplerThread, Source
@@ -56,7 +57,6 @@ DEFAULT_LAYER_EVERY = 100
 NO_GRAD_AFTER_STEPS = 10
 # Rows of recent history handed to the health rules each tick.
 HEALTH_WINDOW = 512
-ON_NAN = ("warn", "raise")
 
 Columns = dict[str, npt.NDArray[np.float64]]
 
@@ -70,97 +70,6 @@ def _signal_all() -> None:
     # At interpreter exit only signal: joining threads or writing files here can hang shutdown.
     for monitor in list(_ALL):
         monitor._thread.signal()
-
-
-def _json_safe(value: object) -> object:
-    if isinstance(value, (str, int, bool)) or value is None:
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    if isinstance(value, Mapping):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        return float(value.detach().cpu())
-    return repr(value)
-
-
-def _validate(
-    model: object,
-    optimizer: object,
-    interval: object,
-    total_steps: object,
-    name: object,
-) -> None:
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(
-            f"nbmonitor.attach: model must be a torch.nn.Module, got {type(model).__name__}; "
-            "call attach(model, optimizer)."
-        )
-    if optimizer is not None:
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(
-                "nbmonitor.attach: optimizer must be a torch.optim.Optimizer or None, got "
-                f"{type(optimizer).__name__}; pass the optimizer you call .step() on."
-            )
-        model_params = {id(p) for p in model.parameters()}
-        if model_params and not any(id(p) in model_params for p in optimizer_parameters(optimizer)):
-            raise ValueError(
-                "nbmonitor.attach: the optimizer holds none of the model's parameters; "
-                "build it from model.parameters() or pass the matching model."
-            )
-    if (
-        isinstance(interval, bool)
-        or not isinstance(interval, (int, float))
-        or not math.isfinite(interval)
-        or interval <= 0
-    ):
-        raise ValueError(
-            f"nbmonitor.attach: interval must be a number of seconds > 0, got {interval!r}; "
-            "e.g. interval=0.5."
-        )
-    if total_steps is not None and (
-        isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps <= 0
-    ):
-        raise ValueError(
-            f"nbmonitor.attach: total_steps must be a positive int or None, got {total_steps!r}."
-        )
-    if name is not None and not isinstance(name, str):
-        raise TypeError(f"nbmonitor.attach: name must be a str or None, got {type(name).__name__}.")
-
-
-def _validate_layers(layer_every: object, layer_group: object, on_nan: object) -> None:
-    if isinstance(layer_every, bool) or not isinstance(layer_every, int) or layer_every < 0:
-        raise ValueError(
-            f"nbmonitor.attach: layer_every must be an int >= 0 (0 turns parameter norms and "
-            f"update ratios off), got {layer_every!r}."
-        )
-    if layer_group not in GROUPINGS:
-        raise ValueError(
-            f"nbmonitor.attach: layer_group must be 'param' or 'module', got {layer_group!r}."
-        )
-    if on_nan not in ON_NAN:
-        raise ValueError(f"nbmonitor.attach: on_nan must be 'warn' or 'raise', got {on_nan!r}.")
-
-
-def _thresholds(value: object) -> Thresholds:
-    if value is None:
-        return Thresholds()
-    if isinstance(value, Thresholds):
-        return value
-    if isinstance(value, Mapping):
-        try:
-            return Thresholds(**value)
-        except TypeError as exc:
-            known = ", ".join(f.name for f in dataclasses.fields(Thresholds))
-            raise ValueError(
-                f"nbmonitor.attach: unknown threshold in {sorted(value)}; known: {known}."
-            ) from exc
-    raise TypeError(
-        "nbmonitor.attach: thresholds must be a dict or nbmonitor.Thresholds, got "
-        f"{type(value).__name__}."
-    )
 
 
 def _merge_rows(columns: Columns, rows: Iterable[Mapping[str, float]]) -> Columns:
@@ -205,9 +114,9 @@ class Monitor:
         on_nan: str = "warn",
         thresholds: Thresholds | Mapping[str, float] | None = None,
     ) -> None:
-        _validate(model, optimizer, interval, total_steps, name)
-        _validate_layers(layer_every, layer_group, on_nan)
-        self._health = Health(_thresholds(thresholds))
+        check_attach_args(model, optimizer, interval, total_steps, name)
+        check_layer_args(layer_every, layer_group, on_nan)
+        self._health = Health(coerce_thresholds(thresholds))
         self._model_ref = weakref.ref(model)
         self.interval = float(interval)
         self.total_steps = total_steps
@@ -304,7 +213,7 @@ class Monitor:
             opt_meta = {
                 "class": type(optimizer).__qualname__,
                 "param_groups": len(optimizer.param_groups),
-                "defaults": _json_safe(optimizer.defaults),
+                "defaults": json_safe(optimizer.defaults),
             }
         return {
             "model": {
