@@ -495,7 +495,8 @@ class Health:
             seen = _finite_or_nan(total[: max(0, view.new_from - t.sustain_steps + 1)])
             if np.isfinite(seen).any():
                 self._total_max = max(self._total_max, float(np.nanmax(seen)))
-            verdict = self._explodes(ref, value, np.array([self._total_max]), view.inp.step)
+            at = view.step_col[where] if view.step_col.size else np.zeros(1)
+            verdict = self._explodes(ref, value, np.array([self._total_max]), at)
             if verdict is not None:
                 is_judged, is_held, ratio = verdict
                 judged_total = bool(is_judged[0])
@@ -515,7 +516,7 @@ class Health:
             if old.shape[1]:
                 seen_max, _ = _row_max(old)
                 self._layer_max = np.fmax(self._layer_max, seen_max)
-            verdict = self._explodes(ref, value, self._layer_max, view.inp.step)
+            verdict = self._explodes(ref, value, self._layer_max, view.layer_step_col[where])
             if verdict is not None:
                 is_judged, is_held, ratio = verdict
                 layer_judged = view.layer_judged(is_judged)
@@ -557,14 +558,15 @@ class Health:
         return _Outcome(rule, held, judged, make)
 
     def _explodes(
-        self, ref: FloatArray, value: FloatArray, run_max: FloatArray, step: int
+        self, ref: FloatArray, value: FloatArray, run_max: FloatArray, step: FloatArray
     ) -> tuple[BoolArray, BoolArray, FloatArray] | None:
         """Which rows were judged, which rows' newest maximum is an explosion, and by what
         factor of their running median.
 
         Relative to the median alone, gradients that rise during learning-rate warm-up, or
         fluctuate around a converged minimum, read as explosions; a real explosion also
-        beats everything the layer has seen, once the run is a full window old.
+        beats everything the layer has seen, and starts once the run is a full window old
+        (``step`` is where each row's sustained window begins).
         """
         t = self.thresholds
         median, count = _row_medians(ref)

@@ -497,3 +497,14 @@ def test_small_loss_bump_near_convergence_is_not_a_spike() -> None:
     health.check(run.input())
     run.add(3, loss=1e-2)  # 10x the median, but 0.4 % of the loss range of the run
     assert "loss_spike" not in rules(health.check(run.input()))
+
+
+def test_rise_early_in_the_run_is_not_judged_by_a_later_check() -> None:
+    # Checks come every few dozen steps: a warm-up rise at step 61 is judged at a check made
+    # at step 110, but it began before the run was a full window old, so it is no explosion.
+    health, run = Health(), Run()
+    run.add(60)
+    health.check(run.input())
+    run.add(3, fc3_weight=50.0)
+    run.add(47)
+    assert "exploding_gradients" not in rules(health.check(run.input()))

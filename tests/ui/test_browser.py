@@ -57,9 +57,10 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture
-def lab(tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    """A JupyterLab server on a copy of the notebook; yields (base url with token, log path)."""
+@contextlib.contextmanager
+def jupyter_server(tmp_path: Path, app: str = "lab") -> Iterator[tuple[str, str, Path]]:
+    """`jupyter {app}` ("lab" or "notebook") on a copy of the notebook, with a random port and
+    token and private Jupyter dirs; yields (base url, token, log path)."""
     notebooks = tmp_path / "notebooks"
     notebooks.mkdir()
     shutil.copy(ROOT / "notebooks" / NOTEBOOK, notebooks / NOTEBOOK)
@@ -86,16 +87,22 @@ def lab(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     env["JUPYTER_PLATFORM_DIRS"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env["NBMONITOR_QUICKSTART_STEPS"] = str(STEPS)
+    # No network here: no news feed, no update check (Notebook 7 has neither).
+    no_network = {
+        "lab": [
+            "--LabApp.news_url=",
+            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        ],
+        "notebook": [],
+    }[app]
     log = tmp_path / "jupyter.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [
-                sys.executable, "-m", "jupyter", "lab", "--no-browser",
+                sys.executable, "-m", "jupyter", app, "--no-browser",
                 f"--IdentityProvider.token={token}", "--ServerApp.ip=127.0.0.1", f"--port={port}",
                 "--ServerApp.port_retries=0", f"--notebook-dir={notebooks}",
-                # No network here: no news feed, no update check.
-                "--LabApp.news_url=",
-                "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+                *no_network,
                 *(["--allow-root"] if os.geteuid() == 0 else []),  # CI containers run as root
             ],
             env=env, cwd=notebooks, stdout=out, stderr=subprocess.STDOUT,
@@ -110,9 +117,9 @@ def lab(tmp_path: Path) -> Iterator[tuple[str, Path]]:
                     break
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"JupyterLab did not start:\n{log.read_text()[-3000:]}")
+                    pytest.fail(f"jupyter {app} did not start:\n{log.read_text()[-3000:]}")
                 time.sleep(0.5)
-        yield f"{base}/lab/tree/{NOTEBOOK}?token={token}", log
+        yield base, token, log
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)  # the server shuts its kernels down on SIGTERM
@@ -121,6 +128,22 @@ def lab(tmp_path: Path) -> Iterator[tuple[str, Path]]:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=10)
+
+
+BROWSER_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
+
+
+@pytest.fixture
+def lab(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A JupyterLab server on a copy of the notebook; yields (notebook url with token, log)."""
+    with jupyter_server(tmp_path, "lab") as (base, token, log):
+        yield f"{base}/lab/tree/{NOTEBOOK}?token={token}", log
 
 
 _LOSS_PATH_JS = """() => {
@@ -160,13 +183,7 @@ def test_quickstart_dashboard_is_live(lab: tuple[str, Path]) -> None:
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(
             executable_path=str(CHROMIUM),
-            args=[
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--no-first-run",
-            ],
+            args=BROWSER_ARGS,
         )
         page = browser.new_page(viewport={"width": 1400, "height": 2600})
         page.on(

@@ -1,0 +1,140 @@
+"""The quickstart notebook in a real Jupyter Notebook 7 and a real (headless) Chromium.
+
+The same checks as test_browser.py (which drives JupyterLab 4), in the other front end the
+project promises to support: the dashboard renders, its step counter grows while the training
+cell runs, and the console has no nbmonitor errors. A screenshot is always written to
+test-artifacts/notebook7.png, and a full-page one (notebook7-failure.png) on failure.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.ui.test_browser import (
+    ARTIFACTS,
+    BROWSER_ARGS,
+    CHROMIUM,
+    NOTEBOOK,
+    ROOT,
+    STEPS,
+    _loss_path,
+    _points,
+    _require_browser,
+    _step,
+    jupyter_server,
+)
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+_IDLE = ".jp-Notebook-ExecutionIndicator[data-status='idle']"
+
+
+@pytest.fixture
+def notebook7(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A Notebook 7 server on a copy of the notebook; yields (notebook url with token, log)."""
+    if importlib.util.find_spec("notebook") is None:  # the `test` extra installs it
+        if os.environ.get("CI"):
+            pytest.fail("Notebook 7 test cannot run in CI: notebook is not installed")
+        pytest.skip("notebook is not installed")
+    with jupyter_server(tmp_path, "notebook") as (base, token, log):
+        yield f"{base}/notebooks/{NOTEBOOK}?token={token}", log
+
+
+def _menu(page: Any, menu: str, item: str) -> None:
+    """Click `menu` in the Lumino menu bar (Notebook 7 uses Lab's), then `item` in it."""
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(rf"^{menu}$")).click()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(rf"^{item}$")).click()
+
+
+@pytest.mark.timeout(420)
+def test_quickstart_dashboard_is_live_in_notebook7(notebook7: tuple[str, Path]) -> None:
+    sync_api = _require_browser()
+    assert (ROOT / "nbmonitor" / "static" / "widget.js").is_file(), (
+        "front end not built: run `npm run build` in js/ (pip install -e . does it)"
+    )
+    url, log = notebook7
+    ARTIFACTS.mkdir(exist_ok=True)
+    for stale in (
+        "notebook7.png",
+        "notebook7-failure.png",
+        "notebook7-console.log",
+        "notebook7-jupyter.log",
+    ):
+        (ARTIFACTS / stale).unlink(missing_ok=True)
+    console_errors: list[str] = []
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=BROWSER_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 2600})
+        page.on(
+            "console",
+            lambda msg: console_errors.append(msg.text) if msg.type == "error" else None,
+        )
+        page.on("pageerror", lambda exc: console_errors.append(f"pageerror: {exc}"))
+        try:
+            page.set_default_timeout(60_000)
+            page.goto(url, wait_until="domcontentloaded", timeout=120_000)
+            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
+            page.wait_for_selector(_IDLE, timeout=120_000)
+            _menu(page, "Run", "Run All Cells")
+
+            page.wait_for_selector(".nbm-root", timeout=120_000)
+            page.wait_for_function(
+                """() => {
+                  const s = document.querySelector('.nbm-root [data-field=step]');
+                  return s && parseInt(s.textContent.replace(/,/g, '')) > 0;
+                }""",
+                timeout=120_000,
+            )
+            step1 = _step(page)
+            page.wait_for_timeout(2_500)
+            step2 = _step(page)
+            status = page.locator(".nbm-root [data-field=status]").first.inner_text()
+            reads = f"step {step1} -> {step2}"
+            assert status in ("running", "degraded"), status
+            assert step2 < STEPS, f"the training cell finished before the second read: {reads}"
+            assert 0 < step1 < step2, reads
+
+            # Interrupt the loop rather than wait for it, then make sure the monitor is closed
+            # (run the last cell unless "Run All" already got there).
+            _menu(page, "Kernel", "Interrupt Kernel")
+            page.wait_for_selector(_IDLE, timeout=120_000)
+            status = page.locator(".nbm-root [data-field=status]").first.inner_text()
+            if status != "closed":
+                page.locator(".jp-Notebook .jp-CodeCell .jp-InputPrompt").last.click()
+                page.keyboard.press("Shift+Enter")
+            page.wait_for_function(
+                "() => document.querySelector('.nbm-root [data-field=status]')"
+                "?.textContent === 'closed'",
+                timeout=120_000,
+            )
+            page.wait_for_timeout(1_500)  # let the last frame's curves draw
+            body = page.locator("body").inner_text()
+            assert "Error displaying widget" not in body
+            assert "Loading widget" not in body
+            assert _step(page) >= step2
+            assert page.locator(".bqplot.figure").count() >= 4
+            assert _points(_loss_path(page)) >= 2, "the loss curve was not drawn"
+
+            output = page.locator(".jp-OutputArea-output:has(.nbm-root)").first
+            output.scroll_into_view_if_needed()
+            output.screenshot(path=str(ARTIFACTS / "notebook7.png"))
+            ours = [
+                e for e in console_errors if re.search(r"nbmonitor|nbm-|anywidget|bqplot", e, re.I)
+            ]
+            assert not ours, ours
+        except BaseException:
+            page.screenshot(path=str(ARTIFACTS / "notebook7-failure.png"), full_page=True)
+            if not (ARTIFACTS / "notebook7.png").exists():
+                page.screenshot(path=str(ARTIFACTS / "notebook7.png"))
+            (ARTIFACTS / "notebook7-console.log").write_text("\n".join(console_errors))
+            shutil.copy(log, ARTIFACTS / "notebook7-jupyter.log")
+            raise
+        finally:
+            browser.close()
