@@ -33,9 +33,9 @@ class DeviceValue:
             event.record()
             self._event: Any = event
         elif t.is_mps:
-            # MPS has no public event query; the copy is still queued behind the producing kernels
-            # and the sampler, not the training thread, pays for the wait.
-            self._host = t.to("cpu", non_blocking=True)
+            # MPS has no event to poll and a non-blocking copy may be read before it lands, so
+            # the tensor stays on the device and the sampler thread copies it (and waits).
+            self._host = t
             self._event = None
         else:
             self._host = t
@@ -51,6 +51,8 @@ class DeviceValue:
 
     def values(self) -> list[float]:
         flat = self._host.reshape(-1)
+        if flat.is_mps:
+            flat = flat.cpu()
         if flat.dtype not in (torch.float32, torch.float64):
             flat = flat.to(torch.float64)
         return [float(v) for v in flat.tolist()]

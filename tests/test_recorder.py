@@ -1,0 +1,57 @@
+"""The hand-off: records are taken in order, and only once their device values have landed."""
+
+from __future__ import annotations
+
+import torch
+
+from nbmonitor._recorder import DeviceValue, LogRecord, Recorder, StepRecord, make_log_record
+
+
+class PendingValue(DeviceValue):
+    """Stands in for a CUDA copy whose event has not completed yet."""
+
+    def __init__(self, values: list[float]) -> None:
+        super().__init__(torch.tensor(values))
+        self.landed = False
+        self.waited = False
+
+    def ready(self) -> bool:
+        return self.landed
+
+    def wait(self) -> None:
+        self.waited = True
+        self.landed = True
+
+
+def step(n: int, norms: DeviceValue | None = None) -> StepRecord:
+    return StepRecord(n, 0.0, 0.1, 4, 1, (0.1,), norms)
+
+
+def test_drain_stops_at_the_first_record_not_ready_and_keeps_order() -> None:
+    rec = Recorder()
+    pending = PendingValue([3.0, 4.0])
+    rec.put(step(1))
+    rec.put(step(2, pending))
+    rec.put(make_log_record(2, {"loss": 1.0}))
+    first = rec.drain()
+    assert [r.step for r in first] == [1]
+    assert len(rec) == 2
+    assert rec.drain() == []  # still not landed: nothing is skipped over
+    pending.landed = True
+    rest = rec.drain()
+    assert [type(r) for r in rest] == [StepRecord, LogRecord]
+    assert pending.values() == [3.0, 4.0]
+
+
+def test_drain_with_wait_takes_everything() -> None:
+    rec = Recorder()
+    pending = PendingValue([1.0])
+    rec.put(step(1, pending))
+    out = rec.drain(wait=True)
+    assert len(out) == 1 and pending.waited and len(rec) == 0
+
+
+def test_log_record_packs_same_device_tensors_into_one_value() -> None:
+    record = make_log_record(3, {"a": torch.tensor(1.0), "b": torch.tensor([2.0]), "c": 5})
+    assert len(record.tensors) == 1  # one copy for both tensors
+    assert record.resolve() == {"a": 1.0, "b": 2.0, "c": 5.0}
