@@ -169,6 +169,56 @@ def _step(page: Any) -> int:
     return int(digits) if digits.isdigit() else -1
 
 
+IDLE = ".jp-Notebook-ExecutionIndicator[data-status='idle']"
+OUR_ERRORS = re.compile(r"nbmonitor|nbm-|anywidget|bqplot", re.I)
+
+
+def menu(page: Any, top: str, item: str) -> None:
+    """Click a Lumino menu entry (the same in JupyterLab 4 and Notebook 7)."""
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(rf"^{top}$")).click()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(rf"^{item}$")).click()
+
+
+def wait_for_live_step(page: Any) -> None:
+    """The dashboard is on the page and its step counter has left 0."""
+    page.wait_for_selector(".nbm-root", timeout=120_000)
+    page.wait_for_function(
+        """() => {
+          const s = document.querySelector('.nbm-root [data-field=step]');
+          return s && parseInt(s.textContent.replace(/,/g, '')) > 0;
+        }""",
+        timeout=120_000,
+    )
+
+
+def interrupt_and_close(page: Any) -> None:
+    """Stop the training loop rather than wait for it, then make sure the monitor is closed.
+
+    Interrupting aborts the rest of "Run All", so the last cell (mon.close()) is run by hand
+    unless the loop had already finished and it ran by itself.
+    """
+    menu(page, "Kernel", "Interrupt Kernel")
+    page.wait_for_selector(IDLE, timeout=120_000)
+    status = page.locator(".nbm-root [data-field=status]").first.inner_text()
+    if status != "closed":
+        page.locator(".jp-Notebook .jp-CodeCell .jp-InputPrompt").last.click()
+        page.keyboard.press("Shift+Enter")
+    page.wait_for_function(
+        "() => document.querySelector('.nbm-root [data-field=status]')?.textContent === 'closed'",
+        timeout=120_000,
+    )
+    page.wait_for_timeout(1_500)  # let the last frame's curves draw
+
+
+def assert_rendered_cleanly(page: Any, console_errors: list[str]) -> None:
+    body = page.locator("body").inner_text()
+    assert "Error displaying widget" not in body
+    assert "Loading widget" not in body
+    assert page.locator(".bqplot.figure").count() >= 4
+    ours = [e for e in console_errors if OUR_ERRORS.search(e)]
+    assert not ours, ours
+
+
 @pytest.mark.timeout(420)
 def test_quickstart_dashboard_is_live(lab: tuple[str, Path]) -> None:
     sync_api = _require_browser()
@@ -199,20 +249,9 @@ def test_quickstart_dashboard_is_live(lab: tuple[str, Path]) -> None:
             select = page.locator(".jp-Dialog button.jp-mod-accept", has_text="Select")
             with contextlib.suppress(sync_api.TimeoutError):
                 select.click(timeout=5_000)
-            page.wait_for_selector(
-                ".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000
-            )
-            page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
-            page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
-
-            page.wait_for_selector(".nbm-root", timeout=120_000)
-            page.wait_for_function(
-                """() => {
-                  const s = document.querySelector('.nbm-root [data-field=step]');
-                  return s && parseInt(s.textContent.replace(/,/g, '')) > 0;
-                }""",
-                timeout=120_000,
-            )
+            page.wait_for_selector(IDLE, timeout=120_000)
+            menu(page, "Run", "Run All Cells")
+            wait_for_live_step(page)
             # The loss curve has drawn a few points (the first frames may precede any step).
             page.wait_for_function(
                 f"() => (({_LOSS_PATH_JS})().match(/[ML]/g) ?? []).length >= 2", timeout=120_000
@@ -230,29 +269,10 @@ def test_quickstart_dashboard_is_live(lab: tuple[str, Path]) -> None:
             else:  # past ~2,000 steps the engine decimates: the count stays, the curve moves
                 assert path1 != path2, reads
 
-            # Don't wait for the whole run (a loaded CI box can be slow): interrupt the loop,
-            # then run the last cell, which closes the monitor. Interrupting aborts the rest of
-            # "Run All", unless the loop had already finished and the last cell ran by itself.
-            page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Kernel$")).click()
-            page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Interrupt Kernel$")).click()
-            page.wait_for_selector(
-                ".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000
-            )
-            status = page.locator(".nbm-root [data-field=status]").first.inner_text()
-            if status != "closed":
-                page.locator(".jp-Notebook .jp-CodeCell .jp-InputPrompt").last.click()
-                page.keyboard.press("Shift+Enter")
-            page.wait_for_function(
-                "() => document.querySelector('.nbm-root [data-field=status]')"
-                "?.textContent === 'closed'",
-                timeout=120_000,
-            )
-            page.wait_for_timeout(1_500)  # let the last frame's curves draw
-            body = page.locator("body").inner_text()
-            assert "Error displaying widget" not in body
-            assert "Loading widget" not in body
+            # Don't wait for the whole run: a loaded CI box can be slow.
+            interrupt_and_close(page)
+            assert_rendered_cleanly(page, console_errors)
             assert _step(page) >= step2
-            assert page.locator(".bqplot.figure").count() >= 4
             # The per-layer panel: a drawn heatmap and one table row per parameter (4 Linear).
             canvas = page.locator(".nbm-root .nbm-heatmap-canvas").first
             assert canvas.evaluate("c => c.width * c.height") > 0
@@ -261,10 +281,6 @@ def test_quickstart_dashboard_is_live(lab: tuple[str, Path]) -> None:
             output = page.locator(".jp-OutputArea-output:has(.nbm-root)").first
             output.scroll_into_view_if_needed()
             output.screenshot(path=str(ARTIFACTS / "dashboard.png"))
-            ours = [
-                e for e in console_errors if re.search(r"nbmonitor|nbm-|anywidget|bqplot", e, re.I)
-            ]
-            assert not ours, ours
         except BaseException:
             page.screenshot(path=str(ARTIFACTS / "browser-failure.png"), full_page=True)
             (ARTIFACTS / "browser-console.log").write_text("\n".join(console_errors))

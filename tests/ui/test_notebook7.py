@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from tests.ui.test_browser import (
     ARTIFACTS,
     BROWSER_ARGS,
     CHROMIUM,
+    IDLE,
     NOTEBOOK,
     ROOT,
     STEPS,
@@ -28,12 +27,14 @@ from tests.ui.test_browser import (
     _points,
     _require_browser,
     _step,
+    assert_rendered_cleanly,
+    interrupt_and_close,
     jupyter_server,
+    menu,
+    wait_for_live_step,
 )
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-
-_IDLE = ".jp-Notebook-ExecutionIndicator[data-status='idle']"
 
 
 @pytest.fixture
@@ -45,12 +46,6 @@ def notebook7(tmp_path: Path) -> Iterator[tuple[str, Path]]:
         pytest.skip("notebook is not installed")
     with jupyter_server(tmp_path, "notebook") as (base, token, log):
         yield f"{base}/notebooks/{NOTEBOOK}?token={token}", log
-
-
-def _menu(page: Any, menu: str, item: str) -> None:
-    """Click `menu` in the Lumino menu bar (Notebook 7 uses Lab's), then `item` in it."""
-    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(rf"^{menu}$")).click()
-    page.locator(".lm-Menu-itemLabel", has_text=re.compile(rf"^{item}$")).click()
 
 
 @pytest.mark.timeout(420)
@@ -81,17 +76,9 @@ def test_quickstart_dashboard_is_live_in_notebook7(notebook7: tuple[str, Path]) 
             page.set_default_timeout(60_000)
             page.goto(url, wait_until="domcontentloaded", timeout=120_000)
             page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
-            page.wait_for_selector(_IDLE, timeout=120_000)
-            _menu(page, "Run", "Run All Cells")
-
-            page.wait_for_selector(".nbm-root", timeout=120_000)
-            page.wait_for_function(
-                """() => {
-                  const s = document.querySelector('.nbm-root [data-field=step]');
-                  return s && parseInt(s.textContent.replace(/,/g, '')) > 0;
-                }""",
-                timeout=120_000,
-            )
+            page.wait_for_selector(IDLE, timeout=120_000)
+            menu(page, "Run", "Run All Cells")
+            wait_for_live_step(page)
             step1 = _step(page)
             page.wait_for_timeout(2_500)
             step2 = _step(page)
@@ -101,34 +88,14 @@ def test_quickstart_dashboard_is_live_in_notebook7(notebook7: tuple[str, Path]) 
             assert step2 < STEPS, f"the training cell finished before the second read: {reads}"
             assert 0 < step1 < step2, reads
 
-            # Interrupt the loop rather than wait for it, then make sure the monitor is closed
-            # (run the last cell unless "Run All" already got there).
-            _menu(page, "Kernel", "Interrupt Kernel")
-            page.wait_for_selector(_IDLE, timeout=120_000)
-            status = page.locator(".nbm-root [data-field=status]").first.inner_text()
-            if status != "closed":
-                page.locator(".jp-Notebook .jp-CodeCell .jp-InputPrompt").last.click()
-                page.keyboard.press("Shift+Enter")
-            page.wait_for_function(
-                "() => document.querySelector('.nbm-root [data-field=status]')"
-                "?.textContent === 'closed'",
-                timeout=120_000,
-            )
-            page.wait_for_timeout(1_500)  # let the last frame's curves draw
-            body = page.locator("body").inner_text()
-            assert "Error displaying widget" not in body
-            assert "Loading widget" not in body
+            interrupt_and_close(page)
+            assert_rendered_cleanly(page, console_errors)
             assert _step(page) >= step2
-            assert page.locator(".bqplot.figure").count() >= 4
             assert _points(_loss_path(page)) >= 2, "the loss curve was not drawn"
 
             output = page.locator(".jp-OutputArea-output:has(.nbm-root)").first
             output.scroll_into_view_if_needed()
             output.screenshot(path=str(ARTIFACTS / "notebook7.png"))
-            ours = [
-                e for e in console_errors if re.search(r"nbmonitor|nbm-|anywidget|bqplot", e, re.I)
-            ]
-            assert not ours, ours
         except BaseException:
             page.screenshot(path=str(ARTIFACTS / "notebook7-failure.png"), full_page=True)
             if not (ARTIFACTS / "notebook7.png").exists():
