@@ -7,6 +7,7 @@ of widget libraries.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,6 +30,17 @@ class Series:
     @property
     def nbytes(self) -> int:
         return int(self.x.nbytes + self.y.nbytes)
+
+
+MAX_NAMED = 5  # names listed in a message before "and N more"; Alert.layers keeps them all
+
+
+def name_list(names: Sequence[str], limit: int = MAX_NAMED) -> str:
+    """``"a, b, c and 4 more"``: how every alert message lists layers or parameters."""
+    shown = ", ".join(names[:limit])
+    if len(names) > limit:
+        shown += f" and {len(names) - limit} more"
+    return shown
 
 
 @dataclass(frozen=True)
@@ -78,7 +90,3 @@ class Frame:
     alerts: tuple[Alert, ...] = ()
     errors: tuple[str, ...] = ()
     layers: LayerFrame | None = None
-
-    @property
-    def closed(self) -> bool:
-        return self.status == "closed"

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch.utils.hooks import RemovableHandle
 
+from nbmonitor._frame import name_list
 from nbmonitor._recorder import (
     AuxRecord,
     DeviceValue,
@@ -154,6 +155,7 @@ class Hooks:
         self.params: list[torch.nn.Parameter] = params
         self.param_names: list[str] = [names.get(id(p), f"param{i}") for i, p in enumerate(params)]
         self._dot_plan = _cpu_dot_plan(params)
+        self.update_copy_max_bytes = UPDATE_COPY_MAX_BYTES
         self.update_copy_skipped = False
         self._before: list[torch.Tensor] | None = None
         self._before_norms: torch.Tensor | None = None
@@ -345,7 +347,7 @@ class Hooks:
         if not params:
             return
         size = sum(p.numel() * p.element_size() for p in params)
-        if size > UPDATE_COPY_MAX_BYTES:
+        if size > self.update_copy_max_bytes:
             self.update_copy_skipped = True
             return
         norms = torch._foreach_norm(params, 2, dtype=torch.float32)
@@ -439,9 +441,8 @@ class Hooks:
             return
         index = self._pending_norms[1] or tuple(range(len(self.params)))
         bad = [self.param_names[index[i]] for i, v in enumerate(values) if not _finite(v)]
-        shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
         raise NonFiniteError(
-            f"nbmonitor: non-finite gradient at step {self.step + 1}, first in {shown}; "
+            f"nbmonitor: non-finite gradient at step {self.step + 1}, first in {name_list(bad)}; "
             "the optimizer step was not taken (on_nan='raise')."
         )
 
@@ -458,7 +459,7 @@ class Hooks:
         if len(grads) != len(params):
             which = tuple(i for i, p in enumerate(params) if p.grad is not None)
         elif self._dot_plan is not None:
-            big, small = self._dot_plan
+            big, small, order = self._dot_plan
             try:
                 squares = [torch.dot(g, g) for g in (grads[i].reshape(-1) for i in big)]
                 if small:
@@ -467,7 +468,7 @@ class Hooks:
             except (RuntimeError, NotImplementedError):
                 pass  # a sparse or odd gradient this step: the general path below
             else:
-                self._pending_norms = (DeviceValue(torch.stack(squares)), (*big, *small))
+                self._pending_norms = (DeviceValue(torch.stack(squares)), order)
                 self._pending_squared = True
                 return
         self._pending_norms = (grad_norms(grads), which)
@@ -518,8 +519,9 @@ DOT_MIN_NUMEL = 16_384
 
 def _cpu_dot_plan(
     params: list[torch.nn.Parameter],
-) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    """Large dense float CPU parameters (norm by dot product) and the rest, or None off-CPU."""
+) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]] | None:
+    """Large dense float CPU parameters (norm by dot product), the rest, and the order of the
+    values that result (both in turn); None off the CPU."""
     if not params or any(p.device.type != "cpu" for p in params):
         return None
     big = tuple(
@@ -529,7 +531,8 @@ def _cpu_dot_plan(
     )
     if not big:
         return None
-    return big, tuple(i for i in range(len(params)) if i not in set(big))
+    small = tuple(i for i in range(len(params)) if i not in set(big))
+    return big, small, big + small
 
 
 def _finite(value: float) -> bool:

@@ -78,10 +78,11 @@ class LayerStats:
         self.latest_grad = np.full(n_layers, np.nan)
         self.param_norm = np.full(n_layers, np.nan)
         self.update_ratio = np.full(n_layers, np.nan)
-        self.param_latest_grad = np.full(len(self.params), np.nan)
         self.last_step = 0
         self.activations: dict[str, dict[str, float]] = {}
-        self.forward_bad: list[tuple[int, str, tuple[float, float, float]]] = []
+        # The first module with a non-finite output since gradients were last finite: the one
+        # a non-finite gradient report names. One entry, so a long NaN run stays bounded.
+        self.first_bad_forward: tuple[int, str, tuple[float, float, float]] | None = None
 
     # -- input ---------------------------------------------------------------------------------
 
@@ -105,7 +106,9 @@ class LayerStats:
         else:
             per_param[list(index)] = norms
         self.seen |= ~np.isnan(per_param)
-        self.param_latest_grad = per_param
+        bad_forward = self.first_bad_forward
+        if bad_forward is not None and bad_forward[0] <= step and np.all(np.isfinite(norms)):
+            self.first_bad_forward = None  # gradients are finite again: that episode is over
         layer = self._group_norms(per_param)
         self.latest_grad = layer
         self.last_step = step
@@ -162,10 +165,10 @@ class LayerStats:
     def add_forward(self, step: int, names: Sequence[str], values: Sequence[float]) -> None:
         rows = np.asarray(values, dtype=np.float64).reshape(len(names), 4)
         bad = np.flatnonzero(rows[:, 0] > 0)
-        if bad.size:
+        if bad.size and self.first_bad_forward is None:
             first = int(bad[0])
             mean, std, maxabs = (float(v) for v in rows[first, 1:])
-            self.forward_bad.append((step, names[first], (mean, std, maxabs)))
+            self.first_bad_forward = (step, names[first], (mean, std, maxabs))
 
     def add_activations(self, names: Sequence[str], values: Sequence[float]) -> None:
         rows = np.asarray(values, dtype=np.float64).reshape(len(names), 4)

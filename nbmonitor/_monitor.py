@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import datetime as _dt
+import functools
 import math
 import os
 import platform
@@ -18,7 +19,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -32,14 +33,14 @@ from nbmonitor._args import check_attach_args, check_layer_args, coerce_threshol
 from nbmonitor._frame import Alert, Frame, Series
 from nbmonitor._hooks import Hooks, grad_norms, optimizer_parameters
 from nbmonitor._layers import LayerStats, ParamInfo
-from nbmonitor._recorder import Recorder
+from nbmonitor._recorder import AuxRecord, Recorder
 from nbmonitor._runlog import RunLog
 from nbmonitor._sampler import ErrorLog, SamplerThread, Source
-from nbmonitor._steps import StepAssembler
+from nbmonitor._steps import LayerNorms, StepAssembler
 from nbmonitor._store import Store
 from nbmonitor._version import __version__
-from nbmonitor.debug import check_setup, grads_never_arrived
-from nbmonitor.health import Health, HealthInput, Thresholds
+from nbmonitor.debug import check_setup, first_non_finite, grads_never_arrived
+from nbmonitor.health import Health, HealthInput, Thresholds, non_finite_gradients
 from nbmonitor.ui.base import View
 
 # Chart lines sent to views: bounded so that one publish stays small however long the run.
@@ -175,6 +176,7 @@ class Monitor:
         self._layer_flags: dict[str, list[str]] = {}
         self._no_grad_checked = False
         self._nonfinite_reported = False
+        self._copy_skip_reported = False
         self._steps = Store()
         self._system = Store()
         self._assembler = StepAssembler()
@@ -193,7 +195,6 @@ class Monitor:
         ]
         self._add_alerts(check_setup(model, optimizer, step=0, time=self._start))
         self._thread = SamplerThread(self.tick, self.interval)
-        self._display = display
         self._setup_views(display)
 
     # -- construction helpers --------------------------------------------------------------
@@ -446,29 +447,36 @@ class Monitor:
 
     def _collect_layers(self) -> None:
         layers, assembler = self._layers, self._assembler
-        for record, values in assembler.aux:
-            if record.kind == "update":
-                layers.add_update(values)
-                row = {"step": float(record.step)}
-                for name, pn, ur in zip(
-                    layers.names, layers.param_norm, layers.update_ratio, strict=True
-                ):
-                    row[f"param_norm/{name}"] = float(pn)
-                    row[f"update_ratio/{name}"] = float(ur)
-                self._pending_layer_rows.append(row)
-            elif record.kind == "forward":
-                layers.add_forward(record.step, record.names, values)
-            elif record.kind == "activations":
-                layers.add_activations(record.names, values)
+        # In step order, and a step's forward measurements before its gradients, so that a
+        # non-finite gradient report names the module of its own episode.
+        work: list[tuple[int, int, Callable[[], None]]] = [
+            (record.step, 0, functools.partial(self._take_aux, record, values))
+            for record, values in assembler.aux
+        ]
+        work += [
+            (item.step, 1, functools.partial(self._take_norms, item))
+            for item in assembler.layer_norms
+        ]
         assembler.aux.clear()
-        for item in assembler.layer_norms:
-            per_param = layers.add_grad_norms(item.step, item.norms, item.index)
-            # Reported once when gradients turn non-finite, again only after they recovered.
-            finite = bool(np.all(np.isfinite(item.norms)))
-            if not finite and not self._nonfinite_reported:
-                self._report_non_finite(item.step, per_param)
-            self._nonfinite_reported = not finite
         assembler.layer_norms.clear()
+        for _, _, take in sorted(work, key=lambda w: (w[0], w[1])):
+            take()
+        if self._hooks.update_copy_skipped and not self._copy_skip_reported:
+            self._copy_skip_reported = True
+            self._add_alerts(
+                [
+                    Alert(
+                        "update_ratio_skipped",
+                        "info",
+                        "Update ratios are not measured: copying the trainable parameters across "
+                        "optimizer.step() would take more than "
+                        f"{self._hooks.update_copy_max_bytes / 2**30:.3g} GiB. Gradient norms are "
+                        "still measured every step.",
+                        self._hooks.step,
+                        time.time(),
+                    )
+                ]
+            )
         if not self._no_grad_checked and self._hooks.step >= NO_GRAD_AFTER_STEPS:
             self._no_grad_checked = True
             trainable = [p.requires_grad for p in layers.params]
@@ -478,33 +486,41 @@ class Monitor:
             if alert is not None:
                 self._add_alerts([alert])
 
-    def _report_non_finite(self, step: int, per_param: npt.NDArray[np.float64]) -> None:
-        """Name the first parameters whose gradient went NaN/Inf, and the first bad module."""
-        names = [p.name for p in self._layers.params]
-        bad = [n for n, v in zip(names, per_param, strict=True) if np.isinf(v) or np.isnan(v)]
-        seen = self._layers.seen
-        bad = [n for n, ok in zip(names, seen, strict=True) if ok and n in bad]
-        shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
-        message = f"Non-finite gradients at step {step}, first in {shown or 'unknown'}."
-        forward = [b for b in self._layers.forward_bad if b[0] <= step]
-        if forward:
-            f_step, module, (mean, std, maxabs) = forward[0]
-            message += (
-                f" The first module with a non-finite output was {module!r} at step {f_step} "
-                f"(input mean {mean:.3g}, std {std:.3g}, max |x| {maxabs:.3g})."
+    def _take_aux(self, record: AuxRecord, values: list[float]) -> None:
+        layers = self._layers
+        if record.kind == "update":
+            layers.add_update(values)
+            row = {"step": float(record.step)}
+            for name, pn, ur in zip(
+                layers.names, layers.param_norm, layers.update_ratio, strict=True
+            ):
+                row[f"param_norm/{name}"] = float(pn)
+                row[f"update_ratio/{name}"] = float(ur)
+            self._pending_layer_rows.append(row)
+        elif record.kind == "forward":
+            layers.add_forward(record.step, record.names, values)
+        elif record.kind == "activations":
+            layers.add_activations(record.names, values)
+
+    def _take_norms(self, item: LayerNorms) -> None:
+        layers = self._layers
+        # Reported once when gradients turn non-finite, again only after they recovered.
+        # Detected here, per step, from the raw norms: which parameters had a gradient is
+        # known exactly, so a NaN norm is never confused with "no gradient".
+        finite = bool(np.all(np.isfinite(item.norms)))
+        if not finite and not self._nonfinite_reported:
+            index = item.index if item.index is not None else range(len(item.norms))
+            names = [layers.params[j].name for j in index]
+            bad = first_non_finite(names, item.norms, limit=len(names))
+            forward = layers.first_bad_forward
+            if forward is not None and forward[0] > item.step:
+                forward = None
+            report = non_finite_gradients(
+                item.step, time.time(), bad, forward, self._hooks.check_forward
             )
-        elif self._hooks.check_forward:
-            message += (
-                " Every module's forward output was finite, so the overflow happened after the"
-                " model (in the loss) or in the backward pass: lower the learning rate or clip"
-                " gradients."
-            )
-        else:
-            message += " Lower the learning rate, clip gradients, or check the inputs"
-            message += " (attach(..., check_forward=True) names the first bad module)."
-        self._add_alerts(
-            [Alert("grad_non_finite", "error", message, step, time.time(), tuple(bad))]
-        )
+            self._add_alerts([report])
+        self._nonfinite_reported = not finite
+        layers.add_grad_norms(item.step, item.norms, item.index)
 
     def _check_health(self) -> None:
         steps = self._steps
@@ -529,8 +545,7 @@ class Monitor:
             system=system,
             gpus=[gpus] if isinstance(gpus, int) else None,
         )
-        # Non-finite gradients are localised per step in _collect_layers, with better names.
-        self._add_alerts([a for a in self._health.check(inp) if a.rule != "grad_non_finite"])
+        self._add_alerts(self._health.check(inp))
 
     def _add_alerts(self, alerts: Iterable[Alert]) -> None:
         for alert in alerts:

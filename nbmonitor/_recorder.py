@@ -9,13 +9,11 @@ never blocks. On the CPU the tensor itself is kept (detached) and read by the sa
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-
-Number = float | int
 
 
 class DeviceValue:
@@ -210,6 +208,3 @@ class Recorder:
                 head.wait()
             out.append(queue.popleft())
         return out
-
-    def __iter__(self) -> Iterator[Record]:
-        return iter(list(self._queue))

@@ -101,10 +101,6 @@ class SamplerThread:
         self._thread: threading.Thread | None = None
         self._name = name
 
-    @property
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
     def start(self) -> None:
         with self._lock:
             if self._thread is not None:

@@ -20,12 +20,11 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from nbmonitor._frame import Alert
+from nbmonitor._frame import MAX_NAMED, Alert, name_list
 
 # A model is summarised as "frozen base + trainable adapter" when it has frozen parameters and
 # fewer than this fraction of its parameters are trainable (LoRA, prefix tuning, a new head).
 ADAPTER_FRACTION = 0.10
-MAX_NAMED = 5  # names listed in a message before "and N more"; Alert.layers keeps them all
 MAX_TEXT_ROWS = 40  # module rows printed by __str__ (the HTML and DataFrame have all of them)
 
 # Optimizer-state tensors kept per trainable parameter, each shaped and typed like the parameter
@@ -65,13 +64,6 @@ def _bytes(n: int | None) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
-
-
-def _names(names: Sequence[str]) -> str:
-    shown = ", ".join(names[:MAX_NAMED])
-    if len(names) > MAX_NAMED:
-        shown += f" and {len(names) - MAX_NAMED} more"
-    return shown
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -413,7 +405,7 @@ def check_setup(
                 "params_not_in_optimizer",
                 "warning",
                 f"{len(missing)} trainable parameter(s) are not in the optimizer and will never "
-                f"be updated: {_names(missing)}. Build the optimizer from model.parameters() "
+                f"be updated: {name_list(missing)}. Build the optimizer from model.parameters() "
                 "after adding every module (or add a param group for them).",
                 step,
                 when,
@@ -437,7 +429,7 @@ def check_setup(
                 "frozen_params_in_optimizer",
                 "warning",
                 f"{len(frozen)} frozen parameter(s) (requires_grad=False) are in the optimizer: "
-                f"{_names(frozen)}. They get no gradient so they do not train; if they should, "
+                f"{name_list(frozen)}. They get no gradient so they do not train; if they should, "
                 "set requires_grad=True, otherwise leave them out of the optimizer.",
                 step,
                 when,
@@ -462,7 +454,7 @@ def check_setup(
                     "lr_zero",
                     "warning",
                     f"Param group {g} has learning rate 0, so its parameters never change: "
-                    f"{_names(group_names)}. Set its lr (or freeze them deliberately with "
+                    f"{name_list(group_names)}. Set its lr (or freeze them deliberately with "
                     "requires_grad=False).",
                     step,
                     when,
@@ -527,7 +519,7 @@ def grads_never_arrived(
     return Alert(
         "gradient_not_flowing",
         "warning",
-        f"Parameters that never received a gradient after {step} steps: {_names(missing)} "
+        f"Parameters that never received a gradient after {step} steps: {name_list(missing)} "
         "(detached branch or unused module?). Check for .detach(), torch.no_grad() or .data "
         "in the forward pass, and modules that are defined but never called.",
         step,

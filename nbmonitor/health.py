@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from nbmonitor._frame import Alert
+from nbmonitor._frame import Alert, name_list
 from nbmonitor.backends import device_health
 
 FloatArray = npt.NDArray[np.float64]
@@ -34,7 +34,6 @@ BoolArray = npt.NDArray[np.bool_]
 IntArray = npt.NDArray[np.intp]
 
 # Layer lists longer than this are cut in messages ("and 12 more"); Alert.layers keeps them all.
-MAX_NAMED = 5
 # A NaN in a column is ambiguous (not logged that step, or logged as NaN); a NaN counts as a
 # non-finite value only when the column was filled on this fraction of at least DENSE_MIN_ROWS
 # preceding rows, i.e. the value is logged every step.
@@ -211,13 +210,6 @@ def _dense(values: FloatArray) -> bool:
     return values.size >= DENSE_MIN_ROWS and bool(np.mean(~np.isnan(values)) >= DENSE_FRACTION)
 
 
-def _names(layers: Sequence[str]) -> str:
-    shown = ", ".join(layers[:MAX_NAMED])
-    if len(layers) > MAX_NAMED:
-        shown += f" and {len(layers) - MAX_NAMED} more"
-    return shown
-
-
 def _g(value: float) -> str:
     return f"{value:.2g}" if 1e-2 <= abs(value) < 1e3 else f"{value:.1e}"
 
@@ -309,6 +301,41 @@ def _new_from(steps: FloatArray, last: float | None) -> int:
     return max(first_new, n // 2)
 
 
+def non_finite_gradients(
+    step: int,
+    time: float,
+    bad: Sequence[str],
+    forward: tuple[int, str, tuple[float, float, float]] | None = None,
+    forward_checked: bool = False,
+) -> Alert:
+    """The ``grad_non_finite`` alert: which parameters' gradients went NaN/Inf at ``step``.
+
+    The engine detects this exactly, per step, from the raw gradient norms (here a NaN cannot
+    be told from "no gradient", so there is no window rule for it); this only words it.
+    ``forward`` is the first module whose output was non-finite (step, name, input mean, std
+    and max |x|) when ``check_forward`` is on.
+    """
+    message = f"Gradients became NaN/Inf at step {step}, first in {name_list(bad) or 'unknown'}."
+    if forward is not None:
+        f_step, module, (mean, std, maxabs) = forward
+        message += (
+            f" The first module with a non-finite output was {module!r} at step {f_step} "
+            f"(input mean {mean:.3g}, std {std:.3g}, max |x| {maxabs:.3g})."
+        )
+    elif forward_checked:
+        message += (
+            " Every module's forward output was finite, so the overflow happened after the"
+            " model (in the loss) or in the backward pass: lower the learning rate or clip"
+            " gradients."
+        )
+    else:
+        message += (
+            " Lower the learning rate, clip gradients, or check the inputs"
+            " (attach(..., check_forward=True) names the first bad module)."
+        )
+    return Alert("grad_non_finite", "error", message, step, time, tuple(bad))
+
+
 class Health:
     """Stateful alert rules over a monitor's recent data; one instance per monitor.
 
@@ -340,7 +367,6 @@ class Health:
         self._note_start_loss(view)
         outcomes = [
             self._loss_non_finite(view),
-            self._grad_non_finite(view),
             self._exploding(view),
             self._vanishing(view),
             *self._update_ratios(view),
@@ -425,58 +451,6 @@ class Health:
 
         return _Outcome(rule, ("",), judged, make)
 
-    def _grad_non_finite(self, view: _View) -> _Outcome:
-        rule = "grad_non_finite"
-        total = view.column("grad_norm")
-        if total is None or not view.has_new_rows:
-            return _nothing(rule)
-        row = self._first_non_finite_row(view, total)
-        seen_finite = bool(np.isfinite(total[view.new_from :]).any())
-        judged = _always if (row is not None or seen_finite) else _never
-        if row is None:
-            return _Outcome(rule, (), judged, lambda _new: [])
-        step = float(view.step_col[row])
-        layers = self._non_finite_layers(view, step)
-
-        def make(_new: list[str]) -> list[Alert]:
-            where = (
-                f"first in parameter order: {_names(layers)}"
-                if layers
-                else "per-layer norms unavailable for that step"
-            )
-            return [
-                Alert(
-                    rule,
-                    "error",
-                    f"Gradients became NaN/Inf at step {int(step)} ({where}). Look at what "
-                    "feeds these layers: lower the learning rate, clip gradients, use a "
-                    "numerically safe loss (e.g. cross_entropy on logits), or check the inputs.",
-                    int(step),
-                    view.time_at(step),
-                    tuple(layers),
-                )
-            ]
-
-        return _Outcome(rule, ("",), judged, make)
-
-    def _non_finite_layers(self, view: _View, step: float) -> list[str]:
-        """Layers (parameter order) whose grad norm was non-finite at ``step``.
-
-        NaN also means "no gradient that step", so a NaN counts only for a layer that had a
-        finite gradient norm earlier in the window.
-        """
-        grads = view.grads
-        if grads is None:
-            return []
-        hits = np.flatnonzero(view.layer_step_col == step)
-        if not hits.size:
-            return []
-        col = int(hits[0])
-        values = grads[:, col]
-        had_grad = np.isfinite(grads[:, view.layer_ref_from : col]).any(axis=1)
-        bad = np.isinf(values) | (np.isnan(values) & had_grad)
-        return [view.layer_names[i] for i in np.flatnonzero(bad)]
-
     # -- per-layer gradients ----------------------------------------------------------------
 
     def _exploding(self, view: _View) -> _Outcome:
@@ -539,7 +513,7 @@ class Health:
                 else f"above the limit {_g(t.explode_abs or math.nan)}"
             )
             what = (
-                f"Gradients exploding in {_names(layers)} (grad norm {_g(value)}, {how})"
+                f"Gradients exploding in {name_list(layers)} (grad norm {_g(value)}, {how})"
                 if layers
                 else f"Total gradient norm exploding ({_g(value)}, {how})"
             )
@@ -612,7 +586,7 @@ class Health:
                 Alert(
                     rule,
                     "warning",
-                    f"Gradients vanishing in {_names(new)} (grad norm / param norm below "
+                    f"Gradients vanishing in {name_list(new)} (grad norm / param norm below "
                     f"{_g(t.vanish_ratio)} for {t.vanish_steps} steps, at most {_g(peak)}) at "
                     f"step {int(step)}. These layers barely learn: use ReLU-family activations "
                     "instead of deep sigmoid/tanh stacks, add normalisation or residual "
@@ -681,14 +655,14 @@ class Health:
         high_make = maker(
             "update_ratio_high",
             lambda new, v: (
-                f"Updates are large for {_names(new)} (||Δw||/||w|| up to {_g(v)}; healthy "
+                f"Updates are large for {name_list(new)} (||Δw||/||w|| up to {_g(v)}; healthy "
                 f"is about 1e-3) at step {step}: learning rate too high?"
             ),
         )
         low_make = maker(
             "update_ratio_low",
             lambda new, v: (
-                f"Updates are tiny for {_names(new)} (||Δw||/||w|| down to {_g(v)}; healthy "
+                f"Updates are tiny for {name_list(new)} (||Δw||/||w|| down to {_g(v)}; healthy "
                 f"is about 1e-3) at step {step}: learning rate too low, or parameters not "
                 "really training?"
             ),
@@ -847,8 +821,8 @@ class Health:
                 Alert(
                     rule,
                     "warning",
-                    f"Dead units: at least {low:.0%} of the outputs of {_names(new)} are exactly "
-                    f"zero at step {step} (dead ReLUs?). Lower the learning rate, use "
+                    f"Dead units: at least {low:.0%} of the outputs of {name_list(new)} are "
+                    f"exactly zero at step {step} (dead ReLUs?). Lower the learning rate, use "
                     "LeakyReLU/GELU, or check the initialisation and input scaling.",
                     step,
                     view.inp.time,

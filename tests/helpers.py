@@ -7,10 +7,12 @@ from dataclasses import dataclass
 import torch
 
 
-def mlp(width: int = 8, depth: int = 2) -> torch.nn.Sequential:
+def mlp(
+    width: int = 8, depth: int = 2, activation: type[torch.nn.Module] = torch.nn.ReLU
+) -> torch.nn.Sequential:
     layers: list[torch.nn.Module] = []
     for _ in range(depth):
-        layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
+        layers += [torch.nn.Linear(width, width), activation()]
     layers.append(torch.nn.Linear(width, 1))
     return torch.nn.Sequential(*layers)
 

@@ -12,7 +12,7 @@ import torch
 from tests.helpers import mlp
 
 from nbmonitor._frame import Alert
-from nbmonitor.health import Health, HealthInput, Thresholds
+from nbmonitor.health import Health, HealthInput, Thresholds, non_finite_gradients
 
 LAYERS = ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "fc3.weight", "fc3.bias")
 
@@ -26,17 +26,13 @@ class Run:
         self.step = 0
         self.loss: list[float] = []
         self.grad: list[np.ndarray] = []
-        self.nan_total = np.zeros(0, dtype=bool)
         self.param_norms = np.ones(len(layers))
         self.update_ratios = np.full(len(layers), np.nan)
         self.activations: dict[str, dict[str, float]] | None = None
         self.system: dict[str, np.ndarray] | None = None
 
-    def add(
-        self, n: int = 1, *, loss: float | None = None, nan_total: bool = False, **layer_norm: float
-    ) -> None:
-        """n steps of healthy noise; ``loss`` and ``fc3_weight=...`` override values;
-        ``nan_total`` makes a NaN layer norm a NaN gradient rather than a missing one."""
+    def add(self, n: int = 1, *, loss: float | None = None, **layer_norm: float) -> None:
+        """n steps of healthy noise; ``loss`` and ``fc3_weight=...`` override values."""
         for _ in range(n):
             self.step += 1
             level = 2.0 * math.exp(-self.step / 150) + 0.3
@@ -47,18 +43,16 @@ class Run:
             for key, value in layer_norm.items():
                 norms[self.layers.index(key.replace("_", "."))] = value
             self.grad.append(norms)
-            self.nan_total = np.append(self.nan_total, nan_total)
 
     def input(self, window: int = 300) -> HealthInput:
         grads = np.array(self.grad[-window:]).T
         loss = np.array(self.loss[-window:])
         steps = np.arange(self.step - loss.size + 1, self.step + 1, dtype=np.float64)
-        # As the engine does: the total covers the parameters that had a gradient; a NaN or
-        # Inf gradient makes it non-finite.
+        # As the engine does: the total covers the parameters that had a gradient; an Inf
+        # gradient makes it non-finite.
         squares = grads**2
         total = np.sqrt(np.nansum(squares, axis=0))
         total[np.isinf(squares).any(axis=0)] = np.inf
-        total[np.isnan(squares).any(axis=0) & self.nan_total[-loss.size :]] = np.nan
         return HealthInput(
             step=self.step,
             time=1000.0 + self.step,
@@ -322,18 +316,25 @@ def test_loss_nan_in_sparsely_logged_column_is_not_reported_but_inf_is() -> None
     assert "inf" in alert.message
 
 
-@pytest.mark.parametrize("last", [float("inf"), float("nan")])
-def test_grad_non_finite_names_first_bad_layers_in_parameter_order(last: float) -> None:
-    run, health = Run(), Health()
-    run.add(30, fc1_bias=float("nan"))  # fc1.bias never gets a gradient: NaN is not "bad"
-    health.check(run.input())
-    run.add(1, nan_total=True, fc1_bias=float("nan"), fc2_weight=float("nan"), fc3_bias=last)
-    alert = only(health.check(run.input()), "grad_non_finite")
-    assert alert.layers == ("fc2.weight", "fc3.bias")
-    assert alert.severity == "error" and alert.step == 31
-    assert "fc2.weight, fc3.bias" in alert.message
-    # NaN is not an explosion.
-    assert "exploding_gradients" not in rules(health.check(run.input()))
+def test_non_finite_gradient_report_names_parameters_and_module() -> None:
+    names = [f"block{i}.weight" for i in range(8)]
+    plain = non_finite_gradients(12, 5.0, names)
+    assert (plain.rule, plain.severity, plain.step, plain.time) == (
+        "grad_non_finite",
+        "error",
+        12,
+        5.0,
+    )
+    assert plain.layers == tuple(names)
+    assert (
+        "first in block0.weight, block1.weight" in plain.message and "and 3 more" in plain.message
+    )
+    assert "check_forward=True" in plain.message
+    forward = non_finite_gradients(12, 5.0, names[:1], (11, "encoder.2", (0.5, 2.0, 1e30)))
+    assert "non-finite output was 'encoder.2' at step 11" in forward.message
+    assert "max |x| 1e+30" in forward.message
+    checked = non_finite_gradients(12, 5.0, names[:1], None, forward_checked=True)
+    assert "Every module's forward output was finite" in checked.message
 
 
 # -- loss shape ---------------------------------------------------------------------------------

@@ -201,17 +201,9 @@ def test_layer_table_fields(tmp_path):
     assert row["dtype"] == "float32" and row["device"] == "cpu" and row["in_optimizer"] is True
 
 
-def deep_sigmoid(depth: int = 24, width: int = 16) -> torch.nn.Sequential:
-    layers: list[torch.nn.Module] = []
-    for _ in range(depth):
-        layers += [torch.nn.Linear(width, width), torch.nn.Sigmoid()]
-    layers.append(torch.nn.Linear(width, 1))
-    return torch.nn.Sequential(*layers)
-
-
 def test_vanishing_gradients_in_deep_sigmoid_net(tmp_path):
     torch.manual_seed(0)
-    model = deep_sigmoid()
+    model = mlp(width=16, depth=24, activation=torch.nn.Sigmoid)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     with attach(model, opt, tmp_path) as mon:
         train(model, opt, mon, 40, width=16)
@@ -297,7 +289,7 @@ def test_cpu_dot_path_gives_the_same_norms_in_parameter_order(tmp_path):
     model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 3))
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     with attach(model, opt, tmp_path) as mon:
-        assert mon._hooks._dot_plan == ((0,), (1, 2, 3))
+        assert mon._hooks._dot_plan == ((0,), (1, 2, 3), (0, 1, 2, 3))
         model(torch.randn(8, 256)).pow(2).mean().backward()
         expected = {n: p.grad.norm().item() for n, p in model.named_parameters()}
         total = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()]))
@@ -318,3 +310,47 @@ def test_nan_in_a_large_layer_is_named_on_the_dot_path(tmp_path):
         with pytest.raises(nbmonitor.NonFiniteError, match=r"first in 2\.weight;"):
             opt.step()
         assert mon._hooks._dot_plan is not None
+
+
+def test_update_ratio_skipped_for_too_large_a_copy_is_said_once(tmp_path):
+    model = mlp(width=4, depth=1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with attach(model, opt, tmp_path, layer_every=1) as mon:
+        mon._hooks.update_copy_max_bytes = 0
+        train(model, opt, mon, 3, width=4)
+        mon.tick()
+        mon.tick()
+        skipped = [a for a in mon.events() if a.rule == "update_ratio_skipped"]
+        rows = mon.layers()
+    assert len(skipped) == 1 and skipped[0].severity == "info"
+    assert "Update ratios are not measured" in skipped[0].message
+    assert all(math.isnan(r["update_ratio"]) for r in rows)
+
+
+class FrozenSGD(torch.optim.SGD):
+    """Steps (so the hooks run) without touching the weights, even with NaN gradients."""
+
+    def step(self, closure: object = None) -> None:  # type: ignore[override]
+        return None
+
+
+def test_second_nan_episode_names_its_own_first_module(tmp_path):
+    model = mlp(width=4, depth=3)
+    opt = FrozenSGD(model.parameters(), lr=0.1)  # weights change only by hand
+    with attach(model, opt, tmp_path, check_forward=True) as mon:
+        train(model, opt, mon, 2, width=4)
+        with torch.no_grad():
+            saved = model[4].weight[0, 0].item()
+            model[4].weight[0, 0] = float("nan")
+        train(model, opt, mon, 2, width=4)
+        with torch.no_grad():
+            model[4].weight[0, 0] = saved
+        train(model, opt, mon, 3, width=4)  # finite again: the episode is over
+        with torch.no_grad():
+            model[2].weight[0, 0] = float("nan")
+        train(model, opt, mon, 1, width=4)
+        mon.tick()
+        reports = [a for a in mon.events() if a.rule == "grad_non_finite"]
+    assert [a.step for a in reports] == [3, 8]
+    assert "non-finite output was '4'" in reports[0].message
+    assert "non-finite output was '2'" in reports[1].message
