@@ -173,6 +173,21 @@ IDLE = ".jp-Notebook-ExecutionIndicator[data-status='idle']"
 OUR_ERRORS = re.compile(r"nbmonitor|nbm-|anywidget|bqplot", re.I)
 
 
+def open_page(playwright: Any, console_errors: list[str]) -> tuple[Any, Any]:
+    """Debian's headless chromium with one tall page whose console errors are collected."""
+    browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=BROWSER_ARGS)
+    page = browser.new_page(viewport={"width": 1400, "height": 2600})
+    page.on("console", lambda msg: console_errors.append(msg.text) if msg.type == "error" else None)
+    page.on("pageerror", lambda exc: console_errors.append(f"pageerror: {exc}"))
+    page.set_default_timeout(60_000)
+    return browser, page
+
+
+def goto_notebook(page: Any, url: str) -> None:
+    page.goto(url, wait_until="domcontentloaded", timeout=120_000)
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
+
+
 def menu(page: Any, top: str, item: str) -> None:
     """Click a Lumino menu entry (the same in JupyterLab 4 and Notebook 7)."""
     page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(rf"^{top}$")).click()
@@ -231,20 +246,9 @@ def test_quickstart_dashboard_is_live(lab: tuple[str, Path]) -> None:
         (ARTIFACTS / stale).unlink(missing_ok=True)
     console_errors: list[str] = []
     with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=str(CHROMIUM),
-            args=BROWSER_ARGS,
-        )
-        page = browser.new_page(viewport={"width": 1400, "height": 2600})
-        page.on(
-            "console",
-            lambda msg: console_errors.append(msg.text) if msg.type == "error" else None,
-        )
-        page.on("pageerror", lambda exc: console_errors.append(f"pageerror: {exc}"))
+        browser, page = open_page(p, console_errors)
         try:
-            page.set_default_timeout(60_000)
-            page.goto(url, wait_until="domcontentloaded", timeout=120_000)
-            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
+            goto_notebook(page, url)
             # Should the kernel dialog show anyway (settings not picked up), accept the default.
             select = page.locator(".jp-Dialog button.jp-mod-accept", has_text="Select")
             with contextlib.suppress(sync_api.TimeoutError):

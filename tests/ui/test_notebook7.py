@@ -17,8 +17,6 @@ from pathlib import Path
 import pytest
 from tests.ui.test_browser import (
     ARTIFACTS,
-    BROWSER_ARGS,
-    CHROMIUM,
     IDLE,
     NOTEBOOK,
     ROOT,
@@ -28,9 +26,11 @@ from tests.ui.test_browser import (
     _require_browser,
     _step,
     assert_rendered_cleanly,
+    goto_notebook,
     interrupt_and_close,
     jupyter_server,
     menu,
+    open_page,
     wait_for_live_step,
 )
 
@@ -65,17 +65,9 @@ def test_quickstart_dashboard_is_live_in_notebook7(notebook7: tuple[str, Path]) 
         (ARTIFACTS / stale).unlink(missing_ok=True)
     console_errors: list[str] = []
     with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=BROWSER_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 2600})
-        page.on(
-            "console",
-            lambda msg: console_errors.append(msg.text) if msg.type == "error" else None,
-        )
-        page.on("pageerror", lambda exc: console_errors.append(f"pageerror: {exc}"))
+        browser, page = open_page(p, console_errors)
         try:
-            page.set_default_timeout(60_000)
-            page.goto(url, wait_until="domcontentloaded", timeout=120_000)
-            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
+            goto_notebook(page, url)
             page.wait_for_selector(IDLE, timeout=120_000)
             menu(page, "Run", "Run All Cells")
             wait_for_live_step(page)
