@@ -132,6 +132,8 @@ def run_block(
             kwargs["layer_every"] = 1
         elif mode == "attach_no_layers":
             kwargs["layer_every"] = 0
+        elif mode == "attach_slow_sampler":
+            kwargs["interval"] = 3600.0
         mon = nbmonitor.attach(model, opt, run_dir=tmp, display=False, **kwargs)
     elif mode == "naive_item":
         naive = NaiveItemHooks(model)
@@ -158,7 +160,10 @@ def run_block(
         mon.close()
     if naive is not None:
         naive.close()
-    return statistics.median(times)
+    return statistics.fmean(times) if STAT == "mean" else statistics.median(times)
+
+
+STAT = "mean"
 
 
 def main() -> int:
@@ -169,7 +174,10 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--json", help="write results here")
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--stat", default="mean", choices=["mean", "median"])
     args = ap.parse_args()
+    global STAT
+    STAT = args.stat
     results: dict[str, Any] = {
         "machine": f"{platform.node()} {platform.processor() or platform.machine()}, "
         f"{torch.get_num_threads()} torch threads",

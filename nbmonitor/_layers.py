@@ -87,42 +87,55 @@ class LayerStats:
     # -- input ---------------------------------------------------------------------------------
 
     def _group_norms(self, per_param: FloatArray) -> FloatArray:
+        """Layer norms from parameter norms; works on one vector or on rows (steps x params)."""
         if self.group_by == "param":
             return per_param
         squares = np.where(np.isnan(per_param), 0.0, per_param**2)
         # A module whose parameters all lack a gradient stays NaN rather than reading 0.
-        has = self._group @ (~np.isnan(per_param)).astype(np.float64) > 0
-        out = np.sqrt(self._group @ squares)
+        has = (~np.isnan(per_param)).astype(np.float64) @ self._group.T > 0
+        out = np.sqrt(squares @ self._group.T)
         out[~has] = np.nan
         return out
 
-    def add_grad_norms(
-        self, step: int, norms: FloatArray, index: tuple[int, ...] | None
-    ) -> FloatArray:
-        """Take one step's per-parameter norms; returns them per tracked parameter (NaN = none)."""
-        per_param = np.full(len(self.params), np.nan)
-        if index is None:
-            per_param[: len(norms)] = norms
-        else:
-            per_param[list(index)] = norms
-        self.seen |= ~np.isnan(per_param)
-        bad_forward = self.first_bad_forward
-        if bad_forward is not None and bad_forward[0] <= step and np.all(np.isfinite(norms)):
-            self.first_bad_forward = None  # gradients are finite again: that episode is over
-        layer = self._group_norms(per_param)
-        self.latest_grad = layer
-        self.last_step = step
-        slot = self._count % self._recent
-        self._recent_norms[:, slot] = layer
-        self._recent_steps[slot] = step
-        self._count += 1
-        self._add_heat(step, layer)
-        return per_param
+    def add_grad_norms(self, step: int, norms: FloatArray, index: tuple[int, ...] | None) -> None:
+        """Take one step's per-parameter norms (``index``: which parameters, None = all)."""
+        self.add_grad_norm_rows([step], np.asarray(norms, dtype=np.float64)[None, :], index)
 
-    def _add_heat(self, step: int, layer: FloatArray) -> None:
+    def add_grad_norm_rows(
+        self, steps: Sequence[int], norms: FloatArray, index: tuple[int, ...] | None
+    ) -> None:
+        """Take consecutive steps' per-parameter norms at once, one row per step (a tick
+        brings tens of steps; one numpy pass over all of them keeps the sampler cheap)."""
+        k = len(steps)
+        if k == 0:
+            return
+        per_param = np.full((k, len(self.params)), np.nan)
+        if index is None:
+            per_param[:, : norms.shape[1]] = norms
+        else:
+            per_param[:, list(index)] = norms
+        self.seen |= ~np.isnan(per_param).all(axis=0)
+        step_arr = np.asarray(steps, dtype=np.float64)
+        bad_forward = self.first_bad_forward
+        if bad_forward is not None:
+            finite = np.isfinite(norms).all(axis=1)
+            if np.any(finite & (step_arr >= bad_forward[0])):
+                self.first_bad_forward = None  # gradients are finite again: episode over
+        layer = self._group_norms(per_param)
+        self.latest_grad = layer[-1].copy()
+        self.last_step = int(steps[-1])
+        keep = min(k, self._recent)
+        slots = (self._count + np.arange(k - keep, k)) % self._recent
+        self._recent_norms[:, slots] = layer[k - keep :].T
+        self._recent_steps[slots] = step_arr[k - keep :]
+        self._count += k
         with np.errstate(divide="ignore", invalid="ignore"):
             logs = np.log10(layer)
         logs[~np.isfinite(logs)] = np.nan
+        for step, row in zip(step_arr, logs, strict=True):
+            self._add_heat(float(step), row)
+
+    def _add_heat(self, step: float, logs: FloatArray) -> None:
         if self._in_bucket == 0:
             if self._heat_used == self._columns:
                 self._merge_pairs()
@@ -181,10 +194,14 @@ class LayerStats:
 
     def recent(self) -> tuple[FloatArray, FloatArray]:
         """(steps, layers x steps grad norms) of the recent window, oldest first."""
-        n = min(self._count, self._recent)
-        start = self._count - n
-        order = [(start + i) % self._recent for i in range(n)]
-        return self._recent_steps[order].copy(), self._recent_norms[:, order].copy()
+        if self._count <= self._recent:
+            n = self._count
+            return self._recent_steps[:n].copy(), self._recent_norms[:, :n].copy()
+        # The ring is full: the oldest entry is the next slot to be written.
+        slot = self._count % self._recent
+        steps = np.concatenate((self._recent_steps[slot:], self._recent_steps[:slot]))
+        norms = np.concatenate((self._recent_norms[:, slot:], self._recent_norms[:, :slot]), axis=1)
+        return steps, norms
 
     def heatmap(self) -> tuple[FloatArray, FloatArray]:
         """(steps, layers x columns log10 grad norm) over the whole run, NaN where unknown."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import datetime as _dt
-import functools
 import math
 import os
 import platform
@@ -19,7 +18,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -50,6 +49,14 @@ DEVICE_SERIES = ("util_percent", "mem_used_bytes", "temperature_c", "power_w")
 MAX_POINTS = 2000
 # Views are refreshed at most this often, whatever the sampling interval.
 PUBLISH_EVERY_S = 0.25
+# The most of one core that the health rules and the view may take on scheduled ticks (see
+# Source): the rules cost ~1 ms for 50 layers and a dashboard frame 1-20 ms, which at every
+# 0.5 s tick would be 0.2 % and up to 4 % of a core, taken from the training loop.
+HEALTH_SHARE = 0.002
+VIEW_SHARE = 0.01
+# The health rules see the steps since their last run plus this many before them, at most
+# HEALTH_WINDOW_MAX in all.
+HEALTH_WINDOW_MAX = 8192
 MAX_ALERTS = 200
 # Parameter norms and update ratios are measured every this many steps by default: a copy of
 # the parameters across optimizer.step() is the costly part (see docs/performance.md).
@@ -177,6 +184,7 @@ class Monitor:
         self._no_grad_checked = False
         self._nonfinite_reported = False
         self._copy_skip_reported = False
+        self._health_step = 0
         self._steps = Store()
         self._system = Store()
         self._assembler = StepAssembler()
@@ -189,12 +197,12 @@ class Monitor:
         self._sources = [
             Source("sample", self._sample, self.errors_log),
             Source("records", self._collect, self.errors_log),
-            Source("health", self._check_health, self.errors_log),
+            Source("health", self._check_health, self.errors_log, share=HEALTH_SHARE),
             Source("runlog", self._persist, self.errors_log),
-            Source("view", self._publish, self.errors_log),
+            Source("view", self._publish, self.errors_log, share=VIEW_SHARE),
         ]
         self._add_alerts(check_setup(model, optimizer, step=0, time=self._start))
-        self._thread = SamplerThread(self.tick, self.interval)
+        self._thread = SamplerThread(self._scheduled_tick, self.interval)
         self._setup_views(display)
 
     # -- construction helpers --------------------------------------------------------------
@@ -413,12 +421,18 @@ class Monitor:
     # -- the sampler's work ----------------------------------------------------------------------
 
     def tick(self) -> None:
-        """One sampler iteration, synchronously: sample, collect, persist, publish."""
+        """One sampler iteration, synchronously: sample, collect, check, persist, publish."""
+        self._tick(paced=False)
+
+    def _scheduled_tick(self) -> None:
+        self._tick(paced=True)
+
+    def _tick(self, paced: bool) -> None:
         with self._tick_lock:
             if self._closed:
                 return
             for source in self._sources:
-                source()
+                source(paced)
 
     def _sample(self) -> None:
         notes = getattr(self.backend, "notes", None)
@@ -449,18 +463,30 @@ class Monitor:
         layers, assembler = self._layers, self._assembler
         # In step order, and a step's forward measurements before its gradients, so that a
         # non-finite gradient report names the module of its own episode.
-        work: list[tuple[int, int, Callable[[], None]]] = [
-            (record.step, 0, functools.partial(self._take_aux, record, values))
-            for record, values in assembler.aux
+        work: list[tuple[int, int, AuxRecord | LayerNorms, list[float]]] = [
+            (record.step, 0, record, values) for record, values in assembler.aux
         ]
-        work += [
-            (item.step, 1, functools.partial(self._take_norms, item))
-            for item in assembler.layer_norms
-        ]
+        work += [(item.step, 1, item, []) for item in assembler.layer_norms]
         assembler.aux.clear()
         assembler.layer_norms.clear()
-        for _, _, take in sorted(work, key=lambda w: (w[0], w[1])):
-            take()
+        run: list[LayerNorms] = []  # consecutive finite steps, taken in one pass
+        for _, _, item, values in sorted(work, key=lambda w: (w[0], w[1])):
+            if isinstance(item, LayerNorms):
+                finite = bool(np.all(np.isfinite(item.norms)))
+                if finite and (not run or run[0].index == item.index):
+                    run.append(item)
+                    continue
+                self._take_norm_run(run)
+                if finite:
+                    run = [item]
+                    continue
+                run = []
+                self._take_norms(item)
+            else:
+                self._take_norm_run(run)
+                run = []
+                self._take_aux(item, values)
+        self._take_norm_run(run)
         if self._hooks.update_copy_skipped and not self._copy_skip_reported:
             self._copy_skip_reported = True
             self._add_alerts(
@@ -502,6 +528,12 @@ class Monitor:
         elif record.kind == "activations":
             layers.add_activations(record.names, values)
 
+    def _take_norm_run(self, run: list[LayerNorms]) -> None:
+        if run:
+            self._nonfinite_reported = False
+            norms = np.stack([item.norms for item in run])
+            self._layers.add_grad_norm_rows([item.step for item in run], norms, run[0].index)
+
     def _take_norms(self, item: LayerNorms) -> None:
         layers = self._layers
         # Reported once when gradients turn non-finite, again only after they recovered.
@@ -524,8 +556,11 @@ class Monitor:
 
     def _check_health(self) -> None:
         steps = self._steps
+        # Paced, the rules may run seconds apart: they get every step since their last run.
+        window = min(HEALTH_WINDOW + self._hooks.step - self._health_step, HEALTH_WINDOW_MAX)
+        self._health_step = self._hooks.step
         columns: dict[str, npt.NDArray[np.float64]] = {
-            key: steps.tail(key, HEALTH_WINDOW)
+            key: steps.tail(key, window)
             for key in ("step", "loss", "grad_norm")
             if key in steps.columns
         }

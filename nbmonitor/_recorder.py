@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 
@@ -47,13 +49,22 @@ class DeviceValue:
         if self._event is not None:
             self._event.synchronize()
 
-    def values(self) -> list[float]:
-        flat = self._host.reshape(-1)
+    def _flat(self) -> torch.Tensor:
+        # reshape() costs microseconds even when it changes nothing, and a tick reads hundreds
+        # of these: the packed values are 1-D already.
+        flat = self._host if self._host.dim() == 1 else self._host.reshape(-1)
         if flat.is_mps:
             flat = flat.cpu()
         if flat.dtype not in (torch.float32, torch.float64):
             flat = flat.to(torch.float64)
-        return [float(v) for v in flat.tolist()]
+        return flat
+
+    def values(self) -> list[float]:
+        return [float(v) for v in self._flat().tolist()]
+
+    def array(self) -> npt.NDArray[np.float64]:
+        """The values as a new float64 array (for many values, cheaper than ``values()``)."""
+        return self._flat().numpy().astype(np.float64)
 
 
 def to_device_value(values: list[torch.Tensor]) -> DeviceValue:

@@ -57,16 +57,36 @@ class ErrorLog:
 
 
 class Source:
-    """One guarded part of a tick."""
+    """One guarded part of a tick.
 
-    def __init__(self, name: str, fn: Callable[[], None], errors: ErrorLog) -> None:
+    A source with a ``share`` is paced: on scheduled ticks it runs only once the time since
+    its last run is at least its last duration divided by ``share``, so that it never takes
+    more than that fraction of one core however large the model or the run grows.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        fn: Callable[[], None],
+        errors: ErrorLog,
+        share: float | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if share is not None and not 0 < share <= 1:
+            raise ValueError(f"share must be in (0, 1], got {share}")
         self.name = name
         self._fn = fn
         self._errors = errors
         self._in_a_row = 0
+        self._share = share
+        self._clock = clock
+        self._next_run = -float("inf")
 
-    def __call__(self) -> None:
+    def __call__(self, paced: bool = False) -> None:
         if self.name in self._errors.disabled:
+            return
+        start = self._clock()
+        if paced and self._share is not None and start < self._next_run:
             return
         try:
             self._fn()
@@ -76,6 +96,9 @@ class Source:
             self._errors.add(self.name, exc)
             if self._in_a_row >= MAX_FAILURES_IN_A_ROW:
                 self._errors.disabled.add(self.name)
+        finally:
+            if self._share is not None:
+                self._next_run = start + (self._clock() - start) / self._share
 
 
 class SamplerThread:

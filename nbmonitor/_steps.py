@@ -83,7 +83,7 @@ class StepAssembler:
             value = lr.values()[0] if isinstance(lr, DeviceValue) else lr
             row["lr" if i == 0 else f"lr_group{i}"] = value
         if record.norms is not None:
-            norms = np.asarray(record.norms.values(), dtype=np.float64)
+            norms = record.norms.array()
             if record.norms_squared:
                 norms = np.sqrt(norms)
             # The total norm from the per-tensor ones; NaN/Inf in any of them carries through.

@@ -260,6 +260,42 @@ def test_heatmap_stays_bounded_and_keeps_spikes():
     assert recent.shape == (3, 64) and recent_steps[-1] == 1000
 
 
+def test_rows_taken_at_once_match_rows_taken_one_by_one():
+    # The sampler takes a tick's steps in one pass; the result must not depend on it.
+    params = [
+        ParamInfo(name, (2,), 2, "float32", "cpu", True, True)
+        for name in ("a.weight", "a.bias", "b.weight", "c.weight")
+    ]
+    rng = np.random.default_rng(0)
+    norms = rng.lognormal(size=(300, 3))
+    norms[40:45, 1] = np.nan  # b.weight without a gradient for a while
+    one, many = (LayerStats(params, group_by="module", recent=64, columns=8) for _ in range(2))
+    index = (0, 2, 3)
+    for step, row in enumerate(norms, start=1):
+        one.add_grad_norms(step, row, index)
+    for start in range(0, 300, 37):
+        chunk = norms[start : start + 37]
+        many.add_grad_norm_rows(list(range(start + 1, start + 1 + len(chunk))), chunk, index)
+    for a, b in zip(one.recent() + one.heatmap(), many.recent() + many.heatmap(), strict=True):
+        np.testing.assert_allclose(a, b)
+    np.testing.assert_allclose(one.latest_grad, many.latest_grad)
+    np.testing.assert_array_equal(one.seen, many.seen)
+    assert many.seen.tolist() == [True, False, True, True]
+    assert many.names == ("a", "b", "c") and np.isfinite(many.latest_grad).all()
+
+
+@pytest.mark.parametrize("steps", [5, 64, 100, 128, 1001])
+def test_recent_window_is_oldest_first_and_aligned(steps):
+    params = [ParamInfo(f"p{i}", (2,), 2, "float32", "cpu", True, True) for i in range(2)]
+    stats = LayerStats(params, recent=64, columns=16)
+    for step in range(1, steps + 1):
+        stats.add_grad_norms(step, np.array([float(step), 2.0 * step]), None)
+    recent_steps, recent = stats.recent()
+    expected = np.arange(max(1, steps - 63), steps + 1, dtype=np.float64)
+    np.testing.assert_array_equal(recent_steps, expected)
+    np.testing.assert_array_equal(recent, np.stack([expected, 2 * expected]))
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [

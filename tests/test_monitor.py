@@ -478,3 +478,35 @@ def test_internal_failure_in_log_is_counted_not_raised(model, tmp_path, monkeypa
         mon.log(loss=1.0)  # must not raise
         assert mon.status == "degraded"
         assert any("log: RuntimeError: device went away" in e for e in mon.errors)
+
+
+def test_scheduled_ticks_pace_the_health_rules_but_tick_runs_them(model, tmp_path):
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with attach(model, opt, tmp_path) as mon:
+        checks = []
+        check = mon._health.check
+
+        def counting(inp):
+            checks.append(inp)
+            return check(inp)
+
+        mon._health.check = counting
+        train(model, opt, mon, 3)
+        mon._scheduled_tick()
+        mon._scheduled_tick()  # right after: the rules' share of time says wait
+        assert len(checks) == 1
+        mon.tick()
+        assert len(checks) == 2
+
+
+def test_paced_health_judges_steps_beyond_the_window(model, tmp_path, monkeypatch):
+    monkeypatch.setattr("nbmonitor._monitor.HEALTH_WINDOW", 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with attach(model, opt, tmp_path) as mon:
+        seen = []
+        check = mon._health.check
+        mon._health.check = lambda inp: seen.append(len(inp.steps["step"])) or check(inp)
+        train(model, opt, mon, 10)
+        mon.tick()
+    # Every final row (the 10th step's row stays open until a later step ends), not just 4.
+    assert seen[0] == 9

@@ -1,0 +1,76 @@
+"""Sources of a tick: error accounting and pacing."""
+
+from __future__ import annotations
+
+import pytest
+
+from nbmonitor._sampler import MAX_FAILURES_IN_A_ROW, ErrorLog, Source
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def costly(clock: Clock, seconds: float, calls: list[float]):
+    def fn() -> None:
+        calls.append(clock.now)
+        clock.now += seconds
+
+    return fn
+
+
+def test_paced_source_keeps_to_its_share_of_time():
+    clock, calls = Clock(), []
+    source = Source("health", costly(clock, 0.002, calls), ErrorLog(), share=0.01, clock=clock)
+    source(paced=True)  # took 2 ms: the next paced run is due 0.2 s after this one began
+    for _ in range(3):
+        clock.now += 0.05
+        source(paced=True)
+    assert len(calls) == 1
+    clock.now = 100.2
+    source(paced=True)
+    assert len(calls) == 2
+
+
+def test_unpaced_calls_always_run():
+    clock, calls = Clock(), []
+    source = Source("view", costly(clock, 0.5, calls), ErrorLog(), share=0.01, clock=clock)
+    for _ in range(3):
+        source(paced=False)
+    assert len(calls) == 3
+
+
+def test_source_without_share_runs_on_every_tick():
+    clock, calls = Clock(), []
+    source = Source("sample", costly(clock, 0.5, calls), ErrorLog(), clock=clock)
+    for _ in range(3):
+        source(paced=True)
+    assert len(calls) == 3
+
+
+def test_failing_paced_source_is_paced_and_disabled_after_failures_in_a_row():
+    clock, errors = Clock(), ErrorLog()
+
+    def fail() -> None:
+        clock.now += 0.001
+        raise ValueError("broken")
+
+    source = Source("health", fail, errors, share=0.01, clock=clock)
+    source(paced=True)
+    source(paced=True)  # too soon after the failed run: not even attempted
+    assert errors.counts == {"health": 1}
+    for _ in range(MAX_FAILURES_IN_A_ROW):
+        clock.now += 1.0
+        source(paced=True)
+    assert "health" in errors.disabled
+    assert errors.counts["health"] == MAX_FAILURES_IN_A_ROW
+
+
+@pytest.mark.parametrize("share", [0.0, -0.1, 1.5])
+def test_share_must_be_a_fraction(share):
+    with pytest.raises(ValueError, match="share"):
+        Source("x", lambda: None, ErrorLog(), share=share)
