@@ -10,7 +10,8 @@ baseline block of the same round), for two block statistics: the median step tim
     python benchmarks/overhead.py --rounds 12 --steps 60 --modes baseline attach naive_item
     python benchmarks/overhead.py --tasks tiny --steps 400   # bookkeeping alone, in us
 
-Modes: baseline (no monitor), attach (defaults), attach_layer_every_1 (parameter norms and update
+Modes: baseline (no monitor), attach (defaults), attach_dashboard (defaults with the notebook
+dashboard as the view), attach_layer_every_1 (parameter norms and update
 ratios every step), attach_no_layers (layer_every=0), naive_item (a per-parameter hook that calls
 .item() on each gradient norm, for comparison).
 """
@@ -139,6 +140,10 @@ def run_block(
         elif mode == "attach_slow_sampler":
             kwargs["interval"] = 3600.0
         mon = nbmonitor.attach(model, opt, run_dir=tmp, display=False, **kwargs)
+        if mode == "attach_dashboard":
+            # What a notebook runs at defaults: the widget dashboard instead of the console
+            # line (no front-end here, but frames are built and widget state serialised).
+            mon._views = (mon._make_dashboard(),)
     elif mode == "naive_item":
         naive = NaiveItemHooks(model)
     cuda = next(model.parameters()).is_cuda

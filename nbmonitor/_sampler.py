@@ -59,9 +59,10 @@ class ErrorLog:
 class Source:
     """One guarded part of a tick.
 
-    A source with a ``share`` is paced: on scheduled ticks it runs only once the time since
-    its last run is at least its last duration divided by ``share``, so that it never takes
-    more than that fraction of one core however large the model or the run grows.
+    A source with a ``share`` is paced: on scheduled ticks it runs only once the time since its
+    last run is at least the CPU time that run took divided by ``share`` (and at most
+    ``max_gap`` seconds), so that it takes about that fraction of one core however large the
+    model or the run grows. CPU time, not wall time: waiting for the GIL is not a cost.
     """
 
     def __init__(
@@ -70,7 +71,9 @@ class Source:
         fn: Callable[[], None],
         errors: ErrorLog,
         share: float | None = None,
-        clock: Callable[[], float] = time.perf_counter,
+        max_gap: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+        cpu_clock: Callable[[], float] = time.thread_time,
     ) -> None:
         if share is not None and not 0 < share <= 1:
             raise ValueError(f"share must be in (0, 1], got {share}")
@@ -79,7 +82,9 @@ class Source:
         self._errors = errors
         self._in_a_row = 0
         self._share = share
+        self._max_gap = max_gap
         self._clock = clock
+        self._cpu_clock = cpu_clock
         self._next_run = -float("inf")
 
     def __call__(self, paced: bool = False) -> None:
@@ -88,6 +93,7 @@ class Source:
         start = self._clock()
         if paced and self._share is not None and start < self._next_run:
             return
+        cpu = self._cpu_clock()
         try:
             self._fn()
             self._in_a_row = 0
@@ -98,7 +104,8 @@ class Source:
                 self._errors.disabled.add(self.name)
         finally:
             if self._share is not None:
-                self._next_run = start + (self._clock() - start) / self._share
+                gap = (self._cpu_clock() - cpu) / self._share
+                self._next_run = start + min(gap, self._max_gap)
 
 
 class SamplerThread:

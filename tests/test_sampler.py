@@ -25,7 +25,9 @@ def costly(clock: Clock, seconds: float, calls: list[float]):
 
 def test_paced_source_keeps_to_its_share_of_time():
     clock, calls = Clock(), []
-    source = Source("health", costly(clock, 0.002, calls), ErrorLog(), share=0.01, clock=clock)
+    source = Source(
+        "health", costly(clock, 0.002, calls), ErrorLog(), share=0.01, clock=clock, cpu_clock=clock
+    )
     source(paced=True)  # took 2 ms: the next paced run is due 0.2 s after this one began
     for _ in range(3):
         clock.now += 0.05
@@ -38,7 +40,9 @@ def test_paced_source_keeps_to_its_share_of_time():
 
 def test_unpaced_calls_always_run():
     clock, calls = Clock(), []
-    source = Source("view", costly(clock, 0.5, calls), ErrorLog(), share=0.01, clock=clock)
+    source = Source(
+        "view", costly(clock, 0.5, calls), ErrorLog(), share=0.01, clock=clock, cpu_clock=clock
+    )
     for _ in range(3):
         source(paced=False)
     assert len(calls) == 3
@@ -46,7 +50,7 @@ def test_unpaced_calls_always_run():
 
 def test_source_without_share_runs_on_every_tick():
     clock, calls = Clock(), []
-    source = Source("sample", costly(clock, 0.5, calls), ErrorLog(), clock=clock)
+    source = Source("sample", costly(clock, 0.5, calls), ErrorLog(), clock=clock, cpu_clock=clock)
     for _ in range(3):
         source(paced=True)
     assert len(calls) == 3
@@ -59,7 +63,7 @@ def test_failing_paced_source_is_paced_and_disabled_after_failures_in_a_row():
         clock.now += 0.001
         raise ValueError("broken")
 
-    source = Source("health", fail, errors, share=0.01, clock=clock)
+    source = Source("health", fail, errors, share=0.01, clock=clock, cpu_clock=clock)
     source(paced=True)
     source(paced=True)  # too soon after the failed run: not even attempted
     assert errors.counts == {"health": 1}
@@ -68,6 +72,32 @@ def test_failing_paced_source_is_paced_and_disabled_after_failures_in_a_row():
         source(paced=True)
     assert "health" in errors.disabled
     assert errors.counts["health"] == MAX_FAILURES_IN_A_ROW
+
+
+def test_one_slow_run_pauses_a_paced_source_for_max_gap_at_most():
+    clock, calls = Clock(), []
+    source = Source(
+        "view", costly(clock, 1.0, calls), ErrorLog(), share=0.01, clock=clock, cpu_clock=clock
+    )
+    source(paced=True)  # 1 s of CPU would mean 100 s at a 1 % share: capped at 5 s
+    clock.now += 3.9
+    source(paced=True)
+    assert len(calls) == 1
+    clock.now += 0.2
+    source(paced=True)
+    assert len(calls) == 2
+
+
+def test_waiting_is_not_cost():
+    # Wall time passes (the GIL is busy elsewhere) but the source used no CPU of its own.
+    wall, cpu, calls = Clock(), Clock(), []
+    source = Source(
+        "view", costly(wall, 1.0, calls), ErrorLog(), share=0.01, clock=wall, cpu_clock=cpu
+    )
+    source(paced=True)
+    wall.now += 0.001
+    source(paced=True)
+    assert len(calls) == 2
 
 
 @pytest.mark.parametrize("share", [0.0, -0.1, 1.5])
