@@ -461,14 +461,18 @@ class Hooks:
         elif self._dot_plan is not None:
             big, small, order = self._dot_plan
             try:
-                squares = [torch.dot(g, g) for g in (grads[i].reshape(-1) for i in big)]
+                # Each op costs microseconds of dispatch on the CPU: one per large tensor, and
+                # a fixed few for all the small ones together.
+                squares = torch.stack(
+                    [torch.dot(g, g) for g in (grads[i].reshape(-1) for i in big)]
+                )
                 if small:
-                    norms = torch._foreach_norm([grads[i] for i in small], 2)
-                    squares.extend(torch._foreach_mul(norms, norms))
+                    norms = torch._foreach_norm([grads[i] for i in small], 2, dtype=torch.float32)
+                    squares = torch.cat((squares, torch.stack(norms).square()))
             except (RuntimeError, NotImplementedError):
                 pass  # a sparse or odd gradient this step: the general path below
             else:
-                self._pending_norms = (DeviceValue(torch.stack(squares)), order)
+                self._pending_norms = (DeviceValue(squares), order)
                 self._pending_squared = True
                 return
         self._pending_norms = (grad_norms(grads), which)
