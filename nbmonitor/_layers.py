@@ -132,21 +132,27 @@ class LayerStats:
         with np.errstate(divide="ignore", invalid="ignore"):
             logs = np.log10(layer)
         logs[~np.isfinite(logs)] = np.nan
-        for step, row in zip(step_arr, logs, strict=True):
-            self._add_heat(float(step), row)
+        self._add_heat(step_arr, logs)
 
-    def _add_heat(self, step: float, logs: FloatArray) -> None:
-        if self._in_bucket == 0:
-            if self._heat_used == self._columns:
-                self._merge_pairs()
-            col = self._heat_used
-            self._heat[:, col] = logs
-            self._heat_steps[col] = step
-            self._heat_used += 1
-        else:
-            col = self._heat_used - 1
-            self._heat[:, col] = np.fmax(self._heat[:, col], logs)
-        self._in_bucket = (self._in_bucket + 1) % self._width
+    def _add_heat(self, steps: FloatArray, logs: FloatArray) -> None:
+        """Max-merge rows of log10 norms into heatmap columns of ``_width`` steps each."""
+        r, k = 0, len(steps)
+        while r < k:
+            if self._in_bucket == 0:
+                if self._heat_used == self._columns:
+                    self._merge_pairs()
+                take = min(self._width, k - r)
+                col = self._heat_used
+                self._heat[:, col] = np.fmax.reduce(logs[r : r + take], axis=0)
+                self._heat_steps[col] = steps[r]
+                self._heat_used += 1
+            else:
+                take = min(self._width - self._in_bucket, k - r)
+                col = self._heat_used - 1
+                chunk = np.fmax.reduce(logs[r : r + take], axis=0)
+                self._heat[:, col] = np.fmax(self._heat[:, col], chunk)
+            self._in_bucket = (self._in_bucket + take) % self._width
+            r += take
 
     def _merge_pairs(self) -> None:
         half = self._columns // 2

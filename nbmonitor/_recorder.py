@@ -21,10 +21,11 @@ import torch
 class DeviceValue:
     """A tensor of one or more scalars on its way to the host, readable once ``ready()``."""
 
-    __slots__ = ("_event", "_host")
+    __slots__ = ("_array", "_event", "_host")
 
     def __init__(self, tensor: torch.Tensor) -> None:
         t = tensor.detach()
+        self._array: npt.NDArray[np.float64] | None = None
         if t.is_cuda:
             # A non-blocking device-to-host copy lands in pinned memory; the event tells the sampler
             # when it has arrived without a synchronize() on the training thread.
@@ -38,6 +39,13 @@ class DeviceValue:
             self._host = t
             self._event = None
         else:
+            # On the CPU reading a value is a memory read with nothing to wait for: a copy now
+            # (about a microsecond) keeps what was logged even if the tensor is changed in
+            # place later, and spares the sampler a torch call per value, each of which hands
+            # the GIL to the training thread and waits to get it back.
+            if t.dtype not in (torch.float32, torch.float64):
+                t = t.to(torch.float64)
+            self._array = t.numpy().reshape(-1).astype(np.float64)
             self._host = t
             self._event = None
 
@@ -50,8 +58,7 @@ class DeviceValue:
             self._event.synchronize()
 
     def _flat(self) -> torch.Tensor:
-        # reshape() costs microseconds even when it changes nothing, and a tick reads hundreds
-        # of these: the packed values are 1-D already.
+        # reshape() costs microseconds even when it changes nothing: packed values are 1-D.
         flat = self._host if self._host.dim() == 1 else self._host.reshape(-1)
         if flat.is_mps:
             flat = flat.cpu()
@@ -60,10 +67,15 @@ class DeviceValue:
         return flat
 
     def values(self) -> list[float]:
+        if self._array is not None:
+            values: list[float] = self._array.tolist()
+            return values
         return [float(v) for v in self._flat().tolist()]
 
     def array(self) -> npt.NDArray[np.float64]:
-        """The values as a new float64 array (for many values, cheaper than ``values()``)."""
+        """The values as a float64 array of the caller's own (cheaper than ``values()``)."""
+        if self._array is not None:
+            return self._array.copy()
         return self._flat().numpy().astype(np.float64)
 
 

@@ -83,11 +83,11 @@ class StepAssembler:
             value = lr.values()[0] if isinstance(lr, DeviceValue) else lr
             row["lr" if i == 0 else f"lr_group{i}"] = value
         if record.norms is not None:
-            norms = record.norms.array()
-            if record.norms_squared:
-                norms = np.sqrt(norms)
+            values = record.norms.array()
+            squares = values if record.norms_squared else values * values
             # The total norm from the per-tensor ones; NaN/Inf in any of them carries through.
-            row["grad_norm"] = float(np.sqrt(np.sum(norms * norms)))
+            row["grad_norm"] = math.sqrt(squares.sum())
+            norms = np.sqrt(values, out=values) if record.norms_squared else values
             self.layer_norms.append(LayerNorms(record.step, norms, record.norm_index))
         self._last_ended = max(self._last_ended, record.step)
 

@@ -149,6 +149,24 @@ def test_log_accepts_tensors_numbers_and_keeps_non_finite(model, tmp_path):
     assert math.isnan(h["e"][0]) and h["f"][0] == math.inf and h["g"][0] == 2.0
 
 
+def test_logged_tensor_changed_in_place_afterwards_keeps_the_logged_value(model, tmp_path):
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    total = torch.zeros(())
+    lr = torch.tensor(0.01)
+    opt.param_groups[0]["lr"] = lr
+    with attach(model, opt, tmp_path) as mon:
+        for i in range(3):
+            model(torch.randn(2, 8)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            total += 1.0  # a running total, logged and then changed again
+            mon.log(running=total)
+            lr.mul_(0.5)  # a scheduler that changes the lr tensor in place
+        h = mon.history()
+    assert h["running"].tolist() == [1.0, 2.0, 3.0]
+    assert h["lr"].tolist() == pytest.approx([0.01, 0.005, 0.0025])
+
+
 def test_several_values_in_one_step_are_averaged(model, tmp_path):
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     with attach(model, opt, tmp_path) as mon:
