@@ -155,7 +155,7 @@ def test_logged_tensor_changed_in_place_afterwards_keeps_the_logged_value(model,
     lr = torch.tensor(0.01)
     opt.param_groups[0]["lr"] = lr
     with attach(model, opt, tmp_path) as mon:
-        for i in range(3):
+        for _ in range(3):
             model(torch.randn(2, 8)).sum().backward()
             opt.step()
             opt.zero_grad()
