@@ -172,6 +172,17 @@ def run_block(
     return {"median": statistics.median(times), "mean": statistics.fmean(times)}
 
 
+def environment() -> dict[str, Any]:
+    """Where and when a result was measured."""
+    return {
+        "machine": f"{platform.node()} {platform.processor() or platform.machine()}, "
+        f"{torch.get_num_threads()} torch threads",
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+    }
+
+
 def compare(base: list[float], other: list[float]) -> dict[str, Any]:
     """Per-round ratios of ``other`` to the baseline block of the same round, summarised."""
     ratios = [b / a for a, b in zip(base, other, strict=True)]
@@ -196,11 +207,7 @@ def main() -> int:
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     args = ap.parse_args()
     results: dict[str, Any] = {
-        "machine": f"{platform.node()} {platform.processor() or platform.machine()}, "
-        f"{torch.get_num_threads()} torch threads",
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "date": time.strftime("%Y-%m-%d"),
+        **environment(),
         "rounds": args.rounds,
         "steps_per_block": args.steps,
         "device": args.device,

@@ -6,10 +6,10 @@ copy without a monitor) alternate step by step (A B, B A, ...), so both see the 
 within one step, and the hooks' cost is the ratio of their step times.
 
 The sampler thread, started for A, slows whichever step it lands on, A's or B's alike, so that
-ratio leaves it out. Its share is measured on its own: every tick is timed, and the steps it
-overlapped are compared with the model's median step; the excess, summed over the run and
-divided by the run's time, is the fraction of training time the sampler took. The total
-overhead of attaching is the hooks' ratio plus that share.
+ratio leaves it out. Its share is measured on its own: every tick is timed, and the median of
+the steps it overlapped is compared with the median of the others; that excess, times the
+number of steps hit, over the run's time, is the fraction of training time the sampler took.
+The total overhead of attaching is the hooks' ratio plus that share.
 
     python benchmarks/paired.py                        # mlp20, mlp20_b64, gpt; 60 s each
     python benchmarks/paired.py --tasks mlp20 --seconds 120 --dashboard
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import tempfile
@@ -32,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import nbmonitor
 from nbmonitor import _monitor
-from overhead import make_task
+from overhead import environment, make_task
 
 WARMUP_PAIRS = 20
 
@@ -87,11 +86,14 @@ def measure(task: str, seconds: float, dashboard: bool, tmp: str) -> dict[str, A
     excess = 0.0
     hit = 0
     for which, times in (("A", a), ("B", b)):
-        clean = statistics.median(times)
-        for (s, e), t in zip(spans[which], times, strict=True):
-            if any(ts < e and te > s for ts, te in ticks):
-                hit += 1
-                excess += max(0.0, t - clean)
+        hits = [any(ts < e and te > s for ts, te in ticks) for s, e in spans[which]]
+        on = [t for t, h in zip(times, hits, strict=True) if h]
+        off = [t for t, h in zip(times, hits, strict=True) if not h]
+        if on and off:
+            # Medians, not means: a step that the VM stalls is no more the sampler's doing
+            # when a tick happens to overlap it.
+            hit += len(on)
+            excess += len(on) * max(0.0, statistics.median(on) - statistics.median(off))
     total = sum(a) + sum(b)
     hooks = statistics.median(a) / statistics.median(b) - 1
     sampler = excess / total
@@ -120,11 +122,7 @@ def main() -> int:
     ap.add_argument("--json", help="write results here")
     args = ap.parse_args()
     results: dict[str, Any] = {
-        "machine": f"{platform.node()} {platform.processor() or platform.machine()}, "
-        f"{torch.get_num_threads()} torch threads",
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "date": time.strftime("%Y-%m-%d"),
+        **environment(),
         "view": "dashboard" if args.dashboard else "console",
         "tasks": {},
     }
