@@ -52,9 +52,9 @@ PUBLISH_EVERY_S = 0.25
 # About the most of one core that the health rules and the view may take on scheduled ticks
 # (see Source): the rules cost ~1 ms for 50 layers and a dashboard frame 2-20 ms, which at
 # every 0.5 s tick would be 0.2 % and up to 4 % of a core, and while they hold the GIL the
-# training thread waits. Paced, the dashboard refreshes every 0.5-1 s (at most 5 s apart).
+# training thread waits. Paced, the dashboard refreshes about every 1-1.5 s (at most 5 s apart).
 HEALTH_SHARE = 0.001
-VIEW_SHARE = 0.005
+VIEW_SHARE = 0.0025
 # The health rules see the steps since their last run plus this many before them, at most
 # HEALTH_WINDOW_MAX in all.
 HEALTH_WINDOW_MAX = 8192
