@@ -509,7 +509,7 @@ class Hooks:
         for group in self.optimizer.param_groups:
             lr = group.get("lr", float("nan"))
             if isinstance(lr, torch.Tensor):
-                out.append(DeviceValue(lr.reshape(1)))
+                out.append(DeviceValue(lr))
             else:
                 out.append(float(lr))
         return tuple(out)

@@ -21,33 +21,40 @@ import torch
 class DeviceValue:
     """A tensor of one or more scalars on its way to the host, readable once ``ready()``."""
 
-    __slots__ = ("_array", "_event", "_host")
+    __slots__ = ("_array", "_event", "_host", "_scalar")
 
     def __init__(self, tensor: torch.Tensor) -> None:
-        t = tensor.detach()
         self._array: npt.NDArray[np.float64] | None = None
+        self._scalar: float | None = None
+        self._event: Any = None
+        if tensor.is_cpu:
+            # On the CPU a value is a memory read with nothing to wait for, so it is read now:
+            # a single value (a loss, an lr) as a float, which keeps what was logged even if
+            # the tensor is changed in place later; several values (always a tensor nbmonitor
+            # has just computed) as a numpy view. The sampler then makes no torch call for
+            # them (each one hands the GIL back and forth), and the training thread makes as
+            # few calls as possible: right after optimizer.step() each costs ~10 us here.
+            if tensor.numel() == 1:
+                self._scalar = float(tensor.detach())
+            else:
+                t = tensor.detach()
+                if t.dtype not in (torch.float32, torch.float64):
+                    t = t.to(torch.float64)
+                self._array = t.numpy()
+            self._host = tensor
+            return
+        t = tensor.detach()
         if t.is_cuda:
             # A non-blocking device-to-host copy lands in pinned memory; the event tells the sampler
             # when it has arrived without a synchronize() on the training thread.
             self._host = t.to("cpu", non_blocking=True)
             event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             event.record()
-            self._event: Any = event
-        elif t.is_mps:
+            self._event = event
+        else:
             # MPS has no event to poll and a non-blocking copy may be read before it lands, so
             # the tensor stays on the device and the sampler thread copies it (and waits).
             self._host = t
-            self._event = None
-        else:
-            # On the CPU reading a value is a memory read with nothing to wait for: a copy now
-            # (about a microsecond) keeps what was logged even if the tensor is changed in
-            # place later, and spares the sampler a torch call per value, each of which hands
-            # the GIL to the training thread and waits to get it back.
-            if t.dtype not in (torch.float32, torch.float64):
-                t = t.to(torch.float64)
-            self._array = t.numpy().reshape(-1).astype(np.float64)
-            self._host = t
-            self._event = None
 
     def ready(self) -> bool:
         return self._event is None or bool(self._event.query())
@@ -67,15 +74,19 @@ class DeviceValue:
         return flat
 
     def values(self) -> list[float]:
+        if self._scalar is not None:
+            return [self._scalar]
         if self._array is not None:
-            values: list[float] = self._array.tolist()
+            values: list[float] = self._array.reshape(-1).tolist()
             return values
         return [float(v) for v in self._flat().tolist()]
 
     def array(self) -> npt.NDArray[np.float64]:
         """The values as a float64 array of the caller's own (cheaper than ``values()``)."""
+        if self._scalar is not None:
+            return np.array([self._scalar])
         if self._array is not None:
-            return self._array.copy()
+            return self._array.reshape(-1).astype(np.float64)
         return self._flat().numpy().astype(np.float64)
 
 
