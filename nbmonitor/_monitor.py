@@ -52,7 +52,7 @@ PUBLISH_EVERY_S = 0.25
 # About the most of one core that the health rules and the view may take on scheduled ticks
 # (see Source): the rules cost ~1 ms for 50 layers and a dashboard frame 2-20 ms, which at
 # every 0.5 s tick would be 0.2 % and up to 4 % of a core, and while they hold the GIL the
-# training thread waits. Paced, the dashboard refreshes about every 1-1.5 s (at most 5 s apart).
+# training thread waits. Paced, the dashboard refreshes about every 1-1.5 s (at most 2 s apart).
 HEALTH_SHARE = 0.001
 VIEW_SHARE = 0.0025
 # The health rules see the steps since their last run plus this many before them, at most
@@ -200,7 +200,7 @@ class Monitor:
             Source("records", self._collect, self.errors_log),
             Source("health", self._check_health, self.errors_log, share=HEALTH_SHARE),
             Source("runlog", self._persist, self.errors_log),
-            Source("view", self._publish, self.errors_log, share=VIEW_SHARE),
+            Source("view", self._publish, self.errors_log, share=VIEW_SHARE, max_gap=2.0),
         ]
         self._add_alerts(check_setup(model, optimizer, step=0, time=self._start))
         self._thread = SamplerThread(self._scheduled_tick, self.interval)

@@ -7,7 +7,9 @@ repeated failures in a row, switched off, so one broken part never stops the oth
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import statistics
 import threading
 import time
 import traceback
@@ -15,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 MAX_FAILURES_IN_A_ROW = 5
+# A paced source's cost per run is the median of its last this many runs.
+PACE_RUNS = 5
 
 
 @dataclass(frozen=True)
@@ -60,9 +64,11 @@ class Source:
     """One guarded part of a tick.
 
     A source with a ``share`` is paced: on scheduled ticks it runs only once the time since its
-    last run is at least the CPU time that run took divided by ``share`` (and at most
-    ``max_gap`` seconds), so that it takes about that fraction of one core however large the
-    model or the run grows. CPU time, not wall time: waiting for the GIL is not a cost.
+    last run is at least its CPU time per run divided by ``share`` (and at most ``max_gap``
+    seconds), so that it takes about that fraction of one core however large the model or the
+    run grows. CPU time, not wall time: waiting for the GIL is not a cost. The cost per run is
+    the median of the last few, so that one slow run (the first frame, a garbage collection)
+    does not stall the dashboard for seconds.
     """
 
     def __init__(
@@ -86,6 +92,7 @@ class Source:
         self._clock = clock
         self._cpu_clock = cpu_clock
         self._next_run = -float("inf")
+        self._costs: collections.deque[float] = collections.deque(maxlen=PACE_RUNS)
 
     def __call__(self, paced: bool = False) -> None:
         if self.name in self._errors.disabled:
@@ -104,7 +111,8 @@ class Source:
                 self._errors.disabled.add(self.name)
         finally:
             if self._share is not None:
-                gap = (self._cpu_clock() - cpu) / self._share
+                self._costs.append(self._cpu_clock() - cpu)
+                gap = statistics.median(self._costs) / self._share
                 self._next_run = start + min(gap, self._max_gap)
 
 
