@@ -462,23 +462,16 @@ class Monitor:
 
     def _collect_layers(self) -> None:
         layers, assembler = self._layers, self._assembler
-        items = assembler.layer_norms
-        if items and not assembler.aux and all(i.index == items[0].index for i in items):
-            # The usual tick: only gradient norms, all finite, taken in one pass.
-            norms = np.stack([item.norms for item in items])
-            if np.isfinite(norms).all():
-                self._nonfinite_reported = False
-                layers.add_grad_norm_rows([i.step for i in items], norms, items[0].index)
-                items.clear()
-        # Otherwise in step order, and a step's forward measurements before its gradients, so
-        # that a non-finite gradient report names the module of its own episode.
+        # In step order, and a step's forward measurements before its gradients, so that a
+        # non-finite gradient report names the module of its own episode. Consecutive finite
+        # steps (the usual tick: all of them) are taken in one numpy pass.
         work: list[tuple[int, int, AuxRecord | LayerNorms, list[float]]] = [
             (record.step, 0, record, values) for record, values in assembler.aux
         ]
         work += [(item.step, 1, item, []) for item in assembler.layer_norms]
         assembler.aux.clear()
         assembler.layer_norms.clear()
-        run: list[LayerNorms] = []  # consecutive finite steps, taken in one pass
+        run: list[LayerNorms] = []
         for _, _, item, values in sorted(work, key=lambda w: (w[0], w[1])):
             if isinstance(item, LayerNorms):
                 finite = bool(np.all(np.isfinite(item.norms)))
