@@ -27,6 +27,7 @@ class DeviceValue:
         self._array: npt.NDArray[np.float64] | None = None
         self._scalar: float | None = None
         self._event: Any = None
+        self._host: torch.Tensor | None = None
         if tensor.is_cpu:
             # On the CPU a value is a memory read with nothing to wait for, so it is read now:
             # a single value (a loss, an lr) as a float, which keeps what was logged even if
@@ -41,8 +42,7 @@ class DeviceValue:
                 if t.dtype not in (torch.float32, torch.float64):
                     t = t.to(torch.float64)
                 self._array = t.numpy()
-            self._host = tensor
-            return
+            return  # nothing else kept: not the tensor, nor the autograd graph behind it
         t = tensor.detach()
         if t.is_cuda:
             # A non-blocking device-to-host copy lands in pinned memory; the event tells the sampler
@@ -66,7 +66,9 @@ class DeviceValue:
 
     def _flat(self) -> torch.Tensor:
         # reshape() costs microseconds even when it changes nothing: packed values are 1-D.
-        flat = self._host if self._host.dim() == 1 else self._host.reshape(-1)
+        host = self._host
+        assert host is not None  # only values not read at once (CUDA, MPS) get here
+        flat = host if host.dim() == 1 else host.reshape(-1)
         if flat.is_mps:
             flat = flat.cpu()
         if flat.dtype not in (torch.float32, torch.float64):

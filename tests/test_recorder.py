@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import torch
 
 from nbmonitor._recorder import DeviceValue, LogRecord, Recorder, StepRecord, make_log_record
@@ -55,3 +58,17 @@ def test_log_record_packs_same_device_tensors_into_one_value() -> None:
     record = make_log_record(3, {"a": torch.tensor(1.0), "b": torch.tensor([2.0]), "c": 5})
     assert len(record.tensors) == 1  # one copy for both tensors
     assert record.resolve() == {"a": 1.0, "b": 2.0, "c": 5.0}
+
+
+def test_cpu_value_keeps_neither_the_tensor_nor_its_graph() -> None:
+    # A logged loss must not hold its autograd graph (and the activations it saved) until the
+    # sampler runs: the graph lives as long as the loss tensor object does.
+    x = torch.ones(3, requires_grad=True)
+    loss = (x * 2).sum()
+    norms = torch.stack([loss.detach(), loss.detach() * 2])
+    ref = weakref.ref(loss)
+    one, many = DeviceValue(loss), DeviceValue(norms)
+    del loss
+    gc.collect()
+    assert ref() is None
+    assert one.values() == [6.0] and many.values() == [6.0, 12.0]
