@@ -234,16 +234,23 @@ def assert_rendered_cleanly(page: Any, console_errors: list[str]) -> None:
     assert not ours, ours
 
 
-@pytest.mark.timeout(420)
-def test_quickstart_dashboard_is_live(lab: tuple[str, Path]) -> None:
+def start_browser_test(*artifacts: str) -> Any:
+    """Playwright's sync API, once the front end is known to be built and the artifacts an
+    earlier run left behind are gone."""
     sync_api = _require_browser()
     assert (ROOT / "nbmonitor" / "static" / "widget.js").is_file(), (
         "front end not built: run `npm run build` in js/ (pip install -e . does it)"
     )
-    url, log = lab
     ARTIFACTS.mkdir(exist_ok=True)
-    for stale in ("browser-failure.png", "browser-console.log", "jupyter.log"):
+    for stale in artifacts:
         (ARTIFACTS / stale).unlink(missing_ok=True)
+    return sync_api
+
+
+@pytest.mark.timeout(420)
+def test_quickstart_dashboard_is_live(lab: tuple[str, Path]) -> None:
+    sync_api = start_browser_test("browser-failure.png", "browser-console.log", "jupyter.log")
+    url, log = lab
     console_errors: list[str] = []
     with sync_api.sync_playwright() as p:
         browser, page = open_page(p, console_errors)

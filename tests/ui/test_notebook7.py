@@ -19,11 +19,9 @@ from tests.ui.test_browser import (
     ARTIFACTS,
     IDLE,
     NOTEBOOK,
-    ROOT,
     STEPS,
     _loss_path,
     _points,
-    _require_browser,
     _step,
     assert_rendered_cleanly,
     goto_notebook,
@@ -31,6 +29,7 @@ from tests.ui.test_browser import (
     jupyter_server,
     menu,
     open_page,
+    start_browser_test,
     wait_for_live_step,
 )
 
@@ -50,19 +49,10 @@ def notebook7(tmp_path: Path) -> Iterator[tuple[str, Path]]:
 
 @pytest.mark.timeout(420)
 def test_quickstart_dashboard_is_live_in_notebook7(notebook7: tuple[str, Path]) -> None:
-    sync_api = _require_browser()
-    assert (ROOT / "nbmonitor" / "static" / "widget.js").is_file(), (
-        "front end not built: run `npm run build` in js/ (pip install -e . does it)"
+    sync_api = start_browser_test(
+        "notebook7.png", "notebook7-failure.png", "notebook7-console.log", "notebook7-jupyter.log"
     )
     url, log = notebook7
-    ARTIFACTS.mkdir(exist_ok=True)
-    for stale in (
-        "notebook7.png",
-        "notebook7-failure.png",
-        "notebook7-console.log",
-        "notebook7-jupyter.log",
-    ):
-        (ARTIFACTS / stale).unlink(missing_ok=True)
     console_errors: list[str] = []
     with sync_api.sync_playwright() as p:
         browser, page = open_page(p, console_errors)
