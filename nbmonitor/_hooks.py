@@ -1,8 +1,8 @@
 """Model and optimizer hooks: what the training thread does for nbmonitor, and nothing more.
 
-Every hook only appends a record to the Recorder. Gradient norms are computed on the device with
-one fused ``torch._foreach_norm`` call in the optimizer pre-step hook (gradients are final there)
-and cross to the host later, without a synchronisation. Every hook body is wrapped: an exception
+Every hook only appends a record to the Recorder. Gradient norms are taken on the device in the
+optimizer pre-step hook (gradients are final there; ``_gradnorms``) and cross to the host later,
+without a synchronisation. Every hook body is wrapped: an exception
 is reported to ``on_error`` and the user's loop goes on; a hook that keeps failing is switched off.
 """
 
@@ -16,6 +16,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from nbmonitor._frame import name_list
+from nbmonitor._gradnorms import NormLayout, NormPass, squared_norms
 from nbmonitor._recorder import (
     AuxRecord,
     DeviceValue,
@@ -26,6 +27,9 @@ from nbmonitor._recorder import (
 )
 
 ErrorSink = Callable[[str, BaseException], None]
+# A step's gradient norms until the step ends: values, parameter index, layout (NormPass.take).
+PendingNorms = tuple[DeviceValue | None, tuple[int, ...] | None, NormLayout | None]
+NO_NORMS: PendingNorms = (None, None, None)
 
 # The update ratio needs a copy of the parameters across optimizer.step(); above this size the
 # copy is skipped (update ratio NaN) rather than risking an out-of-memory error.
@@ -92,22 +96,6 @@ def output_loss(output: object) -> torch.Tensor | None:
     return None
 
 
-def grad_norms(grads: list[torch.Tensor]) -> DeviceValue:
-    """Per-tensor L2 norms of ``grads`` in float32, on the device, packed as one value.
-
-    The total norm is not computed here: the sampler derives it on the host from these, which
-    keeps two kernels and their Python overhead off the training thread.
-    """
-    try:
-        # The common case, one dense device, in two calls; anything else takes the slow path.
-        return DeviceValue(torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)))
-    except (RuntimeError, NotImplementedError):
-        dense = [g.coalesce().values() if g.is_sparse else g for g in grads]
-        norms = torch._foreach_norm(dense, 2, dtype=torch.float32)
-        device = norms[0].device
-        return DeviceValue(torch.stack([n.to(device, non_blocking=True) for n in norms]))
-
-
 class Hooks:
     """Installs the hooks on one model (and optimizer) and keeps the training-side counters.
 
@@ -140,8 +128,7 @@ class Hooks:
         self._micro = 0
         self._step_start: float | None = None
         self._last_end: float | None = None
-        self._pending_norms: tuple[DeviceValue | None, tuple[int, ...] | None] = (None, None)
-        self._pending_squared = False
+        self._pending_norms: PendingNorms = NO_NORMS
         self._backward_queued = False
         self._failures: dict[str, int] = {}
         self.handles: list[RemovableHandle] = []
@@ -154,7 +141,7 @@ class Hooks:
         params += [p for p in model.parameters() if p.requires_grad and id(p) not in held]
         self.params: list[torch.nn.Parameter] = params
         self.param_names: list[str] = [names.get(id(p), f"param{i}") for i, p in enumerate(params)]
-        self._dot_plan = _cpu_dot_plan(params)
+        self.norm_pass = NormPass(params)
         self.update_copy_max_bytes = UPDATE_COPY_MAX_BYTES
         self.update_copy_skipped = False
         self._before: list[torch.Tensor] | None = None
@@ -298,7 +285,7 @@ class Hooks:
             self._end_step()
             self._ok(source)
         except NonFiniteError:
-            self._pending_norms = (None, None)
+            self._pending_norms = NO_NORMS
             raise
         except Exception as exc:
             self._failed(source, exc)
@@ -317,7 +304,7 @@ class Hooks:
         except NonFiniteError:
             raise
         except Exception as exc:
-            self._pending_norms = (None, None)
+            self._pending_norms = NO_NORMS
             self._failed(source, exc)
         return None
 
@@ -432,15 +419,16 @@ class Hooks:
             )
 
     def _raise_if_non_finite(self) -> None:
-        norms, _ = self._pending_norms
+        norms, index, layout = self._pending_norms
         if norms is None:
             return
         norms.wait()  # opt-in: raise mode synchronises by design
-        values = norms.values()
-        if all(map(_finite, values)):
+        squares = squared_norms(norms.array(), layout).tolist()
+        if all(map(_finite, squares)):
             return
-        index = self._pending_norms[1] or tuple(range(len(self.params)))
-        bad = [self.param_names[index[i]] for i, v in enumerate(values) if not _finite(v)]
+        owners = index or range(len(self.params))
+        pairs = sorted(zip(owners, squares, strict=True))  # "first" in parameter order
+        bad = [self.param_names[i] for i, v in pairs if not _finite(v)]
         raise NonFiniteError(
             f"nbmonitor: non-finite gradient at step {self.step + 1}, first in {name_list(bad)}; "
             "the optimizer step was not taken (on_nan='raise')."
@@ -449,42 +437,15 @@ class Hooks:
     # -- helpers ------------------------------------------------------------------------------
 
     def _collect_norms(self) -> None:
-        params = self.params
-        grads = [g for p in params if (g := p.grad) is not None]
-        self._pending_squared = False
-        if not grads:
-            self._pending_norms = (None, None)
-            return
-        which = None
-        if len(grads) != len(params):
-            which = tuple(i for i, p in enumerate(params) if p.grad is not None)
-        elif self._dot_plan is not None:
-            big, small, order = self._dot_plan
-            try:
-                # Each op costs microseconds of dispatch on the CPU: one per large tensor, and
-                # a fixed few for all the small ones together.
-                squares = torch.stack(
-                    [torch.dot(g, g) for g in (grads[i].reshape(-1) for i in big)]
-                )
-                if small:
-                    norms = torch._foreach_norm([grads[i] for i in small], 2, dtype=torch.float32)
-                    squares = torch.cat((squares, torch.stack(norms).square()))
-            except (RuntimeError, NotImplementedError):
-                pass  # a sparse or odd gradient this step: the general path below
-            else:
-                self._pending_norms = (DeviceValue(squares), order)
-                self._pending_squared = True
-                return
-        self._pending_norms = (grad_norms(grads), which)
+        self._pending_norms = self.norm_pass.take()
 
     def _end_step(self) -> None:
         now = time.perf_counter()
         start = self._last_end if self._last_end is not None else self._step_start
         step_time = now - start if start is not None else float("nan")
         self.step += 1
-        norms, which = self._pending_norms
-        squared = self._pending_squared
-        self._pending_norms = (None, None)
+        norms, which, layout = self._pending_norms
+        self._pending_norms = NO_NORMS
         self.recorder.put(
             StepRecord(
                 step=self.step,
@@ -495,7 +456,7 @@ class Hooks:
                 lrs=self._lrs(),
                 norms=norms,
                 norm_index=which,
-                norms_squared=squared,
+                norms_layout=layout,
             )
         )
         self._last_end = now
@@ -515,30 +476,6 @@ class Hooks:
         return tuple(out)
 
 
-# On the CPU a BLAS dot product reads a gradient about twice as fast as torch's norm kernel, and
-# this pass over every gradient is most of nbmonitor's cost there (docs/performance.md). Its
-# squared result overflows float32 only for a norm above ~1.8e19, which then reads as Inf.
-DOT_MIN_NUMEL = 16_384
-
-
-def _cpu_dot_plan(
-    params: list[torch.nn.Parameter],
-) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]] | None:
-    """Large dense float CPU parameters (norm by dot product), the rest, and the order of the
-    values that result (both in turn); None off the CPU."""
-    if not params or any(p.device.type != "cpu" for p in params):
-        return None
-    big = tuple(
-        i
-        for i, p in enumerate(params)
-        if p.dtype in (torch.float32, torch.float64) and p.numel() >= DOT_MIN_NUMEL
-    )
-    if not big:
-        return None
-    small = tuple(i for i in range(len(params)) if i not in set(big))
-    return big, small, big + small
-
-
 def _finite(value: float) -> bool:
     return value - value == 0.0
 
@@ -548,7 +485,6 @@ __all__ = [
     "LogRecord",
     "NonFiniteError",
     "batch_size",
-    "grad_norms",
     "optimizer_parameters",
     "output_loss",
 ]

@@ -30,7 +30,8 @@ import torch
 from nbmonitor import backends as _backends
 from nbmonitor._args import check_attach_args, check_layer_args, coerce_thresholds, json_safe
 from nbmonitor._frame import Alert, Frame, Series
-from nbmonitor._hooks import Hooks, grad_norms, optimizer_parameters
+from nbmonitor._gradnorms import grad_norms, norm_dtype
+from nbmonitor._hooks import Hooks, optimizer_parameters
 from nbmonitor._layers import LayerStats, ParamInfo
 from nbmonitor._recorder import AuxRecord, Recorder
 from nbmonitor._runlog import RunLog
@@ -178,7 +179,8 @@ class Monitor:
             # Known from the start so that vanishing gradients (grad norm relative to the
             # parameter norm) can be judged before the first update-ratio step. One wait, at
             # attach, never in the loop.
-            norms = grad_norms([p.detach() for p in self._hooks.params])
+            params = self._hooks.params
+            norms = grad_norms([p.detach() for p in params], norm_dtype(params))
             norms.wait()
             self._layers.set_param_norms(norms.values())
         self._layer_flags: dict[str, list[str]] = {}

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from nbmonitor._gradnorms import squared_norms
 from nbmonitor._recorder import AuxRecord, DeviceValue, LogRecord, Record, StepRecord
 
 # Exponential smoothing of the loss for display (about a 20-step window), debiased like Adam so
@@ -84,10 +85,10 @@ class StepAssembler:
             row["lr" if i == 0 else f"lr_group{i}"] = value
         if record.norms is not None:
             values = record.norms.array()
-            squares = values if record.norms_squared else values * values
+            squares = squared_norms(values, record.norms_layout)
             # The total norm from the per-tensor ones; NaN/Inf in any of them carries through.
             row["grad_norm"] = math.sqrt(squares.sum())
-            norms = np.sqrt(values, out=values) if record.norms_squared else values
+            norms = values if record.norms_layout is None else np.sqrt(squares, out=squares)
             self.layer_norms.append(LayerNorms(record.step, norms, record.norm_index))
         self._last_ended = max(self._last_ended, record.step)
 

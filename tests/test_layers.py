@@ -320,12 +320,13 @@ def test_thresholds_are_configurable(tmp_path):
 
 
 def test_cpu_dot_path_gives_the_same_norms_in_parameter_order(tmp_path):
-    # 0.weight has 65,536 values: its norm goes through the dot-product path, the rest through
-    # _foreach_norm; the per-layer table must still line up with the parameters.
+    # 0.weight has 65,536 values: its norm goes through the dot-product path, 2.weight through
+    # _foreach_norm, the biases through one cat; the per-layer table must still line up.
     model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 3))
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     with attach(model, opt, tmp_path) as mon:
-        assert mon._hooks._dot_plan == ((0,), (1, 2, 3), (0, 1, 2, 3))
+        plan = mon._hooks.norm_pass.plan
+        assert plan is not None and plan.order == (0, 2, 1, 3)
         model(torch.randn(8, 256)).pow(2).mean().backward()
         expected = {n: p.grad.norm().item() for n, p in model.named_parameters()}
         total = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()]))
@@ -337,6 +338,27 @@ def test_cpu_dot_path_gives_the_same_norms_in_parameter_order(tmp_path):
         assert rows[name] == pytest.approx(value, rel=1e-5), name
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_every_layer_norm_and_the_total_are_exact_on_the_cpu(tmp_path, dtype):
+    # Large weights by dot product, biases and LayerNorm parameters by one cat, the rest by
+    # _foreach_norm; float64 models too (torch refuses a float32 norm of a float64 tensor).
+    model = torch.nn.Sequential(
+        torch.nn.Linear(256, 256), torch.nn.LayerNorm(256), torch.nn.Linear(256, 3)
+    ).to(dtype)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    with attach(model, opt, tmp_path) as mon:
+        model(torch.randn(8, 256, dtype=dtype)).pow(2).mean().backward()
+        grads = {n: p.grad.double() for n, p in model.named_parameters()}
+        opt.step()
+        h = mon.history()
+        rows = {r["name"]: r["grad_norm"] for r in mon.layers()}
+        assert not mon.errors
+    total = math.sqrt(sum(float(g.pow(2).sum()) for g in grads.values()))
+    assert h["grad_norm"][0] == pytest.approx(total, rel=1e-5)
+    for name, g in grads.items():
+        assert rows[name] == pytest.approx(float(g.norm()), rel=1e-5), name
+
+
 def test_nan_in_a_large_layer_is_named_on_the_dot_path(tmp_path):
     model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 3))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -345,7 +367,7 @@ def test_nan_in_a_large_layer_is_named_on_the_dot_path(tmp_path):
         model(torch.randn(8, 256)).sum().backward()
         with pytest.raises(nbmonitor.NonFiniteError, match=r"first in 2\.weight;"):
             opt.step()
-        assert mon._hooks._dot_plan is not None
+        assert mon._hooks.norm_pass.plan is not None
 
 
 def test_update_ratio_skipped_for_too_large_a_copy_is_said_once(tmp_path):

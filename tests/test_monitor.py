@@ -293,7 +293,7 @@ def test_failing_hook_never_reaches_the_loop(model, tmp_path, monkeypatch):
         def broken(*a: object, **k: object) -> None:
             raise ValueError("bad grads")
 
-        monkeypatch.setattr("nbmonitor._hooks.grad_norms", broken)
+        monkeypatch.setattr("nbmonitor._gradnorms.NormPass.take", broken)
         train(model, opt, mon, 8)
         h = mon.history()
         assert mon.status == "degraded"

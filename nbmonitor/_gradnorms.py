@@ -1,0 +1,171 @@
+"""Per-tensor gradient norms for one step, taken on the training thread with the fewest calls.
+
+On an accelerator this is one fused ``torch._foreach_norm``; the values cross to the host later
+without a synchronisation (``DeviceValue``). On the CPU this pass over every gradient is most of
+what nbmonitor costs (docs/performance.md), and right after ``backward()`` every torch call costs
+microseconds of its own, so the parameters are sorted once, at attach, by what reads them in the
+fewest calls:
+
+- large float tensors: a BLAS dot product each (about twice as fast as torch's norm kernel);
+- small 1-D float32 tensors (biases, norm weights): all copied in one ``torch.cat``; the sampler
+  thread sums their squares;
+- anything else: one ``_foreach_norm`` for all of them.
+
+The results leave packed in one tensor, and ``NormLayout`` says how to unpack them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from nbmonitor._recorder import DeviceValue
+
+FloatArray = npt.NDArray[np.float64]
+
+# Below this many values a dot product costs more in calls than it saves in reading. Its squared
+# result overflows float32 only for a norm above ~1.8e19, which then reads as Inf.
+DOT_MIN_NUMEL = 16_384
+
+
+@dataclass(frozen=True, slots=True)
+class NormLayout:
+    """How a step's packed values unpack: ``squared`` squared norms, then ``norms`` norms, then
+    the raw values of the concatenated tensors, tensor ``i``'s starting at ``starts[i]``."""
+
+    squared: int
+    norms: int
+    starts: tuple[int, ...]
+
+
+def squared_norms(values: FloatArray, layout: NormLayout | None) -> FloatArray:
+    """The squared per-tensor norms in packed ``values`` (plain norms when ``layout`` is None),
+    as a new array. A NaN or Inf anywhere in a tensor's values carries into its entry."""
+    if layout is None:
+        return values * values
+    cut = layout.squared + layout.norms
+    parts = [values[: layout.squared], np.square(values[layout.squared : cut])]
+    if layout.starts:
+        raw = values[cut:]
+        parts.append(np.add.reduceat(raw * raw, np.asarray(layout.starts, dtype=np.intp)))
+    return np.concatenate(parts)
+
+
+def norm_dtype(params: list[torch.nn.Parameter]) -> torch.dtype:
+    """The dtype norms are taken in: float32 (half-precision gradients accumulate in it too),
+    float64 when any parameter is float64 (torch refuses to narrow it)."""
+    return torch.float64 if any(p.dtype == torch.float64 for p in params) else torch.float32
+
+
+def grad_norms(grads: list[torch.Tensor], dtype: torch.dtype = torch.float32) -> DeviceValue:
+    """Per-tensor L2 norms of ``grads`` in ``dtype``, on the device, packed as one value.
+
+    The total norm is not computed here: the sampler derives it on the host from these, which
+    keeps two kernels and their Python overhead off the training thread.
+    """
+    try:
+        # The common case, one dense device, in two calls; anything else takes the slow path.
+        return DeviceValue(torch.stack(torch._foreach_norm(grads, 2, dtype=dtype)))
+    except (RuntimeError, NotImplementedError):
+        dense = [g.coalesce().values() if g.is_sparse else g for g in grads]
+        norms = torch._foreach_norm(dense, 2, dtype=dtype)
+        device = norms[0].device
+        return DeviceValue(torch.stack([n.to(device, non_blocking=True) for n in norms]))
+
+
+@dataclass(frozen=True, slots=True)
+class CpuPlan:
+    """The CPU parameters sorted by how their gradients are read (indices into the parameters)."""
+
+    dots: tuple[int, ...]
+    rest: tuple[int, ...]
+    concat: tuple[int, ...]
+    layout: NormLayout
+    dtype: torch.dtype  # of the _foreach_norm results
+
+    @property
+    def order(self) -> tuple[int, ...]:
+        """The parameter each unpacked norm belongs to."""
+        return self.dots + self.rest + self.concat
+
+
+def cpu_plan(params: list[torch.nn.Parameter]) -> CpuPlan | None:
+    """How to read these parameters' gradients on the CPU; None off the CPU."""
+    if not params or any(p.device.type != "cpu" for p in params):
+        return None
+    dots: list[int] = []
+    rest: list[int] = []
+    concat: list[int] = []
+    starts: list[int] = []
+    offset = 0
+    for i, p in enumerate(params):
+        n = p.numel()
+        if p.dtype in (torch.float32, torch.float64) and n >= DOT_MIN_NUMEL:
+            dots.append(i)
+        elif p.dtype == torch.float32 and p.dim() == 1 and n > 0:
+            concat.append(i)
+            starts.append(offset)
+            offset += n
+        else:
+            rest.append(i)
+    if len(concat) < 2:  # one tensor is no cheaper to copy than to reduce
+        rest = sorted(rest + concat)
+        concat, starts = [], []
+    if not dots and not concat:
+        return None  # the general path is already a single call
+    layout = NormLayout(len(dots), len(rest), tuple(starts))
+    dtype = norm_dtype([params[i] for i in rest])
+    return CpuPlan(tuple(dots), tuple(rest), tuple(concat), layout, dtype)
+
+
+class NormPass:
+    """Takes the per-tensor gradient norms of ``params`` (those that have a gradient)."""
+
+    def __init__(self, params: list[torch.nn.Parameter]) -> None:
+        self.params = params
+        self.plan = cpu_plan(params)
+        self.dtype = norm_dtype(params)
+
+    def take(self) -> tuple[DeviceValue | None, tuple[int, ...] | None, NormLayout | None]:
+        """The packed values, the parameter each belongs to (None: all, in order) and how to
+        unpack them (None: they are norms); ``(None, None, None)`` without gradients."""
+        params = self.params
+        grads = [g for p in params if (g := p.grad) is not None]
+        if not grads:
+            return None, None, None
+        if len(grads) != len(params):
+            which = tuple(i for i, p in enumerate(params) if p.grad is not None)
+            return grad_norms(grads, self.dtype), which, None
+        plan = self.plan
+        if plan is not None:
+            try:
+                packed = _take_cpu(grads, plan)
+            except (RuntimeError, NotImplementedError):
+                pass  # a sparse or odd gradient this step: the general path below
+            else:
+                return DeviceValue(packed, owned=True), plan.order, plan.layout
+        return grad_norms(grads, self.dtype), None, None
+
+
+def _take_cpu(grads: list[torch.Tensor], plan: CpuPlan) -> torch.Tensor:
+    heads = [torch.dot(g, g) for g in (grads[i].reshape(-1) for i in plan.dots)]
+    if plan.rest:
+        heads += torch._foreach_norm([grads[i] for i in plan.rest], 2, dtype=plan.dtype)
+    if not plan.concat:
+        return torch.stack(heads)
+    raw = [grads[i] for i in plan.concat]
+    return torch.cat((torch.stack(heads), *raw)) if heads else torch.cat(raw)
+
+
+__all__ = [
+    "DOT_MIN_NUMEL",
+    "NormLayout",
+    "NormPass",
+    "cpu_plan",
+    "grad_norms",
+    "norm_dtype",
+    "squared_norms",
+]

@@ -1,0 +1,156 @@
+"""Per-tensor gradient norms: the CPU plan reads each gradient the cheapest way, and whatever the
+way, the unpacked squares are the gradients' squared norms in parameter order."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from nbmonitor._gradnorms import DOT_MIN_NUMEL, NormLayout, NormPass, cpu_plan, squared_norms
+
+
+def param(*shape: int, dtype: torch.dtype = torch.float32) -> torch.nn.Parameter:
+    return torch.nn.Parameter(torch.randn(*shape, dtype=torch.float64).to(dtype))
+
+
+def mixed_params() -> list[torch.nn.Parameter]:
+    return [
+        param(256, 256),  # 0: large float32 -> dot
+        param(256),  # 1: bias -> concat
+        param(10, 256),  # 2: small 2-D -> foreach
+        param(10),  # 3: bias -> concat
+        param(DOT_MIN_NUMEL + 1),  # 4: large 1-D -> dot
+        param(200, 100, dtype=torch.float64),  # 5: large float64 -> dot
+        param(200, 100, dtype=torch.bfloat16),  # 6: large bfloat16 -> foreach
+        param(0),  # 7: empty 1-D -> foreach
+        param(5, dtype=torch.float64),  # 8: small float64 1-D -> foreach
+    ]
+
+
+def give_grads(params: list[torch.nn.Parameter]) -> None:
+    for p in params:
+        p.grad = torch.randn(p.shape, dtype=torch.float64).to(p.dtype)
+
+
+def expected_squares(params: list[torch.nn.Parameter], index: tuple[int, ...]) -> np.ndarray:
+    return np.array([float(params[i].grad.double().pow(2).sum()) for i in index])  # type: ignore[union-attr]
+
+
+def unpacked(npass: NormPass) -> tuple[np.ndarray, tuple[int, ...]]:
+    value, index, layout = npass.take()
+    assert value is not None
+    owners = index if index is not None else tuple(range(len(npass.params)))
+    return squared_norms(value.array(), layout), owners
+
+
+def test_cpu_plan_sorts_parameters_by_how_they_are_read() -> None:
+    plan = cpu_plan(mixed_params())
+    assert plan is not None
+    assert plan.dots == (0, 4, 5)
+    assert plan.concat == (1, 3)
+    assert plan.rest == (2, 6, 7, 8)
+    assert plan.order == (0, 4, 5, 2, 6, 7, 8, 1, 3)
+    assert plan.layout == NormLayout(squared=3, norms=4, starts=(0, 256))
+
+
+def test_cpu_plan_leaves_a_lone_small_tensor_to_foreach_and_skips_what_gains_nothing() -> None:
+    plan = cpu_plan([param(256, 256), param(256), param(3, 3)])
+    assert plan is not None and plan.concat == () and plan.rest == (1, 2)
+    assert cpu_plan([param(3, 3), param(4)]) is None  # one _foreach_norm is already one call
+    assert cpu_plan([]) is None
+
+
+def test_plan_path_gives_every_squared_norm_in_parameter_order() -> None:
+    params = mixed_params()
+    give_grads(params)
+    npass = NormPass(params)
+    assert npass.plan is not None
+    squares, owners = unpacked(npass)
+    assert owners == npass.plan.order
+    # float32 dot products and bfloat16 gradients: compare with float32-level tolerance
+    np.testing.assert_allclose(squares, expected_squares(params, owners), rtol=2e-5)
+
+
+def test_non_contiguous_gradients_are_read_right() -> None:
+    params = [param(256, 256), param(256), param(4)]
+    give_grads(params)
+    params[0].grad = torch.randn(256, 256).t()  # a transposed (non-contiguous) gradient
+    params[1].grad = torch.randn(512)[::2]  # a strided 1-D gradient
+    npass = NormPass(params)
+    squares, owners = unpacked(npass)
+    np.testing.assert_allclose(squares, expected_squares(params, owners), rtol=2e-5)
+
+
+def test_missing_gradients_take_the_general_path_with_an_index() -> None:
+    params = mixed_params()
+    give_grads(params)
+    params[1].grad = None
+    params[5].grad = None
+    value, index, layout = NormPass(params).take()
+    assert value is not None and layout is None
+    assert index == (0, 2, 3, 4, 6, 7, 8)
+    squares = squared_norms(value.array(), layout)
+    np.testing.assert_allclose(squares, expected_squares(params, index), rtol=2e-5)
+
+
+def test_no_gradients_gives_nothing() -> None:
+    assert NormPass(mixed_params()).take() == (None, None, None)
+
+
+def test_a_sparse_gradient_falls_back_to_the_general_path() -> None:
+    emb = torch.nn.Embedding(100, 200, sparse=True)  # 20,000 values: planned as a dot product
+    bias1, bias2 = param(8), param(8)
+    params = [emb.weight, bias1, bias2]
+    emb(torch.tensor([1, 2, 2])).sum().backward()
+    bias1.grad, bias2.grad = torch.ones(8), torch.full((8,), 2.0)
+    npass = NormPass(params)
+    assert npass.plan is not None and npass.plan.dots == (0,)
+    squares, owners = unpacked(npass)
+    assert owners == (0, 1, 2)
+    dense = emb.weight.grad.to_dense()  # type: ignore[union-attr]
+    np.testing.assert_allclose(squares, [float(dense.pow(2).sum()), 8.0, 32.0], rtol=1e-5)
+
+
+def test_a_nan_in_one_concatenated_tensor_stays_in_its_own_entry() -> None:
+    layout = NormLayout(squared=1, norms=1, starts=(0, 2, 5))
+    values = np.array([4.0, 3.0, 1.0, 1.0, math.nan, 0.0, 0.0, 2.0])
+    squares = squared_norms(values, layout)
+    assert squares[:3].tolist() == [4.0, 9.0, 2.0]
+    assert math.isnan(squares[3])
+    assert squares[4] == 4.0
+    assert squared_norms(np.array([3.0, 4.0]), None).tolist() == [9.0, 16.0]
+
+
+def test_norm_values_are_not_read_on_the_training_thread() -> None:
+    # The packed tensor is kept as it is (reading it costs the training thread a call); it is
+    # one nbmonitor made, so nothing can change it before the sampler reads it.
+    params = [param(256, 256), param(256), param(4)]
+    give_grads(params)
+    value, _, _ = NormPass(params).take()
+    assert value is not None and value._array is None and value._host is not None
+
+
+def test_norms_hold_no_autograd_graph() -> None:
+    # Gradients that require grad themselves (double backward): the norms must not keep their
+    # graph alive until the sampler reads them.
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 2))
+    params = list(model.parameters())
+    loss = model(torch.randn(3, 256)).pow(2).sum()
+    for p, g in zip(params, torch.autograd.grad(loss, params, create_graph=True), strict=True):
+        p.grad = g
+    assert params[0].grad is not None and params[0].grad.requires_grad
+    value, _, _ = NormPass(params).take()
+    assert value is not None and value._host is not None
+    assert not value._host.requires_grad
+
+
+def test_float64_parameters_on_every_path() -> None:
+    # torch refuses a float32 norm of a float64 tensor: the general path must not ask for one.
+    params = [param(4, 4, dtype=torch.float64), param(3, dtype=torch.float64)]
+    give_grads(params)
+    npass = NormPass(params)
+    assert npass.plan is None
+    squares, owners = unpacked(npass)
+    np.testing.assert_allclose(squares, expected_squares(params, owners), rtol=1e-12)
