@@ -16,7 +16,7 @@ The results leave packed in one tensor, and ``NormLayout`` says how to unpack th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -39,19 +39,24 @@ class NormLayout:
     squared: int
     norms: int
     starts: tuple[int, ...]
+    _starts: npt.NDArray[np.intp] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_starts", np.asarray(self.starts, dtype=np.intp))
 
 
 def squared_norms(values: FloatArray, layout: NormLayout | None) -> FloatArray:
     """The squared per-tensor norms in packed ``values`` (plain norms when ``layout`` is None),
-    as a new array. A NaN or Inf anywhere in a tensor's values carries into its entry."""
+    as a new array; ``values`` may hold one step per row. A NaN or Inf anywhere in a tensor's
+    values carries into its entry."""
     if layout is None:
         return values * values
     cut = layout.squared + layout.norms
-    parts = [values[: layout.squared], np.square(values[layout.squared : cut])]
+    parts = [values[..., : layout.squared], np.square(values[..., layout.squared : cut])]
     if layout.starts:
-        raw = values[cut:]
-        parts.append(np.add.reduceat(raw * raw, np.asarray(layout.starts, dtype=np.intp)))
-    return np.concatenate(parts)
+        raw = values[..., cut:]
+        parts.append(np.add.reduceat(raw * raw, layout._starts, axis=-1))
+    return np.concatenate(parts, axis=-1)
 
 
 def norm_dtype(params: list[torch.nn.Parameter]) -> torch.dtype:

@@ -476,7 +476,7 @@ class Monitor:
         run: list[LayerNorms] = []
         for _, _, item, values in sorted(work, key=lambda w: (w[0], w[1])):
             if isinstance(item, LayerNorms):
-                finite = bool(np.all(np.isfinite(item.norms)))
+                finite = item.finite
                 if finite and (not run or run[0].index == item.index):
                     run.append(item)
                     continue
@@ -543,7 +543,7 @@ class Monitor:
         # Reported once when gradients turn non-finite, again only after they recovered.
         # Detected here, per step, from the raw norms: which parameters had a gradient is
         # known exactly, so a NaN norm is never confused with "no gradient".
-        finite = bool(np.all(np.isfinite(item.norms)))
+        finite = item.finite
         if not finite and not self._nonfinite_reported:
             index = item.index if item.index is not None else range(len(item.norms))
             names = [layers.params[j].name for j in index]

@@ -39,13 +39,24 @@ class _Row:
         return row
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LayerNorms:
     """Per-parameter gradient norms of one step; ``index`` None means every tracked parameter."""
 
     step: int
     norms: npt.NDArray[np.float64]
     index: tuple[int, ...] | None
+    finite: bool  # all of them
+
+
+def _packed_alike(
+    a: StepRecord, b: StepRecord, values: list[npt.NDArray[np.float64]], i: int, j: int
+) -> bool:
+    return (
+        a.norms_layout == b.norms_layout
+        and a.norm_index == b.norm_index
+        and len(values[i]) == len(values[j])
+    )
 
 
 class StepAssembler:
@@ -60,15 +71,41 @@ class StepAssembler:
         self.aux: list[tuple[AuxRecord, list[float]]] = []
 
     def add(self, records: list[Record]) -> None:
+        with_norms: list[StepRecord] = []
         for record in records:
             if isinstance(record, StepRecord):
                 self._add_step(record)
+                if record.norms is not None:
+                    with_norms.append(record)
             elif isinstance(record, AuxRecord):
                 self.aux.append((record, record.value.values()))
             elif isinstance(record, LogRecord):
                 row = self._open.setdefault(record.step, _Row())
                 for key, value in record.resolve().items():
                     row.add_logged(key, value)
+        self._add_norms(with_norms)
+
+    def _add_norms(self, records: list[StepRecord]) -> None:
+        # Consecutive steps whose values are packed alike (the usual tick: all of them) are
+        # unpacked in one numpy pass: per step it would be a dozen calls on the sampler thread.
+        values = [r.norms.array() for r in records if r.norms is not None]
+        start = 0
+        while start < len(records):
+            first = records[start]
+            end = start + 1
+            while end < len(records) and _packed_alike(first, records[end], values, start, end):
+                end += 1
+            matrix = np.stack(values[start:end])
+            squares = squared_norms(matrix, first.norms_layout)
+            # The total norm from the per-tensor ones; NaN/Inf in any of them carries through.
+            totals = np.sqrt(squares.sum(axis=1)).tolist()
+            norms = matrix if first.norms_layout is None else np.sqrt(squares, out=squares)
+            finite = np.all(np.isfinite(norms), axis=1, keepdims=True)[:, 0]
+            for k, record in enumerate(records[start:end]):
+                self._open[record.step].values["grad_norm"] = totals[k]
+                item = LayerNorms(record.step, norms[k], record.norm_index, bool(finite[k]))
+                self.layer_norms.append(item)
+            start = end
 
     def _add_step(self, record: StepRecord) -> None:
         row = self._open.setdefault(record.step, _Row()).values
@@ -83,13 +120,6 @@ class StepAssembler:
         for i, lr in enumerate(record.lrs):
             value = lr.values()[0] if isinstance(lr, DeviceValue) else lr
             row["lr" if i == 0 else f"lr_group{i}"] = value
-        if record.norms is not None:
-            values = record.norms.array()
-            squares = squared_norms(values, record.norms_layout)
-            # The total norm from the per-tensor ones; NaN/Inf in any of them carries through.
-            row["grad_norm"] = math.sqrt(squares.sum())
-            norms = values if record.norms_layout is None else np.sqrt(squares, out=squares)
-            self.layer_norms.append(LayerNorms(record.step, norms, record.norm_index))
         self._last_ended = max(self._last_ended, record.step)
 
     def take_final(self, everything: bool = False) -> list[dict[str, float]]:

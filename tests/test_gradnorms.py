@@ -6,9 +6,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 import torch
 
 from nbmonitor._gradnorms import DOT_MIN_NUMEL, NormLayout, NormPass, cpu_plan, squared_norms
+from nbmonitor._recorder import DeviceValue, StepRecord
+from nbmonitor._steps import StepAssembler
 
 
 def param(*shape: int, dtype: torch.dtype = torch.float32) -> torch.nn.Parameter:
@@ -35,7 +38,7 @@ def give_grads(params: list[torch.nn.Parameter]) -> None:
 
 
 def expected_squares(params: list[torch.nn.Parameter], index: tuple[int, ...]) -> np.ndarray:
-    return np.array([float(params[i].grad.double().pow(2).sum()) for i in index])  # type: ignore[union-attr]
+    return np.array([float(params[i].grad.double().pow(2).sum()) for i in index])
 
 
 def unpacked(npass: NormPass) -> tuple[np.ndarray, tuple[int, ...]]:
@@ -109,7 +112,7 @@ def test_a_sparse_gradient_falls_back_to_the_general_path() -> None:
     assert npass.plan is not None and npass.plan.dots == (0,)
     squares, owners = unpacked(npass)
     assert owners == (0, 1, 2)
-    dense = emb.weight.grad.to_dense()  # type: ignore[union-attr]
+    dense = emb.weight.grad.to_dense()
     np.testing.assert_allclose(squares, [float(dense.pow(2).sum()), 8.0, 32.0], rtol=1e-5)
 
 
@@ -129,7 +132,7 @@ def test_norm_values_are_not_read_on_the_training_thread() -> None:
     params = [param(256, 256), param(256), param(4)]
     give_grads(params)
     value, _, _ = NormPass(params).take()
-    assert value is not None and value._array is None and value._host is not None
+    assert value is not None and value._array is None and value._owned is not None
 
 
 def test_norms_hold_no_autograd_graph() -> None:
@@ -142,8 +145,8 @@ def test_norms_hold_no_autograd_graph() -> None:
         p.grad = g
     assert params[0].grad is not None and params[0].grad.requires_grad
     value, _, _ = NormPass(params).take()
-    assert value is not None and value._host is not None
-    assert not value._host.requires_grad
+    assert value is not None and value._owned is not None
+    assert not value._owned.requires_grad
 
 
 def test_float64_parameters_on_every_path() -> None:
@@ -154,3 +157,38 @@ def test_float64_parameters_on_every_path() -> None:
     assert npass.plan is None
     squares, owners = unpacked(npass)
     np.testing.assert_allclose(squares, expected_squares(params, owners), rtol=1e-12)
+
+
+def test_a_tick_of_steps_packed_differently_unpacks_step_by_step() -> None:
+    # Steps packed alike are unpacked together; a step with a missing gradient (general path,
+    # with an index) or a NaN in between must not shift anyone's values.
+    layout = NormLayout(squared=1, norms=0, starts=(0, 2))
+
+    def record(step: int, values: list[float], **kw: object) -> StepRecord:
+        value = DeviceValue(torch.tensor(values, dtype=torch.float64), owned=True)
+        return StepRecord(step, 0.0, 0.1, 0, 1, (), value, **kw)
+
+    plan_index = (0, 1, 2)
+    records = [
+        record(1, [9.0, 1.0, 1.0, 2.0], norm_index=plan_index, norms_layout=layout),
+        record(2, [16.0, 0.0, 3.0, 0.0], norm_index=plan_index, norms_layout=layout),
+        record(3, [3.0, 4.0], norm_index=(0, 2)),  # norms of parameters 0 and 2 only
+        record(4, [math.nan, 1.0, 1.0, 1.0], norm_index=plan_index, norms_layout=layout),
+        record(5, [1.0, 0.0, 0.0, 0.0], norm_index=plan_index, norms_layout=layout),
+    ]
+    assembler = StepAssembler()
+    assembler.add(records)
+    rows = {int(r["step"]): r for r in assembler.take_final(everything=True)}
+    assert rows[1]["grad_norm"] == pytest.approx(math.sqrt(9 + 2 + 4))
+    assert rows[2]["grad_norm"] == pytest.approx(5.0)
+    assert rows[3]["grad_norm"] == pytest.approx(5.0)
+    assert math.isnan(rows[4]["grad_norm"])
+    assert rows[5]["grad_norm"] == pytest.approx(1.0)
+    items = assembler.layer_norms
+    assert [i.step for i in items] == [1, 2, 3, 4, 5]
+    assert [i.finite for i in items] == [True, True, True, False, True]
+    assert [i.index for i in items] == [plan_index, plan_index, (0, 2), plan_index, plan_index]
+    np.testing.assert_allclose(items[0].norms, [3.0, math.sqrt(2.0), 2.0])
+    np.testing.assert_allclose(items[1].norms, [4.0, 3.0, 0.0])
+    np.testing.assert_allclose(items[2].norms, [3.0, 4.0])
+    np.testing.assert_allclose(items[4].norms, [1.0, 0.0, 0.0])
