@@ -29,6 +29,8 @@ FloatArray = npt.NDArray[np.float64]
 # Below this many values a dot product costs more in calls than it saves in reading. Its squared
 # result overflows float32 only for a norm above ~1.8e19, which then reads as Inf.
 DOT_MIN_NUMEL = 16_384
+# The cat, and the stack it then needs, cost about what _foreach_norm spends on four tensors.
+CONCAT_MIN_TENSORS = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +118,7 @@ def cpu_plan(params: list[torch.nn.Parameter]) -> CpuPlan | None:
             offset += n
         else:
             rest.append(i)
-    if len(concat) < 2:  # one tensor is no cheaper to copy than to reduce
+    if len(concat) < CONCAT_MIN_TENSORS:
         rest = sorted(rest + concat)
         concat, starts = [], []
     if not dots and not concat:

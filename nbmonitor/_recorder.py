@@ -199,6 +199,14 @@ def make_log_record(step: int, scalars: Mapping[str, object]) -> LogRecord:
     tensors: list[torch.Tensor] = []
     for key, value in scalars.items():
         if isinstance(value, torch.Tensor):
+            if value.is_cpu and not value.is_complex():
+                # Read at once (see DeviceValue), in as few calls as possible: a tensor of
+                # several values fails here and gets its message below.
+                try:
+                    record.numbers[key] = float(value.detach())
+                    continue
+                except (ValueError, RuntimeError):
+                    pass
             if value.numel() != 1:
                 raise TypeError(
                     f"nbmonitor: log({key}=...) got a tensor of shape {tuple(value.shape)}; "

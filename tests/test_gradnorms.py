@@ -29,6 +29,8 @@ def mixed_params() -> list[torch.nn.Parameter]:
         param(200, 100, dtype=torch.bfloat16),  # 6: large bfloat16 -> foreach
         param(0),  # 7: empty 1-D -> foreach
         param(5, dtype=torch.float64),  # 8: small float64 1-D -> foreach
+        param(7),  # 9: concat
+        param(1),  # 10: concat
     ]
 
 
@@ -52,16 +54,17 @@ def test_cpu_plan_sorts_parameters_by_how_they_are_read() -> None:
     plan = cpu_plan(mixed_params())
     assert plan is not None
     assert plan.dots == (0, 4, 5)
-    assert plan.concat == (1, 3)
+    assert plan.concat == (1, 3, 9, 10)
     assert plan.rest == (2, 6, 7, 8)
-    assert plan.order == (0, 4, 5, 2, 6, 7, 8, 1, 3)
-    assert plan.layout == NormLayout(squared=3, norms=4, starts=(0, 256))
+    assert plan.order == (0, 4, 5, 2, 6, 7, 8, 1, 3, 9, 10)
+    assert plan.layout == NormLayout(squared=3, norms=4, starts=(0, 256, 266, 273))
 
 
-def test_cpu_plan_leaves_a_lone_small_tensor_to_foreach_and_skips_what_gains_nothing() -> None:
-    plan = cpu_plan([param(256, 256), param(256), param(3, 3)])
-    assert plan is not None and plan.concat == () and plan.rest == (1, 2)
-    assert cpu_plan([param(3, 3), param(4)]) is None  # one _foreach_norm is already one call
+def test_cpu_plan_leaves_a_few_small_tensors_to_foreach_and_skips_what_gains_nothing() -> None:
+    plan = cpu_plan([param(256, 256), param(256), param(3, 3), param(4), param(5)])
+    assert plan is not None and plan.concat == () and plan.rest == (1, 2, 3, 4)
+    # one _foreach_norm is already one call
+    assert cpu_plan([param(3, 3), param(4), param(5), param(6)]) is None
     assert cpu_plan([]) is None
 
 
@@ -77,7 +80,7 @@ def test_plan_path_gives_every_squared_norm_in_parameter_order() -> None:
 
 
 def test_non_contiguous_gradients_are_read_right() -> None:
-    params = [param(256, 256), param(256), param(4)]
+    params = [param(256, 256), param(256), param(4), param(3), param(2)]
     give_grads(params)
     params[0].grad = torch.randn(256, 256).t()  # a transposed (non-contiguous) gradient
     params[1].grad = torch.randn(512)[::2]  # a strided 1-D gradient
@@ -93,7 +96,7 @@ def test_missing_gradients_take_the_general_path_with_an_index() -> None:
     params[5].grad = None
     value, index, layout = NormPass(params).take()
     assert value is not None and layout is None
-    assert index == (0, 2, 3, 4, 6, 7, 8)
+    assert index == (0, 2, 3, 4, 6, 7, 8, 9, 10)
     squares = squared_norms(value.array(), layout)
     np.testing.assert_allclose(squares, expected_squares(params, index), rtol=2e-5)
 
@@ -104,16 +107,18 @@ def test_no_gradients_gives_nothing() -> None:
 
 def test_a_sparse_gradient_falls_back_to_the_general_path() -> None:
     emb = torch.nn.Embedding(100, 200, sparse=True)  # 20,000 values: planned as a dot product
-    bias1, bias2 = param(8), param(8)
-    params = [emb.weight, bias1, bias2]
+    biases = [param(8) for _ in range(4)]
+    params = [emb.weight, *biases]
     emb(torch.tensor([1, 2, 2])).sum().backward()
-    bias1.grad, bias2.grad = torch.ones(8), torch.full((8,), 2.0)
+    for k, b in enumerate(biases):
+        b.grad = torch.full((8,), float(k))
     npass = NormPass(params)
-    assert npass.plan is not None and npass.plan.dots == (0,)
+    assert npass.plan is not None and npass.plan.dots == (0,) and npass.plan.concat
     squares, owners = unpacked(npass)
-    assert owners == (0, 1, 2)
+    assert owners == (0, 1, 2, 3, 4)
     dense = emb.weight.grad.to_dense()
-    np.testing.assert_allclose(squares, [float(dense.pow(2).sum()), 8.0, 32.0], rtol=1e-5)
+    expected = [float(dense.pow(2).sum()), 0.0, 8.0, 32.0, 72.0]
+    np.testing.assert_allclose(squares, expected, rtol=1e-5)
 
 
 def test_a_nan_in_one_concatenated_tensor_stays_in_its_own_entry() -> None:
@@ -129,7 +134,7 @@ def test_a_nan_in_one_concatenated_tensor_stays_in_its_own_entry() -> None:
 def test_norm_values_are_not_read_on_the_training_thread() -> None:
     # The packed tensor is kept as it is (reading it costs the training thread a call); it is
     # one nbmonitor made, so nothing can change it before the sampler reads it.
-    params = [param(256, 256), param(256), param(4)]
+    params = [param(256, 256), param(256), param(4), param(3), param(2)]
     give_grads(params)
     value, _, _ = NormPass(params).take()
     assert value is not None and value._array is None and value._owned is not None

@@ -320,13 +320,13 @@ def test_thresholds_are_configurable(tmp_path):
 
 
 def test_cpu_dot_path_gives_the_same_norms_in_parameter_order(tmp_path):
-    # 0.weight has 65,536 values: its norm goes through the dot-product path, 2.weight through
-    # _foreach_norm, the biases through one cat; the per-layer table must still line up.
+    # 0.weight has 65,536 values: its norm goes through the dot-product path, the rest through
+    # _foreach_norm; the per-layer table must still line up with the parameters.
     model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 3))
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     with attach(model, opt, tmp_path) as mon:
         plan = mon._hooks.norm_pass.plan
-        assert plan is not None and plan.order == (0, 2, 1, 3)
+        assert plan is not None and plan.order == (0, 1, 2, 3) and plan.dots == (0,)
         model(torch.randn(8, 256)).pow(2).mean().backward()
         expected = {n: p.grad.norm().item() for n, p in model.named_parameters()}
         total = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()]))
@@ -342,11 +342,15 @@ def test_cpu_dot_path_gives_the_same_norms_in_parameter_order(tmp_path):
 def test_every_layer_norm_and_the_total_are_exact_on_the_cpu(tmp_path, dtype):
     # Large weights by dot product, biases and LayerNorm parameters by one cat, the rest by
     # _foreach_norm; float64 models too (torch refuses a float32 norm of a float64 tensor).
+    # The per-layer table must line up with the parameters whatever the order they were read.
     model = torch.nn.Sequential(
         torch.nn.Linear(256, 256), torch.nn.LayerNorm(256), torch.nn.Linear(256, 3)
     ).to(dtype)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     with attach(model, opt, tmp_path) as mon:
+        plan = mon._hooks.norm_pass.plan
+        assert plan is not None and plan.dots == (0,)
+        assert plan.concat == ((1, 2, 3, 5) if dtype == torch.float32 else ())
         model(torch.randn(8, 256, dtype=dtype)).pow(2).mean().backward()
         grads = {n: p.grad.double() for n, p in model.named_parameters()}
         opt.step()

@@ -7,7 +7,14 @@ import weakref
 
 import torch
 
-from nbmonitor._recorder import DeviceValue, LogRecord, Recorder, StepRecord, make_log_record
+from nbmonitor._recorder import (
+    DeviceValue,
+    LogRecord,
+    Recorder,
+    StepRecord,
+    make_log_record,
+    to_device_value,
+)
 
 
 class PendingValue(DeviceValue):
@@ -54,10 +61,16 @@ def test_drain_with_wait_takes_everything() -> None:
     assert len(out) == 1 and pending.waited and len(rec) == 0
 
 
-def test_log_record_packs_same_device_tensors_into_one_value() -> None:
-    record = make_log_record(3, {"a": torch.tensor(1.0), "b": torch.tensor([2.0]), "c": 5})
-    assert len(record.tensors) == 1  # one copy for both tensors
-    assert record.resolve() == {"a": 1.0, "b": 2.0, "c": 5.0}
+def test_log_record_reads_cpu_tensors_at_once() -> None:
+    x = torch.tensor([2.0], requires_grad=True)
+    record = make_log_record(3, {"a": torch.tensor(1.0), "b": x * 1, "c": 5, "d": torch.tensor(7)})
+    assert record.tensors == []  # nothing left for the sampler to read, no tensor kept
+    assert record.resolve() == {"a": 1.0, "b": 2.0, "c": 5.0, "d": 7.0}
+
+
+def test_device_tensors_are_packed_into_one_value() -> None:
+    value = to_device_value([torch.tensor(1.0), torch.tensor([2.0]), torch.tensor(3)])
+    assert value.values() == [1.0, 2.0, 3.0]  # one copy for all of them
 
 
 def test_cpu_value_keeps_neither_the_tensor_nor_its_graph() -> None:
