@@ -6,10 +6,11 @@ what nbmonitor costs (docs/performance.md), and right after ``backward()`` every
 microseconds of its own, so the parameters are sorted once, at attach, by what reads them in the
 fewest calls:
 
-- large float tensors: a BLAS dot product each (about twice as fast as torch's norm kernel);
+- large float tensors: a BLAS dot product each (about twice as fast as torch's norm kernel),
+  and then the other float tensors too, but for
 - small 1-D float32 tensors (biases, norm weights): all copied in one ``torch.cat``; the sampler
   thread sums their squares;
-- anything else: one ``_foreach_norm`` for all of them.
+- anything else (half precision): one ``_foreach_norm`` for all of them.
 
 The results leave packed in one tensor, and ``NormLayout`` says how to unpack them.
 """
@@ -110,7 +111,7 @@ def cpu_plan(params: list[torch.nn.Parameter]) -> CpuPlan | None:
     offset = 0
     for i, p in enumerate(params):
         n = p.numel()
-        if p.dtype in (torch.float32, torch.float64) and n >= DOT_MIN_NUMEL:
+        if _dot_readable(p) and n >= DOT_MIN_NUMEL:
             dots.append(i)
         elif p.dtype == torch.float32 and p.dim() == 1 and n > 0:
             concat.append(i)
@@ -121,11 +122,21 @@ def cpu_plan(params: list[torch.nn.Parameter]) -> CpuPlan | None:
     if len(concat) < CONCAT_MIN_TENSORS:
         rest = sorted(rest + concat)
         concat, starts = [], []
+    if dots:
+        # Once the dot-product path runs, a few more small tensors on it cost less than a
+        # _foreach_norm call of their own: a code path not yet run this step is the slow part.
+        wide = [i for i in rest if _dot_readable(params[i])]
+        dots = sorted(dots + wide)
+        rest = [i for i in rest if i not in set(wide)]
     if not dots and not concat:
         return None  # the general path is already a single call
     layout = NormLayout(len(dots), len(rest), tuple(starts))
     dtype = norm_dtype([params[i] for i in rest])
     return CpuPlan(tuple(dots), tuple(rest), tuple(concat), layout, dtype)
+
+
+def _dot_readable(p: torch.nn.Parameter) -> bool:
+    return p.dtype in (torch.float32, torch.float64) and p.numel() > 0
 
 
 class NormPass:

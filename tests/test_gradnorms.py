@@ -22,13 +22,13 @@ def mixed_params() -> list[torch.nn.Parameter]:
     return [
         param(256, 256),  # 0: large float32 -> dot
         param(256),  # 1: bias -> concat
-        param(10, 256),  # 2: small 2-D -> foreach
+        param(10, 256),  # 2: small 2-D -> dot, as the dot path runs anyway
         param(10),  # 3: bias -> concat
         param(DOT_MIN_NUMEL + 1),  # 4: large 1-D -> dot
         param(200, 100, dtype=torch.float64),  # 5: large float64 -> dot
         param(200, 100, dtype=torch.bfloat16),  # 6: large bfloat16 -> foreach
         param(0),  # 7: empty 1-D -> foreach
-        param(5, dtype=torch.float64),  # 8: small float64 1-D -> foreach
+        param(5, dtype=torch.float64),  # 8: small float64 1-D -> dot
         param(7),  # 9: concat
         param(1),  # 10: concat
     ]
@@ -53,16 +53,16 @@ def unpacked(npass: NormPass) -> tuple[np.ndarray, tuple[int, ...]]:
 def test_cpu_plan_sorts_parameters_by_how_they_are_read() -> None:
     plan = cpu_plan(mixed_params())
     assert plan is not None
-    assert plan.dots == (0, 4, 5)
+    assert plan.dots == (0, 2, 4, 5, 8)
     assert plan.concat == (1, 3, 9, 10)
-    assert plan.rest == (2, 6, 7, 8)
-    assert plan.order == (0, 4, 5, 2, 6, 7, 8, 1, 3, 9, 10)
-    assert plan.layout == NormLayout(squared=3, norms=4, starts=(0, 256, 266, 273))
+    assert plan.rest == (6, 7)
+    assert plan.order == (0, 2, 4, 5, 8, 6, 7, 1, 3, 9, 10)
+    assert plan.layout == NormLayout(squared=5, norms=2, starts=(0, 256, 266, 273))
 
 
 def test_cpu_plan_leaves_a_few_small_tensors_to_foreach_and_skips_what_gains_nothing() -> None:
     plan = cpu_plan([param(256, 256), param(256), param(3, 3), param(4), param(5)])
-    assert plan is not None and plan.concat == () and plan.rest == (1, 2, 3, 4)
+    assert plan is not None and plan.concat == () and plan.dots == (0, 1, 2, 3, 4)
     # one _foreach_norm is already one call
     assert cpu_plan([param(3, 3), param(4), param(5), param(6)]) is None
     assert cpu_plan([]) is None
