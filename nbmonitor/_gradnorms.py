@@ -18,6 +18,7 @@ The results leave packed in one tensor, and ``NormLayout`` says how to unpack th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -48,17 +49,22 @@ class NormLayout:
         object.__setattr__(self, "_starts", np.asarray(self.starts, dtype=np.intp))
 
 
-def squared_norms(values: FloatArray, layout: NormLayout | None) -> FloatArray:
+def squared_norms(values: npt.NDArray[np.floating[Any]], layout: NormLayout | None) -> FloatArray:
     """The squared per-tensor norms in packed ``values`` (plain norms when ``layout`` is None),
-    as a new array; ``values`` may hold one step per row. A NaN or Inf anywhere in a tensor's
-    values carries into its entry."""
+    as a new float64 array; ``values`` may hold one step per row. A NaN or Inf anywhere in a
+    tensor's values carries into its entry."""
     if layout is None:
-        return values * values
+        plain: FloatArray = np.square(values, dtype=np.float64)
+        return plain
     cut = layout.squared + layout.norms
-    parts = [values[..., : layout.squared], np.square(values[..., layout.squared : cut])]
+    parts = [
+        values[..., : layout.squared].astype(np.float64),
+        np.square(values[..., layout.squared : cut], dtype=np.float64),
+    ]
     if layout.starts:
-        raw = values[..., cut:]
-        parts.append(np.add.reduceat(raw * raw, layout._starts, axis=-1))
+        # Squares in the values' own precision, sums in float64: biases have thousands of values.
+        squares = np.square(values[..., cut:])
+        parts.append(np.add.reduceat(squares, layout._starts, axis=-1, dtype=np.float64))
     return np.concatenate(parts, axis=-1)
 
 

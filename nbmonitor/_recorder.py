@@ -98,6 +98,15 @@ class DeviceValue:
             return values
         return [float(v) for v in self._flat().tolist()]
 
+    def floats(self) -> npt.NDArray[np.floating[Any]]:
+        """The values as a 1-D float32 or float64 array, not to be written to; without a copy
+        where there is one already (a tick stacks many of these, which is the copy)."""
+        if self._owned is not None:
+            return self._owned.numpy()
+        if self._array is not None:
+            return self._array.reshape(-1)
+        return self.array()
+
     def array(self) -> npt.NDArray[np.float64]:
         """The values as a float64 array of the caller's own (cheaper than ``values()``)."""
         if self._owned is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -50,7 +51,7 @@ class LayerNorms:
 
 
 def _packed_alike(
-    a: StepRecord, b: StepRecord, values: list[npt.NDArray[np.float64]], i: int, j: int
+    a: StepRecord, b: StepRecord, values: list[npt.NDArray[Any]], i: int, j: int
 ) -> bool:
     return (
         a.norms_layout == b.norms_layout
@@ -88,7 +89,7 @@ class StepAssembler:
     def _add_norms(self, records: list[StepRecord]) -> None:
         # Consecutive steps whose values are packed alike (the usual tick: all of them) are
         # unpacked in one numpy pass: per step it would be a dozen calls on the sampler thread.
-        values = [r.norms.array() for r in records if r.norms is not None]
+        values = [r.norms.floats() for r in records if r.norms is not None]
         start = 0
         while start < len(records):
             first = records[start]
@@ -99,7 +100,10 @@ class StepAssembler:
             squares = squared_norms(matrix, first.norms_layout)
             # The total norm from the per-tensor ones; NaN/Inf in any of them carries through.
             totals = np.sqrt(squares.sum(axis=1)).tolist()
-            norms = matrix if first.norms_layout is None else np.sqrt(squares, out=squares)
+            if first.norms_layout is None:
+                norms = matrix.astype(np.float64, copy=False)
+            else:
+                norms = np.sqrt(squares, out=squares)
             finite = np.all(np.isfinite(norms), axis=1, keepdims=True)[:, 0]
             for k, record in enumerate(records[start:end]):
                 self._open[record.step].values["grad_norm"] = totals[k]
