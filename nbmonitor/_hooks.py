@@ -2,8 +2,8 @@
 
 Every hook only appends a record to the Recorder. Gradient norms are taken on the device in the
 optimizer pre-step hook (gradients are final there; ``_gradnorms``) and cross to the host later,
-without a synchronisation. Every hook body is wrapped: an exception
-is reported to ``on_error`` and the user's loop goes on; a hook that keeps failing is switched off.
+without a synchronisation. Every hook body is wrapped: an exception is reported to ``on_error``
+and the user's loop goes on; a hook that keeps failing is switched off.
 """
 
 from __future__ import annotations
