@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -50,14 +49,9 @@ class LayerNorms:
     finite: bool  # all of them
 
 
-def _packed_alike(
-    a: StepRecord, b: StepRecord, values: list[npt.NDArray[Any]], i: int, j: int
-) -> bool:
-    return (
-        a.norms_layout == b.norms_layout
-        and a.norm_index == b.norm_index
-        and len(values[i]) == len(values[j])
-    )
+def _packed_alike(a: StepRecord, b: StepRecord) -> bool:
+    # The same layout and index mean the same number of values (NormPass packs them).
+    return a.norms_layout == b.norms_layout and a.norm_index == b.norm_index
 
 
 class StepAssembler:
@@ -94,7 +88,7 @@ class StepAssembler:
         while start < len(records):
             first = records[start]
             end = start + 1
-            while end < len(records) and _packed_alike(first, records[end], values, start, end):
+            while end < len(records) and _packed_alike(first, records[end]):
                 end += 1
             matrix = np.stack(values[start:end])
             squares = squared_norms(matrix, first.norms_layout)
