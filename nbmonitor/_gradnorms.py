@@ -99,11 +99,11 @@ class CpuPlan:
     concat: tuple[int, ...]
     layout: NormLayout
     dtype: torch.dtype  # of the _foreach_norm results
+    # The parameter each unpacked norm belongs to; one tuple for every step, made once here.
+    order: tuple[int, ...] = field(init=False, compare=False)
 
-    @property
-    def order(self) -> tuple[int, ...]:
-        """The parameter each unpacked norm belongs to."""
-        return self.dots + self.rest + self.concat
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "order", self.dots + self.rest + self.concat)
 
 
 def cpu_plan(params: list[torch.nn.Parameter]) -> CpuPlan | None:
