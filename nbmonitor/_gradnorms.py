@@ -17,6 +17,7 @@ The results leave packed in one tensor, and ``NormLayout`` says how to unpack th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -152,6 +153,7 @@ class NormPass:
         self.params = params
         self.plan = cpu_plan(params)
         self.dtype = norm_dtype(params)
+        self._flat: Callable[[torch.Tensor, int], torch.Tensor] = torch.Tensor.view
 
     def take(self) -> tuple[DeviceValue | None, tuple[int, ...] | None, NormLayout | None]:
         """The packed values, the parameter each belongs to (None: all, in order) and how to
@@ -166,16 +168,24 @@ class NormPass:
         plan = self.plan
         if plan is not None:
             try:
-                packed = _take_cpu(grads, plan)
+                packed = _take_cpu(grads, plan, self._flat)
             except (RuntimeError, NotImplementedError):
-                pass  # a sparse or odd gradient this step: the general path below
+                if self._flat is torch.Tensor.view:
+                    # A non-contiguous gradient (channels_last): reshape from now on.
+                    self._flat = torch.Tensor.reshape
+                    return self.take()
+                # a sparse or odd gradient this step: the general path below
             else:
                 return DeviceValue(packed, owned=True), plan.order, plan.layout
         return grad_norms(grads, self.dtype), None, None
 
 
-def _take_cpu(grads: list[torch.Tensor], plan: CpuPlan) -> torch.Tensor:
-    heads = [torch.dot(g, g) for g in (grads[i].reshape(-1) for i in plan.dots)]
+def _take_cpu(
+    grads: list[torch.Tensor], plan: CpuPlan, flat: Callable[[torch.Tensor, int], torch.Tensor]
+) -> torch.Tensor:
+    # Lists, not generators, and view() where it can: in the loop each saves microseconds.
+    flats = [flat(grads[i], -1) for i in plan.dots]
+    heads = [torch.dot(f, f) for f in flats]
     if plan.rest:
         heads += torch._foreach_norm([grads[i] for i in plan.rest], 2, dtype=plan.dtype)
     if not plan.concat:

@@ -132,6 +132,7 @@ class Hooks:
         self._backward_queued = False
         self._failures: dict[str, int] = {}
         self.handles: list[RemovableHandle] = []
+        self._pre_handle: RemovableHandle | None = None
         names = {id(p): n for n, p in model.named_parameters()}
         params = optimizer_parameters(optimizer) if optimizer is not None else []
         # Tracked: the optimizer's parameters, then trainable ones it lacks (their gradients
@@ -168,7 +169,10 @@ class Hooks:
         if self.activations:
             for module in self._leaf_names:
                 self.handles.append(module.register_forward_hook(self._activation_stats))
-        self.handles.append(m.register_forward_pre_hook(self._forward_pre, with_kwargs=True))
+        # The pre-hook only times the first step's start (later steps start when the previous
+        # one ended) and opens activation sampling; without activations it goes after step 1.
+        self._pre_handle = m.register_forward_pre_hook(self._forward_pre)
+        self.handles.append(self._pre_handle)
         self.handles.append(m.register_forward_hook(self._forward, with_kwargs=True))
         if self.optimizer is not None:
             self.handles.append(self.optimizer.register_step_pre_hook(self._step_pre))
@@ -207,6 +211,8 @@ class Hooks:
         self._on_error(source, exc)
 
     def _enabled(self, source: str) -> bool:
+        # The hooks test ``self._failures`` first: empty (no failure yet) is the usual case,
+        # and right after backward() every Python call costs microseconds.
         return self._failures.get(source, 0) < MAX_CONSECUTIVE_ERRORS
 
     def _ok(self, source: str) -> None:
@@ -215,20 +221,17 @@ class Hooks:
 
     # -- hooks --------------------------------------------------------------------------------
 
-    def _forward_pre(
-        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> None:
+    def _forward_pre(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
         source = "hook:forward_pre"
-        if not torch.is_grad_enabled() or not self._enabled(source):
+        if not torch.is_grad_enabled() or (self._failures and not self._enabled(source)):
             return None
         try:
             if self._step_start is None:
                 self._step_start = time.perf_counter()
             if self.activations and self._micro == 0:
                 self._act_on = self._sampling_step()
-            self._micro += 1
-            self._samples += batch_size(args, kwargs)
-            self._ok(source)
+            if self._failures:
+                self._ok(source)
         except Exception as exc:
             self._failed(source, exc)
         return None
@@ -241,16 +244,20 @@ class Hooks:
         output: Any,
     ) -> None:
         source = "hook:forward"
-        if not torch.is_grad_enabled() or not self._enabled(source):
+        if not torch.is_grad_enabled() or (self._failures and not self._enabled(source)):
             return None
         try:
+            # A micro-batch counts once its forward has run (a forward that raised is none).
+            self._micro += 1
+            self._samples += batch_size(args, kwargs)
             self._pack_forward_rows()
             loss = output_loss(output)
             if loss is not None:
                 self.recorder.put(make_log_record(self.log_step, {"loss": loss}))
             if self.optimizer is None:
                 self._watch_backward(loss if loss is not None else _first_tensor(output))
-            self._ok(source)
+            if self._failures:
+                self._ok(source)
         except NonFiniteError:
             raise
         except Exception as exc:
@@ -292,7 +299,7 @@ class Hooks:
 
     def _step_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         source = "hook:optimizer_pre_step"
-        if not self._enabled(source):
+        if self._failures and not self._enabled(source):
             return None
         try:
             self._collect_norms()
@@ -300,7 +307,8 @@ class Hooks:
                 self._raise_if_non_finite()
             if self.layer_every and self._sampling_step():
                 self._snapshot_parameters()
-            self._ok(source)
+            if self._failures:
+                self._ok(source)
         except NonFiniteError:
             raise
         except Exception as exc:
@@ -310,13 +318,14 @@ class Hooks:
 
     def _step_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         source = "hook:optimizer_post_step"
-        if not self._enabled(source):
+        if self._failures and not self._enabled(source):
             return None
         try:
             if self._before is not None:
                 self._record_update()
             self._end_step()
-            self._ok(source)
+            if self._failures:
+                self._ok(source)
         except Exception as exc:
             self._before = None
             self._failed(source, exc)
@@ -462,6 +471,9 @@ class Hooks:
         self._last_end = now
         self._samples = 0
         self._micro = 0
+        if not self.activations and self._pre_handle is not None:
+            self._pre_handle.remove()
+            self._pre_handle = None
 
     def _lrs(self) -> tuple[float | DeviceValue, ...]:
         if self.optimizer is None:

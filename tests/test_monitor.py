@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -70,6 +71,68 @@ def test_gradient_accumulation_counts_optimizer_steps(model, tmp_path):
     assert list(h["step"]) == [1, 2, 3, 4, 5]
     assert np.all(h["micro_batches"] == 4)
     assert np.all(h["samples"] == 12)
+
+
+def test_forward_pre_hook_times_the_first_step_then_goes(model, tmp_path):
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with attach(model, opt, tmp_path) as mon:
+        assert len(model._forward_pre_hooks) == 1
+        time.sleep(0.2)  # attached long before training: not part of step 1
+        train(model, opt, mon, 3)
+        assert len(model._forward_pre_hooks) == 0  # one Python call less per step
+        h = mon.history()
+    assert np.all(np.isfinite(h["step_time"])) and h["step_time"][0] < 0.2
+    with attach(model, opt, tmp_path, activations=True, layer_every=2) as mon:
+        taken: list[int] = []
+        add = mon._layers.add_activations
+
+        def counted(names: list[str], values: list[float]) -> None:
+            taken.append(len(names))
+            add(names, values)
+
+        mon._layers.add_activations = counted  # type: ignore[method-assign,assignment]
+        train(model, opt, mon, 4)
+        assert len(model._forward_pre_hooks) == 1  # it opens activation sampling
+        mon.tick()
+    assert taken == [5, 5]  # steps 2 and 4, five leaf modules each
+
+
+def test_a_forward_that_raises_is_not_a_micro_batch(tmp_path):
+    class Flaky(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 1)
+            self.fail = False
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if self.fail:
+                raise ValueError("bad batch")
+            out: torch.Tensor = self.lin(x)
+            return out
+
+    model = Flaky()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with attach(model, opt, tmp_path) as mon:
+        model.fail = True
+        with pytest.raises(ValueError, match="bad batch"):
+            model(torch.randn(5, 8))
+        model.fail = False
+        model(torch.randn(3, 8)).sum().backward()
+        opt.step()
+        h = mon.history()
+    assert h["micro_batches"][0] == 1 and h["samples"][0] == 3
+
+
+def test_logging_a_loss_that_requires_grad_warns_nothing(model, tmp_path):
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with attach(model, opt, tmp_path) as mon, warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loss = model(torch.randn(2, 8)).sum()
+        loss.backward()
+        opt.step()
+        mon.log(loss=loss)  # torch warns when a tensor that requires grad becomes a float
+        h = mon.history()
+    assert h["loss"][0] == pytest.approx(loss.item())
 
 
 def test_without_optimizer_steps_are_backward_passes(model, tmp_path):
