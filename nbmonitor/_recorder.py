@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 class DeviceValue:
     """A tensor of one or more scalars on its way to the host, readable once ``ready()``."""
 
-    __slots__ = ("_array", "_event", "_host", "_owned", "_scalar")
+    __slots__ = ("_array", "_event", "_head", "_host", "_owned", "_scalar")
 
     def __init__(self, tensor: torch.Tensor, *, owned: bool = False) -> None:
         """``owned``: a 1-D float32/float64 tensor nbmonitor has just made and nothing else
@@ -37,6 +37,7 @@ class DeviceValue:
         self._event: Any = None
         self._host: torch.Tensor | None = None
         self._owned: torch.Tensor | None = None
+        self._head: list[float] | None = None
         if owned and tensor.is_cpu:
             self._owned = tensor.detach() if tensor.requires_grad else tensor
             return
@@ -68,6 +69,16 @@ class DeviceValue:
             # the tensor stays on the device and the sampler thread copies it (and waits).
             self._host = t
 
+    @classmethod
+    def packed(cls, head: list[float], tail: torch.Tensor | None) -> DeviceValue:
+        """Values read already (``head``), then those of ``tail``, a 1-D CPU tensor nbmonitor
+        has just made and nothing else holds (read on the sampler thread, as ``owned``)."""
+        value = cls.__new__(cls)
+        value._array = value._scalar = value._event = value._host = None
+        value._owned = None if tail is None else tail.detach() if tail.requires_grad else tail
+        value._head = head
+        return value
+
     def ready(self) -> bool:
         return self._event is None or bool(self._event.query())
 
@@ -88,6 +99,8 @@ class DeviceValue:
         return flat
 
     def values(self) -> list[float]:
+        if self._head is not None:
+            return self._head + ([] if self._owned is None else self._owned.tolist())
         if self._owned is not None:
             owned: list[float] = self._owned.tolist()
             return owned
@@ -101,6 +114,8 @@ class DeviceValue:
     def floats(self) -> npt.NDArray[np.floating[Any]]:
         """The values as a 1-D float32 or float64 array, not to be written to; without a copy
         where there is one already (a tick stacks many of these, which is the copy)."""
+        if self._head is not None:
+            return self._joined()
         if self._owned is not None:
             return self._owned.numpy()
         if self._array is not None:
@@ -109,6 +124,8 @@ class DeviceValue:
 
     def array(self) -> npt.NDArray[np.float64]:
         """The values as a float64 array of the caller's own (cheaper than ``values()``)."""
+        if self._head is not None:
+            return self._joined()
         if self._owned is not None:
             return self._owned.numpy().astype(np.float64)
         if self._scalar is not None:
@@ -116,6 +133,12 @@ class DeviceValue:
         if self._array is not None:
             return self._array.reshape(-1).astype(np.float64)
         return self._flat().numpy().astype(np.float64)
+
+    def _joined(self) -> npt.NDArray[np.float64]:
+        head = np.array(self._head, dtype=np.float64)
+        if self._owned is None:
+            return head
+        return np.concatenate((head, self._owned.numpy()), dtype=np.float64)
 
 
 def to_device_value(values: list[torch.Tensor]) -> DeviceValue:

@@ -4,6 +4,7 @@ way, the unpacked squares are the gradients' squared norms in parameter order.""
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -134,25 +135,31 @@ def test_a_nan_in_one_concatenated_tensor_stays_in_its_own_entry() -> None:
     assert squared_norms(np.array([3.0, 4.0]), None).tolist() == [9.0, 16.0]
 
 
-def test_norm_values_are_not_read_on_the_training_thread() -> None:
-    # The packed tensor is kept as it is (reading it costs the training thread a call); it is
-    # one nbmonitor made, so nothing can change it before the sampler reads it.
+def test_dot_products_are_read_at_once_and_the_rest_on_the_sampler() -> None:
+    # A dot product's float costs the training thread less than stacking its 0-d tensor; the
+    # biases' copy is kept as it is (nbmonitor made it, nothing can change it) and read later.
     params = [param(256, 256), param(256), param(4), param(3), param(2)]
     give_grads(params)
-    value, _, _ = NormPass(params).take()
-    assert value is not None and value._array is None and value._owned is not None
+    value, _, layout = NormPass(params).take()
+    assert value is not None and layout is not None
+    assert value._head is not None and len(value._head) == layout.squared == 1
+    assert value._array is None and value._owned is not None and value._owned.dim() == 1
 
 
 def test_norms_hold_no_autograd_graph() -> None:
     # Gradients that require grad themselves (double backward): the norms must not keep their
-    # graph alive until the sampler reads them.
-    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 2))
+    # graph alive until the sampler reads them, nor make torch warn about reading them.
+    model = torch.nn.Sequential(*(torch.nn.Linear(256, 256) for _ in range(4)))
     params = list(model.parameters())
     loss = model(torch.randn(3, 256)).pow(2).sum()
     for p, g in zip(params, torch.autograd.grad(loss, params, create_graph=True), strict=True):
         p.grad = g
     assert params[0].grad is not None and params[0].grad.requires_grad
-    value, _, _ = NormPass(params).take()
+    npass = NormPass(params)
+    assert npass.plan is not None and npass.plan.concat  # four biases: the cat path too
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        value, _, _ = npass.take()
     assert value is not None and value._owned is not None
     assert not value._owned.requires_grad
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import weakref
 
+import numpy as np
 import torch
 
 from nbmonitor._recorder import (
@@ -85,3 +86,18 @@ def test_cpu_value_keeps_neither_the_tensor_nor_its_graph() -> None:
     gc.collect()
     assert ref() is None
     assert one.values() == [6.0] and many.values() == [6.0, 12.0]
+
+
+def test_packed_value_is_its_floats_then_its_tensor() -> None:
+    tail = torch.tensor([3.0, 4.0], requires_grad=True) * 1  # made by nbmonitor, with a graph
+    value = DeviceValue.packed([1.0, 2.0], tail)
+    assert value.ready()
+    assert value.values() == [1.0, 2.0, 3.0, 4.0]
+    assert value.floats().tolist() == [1.0, 2.0, 3.0, 4.0]
+    array = value.array()
+    assert array.dtype == np.float64 and array.tolist() == [1.0, 2.0, 3.0, 4.0]
+    array[0] = 9.0  # the caller's own copy
+    assert value.values()[0] == 1.0
+    assert value._owned is not None and not value._owned.requires_grad
+    alone = DeviceValue.packed([5.0], None)
+    assert alone.values() == [5.0] and alone.floats().tolist() == [5.0]
