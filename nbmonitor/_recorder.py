@@ -231,14 +231,18 @@ def make_log_record(step: int, scalars: Mapping[str, object]) -> LogRecord:
     tensors: list[torch.Tensor] = []
     for key, value in scalars.items():
         if isinstance(value, torch.Tensor):
-            if value.is_cpu and not value.is_complex():
-                # Read at once (see DeviceValue), in as few calls as possible: a tensor of
-                # several values fails here and gets its message below.
+            if value.is_cpu:
+                # Read at once (see DeviceValue), in one call: item() neither warns about a
+                # tensor that requires grad nor makes a detached one. A tensor of several
+                # values fails here and a complex one is refused below, with their messages.
                 try:
-                    record.numbers[key] = float(value.detach())
-                    continue
-                except (ValueError, RuntimeError):
+                    number = value.item()
+                except RuntimeError:
                     pass
+                else:
+                    if not isinstance(number, complex):
+                        record.numbers[key] = float(number)
+                        continue
             if value.numel() != 1:
                 raise TypeError(
                     f"nbmonitor: log({key}=...) got a tensor of shape {tuple(value.shape)}; "

@@ -247,6 +247,7 @@ def test_several_values_in_one_step_are_averaged(model, tmp_path):
         ("high", "needs a number or a tensor, got str"),
         (None, "needs a number or a tensor, got NoneType"),
         (torch.ones(3), "pass a 0-d or 1-element tensor"),
+        (torch.tensor(1 + 2j), "got a complex tensor"),
         ([1.0], "needs a number or a tensor, got list"),
     ],
 )
