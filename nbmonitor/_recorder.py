@@ -28,19 +28,13 @@ class DeviceValue:
 
     __slots__ = ("_array", "_event", "_head", "_host", "_owned", "_scalar")
 
-    def __init__(self, tensor: torch.Tensor, *, owned: bool = False) -> None:
-        """``owned``: a 1-D float32/float64 tensor nbmonitor has just made and nothing else
-        holds; on the CPU it is kept as it is and read on the sampler thread, which spares the
-        training thread a call (~20 us there right after backward, for ``Tensor.numpy()``)."""
+    def __init__(self, tensor: torch.Tensor) -> None:
         self._array: npt.NDArray[np.float64] | None = None
         self._scalar: float | None = None
         self._event: Any = None
         self._host: torch.Tensor | None = None
         self._owned: torch.Tensor | None = None
         self._head: list[float] | None = None
-        if owned and tensor.is_cpu:
-            self._owned = tensor.detach() if tensor.requires_grad else tensor
-            return
         if tensor.is_cpu:
             # On the CPU a value is a memory read with nothing to wait for, so it is read now:
             # a single value (a loss, an lr) as a float, which keeps what was logged even if
@@ -71,8 +65,10 @@ class DeviceValue:
 
     @classmethod
     def packed(cls, head: list[float], tail: torch.Tensor | None) -> DeviceValue:
-        """Values read already (``head``), then those of ``tail``, a 1-D CPU tensor nbmonitor
-        has just made and nothing else holds (read on the sampler thread, as ``owned``)."""
+        """Values read already (``head``), then those of ``tail``, a 1-D float32/float64 CPU
+        tensor nbmonitor has just made and nothing else holds: it is kept as it is and read on
+        the sampler thread, which spares the training thread a call (~20 us there right after
+        backward, for ``Tensor.numpy()``)."""
         value = cls.__new__(cls)
         value._array = value._scalar = value._event = value._host = None
         value._owned = None if tail is None else tail.detach() if tail.requires_grad else tail
@@ -100,10 +96,8 @@ class DeviceValue:
 
     def values(self) -> list[float]:
         if self._head is not None:
-            return self._head + ([] if self._owned is None else self._owned.tolist())
-        if self._owned is not None:
-            owned: list[float] = self._owned.tolist()
-            return owned
+            tail: list[float] = [] if self._owned is None else self._owned.tolist()
+            return self._head + tail
         if self._scalar is not None:
             return [self._scalar]
         if self._array is not None:
@@ -115,9 +109,9 @@ class DeviceValue:
         """The values as a 1-D float32 or float64 array, not to be written to; without a copy
         where there is one already (a tick stacks many of these, which is the copy)."""
         if self._head is not None:
+            if not self._head and self._owned is not None:
+                return self._owned.numpy()
             return self._joined()
-        if self._owned is not None:
-            return self._owned.numpy()
         if self._array is not None:
             return self._array.reshape(-1)
         return self.array()
@@ -126,8 +120,6 @@ class DeviceValue:
         """The values as a float64 array of the caller's own (cheaper than ``values()``)."""
         if self._head is not None:
             return self._joined()
-        if self._owned is not None:
-            return self._owned.numpy().astype(np.float64)
         if self._scalar is not None:
             return np.array([self._scalar])
         if self._array is not None:

@@ -180,7 +180,7 @@ def test_a_tick_of_steps_packed_differently_unpacks_step_by_step() -> None:
     layout = NormLayout(squared=1, norms=0, starts=(0, 2))
 
     def record(step: int, values: list[float], **kw: object) -> StepRecord:
-        value = DeviceValue(torch.tensor(values, dtype=torch.float64), owned=True)
+        value = DeviceValue.packed([], torch.tensor(values, dtype=torch.float64))
         return StepRecord(step, 0.0, 0.1, 0, 1, (), value, **kw)
 
     plan_index = (0, 1, 2)
