@@ -59,15 +59,30 @@ def squared_norms(values: npt.NDArray[np.floating[Any]], layout: NormLayout | No
     if layout is None:
         plain: FloatArray = np.square(values, dtype=np.float64)
         return plain
-    cut = layout.squared + layout.norms
-    parts = [
-        values[..., : layout.squared].astype(np.float64),
-        np.square(values[..., layout.squared : cut], dtype=np.float64),
-    ]
-    if layout.starts:
-        # Squares in the values' own precision, sums in float64: biases have thousands of values.
-        squares = np.square(values[..., cut:])
-        parts.append(np.add.reduceat(squares, layout._starts, axis=-1, dtype=np.float64))
+    return squared_norms_split(values[..., : layout.squared], values[..., layout.squared :], layout)
+
+
+def squared_norms_split(
+    head: npt.NDArray[np.floating[Any]],
+    tail: npt.NDArray[np.floating[Any]] | None,
+    layout: NormLayout,
+) -> FloatArray:
+    """``squared_norms`` of values held in two parts: ``head``, the squared norms, and
+    ``tail``, what follows them (None: nothing), so that the raw values are not copied once
+    more only to be joined to a few squared norms."""
+    if head.shape[-1] != layout.squared:  # not cut where the layout cuts: join, then cut
+        joined = head if tail is None else np.concatenate((head, tail), axis=-1)
+        return squared_norms(joined, layout)
+    parts = [head.astype(np.float64)]
+    if tail is not None:
+        cut = layout.norms
+        if cut:
+            parts.append(np.square(tail[..., :cut], dtype=np.float64))
+        if layout.starts:
+            # Squares in the values' own precision, sums in float64: biases have thousands of
+            # values.
+            squares = np.square(tail[..., cut:])
+            parts.append(np.add.reduceat(squares, layout._starts, axis=-1, dtype=np.float64))
     return np.concatenate(parts, axis=-1)
 
 
@@ -206,4 +221,5 @@ __all__ = [
     "grad_norms",
     "norm_dtype",
     "squared_norms",
+    "squared_norms_split",
 ]

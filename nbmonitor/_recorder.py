@@ -133,6 +133,26 @@ class DeviceValue:
         return np.concatenate((head, self._owned.numpy()), dtype=np.float64)
 
 
+def stack_packed(
+    values: list[DeviceValue],
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.floating[Any]] | None] | None:
+    """Several ``packed()`` values of one shape as two arrays, one row per value: their heads
+    (float64) and their tensors (their own dtype; None without), in a few numpy calls; None
+    unless every value was packed alike."""
+    first = values[0]
+    if first._head is None:
+        return None
+    no_tail = first._owned is None
+    tails: list[npt.NDArray[np.floating[Any]]] = []
+    for v in values:
+        if v._head is None or (v._owned is None) != no_tail:
+            return None
+        if v._owned is not None:
+            tails.append(v._owned.numpy())
+    heads = np.array([v._head for v in values], dtype=np.float64)
+    return heads, (np.stack(tails) if tails else None)
+
+
 def to_device_value(values: list[torch.Tensor]) -> DeviceValue:
     """Pack scalar tensors (same device) into one tensor so that they cross in one copy."""
     if len(values) == 1:

@@ -12,8 +12,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from nbmonitor._gradnorms import squared_norms
-from nbmonitor._recorder import AuxRecord, DeviceValue, LogRecord, Record, StepRecord
+from nbmonitor._gradnorms import squared_norms, squared_norms_split
+from nbmonitor._recorder import (
+    AuxRecord,
+    DeviceValue,
+    LogRecord,
+    Record,
+    StepRecord,
+    stack_packed,
+)
 
 # Exponential smoothing of the loss for display (about a 20-step window), debiased like Adam so
 # the first points are not pulled towards zero.
@@ -83,18 +90,23 @@ class StepAssembler:
     def _add_norms(self, records: list[StepRecord]) -> None:
         # Consecutive steps whose values are packed alike (the usual tick: all of them) are
         # unpacked in one numpy pass: per step it would be a dozen calls on the sampler thread.
-        values = [r.norms.floats() for r in records if r.norms is not None]
+        values = [r.norms for r in records if r.norms is not None]
         start = 0
         while start < len(records):
             first = records[start]
             end = start + 1
             while end < len(records) and _packed_alike(first, records[end]):
                 end += 1
-            matrix = np.stack(values[start:end])
-            squares = squared_norms(matrix, first.norms_layout)
+            layout = first.norms_layout
+            split = stack_packed(values[start:end]) if layout is not None else None
+            if split is not None and layout is not None:
+                squares = squared_norms_split(*split, layout)
+            else:
+                matrix = np.stack([v.floats() for v in values[start:end]])
+                squares = squared_norms(matrix, layout)
             # The total norm from the per-tensor ones; NaN/Inf in any of them carries through.
             totals = np.sqrt(squares.sum(axis=1)).tolist()
-            if first.norms_layout is None:
+            if layout is None:
                 norms = matrix.astype(np.float64, copy=False)
             else:
                 norms = np.sqrt(squares, out=squares)

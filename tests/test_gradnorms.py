@@ -10,8 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-from nbmonitor._gradnorms import DOT_MIN_NUMEL, NormLayout, NormPass, cpu_plan, squared_norms
-from nbmonitor._recorder import DeviceValue, StepRecord
+from nbmonitor._gradnorms import (
+    DOT_MIN_NUMEL,
+    NormLayout,
+    NormPass,
+    cpu_plan,
+    squared_norms,
+    squared_norms_split,
+)
+from nbmonitor._recorder import DeviceValue, StepRecord, stack_packed
 from nbmonitor._steps import StepAssembler
 
 
@@ -207,3 +214,22 @@ def test_a_tick_of_steps_packed_differently_unpacks_step_by_step() -> None:
     np.testing.assert_allclose(items[1].norms, [4.0, 3.0, 0.0])
     np.testing.assert_allclose(items[2].norms, [3.0, 4.0])
     np.testing.assert_allclose(items[4].norms, [1.0, 0.0, 0.0])
+
+
+def test_a_tick_unpacks_its_parts_as_each_step_alone() -> None:
+    # The sampler unpacks a tick's steps from their parts without joining them first; the
+    # result must be what each step's own values give (dots, foreach norms, raw values).
+    params = mixed_params()
+    npass = NormPass(params)
+    values = []
+    for _ in range(3):
+        give_grads(params)
+        value, _, layout = npass.take()
+        assert value is not None and layout is not None
+        values.append(value)
+    split = stack_packed(values)
+    assert split is not None and split[1] is not None
+    rows = squared_norms_split(*split, layout)
+    alone = np.stack([squared_norms(v.floats(), layout) for v in values])
+    # Alone, a step's raw float32 values are squared in float64 (joined to its float64 head).
+    np.testing.assert_allclose(rows, alone, rtol=1e-6)
