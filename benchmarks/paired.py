@@ -23,6 +23,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,19 @@ from nbmonitor import _monitor
 from overhead import environment, make_task, median_ci
 
 WARMUP_PAIRS = 20
+
+
+def step_in_turn(step: Callable[[str], None], seconds: float, warmed: Callable[[], None]) -> None:
+    """Steps "A" and "B" in turn (A B, B A, ...) for ``seconds``; ``warmed()`` is called after
+    the first WARMUP_PAIRS pairs, whose timings are to be dropped."""
+    deadline = time.perf_counter() + seconds
+    i = 0
+    while time.perf_counter() < deadline or i < WARMUP_PAIRS * 2:
+        for which in ("A", "B") if i % 2 == 0 else ("B", "A"):
+            step(which)
+        i += 1
+        if i == WARMUP_PAIRS:
+            warmed()
 
 
 def measure(task: str, seconds: float, dashboard: bool, tmp: str) -> dict[str, Any]:
@@ -67,16 +81,13 @@ def measure(task: str, seconds: float, dashboard: bool, tmp: str) -> dict[str, A
             mon.log(loss=loss)
         spans[which].append((start, time.perf_counter()))
 
+    def warmed() -> None:
+        spans["A"].clear()
+        spans["B"].clear()
+        ticks.clear()
+
     try:
-        deadline = time.perf_counter() + seconds
-        i = 0
-        while time.perf_counter() < deadline or i < WARMUP_PAIRS * 2:
-            for which in ("A", "B") if i % 2 == 0 else ("B", "A"):
-                step(which)
-            i += 1
-            if i == WARMUP_PAIRS:
-                spans = {"A": [], "B": []}
-                ticks.clear()
+        step_in_turn(step, seconds, warmed)
     finally:
         mon.close()
         _monitor.Monitor._tick = original  # type: ignore[method-assign]

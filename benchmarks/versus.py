@@ -35,10 +35,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import nbmonitor
 from overhead import make_task, median_ci
+from paired import step_in_turn
 
 ROOT = Path(__file__).resolve().parent.parent
 ALIAS = "nbmonitor_ref"
-WARMUP_PAIRS = 20
 # Absolute imports of the package, rewritten to the alias so that the two versions share no
 # module (and no module-level state such as the registry of live monitors).
 IMPORTS = re.compile(r"\bnbmonitor(?=[.\s])")
@@ -82,15 +82,12 @@ def measure(task: str, seconds: float, ref: ModuleType, tmp: str) -> dict[str, A
         mon.log(loss=loss)
         times[which].append(time.perf_counter() - start)
 
+    def warmed() -> None:
+        times["A"].clear()
+        times["B"].clear()
+
     try:
-        deadline = time.perf_counter() + seconds
-        i = 0
-        while time.perf_counter() < deadline or i < WARMUP_PAIRS * 2:
-            for which in ("A", "B") if i % 2 == 0 else ("B", "A"):
-                step(which)
-            i += 1
-            if i == WARMUP_PAIRS:
-                times = {"A": [], "B": []}
+        step_in_turn(step, seconds, warmed)
     finally:
         mon_a.close()
         mon_b.close()
