@@ -201,7 +201,8 @@ def _take_cpu(
     grads: list[torch.Tensor], plan: CpuPlan, flat: Callable[[torch.Tensor, int], torch.Tensor]
 ) -> DeviceValue:
     # Each dot product is read at once: a float costs less than the view stack() makes of
-    # every one of them (a new tensor right after backward() costs microseconds).
+    # every one of them (a new tensor right after backward() costs microseconds). CPU tensors
+    # only (cpu_plan() is None anywhere else), so item() is a memory read, never a device sync.
     flats = [flat(grads[i], -1) for i in plan.dots]
     head = [torch.dot(f, f).item() for f in flats]
     tail = [grads[i] for i in plan.concat]
