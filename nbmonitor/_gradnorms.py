@@ -70,9 +70,6 @@ def squared_norms_split(
     """``squared_norms`` of values held in two parts: ``head``, the squared norms, and
     ``tail``, what follows them (None: nothing), so that the raw values are not copied once
     more only to be joined to a few squared norms."""
-    if head.shape[-1] != layout.squared:  # not cut where the layout cuts: join, then cut
-        joined = head if tail is None else np.concatenate((head, tail), axis=-1)
-        return squared_norms(joined, layout)
     parts = [head.astype(np.float64)]
     if tail is not None:
         cut = layout.norms

@@ -187,7 +187,13 @@ def test_a_tick_of_steps_packed_differently_unpacks_step_by_step() -> None:
     layout = NormLayout(squared=1, norms=0, starts=(0, 2))
 
     def record(step: int, values: list[float], **kw: object) -> StepRecord:
-        value = DeviceValue.packed([], torch.tensor(values, dtype=torch.float64))
+        # Packed as NormPass packs: the planned path's squared norms read already, the rest
+        # in one tensor; the general path's norms in one tensor.
+        if kw.get("norms_layout") is None:
+            value = DeviceValue(torch.tensor(values, dtype=torch.float64))
+        else:
+            tail = torch.tensor(values[layout.squared :], dtype=torch.float32)
+            value = DeviceValue.packed(values[: layout.squared], tail)
         return StepRecord(step, 0.0, 0.1, 0, 1, (), value, **kw)
 
     plan_index = (0, 1, 2)
