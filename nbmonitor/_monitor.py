@@ -464,33 +464,16 @@ class Monitor:
 
     def _collect_layers(self) -> None:
         layers, assembler = self._layers, self._assembler
-        # In step order, and a step's forward measurements before its gradients, so that a
-        # non-finite gradient report names the module of its own episode. Consecutive finite
-        # steps (the usual tick: all of them) are taken in one numpy pass.
-        work: list[tuple[int, int, AuxRecord | LayerNorms, list[float]]] = [
-            (record.step, 0, record, values) for record, values in assembler.aux
-        ]
-        work += [(item.step, 1, item, []) for item in assembler.layer_norms]
-        assembler.aux.clear()
-        assembler.layer_norms.clear()
-        run: list[LayerNorms] = []
-        for _, _, item, values in sorted(work, key=lambda w: (w[0], w[1])):
-            if isinstance(item, LayerNorms):
-                finite = item.finite
-                if finite and (not run or run[0].index == item.index):
-                    run.append(item)
-                    continue
-                self._take_norm_run(run)
-                if finite:
-                    run = [item]
-                    continue
-                run = []
-                self._take_norms(item)
-            else:
-                self._take_norm_run(run)
-                run = []
-                self._take_aux(item, values)
-        self._take_norm_run(run)
+        blocks, aux = assembler.layer_norms, assembler.aux
+        assembler.layer_norms, assembler.aux = [], []
+        if not aux and all(block.finite.all() for block in blocks):
+            # The usual tick: finite gradients of steps packed alike, each block in one numpy
+            # pass, as the assembler unpacked them.
+            for block in blocks:
+                self._nonfinite_reported = False
+                layers.add_grad_norm_rows(block.steps, block.norms, block.index)
+        else:
+            self._collect_layers_in_order(blocks, aux)
         if self._hooks.update_copy_skipped and not self._copy_skip_reported:
             self._copy_skip_reported = True
             self._add_alerts(
@@ -516,6 +499,47 @@ class Monitor:
             if alert is not None:
                 self._add_alerts([alert])
 
+    def _collect_layers_in_order(
+        self, blocks: list[LayerNorms], aux: list[tuple[AuxRecord, list[float]]]
+    ) -> None:
+        # In step order, and a step's forward measurements before its gradients, so that a
+        # non-finite gradient report names the module of its own episode. Consecutive finite
+        # steps with the same index are still taken in one numpy pass.
+        work: list[tuple[int, int, AuxRecord | LayerNorms, int | list[float]]] = [
+            (record.step, 0, record, values) for record, values in aux
+        ]
+        work += [(step, 1, block, k) for block in blocks for k, step in enumerate(block.steps)]
+        run_steps: list[int] = []
+        run_rows: list[npt.NDArray[np.float64]] = []
+        run_index: tuple[int, ...] | None = None
+
+        def take_run() -> None:
+            if run_steps:
+                self._nonfinite_reported = False
+                rows = np.stack(run_rows)
+                self._layers.add_grad_norm_rows(run_steps.copy(), rows, run_index)
+                run_steps.clear()
+                run_rows.clear()
+
+        for step, _, item, detail in sorted(work, key=lambda w: (w[0], w[1])):
+            if isinstance(item, LayerNorms):
+                assert isinstance(detail, int)
+                norms = item.norms[detail]
+                if not item.finite[detail]:
+                    take_run()
+                    self._take_nonfinite_norms(step, norms, item.index)
+                    continue
+                if run_steps and run_index != item.index:
+                    take_run()
+                run_steps.append(step)
+                run_rows.append(norms)
+                run_index = item.index
+            else:
+                assert isinstance(detail, list)
+                take_run()
+                self._take_aux(item, detail)
+        take_run()
+
     def _take_aux(self, record: AuxRecord, values: list[float]) -> None:
         layers = self._layers
         if record.kind == "update":
@@ -532,31 +556,26 @@ class Monitor:
         elif record.kind == "activations":
             layers.add_activations(record.names, values)
 
-    def _take_norm_run(self, run: list[LayerNorms]) -> None:
-        if run:
-            self._nonfinite_reported = False
-            norms = np.stack([item.norms for item in run])
-            self._layers.add_grad_norm_rows([item.step for item in run], norms, run[0].index)
-
-    def _take_norms(self, item: LayerNorms) -> None:
+    def _take_nonfinite_norms(
+        self, step: int, norms: npt.NDArray[np.float64], index: tuple[int, ...] | None
+    ) -> None:
         layers = self._layers
         # Reported once when gradients turn non-finite, again only after they recovered.
         # Detected here, per step, from the raw norms: which parameters had a gradient is
         # known exactly, so a NaN norm is never confused with "no gradient".
-        finite = item.finite
-        if not finite and not self._nonfinite_reported:
-            index = item.index if item.index is not None else range(len(item.norms))
-            names = [layers.params[j].name for j in index]
-            bad = first_non_finite(names, item.norms, limit=len(names))
+        if not self._nonfinite_reported:
+            which = index if index is not None else range(len(norms))
+            names = [layers.params[j].name for j in which]
+            bad = first_non_finite(names, norms, limit=len(names))
             forward = layers.first_bad_forward
-            if forward is not None and forward[0] > item.step:
+            if forward is not None and forward[0] > step:
                 forward = None
             report = non_finite_gradients(
-                item.step, time.time(), bad, forward, self._hooks.check_forward
+                step, time.time(), bad, forward, self._hooks.check_forward
             )
             self._add_alerts([report])
-        self._nonfinite_reported = not finite
-        layers.add_grad_norms(item.step, item.norms, item.index)
+        self._nonfinite_reported = True
+        layers.add_grad_norms(step, norms, index)
 
     def _check_health(self) -> None:
         steps = self._steps

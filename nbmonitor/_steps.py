@@ -48,16 +48,20 @@ class _Row:
 
 @dataclass(frozen=True, slots=True)
 class LayerNorms:
-    """Per-parameter gradient norms of one step; ``index`` None means every tracked parameter."""
+    """Per-parameter gradient norms of consecutive steps packed alike, one row per step;
+    ``index`` None means every tracked parameter."""
 
-    step: int
-    norms: npt.NDArray[np.float64]
+    steps: tuple[int, ...]
+    norms: npt.NDArray[np.float64]  # steps x parameters
     index: tuple[int, ...] | None
-    finite: bool  # all of them
+    finite: npt.NDArray[np.bool_]  # per step: all of its norms are
 
 
 def _packed_alike(a: StepRecord, b: StepRecord) -> bool:
-    # The same layout and index mean the same number of values (NormPass packs them).
+    # The same layout and index mean the same number of values (NormPass packs them, and
+    # hands the same two objects to every step: compared by identity first).
+    if a.norms_layout is b.norms_layout and a.norm_index is b.norm_index:
+        return True
     return a.norms_layout == b.norms_layout and a.norm_index == b.norm_index
 
 
@@ -110,11 +114,11 @@ class StepAssembler:
                 norms = matrix.astype(np.float64, copy=False)
             else:
                 norms = np.sqrt(squares, out=squares)
+            steps = tuple(record.step for record in records[start:end])
+            for step, total in zip(steps, totals, strict=True):
+                self._open[step].values["grad_norm"] = total
             finite = np.all(np.isfinite(norms), axis=1, keepdims=True)[:, 0]
-            for k, record in enumerate(records[start:end]):
-                self._open[record.step].values["grad_norm"] = totals[k]
-                item = LayerNorms(record.step, norms[k], record.norm_index, bool(finite[k]))
-                self.layer_norms.append(item)
+            self.layer_norms.append(LayerNorms(steps, norms, first.norm_index, finite))
             start = end
 
     def _add_step(self, record: StepRecord) -> None:

@@ -212,14 +212,14 @@ def test_a_tick_of_steps_packed_differently_unpacks_step_by_step() -> None:
     assert rows[3]["grad_norm"] == pytest.approx(5.0)
     assert math.isnan(rows[4]["grad_norm"])
     assert rows[5]["grad_norm"] == pytest.approx(1.0)
-    items = assembler.layer_norms
-    assert [i.step for i in items] == [1, 2, 3, 4, 5]
-    assert [i.finite for i in items] == [True, True, True, False, True]
-    assert [i.index for i in items] == [plan_index, plan_index, (0, 2), plan_index, plan_index]
-    np.testing.assert_allclose(items[0].norms, [3.0, math.sqrt(2.0), 2.0])
-    np.testing.assert_allclose(items[1].norms, [4.0, 3.0, 0.0])
-    np.testing.assert_allclose(items[2].norms, [3.0, 4.0])
-    np.testing.assert_allclose(items[4].norms, [1.0, 0.0, 0.0])
+    # One block per run of steps packed alike, one row per step.
+    blocks = assembler.layer_norms
+    assert [b.steps for b in blocks] == [(1, 2), (3,), (4, 5)]
+    assert [b.finite.tolist() for b in blocks] == [[True, True], [True], [False, True]]
+    assert [b.index for b in blocks] == [plan_index, (0, 2), plan_index]
+    np.testing.assert_allclose(blocks[0].norms, [[3.0, math.sqrt(2.0), 2.0], [4.0, 3.0, 0.0]])
+    np.testing.assert_allclose(blocks[1].norms, [[3.0, 4.0]])
+    np.testing.assert_allclose(blocks[2].norms[1], [1.0, 0.0, 0.0])
 
 
 def test_a_tick_unpacks_its_parts_as_each_step_alone() -> None:

@@ -1,0 +1,115 @@
+"""The CPU backend's /proc counters: psutil's figures, without an open() per reading."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+
+import psutil
+import pytest
+
+from nbmonitor.backends import CpuBackend, _procfs
+from nbmonitor.backends._procfs import ProcCounters
+
+linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads Linux's /proc")
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def spin(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+@linux
+def test_readings_agree_with_psutil() -> None:
+    counters = ProcCounters()
+    process = psutil.Process()
+    process.cpu_percent(None)
+    psutil.cpu_percent(None)
+    spin(0.5)  # one busy thread: a measurable share of the machine and ~100 % of one CPU
+    ours_system, theirs_system = counters.cpu_percent(), psutil.cpu_percent(None)
+    ours_process, theirs_process = counters.process_cpu_percent(), process.cpu_percent(None)
+    assert ours_system == pytest.approx(theirs_system, abs=5.0)
+    assert ours_process == pytest.approx(theirs_process, abs=10.0)
+    assert ours_process > 50.0
+    assert counters.rss_bytes() == pytest.approx(process.memory_info().rss, rel=0.05)
+    total, available = counters.memory()
+    vm = psutil.virtual_memory()
+    assert total == vm.total
+    assert available == pytest.approx(vm.available, rel=0.05)
+    counters.close()
+
+
+@linux
+def test_descriptors_are_held_then_closed_once() -> None:
+    before = open_fds()
+    backend = CpuBackend()
+    assert open_fds() == before + 3
+    opened = list(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        sample = backend.sample()
+        assert sample["process_rss_bytes"] > 0 and sample["ram_total_bytes"] > 0
+    assert sorted(os.listdir("/proc/self/fd")) == sorted(opened)  # nothing opened per sample
+    backend.close()
+    backend.close()
+    assert open_fds() == before
+
+
+@linux
+def test_a_dropped_backend_gives_its_descriptors_back() -> None:
+    before = open_fds()
+    for _ in range(20):
+        CpuBackend()
+    import gc
+
+    gc.collect()
+    assert open_fds() == before
+
+
+@linux
+def test_no_time_passed_reads_nan_not_zero(monkeypatch: pytest.MonkeyPatch) -> None:
+    counters = ProcCounters()
+    monkeypatch.setattr(counters, "_cpu_times", lambda: (counters._busy, counters._total))
+    monkeypatch.setattr(_procfs, "_process_seconds", lambda: counters._proc)
+    monkeypatch.setattr(_procfs.time, "monotonic", lambda: counters._wall)
+    assert math.isnan(counters.cpu_percent())
+    assert math.isnan(counters.process_cpu_percent())
+    counters.close()
+
+
+def test_without_proc_psutil_is_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(path: str, *args: object) -> int:
+        raise FileNotFoundError(2, "No such file or directory", path)
+
+    monkeypatch.setattr(_procfs.os, "open", refuse)
+    backend = CpuBackend()
+    assert backend._proc is None
+    sample = backend.sample()
+    assert sample["process_rss_bytes"] > 0
+    assert sample["ram_total_bytes"] == psutil.virtual_memory().total
+    assert 0.0 <= sample["ram_percent"] <= 100.0
+    backend.close()
+
+
+@linux
+def test_a_kernel_without_memavailable_falls_back_to_psutil(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    before = open_fds()
+    monkeypatch.setattr(ProcCounters, "memory", lambda self: (1.0, math.nan))
+    backend = CpuBackend()
+    assert backend._proc is None
+    assert open_fds() == before  # what it had opened is closed again
+    assert backend.sample()["ram_total_bytes"] == psutil.virtual_memory().total
+
+
+def test_a_late_sample_after_close_reads_nothing() -> None:
+    backend = CpuBackend()
+    backend.close()
+    assert all(math.isnan(v) for v in backend.sample().values())
