@@ -3,10 +3,12 @@
 Block-interleaved runs (``overhead.py``) are at the mercy of a shared VM whose speed drifts by
 several percent within seconds. Here model A (monitored, defaults) and model B (a bit-identical
 copy without a monitor) alternate step by step (A B, B A, ...), so both see the same machine to
-within one step, and the hooks' cost is the ratio of their step times.
+within one step, and the hooks' cost is the ratio of their step times. Halfway the two swap
+roles (B monitored, A plain): twins do not run alike (see ``swapped_ratio``), and the two
+halves' ratios combined cancel that.
 
-The sampler thread, started for A, slows whichever step it lands on, A's or B's alike, so that
-ratio leaves it out. Its share is measured on its own: every tick is timed, and the median of
+The sampler thread slows whichever step it lands on, monitored or plain alike, so that ratio
+leaves it out. Its share is measured on its own: every tick is timed, and the median of
 the steps it overlapped is compared with the median of the others; that excess, times the
 number of steps hit, over the run's time, is the fraction of training time the sampler took.
 The total overhead of attaching is the hooks' ratio plus that share.
@@ -33,7 +35,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import nbmonitor
 from nbmonitor import _monitor
-from overhead import environment, make_task, median_ci
+from overhead import BOOTSTRAP_RESAMPLES, environment, make_task
 
 WARMUP_PAIRS = 20
 
@@ -51,11 +53,79 @@ def step_in_turn(step: Callable[[str], None], seconds: float, warmed: Callable[[
             warmed()
 
 
+def swapped_ratio(
+    halves: list[tuple[list[float], list[float]]],
+) -> tuple[float, tuple[float, float]]:
+    """The ratio (minus 1) of monitored to plain step times, from the two halves of a run in
+    which the models swapped roles: each half's ratio of medians, combined geometrically, and
+    a 95 % bootstrap interval (the pairs of each half resampled on their own).
+
+    Two models built alike do not run alike: with no monitor at all, the one built first ran
+    0.2 to 1.8 % slower than its twin in four runs here (memory placement), which a run that
+    always monitors the same model adds to the monitor's cost. Swapped halfway, it cancels.
+    """
+    rng = np.random.default_rng(0)
+    point = 1.0
+    resampled = np.ones(BOOTSTRAP_RESAMPLES)
+    for monitored, plain in halves:
+        n = min(len(monitored), len(plain))
+        m, p = np.asarray(monitored[:n]), np.asarray(plain[:n])
+        point *= float(np.median(m) / np.median(p))
+        rows = rng.integers(0, n, size=(BOOTSTRAP_RESAMPLES, n))
+        resampled *= np.median(m[rows], axis=1) / np.median(p[rows], axis=1)
+    root = 1.0 / len(halves)
+    lo, hi = np.quantile(resampled**root, [0.025, 0.975])
+    return point**root - 1, (float(lo) - 1, float(hi) - 1)
+
+
+Task = tuple[torch.nn.Module, Callable[[torch.nn.Module], torch.Tensor]]
+
+
+def run_half(
+    models: dict[str, Task],
+    opts: dict[str, torch.optim.Optimizer],
+    watched: str,
+    seconds: float,
+    dashboard: bool,
+    tmp: str,
+) -> tuple[dict[str, list[float]], list[tuple[float, float]]]:
+    """``seconds`` of steps in turn with model ``watched`` monitored: each model's step times,
+    and the span of every step (for the sampler's share)."""
+    mon = nbmonitor.attach(models[watched][0], opts[watched], run_dir=tmp, display=False)
+    if dashboard:
+        mon._views = (mon._make_dashboard(),)  # what a notebook shows, without a front end
+    times: dict[str, list[float]] = {"A": [], "B": []}
+    spans: list[tuple[float, float]] = []
+
+    def step(which: str) -> None:
+        model, loss_fn = models[which]
+        opt = opts[which]
+        start = time.perf_counter()
+        loss = loss_fn(model)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if which == watched:
+            mon.log(loss=loss)
+        end = time.perf_counter()
+        times[which].append(end - start)
+        spans.append((start, end))
+
+    def warmed() -> None:
+        times["A"].clear()
+        times["B"].clear()
+        spans.clear()
+
+    try:
+        step_in_turn(step, seconds, warmed)
+    finally:
+        mon.close()
+    return times, spans
+
+
 def measure(task: str, seconds: float, dashboard: bool, tmp: str) -> dict[str, Any]:
-    model_a, loss_a = make_task(task)
-    model_b, loss_b = make_task(task)  # same seed: the same weights and data
-    opt_a = torch.optim.AdamW(model_a.parameters(), lr=1e-4)
-    opt_b = torch.optim.AdamW(model_b.parameters(), lr=1e-4)
+    models = {"A": make_task(task), "B": make_task(task)}  # same seed: same weights and data
+    opts = {k: torch.optim.AdamW(m.parameters(), lr=1e-4) for k, (m, _) in models.items()}
     ticks: list[tuple[float, float]] = []
     original = _monitor.Monitor._tick
 
@@ -65,68 +135,47 @@ def measure(task: str, seconds: float, dashboard: bool, tmp: str) -> dict[str, A
         ticks.append((start, time.perf_counter()))
 
     _monitor.Monitor._tick = timed_tick  # type: ignore[method-assign]
-    mon = nbmonitor.attach(model_a, opt_a, run_dir=tmp, display=False)
-    if dashboard:
-        mon._views = (mon._make_dashboard(),)  # what a notebook shows, without a front end
-    spans: dict[str, list[tuple[float, float]]] = {"A": [], "B": []}
-
-    def step(which: str) -> None:
-        model, loss_fn, opt = (model_a, loss_a, opt_a) if which == "A" else (model_b, loss_b, opt_b)
-        start = time.perf_counter()
-        loss = loss_fn(model)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if which == "A":
-            mon.log(loss=loss)
-        spans[which].append((start, time.perf_counter()))
-
-    def warmed() -> None:
-        spans["A"].clear()
-        spans["B"].clear()
-        ticks.clear()
-
+    halves: list[tuple[list[float], list[float]]] = []
+    spans: list[tuple[float, float]] = []
     try:
-        step_in_turn(step, seconds, warmed)
+        for watched, plain in (("A", "B"), ("B", "A")):
+            times, half_spans = run_half(models, opts, watched, seconds / 2, dashboard, tmp)
+            halves.append((times[watched], times[plain]))
+            spans += half_spans
     finally:
-        mon.close()
         _monitor.Monitor._tick = original  # type: ignore[method-assign]
 
-    a = [e - s for s, e in spans["A"]]
-    b = [e - s for s, e in spans["B"]]
-    pair_ratios = [x / y for x, y in zip(a, b, strict=False)]
+    monitored = [t for m, _ in halves for t in m]
+    plain_times = [t for _, p in halves for t in p]
+    hooks, (hooks_lo, hooks_hi) = swapped_ratio(halves)
+    # The sampler slows whichever step it lands on, monitored or not: the excess of the steps
+    # a tick overlapped over the others, times their number, over the run's time.
+    durations = [e - s for s, e in spans]
+    hits = [any(ts < e and te > s for ts, te in ticks) for s, e in spans]
+    on = [t for t, h in zip(durations, hits, strict=True) if h]
+    off = [t for t, h in zip(durations, hits, strict=True) if not h]
     excess = 0.0
-    hit = 0
-    for which, times in (("A", a), ("B", b)):
-        hits = [any(ts < e and te > s for ts, te in ticks) for s, e in spans[which]]
-        on = [t for t, h in zip(times, hits, strict=True) if h]
-        off = [t for t, h in zip(times, hits, strict=True) if not h]
-        if on and off:
-            # Medians, not means: a step that the VM stalls is no more the sampler's doing
-            # when a tick happens to overlap it.
-            hit += len(on)
-            excess += len(on) * max(0.0, statistics.median(on) - statistics.median(off))
-    total = sum(a) + sum(b)
-    hooks = statistics.median(a) / statistics.median(b) - 1
-    sampler = excess / total
+    if on and off:
+        # Medians, not means: a step that the VM stalls is no more the sampler's doing when a
+        # tick happens to overlap it.
+        excess = len(on) * max(0.0, statistics.median(on) - statistics.median(off))
+    sampler = excess / sum(durations)
+    pair_ratios = [x / y for m, p in halves for x, y in zip(m, p, strict=False)]
     q1, _, q3 = statistics.quantiles(pair_ratios, n=4)
-    # Resampling pairs keeps each A step with the B step beside it: the VM's drift cancels.
-    av, bv = np.asarray(a), np.asarray(b[: len(a)])
-    hooks_lo, hooks_hi = median_ci(
-        lambda rows: np.median(av[rows], axis=1) / np.median(bv[rows], axis=1) - 1, len(av)
-    )
     return {
-        "pairs": len(a),
-        "step_ms_monitored": statistics.median(a) * 1e3,
-        "step_ms_plain": statistics.median(b) * 1e3,
+        "pairs": len(pair_ratios),
+        "step_ms_monitored": statistics.median(monitored) * 1e3,
+        "step_ms_plain": statistics.median(plain_times) * 1e3,
         "hooks_percent": hooks * 100,
         "hooks_percent_ci95": [hooks_lo * 100, hooks_hi * 100],
-        "hooks_percent_mean": (statistics.fmean(a) / statistics.fmean(b) - 1) * 100,
+        "halves_percent": [
+            (statistics.median(m) / statistics.median(p) - 1) * 100 for m, p in halves
+        ],
         "pair_ratio_median_percent": (statistics.median(pair_ratios) - 1) * 100,
         "pair_ratio_iqr_percent": [(q1 - 1) * 100, (q3 - 1) * 100],
         "ticks": len(ticks),
         "tick_ms_median": statistics.median(e - s for s, e in ticks) * 1e3 if ticks else 0.0,
-        "steps_hit_by_ticks": hit,
+        "steps_hit_by_ticks": len(on),
         "sampler_percent": sampler * 100,
         "total_percent": (hooks + sampler) * 100,
     }
@@ -151,7 +200,8 @@ def main() -> int:
             print(
                 f"{task:10s} {r['pairs']} pairs, plain {r['step_ms_plain']:.2f} ms: "
                 f"hooks {r['hooks_percent']:+.2f} % (95 % CI {r['hooks_percent_ci95'][0]:+.2f}.."
-                f"{r['hooks_percent_ci95'][1]:+.2f}, mean {r['hooks_percent_mean']:+.2f} %, "
+                f"{r['hooks_percent_ci95'][1]:+.2f}; halves {r['halves_percent'][0]:+.2f}, "
+                f"{r['halves_percent'][1]:+.2f} %, "
                 f"pairs IQR {r['pair_ratio_iqr_percent'][0]:+.1f}.."
                 f"{r['pair_ratio_iqr_percent'][1]:+.1f}), sampler {r['sampler_percent']:.2f} % "
                 f"({r['ticks']} ticks, median {r['tick_ms_median']:.2f} ms) "

@@ -5,9 +5,9 @@ more than most changes are worth, so two versions measured one after the other c
 apart. Here both are attached at once: model A to this checkout's nbmonitor, model B (a
 bit-identical copy) to the revision's, imported under another package name, and the two are
 stepped in turn (A B, B A, ...). Everything but the code is common to both steps of a pair:
-the sampler threads of both run, the VM's drift hits both. The figure is the ratio of their
-median step times, with a 95 % bootstrap interval over resampled pairs; the same revision on
-both sides gives about 0.0 %.
+the sampler threads of both run, the VM's drift hits both; halfway the two models swap
+versions. The figure is the ratio of their median step times, the halves combined, with a
+95 % bootstrap interval over resampled pairs; the same revision on both sides gives about 0.0 %.
 
     python benchmarks/versus.py HEAD~3                    # mlp20, 60 s
     python benchmarks/versus.py main --tasks tiny mlp20 --seconds 120
@@ -29,13 +29,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import nbmonitor
-from overhead import make_task, median_ci
-from paired import step_in_turn
+from overhead import make_task
+from paired import step_in_turn, swapped_ratio
 
 ROOT = Path(__file__).resolve().parent.parent
 ALIAS = "nbmonitor_ref"
@@ -62,24 +61,45 @@ def import_revision(rev: str, into: Path) -> ModuleType:
 
 
 def measure(task: str, seconds: float, ref: ModuleType, tmp: str) -> dict[str, Any]:
-    model_a, loss_a = make_task(task)
-    model_b, loss_b = make_task(task)  # same seed: the same weights and data
-    opt_a = torch.optim.AdamW(model_a.parameters(), lr=1e-4)
-    opt_b = torch.optim.AdamW(model_b.parameters(), lr=1e-4)
-    mon_a = nbmonitor.attach(model_a, opt_a, run_dir=tmp, display=False)
-    mon_b = ref.attach(model_b, opt_b, run_dir=tmp, display=False)
+    models = {"A": make_task(task), "B": make_task(task)}  # same seed: same weights and data
+    opts = {k: torch.optim.AdamW(m.parameters(), lr=1e-4) for k, (m, _) in models.items()}
+    halves: list[tuple[list[float], list[float]]] = []
+    # Halfway the models swap versions: twins do not run alike (paired.swapped_ratio).
+    for this, other in (("A", "B"), ("B", "A")):
+        mons = {
+            this: nbmonitor.attach(models[this][0], opts[this], run_dir=tmp, display=False),
+            other: ref.attach(models[other][0], opts[other], run_dir=tmp, display=False),
+        }
+        times = run_both(models, opts, mons, seconds / 2)
+        halves.append((times[this], times[other]))
+    percent, (lo, hi) = swapped_ratio(halves)
+    this_times = [t for m, _ in halves for t in m]
+    ref_times = [t for _, r in halves for t in r]
+    return {
+        "pairs": min(len(this_times), len(ref_times)),
+        "step_ms_this": statistics.median(this_times) * 1e3,
+        "step_ms_ref": statistics.median(ref_times) * 1e3,
+        "added_us": (statistics.median(this_times) - statistics.median(ref_times)) * 1e6,
+        "percent": percent * 100,
+        "percent_ci95": [lo * 100, hi * 100],
+    }
+
+
+def run_both(
+    models: dict[str, Any], opts: dict[str, torch.optim.Optimizer], mons: dict[str, Any], s: float
+) -> dict[str, list[float]]:
+    """``s`` seconds of the two monitored models stepped in turn: each one's step times."""
     times: dict[str, list[float]] = {"A": [], "B": []}
 
     def step(which: str) -> None:
-        model, loss_fn, opt, mon = (
-            (model_a, loss_a, opt_a, mon_a) if which == "A" else (model_b, loss_b, opt_b, mon_b)
-        )
+        model, loss_fn = models[which]
+        opt = opts[which]
         start = time.perf_counter()
         loss = loss_fn(model)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        mon.log(loss=loss)
+        mons[which].log(loss=loss)
         times[which].append(time.perf_counter() - start)
 
     def warmed() -> None:
@@ -87,20 +107,11 @@ def measure(task: str, seconds: float, ref: ModuleType, tmp: str) -> dict[str, A
         times["B"].clear()
 
     try:
-        step_in_turn(step, seconds, warmed)
+        step_in_turn(step, s, warmed)
     finally:
-        mon_a.close()
-        mon_b.close()
-    a, b = np.asarray(times["A"]), np.asarray(times["B"][: len(times["A"])])
-    lo, hi = median_ci(lambda rows: np.median(a[rows], axis=1) / np.median(b[rows], axis=1), len(a))
-    return {
-        "pairs": len(a),
-        "step_ms_this": statistics.median(a) * 1e3,
-        "step_ms_ref": statistics.median(b) * 1e3,
-        "added_us": (statistics.median(a) - statistics.median(b)) * 1e6,
-        "percent": (statistics.median(a) / statistics.median(b) - 1) * 100,
-        "percent_ci95": [(lo - 1) * 100, (hi - 1) * 100],
-    }
+        for mon in mons.values():
+            mon.close()
+    return times
 
 
 def main() -> int:
