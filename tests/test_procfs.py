@@ -113,3 +113,24 @@ def test_a_late_sample_after_close_reads_nothing() -> None:
     backend = CpuBackend()
     backend.close()
     assert all(math.isnan(v) for v in backend.sample().values())
+
+
+@linux
+def test_proc_that_cannot_be_read_switches_to_psutil(monkeypatch: pytest.MonkeyPatch) -> None:
+    backend = CpuBackend()
+    proc = backend._proc
+    assert proc is not None
+
+    def unreadable(self: ProcCounters) -> float:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(ProcCounters, "rss_bytes", unreadable)
+    first = backend.sample()  # the sampler's source must not fail: psutil takes over
+    assert backend._proc is None and proc._fds == []
+    assert math.isnan(first["cpu_percent"]) and math.isnan(first["process_cpu_percent"])
+    assert first["process_rss_bytes"] > 0 and first["ram_total_bytes"] > 0
+    spin(0.2)
+    second = backend.sample()
+    assert 0.0 <= second["cpu_percent"] <= 100.0
+    assert second["process_cpu_percent"] > 0.0
+    backend.close()

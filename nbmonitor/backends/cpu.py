@@ -39,9 +39,12 @@ class CpuBackend:
             self._proc = ProcCounters()
         except (OSError, ValueError, IndexError):
             self._proc = None
-            self._process = psutil.Process()
-            self._process.cpu_percent(None)
-            psutil.cpu_percent(None)
+            self._start_psutil()
+
+    def _start_psutil(self) -> None:
+        self._process = psutil.Process()
+        self._process.cpu_percent(None)
+        psutil.cpu_percent(None)
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -49,28 +52,41 @@ class CpuBackend:
 
     def sample(self) -> dict[str, float]:
         out = dict.fromkeys(CPU_KEYS, math.nan)
-        proc = self._proc
         if self._closed:
             # A late tick after close: its descriptors are gone (and their numbers may be
             # another file's by now), so nothing is read.
             return out
+        proc = self._proc
         if proc is not None:
-            out["cpu_percent"] = proc.cpu_percent()
-            out["process_cpu_percent"] = proc.process_cpu_percent()
-            out["process_rss_bytes"] = proc.rss_bytes()
-            total, available = proc.memory()
+            try:
+                out["cpu_percent"] = proc.cpu_percent()
+                out["process_cpu_percent"] = proc.process_cpu_percent()
+                out["process_rss_bytes"] = proc.rss_bytes()
+                total, available = proc.memory()
+            except (OSError, ValueError, IndexError):
+                # /proc opened but cannot be read as expected (some sandboxes): psutil from
+                # now on. Its percentages need a first reading to compare with, so this
+                # sample has none (NaN, not psutil's meaningless first 0.0).
+                proc.close()
+                self._proc = None
+                self._start_psutil()
+                out["cpu_percent"] = out["process_cpu_percent"] = math.nan
+                total, available = self._psutil_memory(out)
         else:
             out["cpu_percent"] = float(psutil.cpu_percent(None))
-            with self._process.oneshot():
-                out["process_cpu_percent"] = float(self._process.cpu_percent(None))
-                out["process_rss_bytes"] = float(self._process.memory_info().rss)
-            vm = psutil.virtual_memory()
-            total, available = float(vm.total), float(vm.available)
+            out["process_cpu_percent"] = float(self._process.cpu_percent(None))
+            total, available = self._psutil_memory(out)
         out["ram_used_bytes"] = total - available
         out["ram_total_bytes"] = total
         out["ram_percent"] = (total - available) / total * 100.0 if total > 0 else math.nan
         out["torch_threads"] = float(torch.get_num_threads())
         return out
+
+    def _psutil_memory(self, out: dict[str, float]) -> tuple[float, float]:
+        """Fills in the process's RSS; the machine's total and available memory."""
+        out["process_rss_bytes"] = float(self._process.memory_info().rss)
+        vm = psutil.virtual_memory()
+        return float(vm.total), float(vm.available)
 
     def device_gauges(self, sample: dict[str, float]) -> list[dict[str, float | str]]:
         """No accelerator, so no gauges (the dashboard shows CPU/RAM from the sample)."""
