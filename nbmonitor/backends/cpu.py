@@ -1,4 +1,5 @@
-"""Process and system statistics from psutil; the base every other backend extends."""
+"""Process and system statistics (Linux: /proc through held descriptors; elsewhere psutil);
+the base every other backend extends."""
 
 from __future__ import annotations
 
