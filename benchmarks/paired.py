@@ -89,23 +89,35 @@ def run_half(
     dashboard: bool,
     tmp: str,
 ) -> tuple[dict[str, list[float]], list[tuple[float, float]]]:
-    """``seconds`` of steps in turn with model ``watched`` monitored: each model's step times,
-    and the span of every step (for the sampler's share)."""
+    """``seconds`` of steps in turn with model ``watched`` monitored (``step_models_in_turn``)."""
     mon = nbmonitor.attach(models[watched][0], opts[watched], run_dir=tmp, display=False)
     if dashboard:
         mon._views = (mon._make_dashboard(),)  # what a notebook shows, without a front end
+    return step_models_in_turn(models, opts, {watched: mon}, seconds)
+
+
+def step_models_in_turn(
+    models: dict[str, Task],
+    opts: dict[str, torch.optim.Optimizer],
+    mons: dict[str, Any],
+    seconds: float,
+) -> tuple[dict[str, list[float]], list[tuple[float, float]]]:
+    """``seconds`` of models "A" and "B" trained in turn, each logging its loss to its monitor
+    in ``mons`` if it has one (closed at the end): each model's step times, and the span of
+    every step (for the sampler's share)."""
     times: dict[str, list[float]] = {"A": [], "B": []}
     spans: list[tuple[float, float]] = []
 
     def step(which: str) -> None:
         model, loss_fn = models[which]
         opt = opts[which]
+        mon = mons.get(which)
         start = time.perf_counter()
         loss = loss_fn(model)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        if which == watched:
+        if mon is not None:
             mon.log(loss=loss)
         end = time.perf_counter()
         times[which].append(end - start)
@@ -119,7 +131,8 @@ def run_half(
     try:
         step_in_turn(step, seconds, warmed)
     finally:
-        mon.close()
+        for mon in mons.values():
+            mon.close()
     return times, spans
 
 

@@ -24,7 +24,6 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -34,7 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import nbmonitor
 from overhead import make_task
-from paired import step_in_turn, swapped_ratio
+from paired import step_models_in_turn, swapped_ratio
 
 ROOT = Path(__file__).resolve().parent.parent
 ALIAS = "nbmonitor_ref"
@@ -70,7 +69,7 @@ def measure(task: str, seconds: float, ref: ModuleType, tmp: str) -> dict[str, A
             this: nbmonitor.attach(models[this][0], opts[this], run_dir=tmp, display=False),
             other: ref.attach(models[other][0], opts[other], run_dir=tmp, display=False),
         }
-        times = run_both(models, opts, mons, seconds / 2)
+        times, _ = step_models_in_turn(models, opts, mons, seconds / 2)
         halves.append((times[this], times[other]))
     percent, (lo, hi) = swapped_ratio(halves)
     this_times = [t for m, _ in halves for t in m]
@@ -83,35 +82,6 @@ def measure(task: str, seconds: float, ref: ModuleType, tmp: str) -> dict[str, A
         "percent": percent * 100,
         "percent_ci95": [lo * 100, hi * 100],
     }
-
-
-def run_both(
-    models: dict[str, Any], opts: dict[str, torch.optim.Optimizer], mons: dict[str, Any], s: float
-) -> dict[str, list[float]]:
-    """``s`` seconds of the two monitored models stepped in turn: each one's step times."""
-    times: dict[str, list[float]] = {"A": [], "B": []}
-
-    def step(which: str) -> None:
-        model, loss_fn = models[which]
-        opt = opts[which]
-        start = time.perf_counter()
-        loss = loss_fn(model)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        mons[which].log(loss=loss)
-        times[which].append(time.perf_counter() - start)
-
-    def warmed() -> None:
-        times["A"].clear()
-        times["B"].clear()
-
-    try:
-        step_in_turn(step, s, warmed)
-    finally:
-        for mon in mons.values():
-            mon.close()
-    return times
 
 
 def main() -> int:
