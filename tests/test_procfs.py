@@ -134,3 +134,13 @@ def test_proc_that_cannot_be_read_switches_to_psutil(monkeypatch: pytest.MonkeyP
     assert 0.0 <= second["cpu_percent"] <= 100.0
     assert second["process_cpu_percent"] > 0.0
     backend.close()
+
+
+def test_not_linux_uses_psutil(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_procfs.sys, "platform", "win32")
+    with pytest.raises(OSError, match="no Linux /proc"):
+        ProcCounters()
+    backend = CpuBackend()
+    assert backend._proc is None
+    assert backend.sample()["process_rss_bytes"] > 0
+    backend.close()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 import weakref
 
@@ -29,6 +30,9 @@ class ProcCounters:
 
     def __init__(self) -> None:
         self._fds: list[int] = []
+        if not sys.platform.startswith("linux"):
+            # Elsewhere /proc is absent or another format, and os.pread may not exist.
+            raise OSError(f"no Linux /proc on {sys.platform}")
         try:
             for path in ("/proc/stat", "/proc/self/statm", "/proc/meminfo"):
                 self._fds.append(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
