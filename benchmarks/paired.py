@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import sys
 import tempfile
@@ -150,11 +151,17 @@ def measure(task: str, seconds: float, dashboard: bool, tmp: str) -> dict[str, A
     _monitor.Monitor._tick = timed_tick  # type: ignore[method-assign]
     halves: list[tuple[list[float], list[float]]] = []
     spans: list[tuple[float, float]] = []
+    faults_per_step: list[float] = []
     try:
         for watched, plain in (("A", "B"), ("B", "A")):
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             times, half_spans = run_half(models, opts, watched, seconds / 2, dashboard, tmp)
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
             halves.append((times[watched], times[plain]))
             spans += half_spans
+            # Hundreds of page faults per step mean glibc is trimming the heap every step (both
+            # models pay it alike; docs/performance.md): a run to read with that in mind.
+            faults_per_step.append(faults / max(1, len(half_spans)))
     finally:
         _monitor.Monitor._tick = original  # type: ignore[method-assign]
 
@@ -191,6 +198,7 @@ def measure(task: str, seconds: float, dashboard: bool, tmp: str) -> dict[str, A
         "steps_hit_by_ticks": len(on),
         "sampler_percent": sampler * 100,
         "total_percent": (hooks + sampler) * 100,
+        "page_faults_per_step_halves": faults_per_step,
     }
 
 
@@ -218,7 +226,9 @@ def main() -> int:
                 f"pairs IQR {r['pair_ratio_iqr_percent'][0]:+.1f}.."
                 f"{r['pair_ratio_iqr_percent'][1]:+.1f}), sampler {r['sampler_percent']:.2f} % "
                 f"({r['ticks']} ticks, median {r['tick_ms_median']:.2f} ms) "
-                f"= total {r['total_percent']:+.2f} %",
+                f"= total {r['total_percent']:+.2f} %; page faults per step "
+                f"{r['page_faults_per_step_halves'][0]:.0f}, "
+                f"{r['page_faults_per_step_halves'][1]:.0f}",
                 file=sys.stderr,
             )
     if args.json:
