@@ -159,8 +159,10 @@ def measure(task: str, seconds: float, dashboard: bool, tmp: str) -> dict[str, A
             faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
             halves.append((times[watched], times[plain]))
             spans += half_spans
+            # Process-wide, attach and warm-up included (a small share over a minute or more).
             # Hundreds of page faults per step mean glibc is trimming the heap every step (both
-            # models pay it alike; docs/performance.md): a run to read with that in mind.
+            # models alike in count, not always in time; docs/performance.md): a run to read
+            # with that in mind.
             faults_per_step.append(faults / max(1, len(half_spans)))
     finally:
         _monitor.Monitor._tick = original  # type: ignore[method-assign]

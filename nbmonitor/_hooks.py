@@ -283,14 +283,15 @@ class Hooks:
     def _backward_end(self) -> None:
         self._backward_queued = False
         source = "hook:backward"
-        if not self._enabled(source):
+        if self._failures and not self._enabled(source):
             return
         try:
             self._collect_norms()
             if self.on_nan == "raise":
                 self._raise_if_non_finite()
             self._end_step()
-            self._ok(source)
+            if self._failures:
+                self._ok(source)
         except NonFiniteError:
             self._pending_norms = NO_NORMS
             raise

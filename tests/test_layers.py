@@ -98,6 +98,27 @@ def test_nan_gradient_localised_to_the_injected_parameter(tmp_path):
     assert any(e["rule"] == "grad_non_finite" and e["layers"] == ["2.weight"] for e in events)
 
 
+def test_a_tick_mixing_finite_and_nan_steps_keeps_every_step_in_the_layer_window(tmp_path):
+    # One tick brings steps 1-5 as one block whose step 4 is non-finite: the finite steps on
+    # either side of it must reach the per-layer window too, each with its own norms.
+    model = mlp(width=4, depth=3)
+    opt = FrozenSGD(model.parameters(), lr=0.1)
+    with attach(model, opt, tmp_path) as mon:
+        train(model, opt, mon, 3, width=4)
+        handle = model[2].weight.register_hook(lambda g: g * float("nan"))
+        train(model, opt, mon, 1, width=4)
+        handle.remove()
+        train(model, opt, mon, 1, width=4)
+        mon.tick()
+        steps, norms = mon._layers.recent()
+        names = mon._layers.names
+    assert steps.tolist() == [1.0, 2.0, 3.0, 4.0, 5.0]
+    row = names.index("2.weight")
+    assert math.isnan(norms[row, 3])
+    assert np.all(np.isfinite(np.delete(norms[row], 3)))
+    assert np.all(np.isfinite(np.delete(norms, row, axis=0)[:, [0, 1, 2, 4]]))
+
+
 def test_check_forward_names_the_first_module_with_nan_output(tmp_path):
     model = mlp(width=4, depth=3)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)

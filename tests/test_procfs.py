@@ -144,3 +144,20 @@ def test_not_linux_uses_psutil(monkeypatch: pytest.MonkeyPatch) -> None:
     assert backend._proc is None
     assert backend.sample()["process_rss_bytes"] > 0
     backend.close()
+
+
+@linux
+def test_proc_that_does_not_parse_is_refused_with_nothing_left_open(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def garbled(self: ProcCounters) -> tuple[float, float]:
+        raise ValueError("could not convert string to float: b'cpu?'")
+
+    monkeypatch.setattr(ProcCounters, "_cpu_times", garbled)
+    before = open_fds()
+    with pytest.raises(OSError, match="does not read as expected"):
+        ProcCounters()
+    assert open_fds() == before
+    backend = CpuBackend()
+    assert backend._proc is None and open_fds() == before
+    assert backend.sample()["ram_total_bytes"] > 0

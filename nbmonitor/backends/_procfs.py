@@ -24,8 +24,9 @@ _HEAD_BYTES = 512
 class ProcCounters:
     """Held descriptors on ``/proc/stat``, ``/proc/self/statm`` and ``/proc/meminfo``.
 
-    Raises OSError where they cannot be opened (no ``/proc``: not Linux, or a sandbox).
-    Percentages are over the time since the previous call (the first call: since construction).
+    Raises OSError where they cannot be opened or do not read as Linux's do (not Linux, a
+    sandbox, a kernel without MemAvailable), having closed whatever it had opened. Percentages
+    are over the time since the previous call (the first call: since construction).
     """
 
     def __init__(self) -> None:
@@ -42,13 +43,17 @@ class ProcCounters:
         self._stat, self._statm, self._meminfo = self._fds
         # A backend dropped without close() (one made and discarded) still gives them back.
         self._closer = weakref.finalize(self, _close_all, list(self._fds))
-        self._page = os.sysconf("SC_PAGE_SIZE")
-        self._busy, self._total = self._cpu_times()
+        try:
+            self._page = os.sysconf("SC_PAGE_SIZE")
+            self._busy, self._total = self._cpu_times()
+            self.rss_bytes()
+            if not math.isfinite(self.memory()[1]):
+                raise OSError("/proc/meminfo has no MemAvailable (Linux older than 3.14)")
+        except (OSError, ValueError, IndexError) as exc:
+            self.close()
+            raise OSError(f"/proc does not read as expected: {exc}") from exc
         self._proc = _process_seconds()
         self._wall = time.monotonic()
-        if not math.isfinite(self.memory()[1]):
-            self.close()
-            raise OSError("/proc/meminfo has no MemAvailable (Linux older than 3.14)")
 
     def _cpu_times(self) -> tuple[float, float]:
         line = os.pread(self._stat, _HEAD_BYTES, 0).split(b"\n", 1)[0]
