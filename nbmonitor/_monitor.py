@@ -14,6 +14,7 @@ import math
 import os
 import platform
 import socket
+import statistics
 import sys
 import threading
 import time
@@ -67,6 +68,9 @@ DEFAULT_LAYER_EVERY = 100
 NO_GRAD_AFTER_STEPS = 10
 # Rows of recent history handed to the health rules each tick.
 HEALTH_WINDOW = 512
+# Finite per-layer gradient norms wait for their readers (the health rules, a detailed frame,
+# layers()) and are then taken in one numpy pass, but never more than this many values.
+LAYER_DEFER_MAX_VALUES = 2**20
 
 Columns = dict[str, npt.NDArray[np.float64]]
 
@@ -80,6 +84,11 @@ def _signal_all() -> None:
     # At interpreter exit only signal: joining threads or writing files here can hang shutdown.
     for monitor in list(_ALL):
         monitor._thread.signal()
+
+
+def _same_index(a: tuple[int, ...] | None, b: tuple[int, ...] | None) -> bool:
+    # NormPass hands every step the same index object: identity first, it is the usual case.
+    return a is b or a == b
 
 
 def _merge_rows(columns: Columns, rows: Iterable[Mapping[str, float]]) -> Columns:
@@ -186,6 +195,8 @@ class Monitor:
         self._layer_flags: dict[str, list[str]] = {}
         self._no_grad_checked = False
         self._nonfinite_reported = False
+        self._deferred: list[LayerNorms] = []
+        self._deferred_values = 0
         self._copy_skip_reported = False
         self._health_step = 0
         self._steps = Store()
@@ -467,12 +478,15 @@ class Monitor:
         blocks, aux = assembler.layer_norms, assembler.aux
         assembler.layer_norms, assembler.aux = [], []
         if not aux and all(block.finite.all() for block in blocks):
-            # The usual tick: finite gradients of steps packed alike, each block in one numpy
-            # pass, as the assembler unpacked them.
-            for block in blocks:
-                self._nonfinite_reported = False
-                layers.add_grad_norm_rows(block.steps, block.norms, block.index)
+            # The usual tick: finite gradients only. They wait for whoever reads the layers
+            # next (every few ticks) and are then taken in one numpy pass: per tick that pass
+            # was a sixth of the sampler's time, most of it per call, not per step.
+            self._deferred += blocks
+            self._deferred_values += sum(block.norms.size for block in blocks)
+            if self._deferred_values >= LAYER_DEFER_MAX_VALUES:
+                self._take_deferred()
         else:
+            self._take_deferred()  # the earlier steps first
             self._collect_layers_in_order(blocks, aux)
         if self._hooks.update_copy_skipped and not self._copy_skip_reported:
             self._copy_skip_reported = True
@@ -492,12 +506,33 @@ class Monitor:
             )
         if not self._no_grad_checked and self._hooks.step >= NO_GRAD_AFTER_STEPS:
             self._no_grad_checked = True
+            self._take_deferred()
             trainable = [p.requires_grad for p in layers.params]
             names = [p.name for p, t in zip(layers.params, trainable, strict=True) if t]
             seen = layers.seen[np.asarray(trainable, dtype=bool)]
             alert = grads_never_arrived(names, seen, step=self._hooks.step, time=time.time())
             if alert is not None:
                 self._add_alerts([alert])
+
+    def _take_deferred(self) -> None:
+        """Hand the deferred finite gradient norms to the layer statistics, consecutive blocks
+        of one index in one pass."""
+        blocks, self._deferred, self._deferred_values = self._deferred, [], 0
+        start = 0
+        while start < len(blocks):
+            first = blocks[start]
+            end = start + 1
+            while end < len(blocks) and _same_index(first.index, blocks[end].index):
+                end += 1
+            self._nonfinite_reported = False
+            if end - start == 1:
+                self._layers.add_grad_norm_rows(first.steps, first.norms, first.index)
+            else:
+                run = blocks[start:end]
+                steps = [step for block in run for step in block.steps]
+                norms = np.concatenate([block.norms for block in run])
+                self._layers.add_grad_norm_rows(steps, norms, first.index)
+            start = end
 
     def _collect_layers_in_order(
         self, blocks: list[LayerNorms], aux: list[tuple[AuxRecord, list[float]]]
@@ -578,6 +613,7 @@ class Monitor:
         layers.add_grad_norms(step, norms, index)
 
     def _check_health(self) -> None:
+        self._take_deferred()
         steps = self._steps
         # Paced, the rules may run seconds apart: they get every step since their last run.
         window = min(HEALTH_WINDOW + self._hooks.step - self._health_step, HEALTH_WINDOW_MAX)
@@ -622,6 +658,7 @@ class Monitor:
         with self._tick_lock:
             if not self._closed:
                 self._collect()
+            self._take_deferred()
             rows = self._layers.table(self._layer_flags)
         if as_dataframe:
             try:
@@ -673,7 +710,7 @@ class Monitor:
             samples = self._steps.tail("samples", 20)
             samples = samples[np.isfinite(samples) & (samples > 0)]
             if samples.size:
-                out["energy_per_sample_j"] = per_step / float(np.median(samples))
+                out["energy_per_sample_j"] = per_step / statistics.median(samples.tolist())
         return out
 
     def frame(self, detail: bool = True) -> Frame:
@@ -708,9 +745,12 @@ class Monitor:
             recent = steps.tail("step_time", 50)
             recent = recent[np.isfinite(recent)]
             if recent.size:
-                eta = max(0, self.total_steps - step) * float(np.median(recent))
+                # statistics.median: np.median imports numpy.ma on first use (~20 ms).
+                eta = max(0, self.total_steps - step) * statistics.median(recent.tolist())
         gauges = getattr(self.backend, "device_gauges", None)
         devices = tuple(gauges(self._last_sample)) if gauges is not None else ()
+        if detail and self._layers.names:
+            self._take_deferred()
         return Frame(
             run=self.name,
             backend=self.backend.name,

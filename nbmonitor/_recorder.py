@@ -143,14 +143,15 @@ def stack_packed(
     if first._head is None:
         return None
     no_tail = first._owned is None
-    tails: list[npt.NDArray[np.floating[Any]]] = []
+    tails: list[torch.Tensor] = []
     for v in values:
         if v._head is None or (v._owned is None) != no_tail:
             return None
         if v._owned is not None:
-            tails.append(v._owned.numpy())
+            tails.append(v._owned)
     heads = np.array([v._head for v in values], dtype=np.float64)
-    return heads, (np.stack(tails) if tails else None)
+    # One torch call for all of them, not a numpy() per value.
+    return heads, (torch.stack(tails).numpy() if tails else None)
 
 
 def to_device_value(values: list[torch.Tensor]) -> DeviceValue:

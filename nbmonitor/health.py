@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -771,7 +772,9 @@ class Health:
             return _nothing(rule)
         before = float(first[first_ok].mean())
         after = float(last[last_ok].mean())
-        start = float(np.median(self._start_losses))
+        # statistics, not numpy: np.median imports numpy.ma on first use (~20 ms holding the
+        # GIL on this thread, so the training thread too).
+        start = statistics.median(self._start_losses)
         progress = (start - after) / abs(start) if start else math.inf
         # A loss that flattens after falling a long way has converged (or needs an LR decay);
         # the actionable case is a loss stuck near where it started.

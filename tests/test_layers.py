@@ -119,6 +119,64 @@ def test_a_tick_mixing_finite_and_nan_steps_keeps_every_step_in_the_layer_window
     assert np.all(np.isfinite(np.delete(norms, row, axis=0)[:, [0, 1, 2, 4]]))
 
 
+def test_finite_norms_wait_for_a_reader_then_arrive_in_step_order(tmp_path):
+    # A scheduled tick (here: its collect part alone) leaves finite norms for the next reader;
+    # a later tick with a NaN step takes the waiting ones first, so the window stays in order
+    # and the NaN step is still reported.
+    model = mlp(width=4, depth=3)
+    opt = FrozenSGD(model.parameters(), lr=0.1)
+    with attach(model, opt, tmp_path, layer_every=0) as mon:
+        train(model, opt, mon, 3, width=4)
+        with mon._tick_lock:
+            mon._collect()
+        assert mon._layers.recent()[0].tolist() == []  # waiting, not lost
+        assert mon._deferred_values == 3 * len(mon._layers.names)
+        handle = model[2].weight.register_hook(lambda g: g * float("nan"))
+        train(model, opt, mon, 1, width=4)
+        handle.remove()
+        with mon._tick_lock:
+            mon._collect()
+        steps, norms = mon._layers.recent()
+        assert mon._deferred == []
+    assert steps.tolist() == [1.0, 2.0, 3.0, 4.0]
+    assert math.isnan(norms[mon._layers.names.index("2.weight"), 3])
+    assert rules(mon)["grad_non_finite"] == ("2.weight",)
+
+
+def test_every_reader_sees_the_waiting_norms(tmp_path):
+    model = mlp(width=4, depth=2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with attach(model, opt, tmp_path, layer_every=0) as mon:
+        train(model, opt, mon, 2, width=4)
+        # layers() collects and reads at once.
+        table = {row["name"]: row for row in mon.layers()}
+        assert math.isfinite(table["0.weight"]["grad_norm"])
+        train(model, opt, mon, 2, width=4)
+        with mon._tick_lock:
+            mon._collect()
+            frame = mon.frame(detail=True)
+        assert frame.layers is not None
+        assert frame.layers.steps.tolist() == [1.0, 2.0, 3.0, 4.0]
+        train(model, opt, mon, 2, width=4)
+        mon.tick()  # unpaced: the health rules run, and read the window first
+        assert mon._layers.recent()[0].tolist() == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+        assert mon._deferred == []
+
+
+def test_waiting_norms_are_bounded_without_a_reader(tmp_path, monkeypatch):
+    monkeypatch.setattr("nbmonitor._monitor.LAYER_DEFER_MAX_VALUES", 10)
+    model = mlp(width=4, depth=2)  # 6 parameter tensors: two steps pass the bound
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with attach(model, opt, tmp_path, layer_every=0) as mon:
+        for _ in range(5):
+            train(model, opt, mon, 1, width=4)
+            with mon._tick_lock:
+                mon._collect()
+            assert mon._deferred_values < 10
+        # taken in bounded batches with no reader at all: at most one step still waits
+        assert mon._layers.recent()[0].tolist() == [1.0, 2.0, 3.0, 4.0]
+
+
 def test_check_forward_names_the_first_module_with_nan_output(tmp_path):
     model = mlp(width=4, depth=3)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)

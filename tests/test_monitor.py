@@ -592,3 +592,33 @@ def test_paced_health_judges_steps_beyond_the_window(model, tmp_path, monkeypatc
         mon.tick()
     # Every final row (the 10th step's row stays open until a later step ends), not just 4.
     assert seen[0] == 9
+
+
+def test_a_monitored_run_does_not_import_numpy_ma(tmp_path):
+    # np.median imports numpy.ma the first time (~20 ms on the sampler thread, holding the GIL
+    # and so stalling the training loop once): the rules and the ETA must not need it.
+    script = textwrap.dedent(
+        f"""
+        import sys, torch, nbmonitor
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        with nbmonitor.attach(model, opt, total_steps=400, run_dir={str(tmp_path)!r},
+                              display=False, interval=60) as mon:
+            for i in range(400):
+                model(torch.randn(8, 4)).pow(2).mean().backward()
+                opt.step()
+                opt.zero_grad()
+                mon.log(loss=1.0)
+                if i % 20 == 19:
+                    mon.tick()
+                    mon.frame()
+            rules = [event.rule for event in mon.events()]
+        print(sorted(rules), "numpy.ma" in sys.modules)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    )
+    # The plateau rule (one np.median before) and the ETA have both run.
+    assert out.stdout.split("]")[0].count("loss_plateau") == 1
+    assert out.stdout.strip().endswith("False"), out.stdout
