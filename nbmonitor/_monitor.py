@@ -714,7 +714,8 @@ class Monitor:
         return out
 
     def frame(self, detail: bool = True) -> Frame:
-        """A snapshot of everything the views show (built on the sampler thread).
+        """A snapshot of everything the views show, built on the sampler thread or under the tick
+        lock (with ``detail`` it takes the per-layer norms waiting for a reader).
 
         Without ``detail`` the chart series and the per-layer panel are left out: a console
         line needs neither, and decimating every series is the costly part of a frame.
