@@ -1,8 +1,9 @@
 """Training-health rules: plain-language diagnoses of what is going wrong, and where.
 
 ``Health.check`` runs on the sampler thread (paced to about 0.1 % of a core, so every few ticks)
-over the recent per-step columns and the per-layer arrays, so every rule is a handful of vectorised numpy operations over a window of a
-few hundred steps x a few hundred layers; nothing here imports torch.
+over the recent per-step columns and the per-layer arrays, so every rule is a handful of
+vectorised numpy operations over a window of a few hundred steps x a few hundred layers;
+nothing here imports torch.
 
 A rule *holds* for a set of subjects (a layer name, a module name, a GPU, or ``""`` for the
 whole run). An alert is raised when a subject starts to hold and not again while it keeps
