@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import datetime as _dt
+import itertools
 import math
 import os
 import platform
@@ -84,11 +85,6 @@ def _signal_all() -> None:
     # At interpreter exit only signal: joining threads or writing files here can hang shutdown.
     for monitor in list(_ALL):
         monitor._thread.signal()
-
-
-def _same_index(a: tuple[int, ...] | None, b: tuple[int, ...] | None) -> bool:
-    # NormPass hands every step the same index object: identity first, it is the usual case.
-    return a is b or a == b
 
 
 def _merge_rows(columns: Columns, rows: Iterable[Mapping[str, float]]) -> Columns:
@@ -518,21 +514,12 @@ class Monitor:
         """Hand the deferred finite gradient norms to the layer statistics, consecutive blocks
         of one index in one pass."""
         blocks, self._deferred, self._deferred_values = self._deferred, [], 0
-        start = 0
-        while start < len(blocks):
-            first = blocks[start]
-            end = start + 1
-            while end < len(blocks) and _same_index(first.index, blocks[end].index):
-                end += 1
+        for index, group in itertools.groupby(blocks, key=lambda block: block.index):
+            run = list(group)
             self._nonfinite_reported = False
-            if end - start == 1:
-                self._layers.add_grad_norm_rows(first.steps, first.norms, first.index)
-            else:
-                run = blocks[start:end]
-                steps = [step for block in run for step in block.steps]
-                norms = np.concatenate([block.norms for block in run])
-                self._layers.add_grad_norm_rows(steps, norms, first.index)
-            start = end
+            steps = [step for block in run for step in block.steps]
+            norms = run[0].norms if len(run) == 1 else np.concatenate([b.norms for b in run])
+            self._layers.add_grad_norm_rows(steps, norms, index)
 
     def _collect_layers_in_order(
         self, blocks: list[LayerNorms], aux: list[tuple[AuxRecord, list[float]]]
