@@ -477,12 +477,9 @@ class Monitor:
             # The usual tick: finite gradients only. They wait for whoever reads the layers
             # next (every few ticks) and are then taken in one numpy pass: per tick that pass
             # was a sixth of the sampler's time, most of it per call, not per step.
-            self._deferred += blocks
-            self._deferred_values += sum(block.norms.size for block in blocks)
-            if self._deferred_values >= LAYER_DEFER_MAX_VALUES:
-                self._take_deferred()
+            for block in blocks:
+                self._defer(block)
         else:
-            self._take_deferred()  # the earlier steps first
             self._collect_layers_in_order(blocks, aux)
         if self._hooks.update_copy_skipped and not self._copy_skip_reported:
             self._copy_skip_reported = True
@@ -510,9 +507,17 @@ class Monitor:
             if alert is not None:
                 self._add_alerts([alert])
 
+    def _defer(self, block: LayerNorms) -> None:
+        """Let finite gradient norms wait for the next reader of the layers (bounded)."""
+        self._deferred.append(block)
+        self._deferred_values += block.norms.size
+        if self._deferred_values >= LAYER_DEFER_MAX_VALUES:
+            self._take_deferred()
+
     def _take_deferred(self) -> None:
-        """Hand the deferred finite gradient norms to the layer statistics, consecutive blocks
-        of one index in one pass."""
+        """Hand the waiting finite gradient norms to the layer statistics, consecutive blocks
+        of one index in one pass. Everything that reads the layers, or must come after these
+        steps (a non-finite step, forward or update measurements), calls this first."""
         blocks, self._deferred, self._deferred_values = self._deferred, [], 0
         for index, group in itertools.groupby(blocks, key=lambda block: block.index):
             run = list(group)
@@ -525,42 +530,25 @@ class Monitor:
         self, blocks: list[LayerNorms], aux: list[tuple[AuxRecord, list[float]]]
     ) -> None:
         # In step order, and a step's forward measurements before its gradients, so that a
-        # non-finite gradient report names the module of its own episode. Consecutive finite
-        # steps with the same index are still taken in one numpy pass.
+        # non-finite gradient report names the module of its own episode. Finite steps wait
+        # as in the usual tick; whatever else comes takes the waiting ones first.
         work: list[tuple[int, int, AuxRecord | LayerNorms, int | list[float]]] = [
             (record.step, 0, record, values) for record, values in aux
         ]
         work += [(step, 1, block, k) for block in blocks for k, step in enumerate(block.steps)]
-        run_steps: list[int] = []
-        run_rows: list[npt.NDArray[np.float64]] = []
-        run_index: tuple[int, ...] | None = None
-
-        def take_run() -> None:
-            if run_steps:
-                self._nonfinite_reported = False
-                rows = np.stack(run_rows)
-                self._layers.add_grad_norm_rows(run_steps.copy(), rows, run_index)
-                run_steps.clear()
-                run_rows.clear()
-
         for step, _, item, detail in sorted(work, key=lambda w: (w[0], w[1])):
             if isinstance(item, LayerNorms):
                 assert isinstance(detail, int)
-                norms = item.norms[detail]
-                if not item.finite[detail]:
-                    take_run()
-                    self._take_nonfinite_norms(step, norms, item.index)
+                if item.finite[detail]:
+                    row = slice(detail, detail + 1)
+                    self._defer(LayerNorms((step,), item.norms[row], item.index, item.finite[row]))
                     continue
-                if run_steps and run_index != item.index:
-                    take_run()
-                run_steps.append(step)
-                run_rows.append(norms)
-                run_index = item.index
+                self._take_deferred()
+                self._take_nonfinite_norms(step, item.norms[detail], item.index)
             else:
                 assert isinstance(detail, list)
-                take_run()
+                self._take_deferred()
                 self._take_aux(item, detail)
-        take_run()
 
     def _take_aux(self, record: AuxRecord, values: list[float]) -> None:
         layers = self._layers

@@ -137,8 +137,8 @@ def stack_packed(
     values: list[DeviceValue],
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.floating[Any]] | None] | None:
     """Several ``packed()`` values of one shape as two arrays, one row per value: their heads
-    (float64) and their tensors (their own dtype; None without), in a few numpy calls; None
-    unless every value was packed alike."""
+    (float64) and their tensors (their own dtype; None without), in one numpy and one torch
+    call; None unless every value was packed alike."""
     first = values[0]
     if first._head is None:
         return None

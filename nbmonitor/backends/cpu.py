@@ -38,7 +38,7 @@ class CpuBackend:
         self._proc: ProcCounters | None
         try:
             self._proc = ProcCounters()
-        except (OSError, ValueError, IndexError):
+        except OSError:  # what ProcCounters raises for any /proc it cannot use
             self._proc = None
             self._start_psutil()
 
