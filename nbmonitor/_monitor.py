@@ -33,6 +33,7 @@ from nbmonitor import backends as _backends
 from nbmonitor._args import check_attach_args, check_layer_args, coerce_thresholds, json_safe
 from nbmonitor._frame import Alert, Frame, Series
 from nbmonitor._gradnorms import grad_norms, norm_dtype
+from nbmonitor._heap import settle_heap
 from nbmonitor._hooks import Hooks, optimizer_parameters
 from nbmonitor._layers import LayerStats, ParamInfo
 from nbmonitor._recorder import AuxRecord, Recorder
@@ -291,6 +292,9 @@ class Monitor:
 
     def _start_running(self) -> None:
         global _atexit_registered
+        # Before the first monitored step: what the hooks allocate each step would otherwise
+        # often tip glibc into trimming the heap, and faulting it back, every step (_heap.py).
+        settle_heap()
         self._hooks.install()
         self._thread.start()
         _ALL.add(self)
