@@ -12,12 +12,15 @@ fixed time; plain and monitored processes alternate (P A, A P, ...). Each proces
 median and mean step time and the page faults its training thread took per step. The overhead is
 the median over rounds of (monitored / plain of the same round), for the mean step (end to end:
 sampler ticks included) and for the median step, with a 95 % bootstrap interval over rounds.
-Processes start and warm up on their own, so the spread between rounds is wider than in the
-in-process benchmarks: use enough rounds.
+Processes start and warm up on their own, and two of them seconds apart can differ by 30 % on a
+shared VM, so the ratios are far less precise than the in-process benchmarks'; the fault counts
+are what this shows best. A monitored process settles glibc's thresholds at attach
+(``nbmonitor/_heap.py``), a plain one does not and may thrash by chance; a process counts as
+thrashing above THRASH_FAULTS faults per step.
 
     python benchmarks/processes.py --task mlp20 --rounds 10 --seconds 12
     MALLOC_TRIM_THRESHOLD_=268435456 MALLOC_MMAP_THRESHOLD_=268435456 \\
-        python benchmarks/processes.py --task mlp20      # both alike, with glibc's trimming off
+        python benchmarks/processes.py --task mlp20      # both with fixed, high thresholds
 """
 
 from __future__ import annotations

@@ -1,20 +1,20 @@
 """Keeps glibc from giving the heap back to the system every training step once a monitor attaches.
 
 glibc's malloc returns the top of its heap to the system when more than ``trim_threshold`` bytes
-there are free, and serves blocks above ``mmap_threshold`` by ``mmap``. Both start low (128 KiB
-and twice that) and rise on their own, to the size of the largest ``mmap``-ed block freed so far
-(up to 32 MiB on 64-bit). A CPU training loop frees its step's tensors at the end of every step,
-so whether that memory stays mapped depends on where every other live allocation of the process
-happens to sit. The few small tensors and records a monitor adds per step are enough to tip it:
-on the 20-layer MLP of ``benchmarks/processes.py``, 11 of 12 monitored processes took 40-450
-page faults per step against 3 of 12 plain ones, and a monitored process ran +7 % slower end to
-end (docs/performance.md, "Page faults").
+there are free, and serves blocks above ``mmap_threshold`` by ``mmap``. Both start at 128 KiB and
+rise on their own: the mmap threshold to the size of the largest ``mmap``-ed block freed so far
+(up to 32 MiB on 64-bit), the trim threshold to twice that. A CPU training loop frees its step's
+tensors at the end of every step, so whether that memory stays mapped depends on where every
+other live allocation of the process happens to sit. The few small tensors a monitor makes per
+step are enough to tip it: on the 20-layer MLP of ``benchmarks/processes.py``, 11 of 12
+monitored processes took 40-450 page faults per step against 3 of 12 plain ones, and trimming
+costs that loop about 9 % of its step time (docs/performance.md, "The heap").
 
 ``settle_heap`` frees one block just under that 32 MiB cap once per process, which raises both
 thresholds exactly as freeing any large tensor or array would: blocks below ~31 MiB then come
 from the heap, which keeps up to ~62 MiB free at its top instead of trimming. It changes no
-setting (``mallopt``), is a no-op where the user has set glibc's thresholds (``MALLOC_*``
-variables turn the dynamic thresholds off), only ever raises them, and does nothing off glibc.
+setting (``mallopt``), changes nothing where the user has set glibc's thresholds (``MALLOC_*``
+variables turn the dynamic ones off), only ever raises them, and does nothing off glibc.
 """
 
 from __future__ import annotations
