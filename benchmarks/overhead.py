@@ -105,6 +105,21 @@ def make_task(
     )
 
 
+def train_step(
+    model: torch.nn.Module,
+    loss_fn: Callable[[torch.nn.Module], torch.Tensor],
+    opt: torch.optim.Optimizer,
+    mon: Any,
+) -> None:
+    """One step of the loop every benchmark times, logging the loss when ``mon`` is a monitor."""
+    loss = loss_fn(model)
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    if mon is not None:
+        mon.log(loss=loss)
+
+
 class NaiveItemHooks:
     """What hand-written monitors often do: a per-parameter hook calling .item() on its norm."""
 
@@ -156,12 +171,7 @@ def run_block(
             torch.cuda.synchronize()
             start = time.perf_counter()
         t0 = time.perf_counter()
-        loss = loss_fn(model)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if mon is not None:
-            mon.log(loss=loss)
+        train_step(model, loss_fn, opt, mon)
         if i >= 5:  # the first steps of a block warm caches and allocators
             times.append(time.perf_counter() - t0)
     if cuda:

@@ -36,7 +36,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import nbmonitor
 from nbmonitor import _monitor
-from overhead import BOOTSTRAP_RESAMPLES, environment, make_task
+from overhead import BOOTSTRAP_RESAMPLES, environment, make_task, train_step
 
 WARMUP_PAIRS = 20
 
@@ -114,12 +114,7 @@ def step_models_in_turn(
         opt = opts[which]
         mon = mons.get(which)
         start = time.perf_counter()
-        loss = loss_fn(model)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if mon is not None:
-            mon.log(loss=loss)
+        train_step(model, loss_fn, opt, mon)
         end = time.perf_counter()
         times[which].append(end - start)
         spans.append((start, end))

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overhead import environment, make_task, median_ci
+from overhead import environment, make_task, median_ci, train_step
 
 WARMUP_STEPS = 30
 # Faults per step above which a process counts as thrashing (a plain loop here takes 0-2).
@@ -61,12 +61,7 @@ def child(task: str, mode: str, seconds: float) -> dict[str, Any]:
     deadline = None
     while deadline is None or time.perf_counter() < deadline:
         start = time.perf_counter()
-        loss = loss_fn(model)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if mon is not None:
-            mon.log(loss=loss)
+        train_step(model, loss_fn, opt, mon)
         times.append(time.perf_counter() - start)
         if deadline is None and len(times) == WARMUP_STEPS:
             times.clear()
