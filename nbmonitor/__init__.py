@@ -2,15 +2,52 @@
 
 >>> import nbmonitor
 >>> mon = nbmonitor.attach(model, optimizer, total_steps=500)  # doctest: +SKIP
+
+Names load lazily: ``import nbmonitor`` loads no torch, so reading a run from disk
+(``nbmonitor.open``) works in a Python without it.
 """
 
-from nbmonitor._hooks import NonFiniteError
-from nbmonitor._monitor import Monitor, attach
-from nbmonitor._runlog import Run, RunDirError
-from nbmonitor._runlog import open_run as open
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from nbmonitor._version import __version__
-from nbmonitor.debug import summary
-from nbmonitor.health import Thresholds
+
+if TYPE_CHECKING:
+    from nbmonitor.debug import summary
+    from nbmonitor.errors import NonFiniteError, RunDirError
+    from nbmonitor.health import Thresholds
+    from nbmonitor.monitor import Monitor, attach
+    from nbmonitor.replay import Run, list_runs, open, tail
+
+# public name -> module it lives in
+_WHERE = {
+    "Monitor": "nbmonitor.monitor",
+    "attach": "nbmonitor.monitor",
+    "NonFiniteError": "nbmonitor.errors",
+    "RunDirError": "nbmonitor.errors",
+    "Run": "nbmonitor.replay",
+    "open": "nbmonitor.replay",
+    "tail": "nbmonitor.replay",
+    "list_runs": "nbmonitor.replay",
+    "summary": "nbmonitor.debug",
+    "Thresholds": "nbmonitor.health",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'nbmonitor' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_WHERE])
+
 
 __all__ = [
     "Monitor",
@@ -20,6 +57,8 @@ __all__ = [
     "Thresholds",
     "__version__",
     "attach",
+    "list_runs",
     "open",
     "summary",
+    "tail",
 ]

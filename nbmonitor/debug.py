@@ -12,15 +12,13 @@ from __future__ import annotations
 import html
 import importlib
 import time as _time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
 import torch
 
-from nbmonitor._frame import MAX_NAMED, Alert, name_list
+from nbmonitor._engine.frame import MAX_NAMED, Alert, name_list
 
 # A model is summarised as "frozen base + trainable adapter" when it has frozen parameters and
 # fewer than this fraction of its parameters are trainable (LoRA, prefix tuning, a new head).
@@ -493,57 +491,8 @@ def _placement(groups: list[int]) -> str:
     return "in groups " + ", ".join(map(str, distinct[:-1])) + f" and {distinct[-1]}"
 
 
-# -- helpers for the sampler thread --------------------------------------------------------------
-
-
-def grads_never_arrived(
-    names: Sequence[str],
-    seen: npt.NDArray[np.bool_],
-    *,
-    step: int,
-    time: float | None = None,
-) -> Alert | None:
-    """A ``gradient_not_flowing`` alert for the parameters whose gradient never arrived.
-
-    ``seen[i]`` says whether ``names[i]`` (trainable, parameter order) ever had a gradient in
-    the ``step`` steps so far; None when every one did.
-    """
-    seen = np.asarray(seen, dtype=bool)
-    if seen.shape != (len(names),):
-        raise ValueError(
-            f"grads_never_arrived: seen has shape {seen.shape}, expected ({len(names)},)."
-        )
-    missing = [names[int(i)] for i in np.flatnonzero(~seen)]
-    if not missing:
-        return None
-    return Alert(
-        "gradient_not_flowing",
-        "warning",
-        f"Parameters that never received a gradient after {step} steps: {name_list(missing)} "
-        "(detached branch or unused module?). Check for .detach(), torch.no_grad() or .data "
-        "in the forward pass, and modules that are defined but never called.",
-        step,
-        _time.time() if time is None else time,
-        tuple(missing),
-    )
-
-
-def first_non_finite(
-    names: Sequence[str], norms: npt.NDArray[np.float64], limit: int = MAX_NAMED
-) -> list[str]:
-    """The first ``limit`` names (parameter order) whose value in ``norms`` is NaN or Inf."""
-    values = np.asarray(norms, dtype=np.float64)
-    if values.shape != (len(names),):
-        raise ValueError(
-            f"first_non_finite: norms has shape {values.shape}, expected ({len(names)},)."
-        )
-    return [names[int(i)] for i in np.flatnonzero(~np.isfinite(values))[:limit]]
-
-
 __all__ = [
     "ModelSummary",
     "check_setup",
-    "first_non_finite",
-    "grads_never_arrived",
     "summary",
 ]

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from nbmonitor._frame import Alert, name_list
+from nbmonitor._engine.frame import Alert, name_list
 from nbmonitor.backends import device_health
 
 FloatArray = npt.NDArray[np.float64]

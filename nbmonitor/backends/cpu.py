@@ -34,6 +34,8 @@ class CpuBackend:
 
     def __init__(self) -> None:
         self.devices: tuple[str, ...] = ()
+        self.device_index: int | None = None
+        self.notes: list[str] = []
         self._closed = False
         self._proc: ProcCounters | None
         try:

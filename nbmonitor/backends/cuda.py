@@ -296,7 +296,7 @@ class CudaBackend:
         reset_peak: bool = True,
         notes: list[str] | None = None,
     ) -> None:
-        self.device_index = device_index
+        self.device_index: int | None = device_index
         self.pcie = pcie
         self.reset_peak = reset_peak
         self.notes: list[str] = list(notes or [])

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 import numpy.typing as npt
 
-from nbmonitor._frame import Alert
+from nbmonitor._engine.frame import Alert
 from nbmonitor.backends.cuda import THROTTLING_MASK, decode_throttle
 
 Columns = Mapping[str, npt.NDArray[np.float64]]

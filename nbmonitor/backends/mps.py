@@ -36,6 +36,8 @@ class MpsBackend:
 
     def __init__(self) -> None:
         self.devices: tuple[str, ...] = ("Apple GPU (MPS)",)
+        self.device_index: int | None = None
+        self.notes: list[str] = []
         self._cpu = CpuBackend()
 
     @property

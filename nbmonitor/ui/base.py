@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from nbmonitor._frame import Frame
+from nbmonitor._engine.frame import Frame
 
 
 class View(Protocol):

@@ -8,7 +8,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from nbmonitor._frame import Frame
+from nbmonitor._engine.frame import Frame
 
 LOGGER_NAME = "nbmonitor"
 

@@ -21,7 +21,7 @@ import ipywidgets as widgets
 import numpy as np
 import numpy.typing as npt
 
-from nbmonitor._frame import Alert, Frame, LayerFrame
+from nbmonitor._engine.frame import Alert, Frame, LayerFrame
 from nbmonitor.ui._panel import Panel
 from nbmonitor.ui.figures import Curves
 

@@ -17,7 +17,7 @@ import ipywidgets as widgets
 import numpy as np
 import numpy.typing as npt
 
-from nbmonitor._frame import Series
+from nbmonitor._engine.frame import Series
 
 # bqscales (bqplot's scales) passes trait metadata the pre-traitlets-4.1 way; the resulting
 # DeprecationWarning at import is theirs, not the user's, and would fail warnings-as-errors test

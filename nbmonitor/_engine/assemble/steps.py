@@ -12,14 +12,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from nbmonitor._gradnorms import squared_norms, squared_norms_split
-from nbmonitor._recorder import (
+from nbmonitor.records import (
     AuxRecord,
-    DeviceValue,
     LogRecord,
     Record,
     StepRecord,
-    stack_packed,
+    squared_norms,
+    squared_norms_split,
 )
 
 # Exponential smoothing of the loss for display (about a 20-step window), debiased like Adam so
@@ -102,7 +101,7 @@ class StepAssembler:
             while end < len(records) and _packed_alike(first, records[end]):
                 end += 1
             layout = first.norms_layout
-            split = stack_packed(values[start:end]) if layout is not None else None
+            split = values[start].stack_alike(values[start:end]) if layout is not None else None
             if split is not None and layout is not None:
                 squares = squared_norms_split(*split, layout)
             else:
@@ -132,7 +131,7 @@ class StepAssembler:
                 record.samples / record.step_time if record.step_time > 0 else math.nan
             )
         for i, lr in enumerate(record.lrs):
-            value = lr.values()[0] if isinstance(lr, DeviceValue) else lr
+            value = lr if isinstance(lr, float) else lr.values()[0]
             row["lr" if i == 0 else f"lr_group{i}"] = value
         self._last_ended = max(self._last_ended, record.step)
 

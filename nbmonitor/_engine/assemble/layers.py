@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from nbmonitor._frame import LayerFrame
+from nbmonitor._engine.frame import LayerFrame
 
 FloatArray = npt.NDArray[np.float64]
 

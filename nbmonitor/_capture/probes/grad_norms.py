@@ -27,7 +27,10 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from nbmonitor._recorder import DeviceValue
+from nbmonitor._capture.device_value import DeviceValue
+from nbmonitor._capture.probes.base import ProbeBase, StepContext
+from nbmonitor.errors import Guard, NonFiniteError
+from nbmonitor.records import NormLayout, squared_norms
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -36,51 +39,6 @@ FloatArray = npt.NDArray[np.float64]
 DOT_MIN_NUMEL = 16_384
 # The cat, and the stack it then needs, cost about what _foreach_norm spends on four tensors.
 CONCAT_MIN_TENSORS = 4
-
-
-@dataclass(frozen=True, slots=True)
-class NormLayout:
-    """How a step's packed values unpack: ``squared`` squared norms, then ``norms`` norms, then
-    the raw values of the concatenated tensors, tensor ``i``'s starting at ``starts[i]``."""
-
-    squared: int
-    norms: int
-    starts: tuple[int, ...]
-    _starts: npt.NDArray[np.intp] = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_starts", np.asarray(self.starts, dtype=np.intp))
-
-
-def squared_norms(values: npt.NDArray[np.floating[Any]], layout: NormLayout | None) -> FloatArray:
-    """The squared per-tensor norms in packed ``values`` (plain norms when ``layout`` is None),
-    as a new float64 array; ``values`` may hold one step per row. A NaN or Inf anywhere in a
-    tensor's values carries into its entry."""
-    if layout is None:
-        plain: FloatArray = np.square(values, dtype=np.float64)
-        return plain
-    return squared_norms_split(values[..., : layout.squared], values[..., layout.squared :], layout)
-
-
-def squared_norms_split(
-    head: npt.NDArray[np.floating[Any]],
-    tail: npt.NDArray[np.floating[Any]] | None,
-    layout: NormLayout,
-) -> FloatArray:
-    """``squared_norms`` of values held in two parts: ``head``, the squared norms, and
-    ``tail``, what follows them (None: nothing), so that the raw values are not copied once
-    more only to be joined to a few squared norms."""
-    parts = [head.astype(np.float64)]
-    if tail is not None:
-        cut = layout.norms
-        if cut:
-            parts.append(np.square(tail[..., :cut], dtype=np.float64))
-        if layout.starts:
-            # Squares in the values' own precision, sums in float64: biases have thousands of
-            # values.
-            squares = np.square(tail[..., cut:])
-            parts.append(np.add.reduceat(squares, layout._starts, axis=-1, dtype=np.float64))
-    return np.concatenate(parts, axis=-1)
 
 
 def norm_dtype(params: list[torch.nn.Parameter]) -> torch.dtype:
@@ -211,13 +169,67 @@ def _take_cpu(
     return DeviceValue.packed(head, torch.cat(tail))
 
 
+class GradNormProbe(ProbeBase):
+    """Per-parameter gradient norms of every step, taken before the optimizer step (gradients
+    are final there) and handed to the step's record; with ``raise_non_finite`` it checks
+    them on the host and raises ``NonFiniteError`` before the bad update (a sync by design)."""
+
+    name = "grad_norms"
+
+    def __init__(
+        self,
+        guard: Guard,
+        params: list[torch.nn.Parameter],
+        names: list[str],
+        raise_non_finite: bool = False,
+    ) -> None:
+        super().__init__(guard)
+        self.norm_pass = NormPass(params)
+        self.names = names
+        self.raise_non_finite = raise_non_finite
+
+    def events(self) -> tuple[str, ...]:
+        return ("pre_step",)
+
+    def pre_step(self, ctx: StepContext) -> None:
+        ctx.norms = self.norm_pass.take()
+        if self.raise_non_finite:
+            self._raise_if_non_finite(ctx)
+
+    def _raise_if_non_finite(self, ctx: StepContext) -> None:
+        norms, index, layout = ctx.norms
+        if norms is None:
+            return
+        norms.wait()  # opt-in: raise mode synchronises by design
+        squares = squared_norms(norms.array(), layout).tolist()
+        if all(map(_finite, squares)):
+            return
+        owners = index or range(len(self.names))
+        pairs = sorted(zip(owners, squares, strict=True))  # "first" in parameter order
+        bad = [self.names[i] for i, v in pairs if not _finite(v)]
+        raise NonFiniteError(
+            f"nbmonitor: non-finite gradient at step {ctx.step + 1}, first in {name_list(bad)}; "
+            "the optimizer step was not taken (on_nan='raise')."
+        )
+
+
+def _finite(value: float) -> bool:
+    return value - value == 0.0
+
+
+def name_list(names: list[str], limit: int = 5) -> str:
+    """``"a, b, c and 4 more"``, as the alerts list names."""
+    shown = ", ".join(names[:limit])
+    if len(names) > limit:
+        shown += f" and {len(names) - limit} more"
+    return shown
+
+
 __all__ = [
+    "GradNormProbe",
     "DOT_MIN_NUMEL",
-    "NormLayout",
     "NormPass",
     "cpu_plan",
     "grad_norms",
     "norm_dtype",
-    "squared_norms",
-    "squared_norms_split",
 ]

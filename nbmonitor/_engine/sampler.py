@@ -1,7 +1,7 @@
 """The sampler thread: one ``tick()`` every ``interval`` seconds does all of nbmonitor's work.
 
-It is the only writer of the stores and the run log and the only caller of ``view.publish()``.
-Each part of a tick is a *source*; a source that raises is counted in the ErrorLog and, after
+It is the only writer of the stores, the sinks and the views. Each part of a tick is a
+*stage* behind its own ``Guard``: a stage that raises is counted in the ErrorLog and, after
 repeated failures in a row, switched off, so one broken part never stops the others.
 """
 
@@ -12,58 +12,18 @@ import contextlib
 import statistics
 import threading
 import time
-import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 
-MAX_FAILURES_IN_A_ROW = 5
-# A paced source's cost per run is the median of its last this many runs.
+from nbmonitor.errors import ErrorLog, Guard
+
+# A paced stage's cost per run is the median of its last this many runs.
 PACE_RUNS = 5
 
 
-@dataclass(frozen=True)
-class ErrorEntry:
-    time: float
-    source: str
-    message: str
-
-    def __str__(self) -> str:
-        stamp = time.strftime("%H:%M:%S", time.localtime(self.time))
-        return f"{stamp} {self.source}: {self.message}"
-
-
-class ErrorLog:
-    """What failed, when, and how often; shared by hooks (training thread) and the sampler."""
-
-    def __init__(self, keep: int = 50) -> None:
-        self._lock = threading.Lock()
-        self._entries: list[ErrorEntry] = []
-        self._keep = keep
-        self.counts: dict[str, int] = {}
-        self.disabled: set[str] = set()
-
-    def add(self, source: str, exc: BaseException) -> None:
-        frame = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
-        where = f" ({frame[0].filename.rsplit('/', 1)[-1]}:{frame[0].lineno})" if frame else ""
-        entry = ErrorEntry(time.time(), source, f"{type(exc).__name__}: {exc}{where}")
-        with self._lock:
-            self.counts[source] = self.counts.get(source, 0) + 1
-            self._entries.append(entry)
-            del self._entries[: -self._keep]
-
-    def entries(self) -> list[ErrorEntry]:
-        with self._lock:
-            return list(self._entries)
-
-    def __len__(self) -> int:
-        with self._lock:
-            return sum(self.counts.values())
-
-
-class Source:
+class Stage:
     """One guarded part of a tick.
 
-    A source with a ``share`` is paced: on scheduled ticks it runs only once the time since its
+    A stage with a ``share`` is paced: on scheduled ticks it runs only once the time since its
     last run is at least its CPU time per run divided by ``share`` (and at most ``max_gap``
     seconds), so that it takes about that fraction of one core however large the model or the
     run grows. CPU time, not wall time: waiting for the GIL is not a cost. The cost per run is
@@ -80,13 +40,13 @@ class Source:
         max_gap: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
         cpu_clock: Callable[[], float] = time.thread_time,
+        retry_after: float | None = None,
     ) -> None:
         if share is not None and not 0 < share <= 1:
             raise ValueError(f"share must be in (0, 1], got {share}")
         self.name = name
         self._fn = fn
-        self._errors = errors
-        self._in_a_row = 0
+        self.guard = Guard(name, errors, retry_after=retry_after, clock=clock)
         self._share = share
         self._max_gap = max_gap
         self._clock = clock
@@ -95,20 +55,14 @@ class Source:
         self._costs: collections.deque[float] = collections.deque(maxlen=PACE_RUNS)
 
     def __call__(self, paced: bool = False) -> None:
-        if self.name in self._errors.disabled:
+        if not self.guard.ready():
             return
         start = self._clock()
         if paced and self._share is not None and start < self._next_run:
             return
         cpu = self._cpu_clock()
         try:
-            self._fn()
-            self._in_a_row = 0
-        except Exception as exc:
-            self._in_a_row += 1
-            self._errors.add(self.name, exc)
-            if self._in_a_row >= MAX_FAILURES_IN_A_ROW:
-                self._errors.disabled.add(self.name)
+            self.guard.run(self._fn)
         finally:
             if self._share is not None:
                 self._costs.append(self._cpu_clock() - cpu)
@@ -117,7 +71,8 @@ class Source:
 
 
 class SamplerThread:
-    """Calls ``tick`` on a drift-corrected schedule in a daemon thread until stopped.
+    """Calls ``tick`` on a drift-corrected schedule in a daemon thread until stopped, and
+    ``flush`` whenever another thread asks for one (``request``).
 
     The schedule is anchored at start: tick n is due at start + n * interval, so time spent in
     tick does not accumulate as drift; ticks missed while the process was busy are skipped,
@@ -128,16 +83,27 @@ class SamplerThread:
         self,
         tick: Callable[[], None],
         interval: float,
+        flush: Callable[[], None] | None = None,
         name: str = "nbmonitor-sampler",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._tick = tick
+        self._flush = flush or tick
         self._interval = interval
         self._clock = clock
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._lock = threading.Lock()
+        self._served = threading.Condition()
+        self._requested = 0
+        self._done = 0
         self._thread: threading.Thread | None = None
         self._name = name
+
+    @property
+    def alive(self) -> bool:
+        thread = self._thread
+        return thread is not None and thread.is_alive() and not self._stop.is_set()
 
     def start(self) -> None:
         with self._lock:
@@ -149,21 +115,53 @@ class SamplerThread:
     def signal(self) -> None:
         """Ask the thread to stop without waiting (safe from atexit and from the thread itself)."""
         self._stop.set()
+        self._wake.set()
 
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
+    def stop(self, timeout: float = 5.0) -> bool:
+        """Stop and join the thread for at most ``timeout``; False when it did not end."""
+        self.signal()
         with self._lock:
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
+            return not thread.is_alive()
+        return True
+
+    def request(self, timeout: float) -> bool:
+        """Have the thread run ``flush`` now; wait at most ``timeout`` for it to finish."""
+        with self._served:
+            self._requested += 1
+            target = self._requested
+        self._wake.set()
+        with self._served:
+            return self._served.wait_for(
+                lambda: self._done >= target or not self.alive, timeout=timeout
+            ) and self._done >= target
 
     def _run(self) -> None:
         next_due = self._clock() + self._interval
-        while not self._stop.wait(max(0.0, next_due - self._clock())):
-            # tick() guards each of its parts; this guard only keeps the thread alive.
+        while not self._stop.is_set():
+            self._wake.wait(max(0.0, next_due - self._clock()))
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            with self._served:
+                wanted = self._requested
+            if wanted > self._done:
+                # flush() and tick() guard each of their parts; this only keeps the thread.
+                with contextlib.suppress(Exception):
+                    self._flush()
+                with self._served:
+                    self._done = wanted
+                    self._served.notify_all()
+                continue
+            if self._clock() < next_due:
+                continue
             with contextlib.suppress(Exception):
                 self._tick()
             next_due += self._interval
             now = self._clock()
             if next_due <= now:
                 next_due = now + self._interval - ((now - next_due) % self._interval)
+        with self._served:
+            self._served.notify_all()

@@ -1,4 +1,4 @@
-"""The hand-off from the training thread to the sampler thread.
+"""DeviceValue: a value on its way from the device to the host, without a synchronisation.
 
 The training thread appends small records and returns; it never waits on the device. A value that
 lives on an accelerator is copied to pinned host memory with a non-blocking copy and an event is
@@ -10,17 +10,14 @@ as they are and read by the sampler.
 
 from __future__ import annotations
 
-import collections
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import torch
 
-if TYPE_CHECKING:
-    from nbmonitor._gradnorms import NormLayout
+from nbmonitor.records import Pending
 
 
 class DeviceValue:
@@ -126,6 +123,11 @@ class DeviceValue:
             return self._array.reshape(-1).astype(np.float64)
         return self._flat().numpy().astype(np.float64)
 
+    def stack_alike(
+        self, values: Sequence[Pending]
+    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.floating[Any]] | None] | None:
+        return stack_packed(values)
+
     def _joined(self) -> npt.NDArray[np.float64]:
         head = np.array(self._head, dtype=np.float64)
         if self._owned is None:
@@ -134,24 +136,25 @@ class DeviceValue:
 
 
 def stack_packed(
-    values: list[DeviceValue],
+    values: Sequence[Pending],
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.floating[Any]] | None] | None:
     """Several ``packed()`` values of one shape as two arrays, one row per value: their heads
     (float64) and their tensors (their own dtype; None without), in one numpy and one torch
     call; None unless every value was packed alike."""
     first = values[0]
-    if first._head is None:
+    if not isinstance(first, DeviceValue) or first._head is None:
         return None
     no_tail = first._owned is None
     tails: list[torch.Tensor] = []
+    heads: list[list[float]] = []
     for v in values:
-        if v._head is None or (v._owned is None) != no_tail:
+        if not isinstance(v, DeviceValue) or v._head is None or (v._owned is None) != no_tail:
             return None
+        heads.append(v._head)
         if v._owned is not None:
             tails.append(v._owned)
-    heads = np.array([v._head for v in values], dtype=np.float64)
     # One torch call for all of them, not a numpy() per value.
-    return heads, (torch.stack(tails).numpy() if tails else None)
+    return np.array(heads, dtype=np.float64), (torch.stack(tails).numpy() if tails else None)
 
 
 def to_device_value(values: list[torch.Tensor]) -> DeviceValue:
@@ -159,162 +162,3 @@ def to_device_value(values: list[torch.Tensor]) -> DeviceValue:
     if len(values) == 1:
         return DeviceValue(values[0].detach().reshape(1))
     return DeviceValue(torch.stack([v.detach().reshape(()).to(torch.float32) for v in values]))
-
-
-@dataclass(slots=True)
-class StepRecord:
-    """One optimizer step (or one backward pass when there is no optimizer)."""
-
-    step: int
-    time: float  # wall clock, seconds since the epoch
-    step_time: float  # seconds since the previous step ended
-    samples: int  # batch items seen by grad-enabled forwards during this step
-    micro_batches: int
-    lrs: tuple[float | DeviceValue, ...]
-    # Per-parameter gradient norms on their way to the host, or None without gradients.
-    norms: DeviceValue | None = None
-    # Which tracked parameter each norm belongs to; None means all of them, in order.
-    norm_index: tuple[int, ...] | None = None
-    # How the values unpack into squared norms (the CPU path); None: they are norms.
-    norms_layout: NormLayout | None = None
-
-    def ready(self) -> bool:
-        if self.norms is not None and not self.norms.ready():
-            return False
-        return all(not isinstance(lr, DeviceValue) or lr.ready() for lr in self.lrs)
-
-    def wait(self) -> None:
-        if self.norms is not None:
-            self.norms.wait()
-        for lr in self.lrs:
-            if isinstance(lr, DeviceValue):
-                lr.wait()
-
-
-@dataclass(slots=True)
-class LogRecord:
-    """Values from ``mon.log()`` or read from a model output, for one step."""
-
-    step: int
-    numbers: dict[str, float] = field(default_factory=dict)
-    tensors: list[tuple[tuple[str, ...], DeviceValue]] = field(default_factory=list)
-
-    def ready(self) -> bool:
-        return all(value.ready() for _, value in self.tensors)
-
-    def wait(self) -> None:
-        for _, value in self.tensors:
-            value.wait()
-
-    def resolve(self) -> dict[str, float]:
-        out = dict(self.numbers)
-        for keys, value in self.tensors:
-            out.update(zip(keys, value.values(), strict=True))
-        return out
-
-
-@dataclass(slots=True)
-class AuxRecord:
-    """Optional per-layer measurements of one step, packed in one device value.
-
-    ``kind`` is "update" (parameter norms then update norms, one per tracked parameter),
-    "forward" (per module: non-finite flag, input mean, std, max |x|) or "activations" (per leaf
-    module: mean, std, max |x|, fraction of exact zeros); ``names`` label the rows.
-    """
-
-    step: int
-    kind: str
-    names: tuple[str, ...]
-    value: DeviceValue
-
-    def ready(self) -> bool:
-        return self.value.ready()
-
-    def wait(self) -> None:
-        self.value.wait()
-
-
-Record = StepRecord | LogRecord | AuxRecord
-
-
-def make_log_record(step: int, scalars: Mapping[str, object]) -> LogRecord:
-    """Validate ``mon.log()`` arguments and pack them; raises TypeError for a non-numeric value."""
-    record = LogRecord(step)
-    keys: list[str] = []
-    tensors: list[torch.Tensor] = []
-    for key, value in scalars.items():
-        if isinstance(value, torch.Tensor):
-            if value.is_cpu:
-                # Read at once (see DeviceValue), in one call: item() neither warns about a
-                # tensor that requires grad nor makes a detached one. A tensor of several
-                # values fails here and a complex one is refused below, with their messages.
-                try:
-                    number = value.item()
-                except RuntimeError:
-                    pass
-                else:
-                    if not isinstance(number, complex):
-                        record.numbers[key] = float(number)
-                        continue
-            if value.numel() != 1:
-                raise TypeError(
-                    f"nbmonitor: log({key}=...) got a tensor of shape {tuple(value.shape)}; "
-                    "pass a 0-d or 1-element tensor (e.g. loss, not the per-sample losses)."
-                )
-            if value.is_complex():
-                raise TypeError(f"nbmonitor: log({key}=...) got a complex tensor; pass a real one.")
-            keys.append(key)
-            tensors.append(value)
-        elif isinstance(value, bool) or not isinstance(value, (int, float)):
-            if hasattr(value, "__float__") and not isinstance(value, (bool, str, bytes)):
-                # numpy scalars and the like: a float is what the user meant.
-                record.numbers[key] = float(value)
-                continue
-            raise TypeError(
-                f"nbmonitor: log({key}=...) needs a number or a tensor, got "
-                f"{type(value).__name__}; pass e.g. loss=loss or acc=0.93."
-            )
-        else:
-            record.numbers[key] = float(value)
-    if len(tensors) == 1:
-        record.tensors.append(((keys[0],), DeviceValue(tensors[0])))
-    elif tensors:
-        try:
-            record.tensors.append((tuple(keys), to_device_value(tensors)))
-        except RuntimeError:  # tensors on different devices cross one by one
-            pairs = zip(keys, tensors, strict=True)
-            record.tensors.extend(((k,), DeviceValue(t)) for k, t in pairs)
-    return record
-
-
-class Recorder:
-    """Append-only queue: the training thread puts, the sampler drains records that are ready.
-
-    ``collections.deque`` appends and pops are atomic under the GIL, so the training thread
-    takes no lock.
-    """
-
-    def __init__(self) -> None:
-        self._queue: collections.deque[Record] = collections.deque()
-
-    def put(self, record: Record) -> None:
-        self._queue.append(record)
-
-    def __len__(self) -> int:
-        return len(self._queue)
-
-    def drain(self, wait: bool = False) -> list[Record]:
-        """Records whose device values have landed, in order; stops at the first that has not.
-
-        With ``wait=True`` (used by close()) it waits for every record instead.
-        """
-        out: list[Record] = []
-        queue = self._queue
-        while queue:
-            head = queue[0]
-            if not head.ready():
-                if not wait:
-                    break
-                head.wait()
-            out.append(queue.popleft())
-        return out

@@ -1,0 +1,76 @@
+"""Everything the training thread runs for one monitor, built from the attach options: the
+tracked parameters, the probes, the step clock that calls them, and the recorder they feed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from nbmonitor._capture.clock import StepClock
+from nbmonitor._capture.inputs import optimizer_parameters
+from nbmonitor._capture.probes.activations import ActivationsProbe
+from nbmonitor._capture.probes.base import Probe
+from nbmonitor._capture.probes.forward_check import ForwardCheckProbe
+from nbmonitor._capture.probes.grad_norms import GradNormProbe
+from nbmonitor._capture.probes.hf_loss import OutputLossProbe
+from nbmonitor._capture.probes.update_ratio import UpdateRatioProbe
+from nbmonitor._capture.recorder import Recorder
+from nbmonitor.errors import ErrorLog, Guard
+
+
+@dataclass
+class Capture:
+    recorder: Recorder
+    clock: StepClock
+    params: list[torch.nn.Parameter]  # tracked: the optimizer's, then trainable ones it lacks
+    param_names: list[str]
+    n_optimized: int
+    grad_norms: GradNormProbe
+    update_ratio: UpdateRatioProbe | None
+
+
+def build_capture(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    errors: ErrorLog,
+    *,
+    layer_every: int,
+    activations: bool,
+    check_forward: bool,
+    on_nan: str,
+) -> Capture:
+    names = {id(p): n for n, p in model.named_parameters()}
+    params = optimizer_parameters(optimizer) if optimizer is not None else []
+    # Trainable parameters the optimizer lacks still count in the total norm, as
+    # clip_grad_norm_(model.parameters()) would count them.
+    n_optimized = len(params)
+    held = {id(p) for p in params}
+    params += [p for p in model.parameters() if p.requires_grad and id(p) not in held]
+    param_names = [names.get(id(p), f"param{i}") for i, p in enumerate(params)]
+
+    def guard(name: str) -> Guard:
+        return Guard(f"probe:{name}", errors)
+
+    raise_non_finite = on_nan == "raise"
+    # Order matters: per-forward probes hand over before the output's loss is recorded, and
+    # the gradient norms (and their non-finite check) come before the update's copy.
+    probes: list[Probe] = []
+    if check_forward:
+        probes.append(ForwardCheckProbe(guard("check_forward"), model, raise_non_finite))
+    if activations:
+        probes.append(ActivationsProbe(guard("activations"), model, layer_every))
+    probes.append(OutputLossProbe(guard("output_loss")))
+    grad = GradNormProbe(guard("grad_norms"), params, param_names, raise_non_finite)
+    probes.append(grad)
+    update = None
+    if layer_every and n_optimized:
+        update = UpdateRatioProbe(
+            guard("update_ratio"), params[:n_optimized], param_names[:n_optimized], layer_every
+        )
+        probes.append(update)
+    recorder = Recorder()
+    clock = StepClock(
+        model, optimizer, recorder, errors, probes, keep_forward_pre=activations
+    )
+    return Capture(recorder, clock, params, param_names, n_optimized, grad, update)

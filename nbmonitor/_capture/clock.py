@@ -1,0 +1,285 @@
+"""The step clock: the model's and optimizer's root hooks, and what the training thread does for
+nbmonitor at each of them, and nothing more.
+
+It counts optimizer steps (backward passes without an optimizer), micro-batches and samples,
+times each step, and at the end of a step appends one ``StepRecord``. The measurements are
+probes (``probes/``), each called at the moments it declares and behind its own Guard: a probe
+that keeps failing is switched off while the clock and the other probes go on.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch.utils.hooks import RemovableHandle
+
+from nbmonitor._capture.device_value import DeviceValue
+from nbmonitor._capture.inputs import batch_size, first_tensor, output_loss
+from nbmonitor._capture.probes.base import NO_NORMS, Probe, StepContext
+from nbmonitor._capture.recorder import Recorder, make_log_record
+from nbmonitor.errors import ErrorLog, Guard, NonFiniteError
+from nbmonitor.records import StepRecord
+
+
+class StepClock:
+    """Installs the root hooks on one model (and optimizer) and keeps the training-side counters.
+
+    ``step`` is the number of completed optimizer steps (or backward passes without an
+    optimizer). All state here is written by the training thread only.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        recorder: Recorder,
+        errors: ErrorLog,
+        probes: Sequence[Probe] = (),
+        *,
+        keep_forward_pre: bool = False,
+        clock: Any = time.perf_counter,
+        wall_clock: Any = time.time,
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.recorder = recorder
+        self.probes = tuple(probes)
+        self.ctx = StepContext(recorder)
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._keep_forward_pre = keep_forward_pre
+        self._guards = {
+            name: Guard(f"hook:{name}", errors)
+            for name in ("forward_pre", "forward", "backward", "optimizer_pre_step",
+                         "optimizer_post_step")
+        }
+        self._log_guard = Guard("log", errors)
+        self._at: dict[str, tuple[Probe, ...]] = {
+            event: tuple(p for p in self.probes if event in p.events())
+            for event in ("forward_pre", "forward", "pre_step", "post_step")
+        }
+        self._samples = 0
+        self._step_start: float | None = None
+        self._last_end: float | None = None
+        self._backward_queued = False
+        self.handles: list[RemovableHandle] = []
+        self._pre_handle: RemovableHandle | None = None
+
+    @property
+    def step(self) -> int:
+        return self.ctx.step
+
+    @property
+    def log_step(self) -> int:
+        """The step a value logged now belongs to.
+
+        Once a grad-enabled forward has run since the last step ended, the value belongs to the
+        step in progress; otherwise to the step that just ended (``mon.log`` after ``step()``).
+        """
+        return self.ctx.log_step
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def install(self) -> None:
+        m = self.model
+        # Probes' own per-module hooks go first so that they have run when the root's own hook
+        # hands the step to the probes.
+        for probe in self.probes:
+            self.handles.extend(probe.install(m))
+        # The pre-hook only times the first step's start (later steps start when the previous
+        # one ended) and lets probes open per-step sampling; unless a probe needs it, it goes
+        # after step 1.
+        self._pre_handle = m.register_forward_pre_hook(self._forward_pre)
+        self.handles.append(self._pre_handle)
+        self.handles.append(m.register_forward_hook(self._forward, with_kwargs=True))
+        if self.optimizer is not None:
+            self.handles.append(self.optimizer.register_step_pre_hook(self._step_pre))
+            self.handles.append(self.optimizer.register_step_post_hook(self._step_post))
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+
+    def log(self, scalars: Mapping[str, object]) -> None:
+        """Record ``scalars``; a non-numeric value is the caller's bug (TypeError), anything
+        else that goes wrong is nbmonitor's and is only counted."""
+        guard = self._log_guard
+        if not guard.on:
+            return
+        try:
+            record = make_log_record(self.ctx.log_step, scalars)
+        except TypeError:
+            raise
+        except Exception as exc:
+            guard.failed(exc)
+            return
+        self.recorder.put(record)
+
+    # -- probes -------------------------------------------------------------------------------
+
+    def _call(self, probes: tuple[Probe, ...], event: str, *args: Any) -> None:
+        ctx = self.ctx
+        for probe in probes:
+            guard = probe.guard
+            if not guard.on:
+                continue
+            try:
+                getattr(probe, event)(ctx, *args)
+            except NonFiniteError:
+                raise
+            except Exception as exc:
+                guard.failed(exc)
+            else:
+                if guard.in_a_row:
+                    guard.ok()
+
+    # -- hooks --------------------------------------------------------------------------------
+
+    def _forward_pre(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        guard = self._guards["forward_pre"]
+        if not torch.is_grad_enabled() or not guard.on:
+            return None
+        try:
+            if self._step_start is None:
+                self._step_start = self._clock()
+            if self._at["forward_pre"] and self.ctx.micro == 0:
+                self._call(self._at["forward_pre"], "forward_pre")
+        except Exception as exc:
+            guard.failed(exc)
+        return None
+
+    def _forward(
+        self,
+        module: torch.nn.Module,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        output: Any,
+    ) -> None:
+        guard = self._guards["forward"]
+        if not torch.is_grad_enabled() or not guard.on:
+            return None
+        try:
+            # A micro-batch counts once its forward has run (a forward that raised is none).
+            ctx = self.ctx
+            ctx.micro += 1
+            self._samples += batch_size(args, kwargs)
+            if self._at["forward"]:
+                self._call(self._at["forward"], "forward", output)
+            if self.optimizer is None:
+                loss = output_loss(output)
+                self._watch_backward(loss if loss is not None else first_tensor(output))
+            if guard.in_a_row:
+                guard.ok()
+        except NonFiniteError:
+            raise
+        except Exception as exc:
+            guard.failed(exc)
+        return None
+
+    def _watch_backward(self, tensor: torch.Tensor | None) -> None:
+        # Without an optimizer a step is a backward pass. A hook on the output's gradient queues a
+        # callback that autograd runs once the whole backward pass has finished (as DDP does).
+        if tensor is not None and tensor.requires_grad:
+            tensor.register_hook(self._output_grad)  # type: ignore[no-untyped-call]
+
+    def _output_grad(self, grad: torch.Tensor) -> None:
+        try:
+            if not self._backward_queued:
+                self._backward_queued = True
+                engine = torch.autograd.Variable._execution_engine
+                engine.queue_callback(self._backward_end)
+        except Exception as exc:
+            self._guards["backward"].failed(exc)
+        return None
+
+    def _backward_end(self) -> None:
+        self._backward_queued = False
+        guard = self._guards["backward"]
+        if not guard.on:
+            return
+        try:
+            self._call(self._at["pre_step"], "pre_step")
+            self._end_step()
+            if guard.in_a_row:
+                guard.ok()
+        except NonFiniteError:
+            self.ctx.norms = NO_NORMS
+            raise
+        except Exception as exc:
+            guard.failed(exc)
+
+    def _step_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        guard = self._guards["optimizer_pre_step"]
+        if not guard.on:
+            return None
+        try:
+            self._call(self._at["pre_step"], "pre_step")
+            if guard.in_a_row:
+                guard.ok()
+        except NonFiniteError:
+            self.ctx.norms = NO_NORMS
+            raise
+        except Exception as exc:
+            self.ctx.norms = NO_NORMS
+            guard.failed(exc)
+        return None
+
+    def _step_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        guard = self._guards["optimizer_post_step"]
+        if not guard.on:
+            return None
+        try:
+            if self._at["post_step"]:
+                self._call(self._at["post_step"], "post_step")
+            self._end_step()
+            if guard.in_a_row:
+                guard.ok()
+        except Exception as exc:
+            guard.failed(exc)
+        return None
+
+    # -- the end of a step ----------------------------------------------------------------------
+
+    def _end_step(self) -> None:
+        now = self._clock()
+        start = self._last_end if self._last_end is not None else self._step_start
+        step_time = now - start if start is not None else float("nan")
+        ctx = self.ctx
+        ctx.step += 1
+        norms, which, layout = ctx.norms
+        ctx.norms = NO_NORMS
+        self.recorder.put(
+            StepRecord(
+                step=ctx.step,
+                time=self._wall_clock(),
+                step_time=step_time,
+                samples=self._samples,
+                micro_batches=ctx.micro,
+                lrs=self._lrs(),
+                norms=norms,
+                norm_index=which,
+                norms_layout=layout,
+            )
+        )
+        self._last_end = now
+        self._samples = 0
+        ctx.micro = 0
+        if not self._keep_forward_pre and self._pre_handle is not None:
+            self._pre_handle.remove()
+            self._pre_handle = None
+
+    def _lrs(self) -> tuple[float | DeviceValue, ...]:
+        if self.optimizer is None:
+            return ()
+        out: list[float | DeviceValue] = []
+        for group in self.optimizer.param_groups:
+            lr = group.get("lr", float("nan"))
+            if isinstance(lr, torch.Tensor):
+                out.append(DeviceValue(lr))
+            else:
+                out.append(float(lr))
+        return tuple(out)

@@ -1,0 +1,93 @@
+"""The Probe contract: one measurement taken on the training thread, behind its own Guard.
+
+The step clock (``_capture/clock.py``) owns the model's and optimizer's root hooks and calls
+each probe at the moments it declares (``EVENTS``); a probe may also install hooks of its own
+(per-module forward hooks). A probe only records: it appends records to the Recorder and
+returns. An exception from a probe is counted by its Guard and never reaches the loop, except
+``NonFiniteError`` with ``on_nan="raise"``, which is the point of that mode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import torch
+    from torch.utils.hooks import RemovableHandle
+
+    from nbmonitor._capture.device_value import DeviceValue
+    from nbmonitor._capture.recorder import Recorder
+    from nbmonitor.errors import Guard
+    from nbmonitor.records import NormLayout
+
+# A step's gradient norms until the step ends: values, parameter index, layout (NormPass.take).
+PendingNorms = tuple["DeviceValue | None", "tuple[int, ...] | None", "NormLayout | None"]
+NO_NORMS: PendingNorms = (None, None, None)
+
+# The moments of a step a probe can act at, in the order they happen.
+EVENTS = ("forward_pre", "forward", "pre_step", "post_step")
+
+
+@dataclass
+class StepContext:
+    """What the clock knows at a probe call: the step in progress and where records go."""
+
+    recorder: Recorder
+    step: int = 0  # optimizer steps completed
+    micro: int = 0  # grad-enabled forwards in the step in progress
+    # Set by the gradient-norm probe before the step; the clock puts it in the step's record.
+    norms: PendingNorms = NO_NORMS
+
+    @property
+    def log_step(self) -> int:
+        """The step a value recorded now belongs to (see ``StepClock.log_step``)."""
+        return self.step + 1 if self.micro else self.step
+
+
+class Probe(Protocol):
+    """One measurement. ``name`` names its Guard (``probe:<name>`` in ``mon.errors``)."""
+
+    name: str
+    guard: Guard
+
+    def events(self) -> tuple[str, ...]:
+        """The moments (of ``EVENTS``) this probe acts at; the clock calls only those."""
+
+    def install(self, model: torch.nn.Module) -> list[RemovableHandle]:
+        """Hooks of its own (per-module ones), installed before the clock's root hooks."""
+
+    def forward_pre(self, ctx: StepContext) -> None: ...
+
+    def forward(self, ctx: StepContext, output: Any) -> None: ...
+
+    def pre_step(self, ctx: StepContext) -> None: ...
+
+    def post_step(self, ctx: StepContext) -> None: ...
+
+
+class ProbeBase:
+    """Does nothing at every event; a probe overrides what it needs and lists it in events()."""
+
+    name = "probe"
+
+    def __init__(self, guard: Guard) -> None:
+        self.guard = guard
+
+    def events(self) -> tuple[str, ...]:
+        return ()
+
+    def install(self, model: torch.nn.Module) -> list[RemovableHandle]:
+        return []
+
+    def forward_pre(self, ctx: StepContext) -> None:
+        return None
+
+    def forward(self, ctx: StepContext, output: Any) -> None:
+        return None
+
+    def pre_step(self, ctx: StepContext) -> None:
+        return None
+
+    def post_step(self, ctx: StepContext) -> None:
+        return None

@@ -1,0 +1,21 @@
+"""The loss of a model whose output carries one (Hugging Face style ``output.loss``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nbmonitor._capture.inputs import output_loss
+from nbmonitor._capture.probes.base import ProbeBase, StepContext
+from nbmonitor._capture.recorder import make_log_record
+
+
+class OutputLossProbe(ProbeBase):
+    name = "output_loss"
+
+    def events(self) -> tuple[str, ...]:
+        return ("forward",)
+
+    def forward(self, ctx: StepContext, output: Any) -> None:
+        loss = output_loss(output)
+        if loss is not None:
+            ctx.recorder.put(make_log_record(ctx.log_step, {"loss": loss}))

@@ -1,0 +1,159 @@
+"""From per-step gradient norms and per-layer records to the layer statistics (sampler only).
+
+Finite gradient norms of a tick wait (bounded) for whoever reads the layers next, and are then
+taken in one numpy pass: per tick that pass was a sixth of the sampler's time, most of it per
+call, not per step. A non-finite step, or forward and update measurements, take the waiting
+ones first, so that everything reaches the statistics in step order and a non-finite gradient
+report names the module of its own episode.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable
+
+import numpy as np
+import numpy.typing as npt
+
+from nbmonitor._engine.assemble.flow_alerts import first_non_finite, grads_never_arrived
+from nbmonitor._engine.assemble.layers import LayerStats
+from nbmonitor._engine.assemble.steps import LayerNorms
+from nbmonitor._engine.frame import Alert
+from nbmonitor.records import AuxRecord
+
+# Finite per-layer gradient norms wait for their readers, but never more than this many values.
+LAYER_DEFER_MAX_VALUES = 2**20
+# Steps after which a trainable parameter that never received a gradient is reported.
+NO_GRAD_AFTER_STEPS = 10
+
+# (step, time, names of the first bad parameters, first bad forward, forward checked) -> alert
+NonFiniteReport = Callable[
+    [int, float, list[str], "tuple[int, str, tuple[float, float, float]] | None", bool], Alert
+]
+
+
+class LayerFlow:
+    def __init__(
+        self,
+        layers: LayerStats,
+        add_alerts: Callable[[Iterable[Alert]], None],
+        non_finite_report: NonFiniteReport,
+        *,
+        forward_checked: bool,
+        clock: Callable[[], float],
+    ) -> None:
+        self.layers = layers
+        self._add_alerts = add_alerts
+        self._report = non_finite_report
+        self._forward_checked = forward_checked
+        self._clock = clock
+        self._deferred: list[LayerNorms] = []
+        self._deferred_values = 0
+        self._nonfinite_reported = False
+        self._no_grad_checked = False
+        # Per-layer rows (parameter norms, update ratios) not yet handed to the sinks.
+        self.pending_rows: list[dict[str, float]] = []
+
+    @property
+    def waiting_values(self) -> int:
+        """Finite gradient norms waiting for a reader of the layers."""
+        return self._deferred_values
+
+    def add(
+        self, blocks: list[LayerNorms], aux: list[tuple[AuxRecord, list[float]]], step: int
+    ) -> None:
+        """Take one tick's gradient-norm blocks and per-layer records; ``step`` is the newest."""
+        if not aux and all(block.finite.all() for block in blocks):
+            for block in blocks:
+                self._defer(block)
+        else:
+            self._in_order(blocks, aux)
+        if not self._no_grad_checked and step >= NO_GRAD_AFTER_STEPS:
+            self._no_grad_checked = True
+            self.take_waiting()
+            layers = self.layers
+            trainable = [p.requires_grad for p in layers.params]
+            names = [p.name for p, t in zip(layers.params, trainable, strict=True) if t]
+            seen = layers.seen[np.asarray(trainable, dtype=bool)]
+            alert = grads_never_arrived(names, seen, step=step, time=self._clock())
+            if alert is not None:
+                self._add_alerts([alert])
+
+    def _defer(self, block: LayerNorms) -> None:
+        self._deferred.append(block)
+        self._deferred_values += block.norms.size
+        if self._deferred_values >= LAYER_DEFER_MAX_VALUES:
+            self.take_waiting()
+
+    def take_waiting(self) -> None:
+        """Hand the waiting finite gradient norms to the layer statistics, consecutive blocks
+        of one index in one pass. Everything that reads the layers calls this first."""
+        blocks, self._deferred, self._deferred_values = self._deferred, [], 0
+        for index, group in itertools.groupby(blocks, key=lambda block: block.index):
+            run = list(group)
+            self._nonfinite_reported = False
+            steps = [step for block in run for step in block.steps]
+            norms = run[0].norms if len(run) == 1 else np.concatenate([b.norms for b in run])
+            self.layers.add_grad_norm_rows(steps, norms, index)
+
+    def _in_order(
+        self, blocks: list[LayerNorms], aux: list[tuple[AuxRecord, list[float]]]
+    ) -> None:
+        # In step order, and a step's forward measurements before its gradients. Finite steps
+        # wait as in the usual tick; whatever else comes takes the waiting ones first.
+        work: list[tuple[int, int, AuxRecord | LayerNorms, int | list[float]]] = [
+            (record.step, 0, record, values) for record, values in aux
+        ]
+        work += [(step, 1, block, k) for block in blocks for k, step in enumerate(block.steps)]
+        for step, _, item, detail in sorted(work, key=lambda w: (w[0], w[1])):
+            if isinstance(item, LayerNorms):
+                assert isinstance(detail, int)
+                if item.finite[detail]:
+                    row = slice(detail, detail + 1)
+                    self._defer(LayerNorms((step,), item.norms[row], item.index, item.finite[row]))
+                    continue
+                self.take_waiting()
+                self._take_non_finite(step, item.norms[detail], item.index)
+            else:
+                assert isinstance(detail, list)
+                self.take_waiting()
+                self._take_aux(item, detail)
+
+    def _take_aux(self, record: AuxRecord, values: list[float]) -> None:
+        layers = self.layers
+        if record.kind == "update":
+            layers.add_update(values)
+            row = {"step": float(record.step)}
+            for name, pn, ur in zip(
+                layers.names, layers.param_norm, layers.update_ratio, strict=True
+            ):
+                row[f"param_norm/{name}"] = float(pn)
+                row[f"update_ratio/{name}"] = float(ur)
+            self.pending_rows.append(row)
+        elif record.kind == "forward":
+            layers.add_forward(record.step, record.names, values)
+        elif record.kind == "activations":
+            layers.add_activations(record.names, values)
+
+    def _take_non_finite(
+        self, step: int, norms: npt.NDArray[np.float64], index: tuple[int, ...] | None
+    ) -> None:
+        layers = self.layers
+        # Reported once when gradients turn non-finite, again only after they recovered.
+        # Detected here, per step, from the raw norms: which parameters had a gradient is
+        # known exactly, so a NaN norm is never confused with "no gradient".
+        if not self._nonfinite_reported:
+            which = index if index is not None else range(len(norms))
+            names = [layers.params[j].name for j in which]
+            bad = first_non_finite(names, norms, limit=len(names))
+            forward = layers.first_bad_forward
+            if forward is not None and forward[0] > step:
+                forward = None
+            self._add_alerts(
+                [self._report(step, self._clock(), bad, forward, self._forward_checked)]
+            )
+        self._nonfinite_reported = True
+        layers.add_grad_norms(step, norms, index)
+
+
+__all__ = ["LAYER_DEFER_MAX_VALUES", "NO_GRAD_AFTER_STEPS", "LayerFlow"]

@@ -1,0 +1,1 @@
+"""Figures derived from the stores on the sampler thread (progress, energy): numpy only."""

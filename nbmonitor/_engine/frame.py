@@ -1,0 +1,179 @@
+"""The snapshot a view renders (``Frame``) and the one builder of it (``FrameBuilder``).
+
+Plain numbers and numpy arrays, no torch, no widgets. The sampler builds one Frame per publish;
+views (the notebook dashboard, the console line) only read it, and a replayed or tailed run is
+drawn by the same builder from stores filled from disk. Keeping this the single hand-off keeps
+``ui/`` free of torch and the engine free of widget libraries.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from nbmonitor._engine.derive.progress import eta_seconds
+from nbmonitor._engine.store import Store
+
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class Series:
+    """One line of a chart, already decimated for display (a few thousand points at most).
+
+    ``x`` is the training step (float64 so that bucket edges can be fractional), ``y`` the value;
+    non-finite points are left out because a chart cannot draw them (the alerts report them).
+    """
+
+    x: FloatArray
+    y: FloatArray
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.x.nbytes + self.y.nbytes)
+
+
+MAX_NAMED = 5  # names listed in a message before "and N more"; Alert.layers keeps them all
+
+
+def name_list(names: Sequence[str], limit: int = MAX_NAMED) -> str:
+    """``"a, b, c and 4 more"``: how every alert message lists layers or parameters."""
+    shown = ", ".join(names[:limit])
+    if len(names) > limit:
+        shown += f" and {len(names) - limit} more"
+    return shown
+
+
+@dataclass(frozen=True)
+class Alert:
+    """A health finding shown in the alerts strip and written to the run log."""
+
+    rule: str
+    severity: str  # "info" | "warning" | "error"
+    message: str  # plain-language diagnosis with a hint
+    step: int
+    time: float
+    layers: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class LayerFrame:
+    """Per-layer view: names, a layers x columns heatmap of log10 grad norm, and a table."""
+
+    names: tuple[str, ...]
+    steps: FloatArray  # x of each heatmap column
+    log10_grad_norm: FloatArray  # shape (len(names), len(steps)); NaN where unknown
+    table: tuple[dict[str, object], ...] = ()
+
+
+@dataclass(frozen=True)
+class Frame:
+    """Everything a view shows at one moment.
+
+    ``latest`` holds the newest value of each per-step metric (``loss``, ``lr``, ``grad_norm``,
+    ``step_time``, ``samples_per_s``, ...) and each system metric (``cpu_percent``,
+    ``ram_used_bytes``, ``gpu0_util_percent``, ...); NaN means unavailable.
+    ``series`` maps a chart line name (the metric key, plus ``loss_smooth``) to its decimated
+    points; system series are drawn against the training step current when they were sampled.
+    ``devices`` lists one dict per accelerator with its gauge values (empty on CPU).
+    """
+
+    run: str
+    backend: str
+    status: str  # "running" | "degraded" | "closed"
+    step: int
+    total_steps: int | None
+    elapsed_s: float
+    eta_s: float
+    latest: dict[str, float]
+    series: dict[str, Series] = field(default_factory=dict)
+    devices: tuple[dict[str, float | str], ...] = ()
+    alerts: tuple[Alert, ...] = ()
+    errors: tuple[str, ...] = ()
+    layers: LayerFrame | None = None
+
+
+# Chart lines sent to views: bounded so that one publish stays small however long the run.
+STEP_SERIES = ("loss", "loss_smooth", "lr", "grad_norm", "step_time", "samples_per_s")
+SYSTEM_SERIES = ("cpu_percent", "process_cpu_percent", "ram_used_bytes", "process_rss_bytes")
+DEVICE_SERIES = ("util_percent", "mem_used_bytes", "temperature_c", "power_w")
+MAX_POINTS = 2000
+ALERTS_SHOWN = 20
+ERRORS_SHOWN = 5
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What a frame says about the run itself, fixed for its life."""
+
+    run: str
+    backend: str
+    total_steps: int | None
+    devices: int = 0  # accelerators whose series are drawn (gpu0_..., gpu1_...)
+
+
+@dataclass
+class FrameState:
+    """What changes between frames and is not in the stores."""
+
+    status: str
+    step: int
+    elapsed_s: float
+    latest_sample: Mapping[str, float] = field(default_factory=dict)
+    open_rows: Sequence[Mapping[str, float]] = ()
+    alerts: Sequence[Alert] = ()
+    errors: Sequence[str] = ()
+    devices: tuple[dict[str, float | str], ...] = ()
+    extra_latest: Mapping[str, float] = field(default_factory=dict)
+    layers: Callable[[], LayerFrame | None] | None = None
+
+
+class FrameBuilder:
+    """Builds the Frame a view shows from a steps store and a system store: the same for a live
+    run (the sampler's stores), a replayed run and a tailed one (stores filled from disk)."""
+
+    def __init__(self, info: RunInfo, steps: Store, system: Store) -> None:
+        self.info = info
+        self.steps = steps
+        self.system = system
+
+    def build(self, state: FrameState, detail: bool = True) -> Frame:
+        """Without ``detail`` the chart series and the per-layer panel are left out: a console
+        line needs neither, and decimating every series is the costly part of a frame."""
+        steps, system = self.steps, self.system
+        latest: dict[str, float] = {k: v for k, v in state.latest_sample.items() if k != "step"}
+        if len(steps):
+            latest.update(steps.last_row())
+        for row in state.open_rows:
+            latest.update({k: v for k, v in row.items() if not math.isnan(v) or k not in latest})
+        latest.update(state.extra_latest)
+        series: dict[str, Series] = {}
+        names: list[tuple[Store, str]] = []
+        if detail:
+            names += [(steps, name) for name in STEP_SERIES]
+            names += [(system, name) for name in SYSTEM_SERIES]
+            for i in range(self.info.devices):
+                names += [(system, f"gpu{i}_{key}") for key in DEVICE_SERIES]
+        for store, name in names:
+            if name in store.columns:
+                x, y = store.series(name, MAX_POINTS)
+                series[name] = Series(x, y)
+        return Frame(
+            run=self.info.run,
+            backend=self.info.backend,
+            status=state.status,
+            step=state.step,
+            total_steps=self.info.total_steps,
+            elapsed_s=state.elapsed_s,
+            eta_s=eta_seconds(steps, state.step, self.info.total_steps),
+            latest=latest,
+            series=series,
+            devices=state.devices,
+            alerts=tuple(state.alerts[-ALERTS_SHOWN:]),
+            errors=tuple(state.errors[-ERRORS_SHOWN:]),
+            layers=state.layers() if detail and state.layers is not None else None,
+        )

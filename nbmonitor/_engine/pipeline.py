@@ -1,0 +1,301 @@
+"""What the sampler does for one live run, tick by tick: sample, collect, check, persist,
+publish. The only writer of the stores, the sinks and the views.
+
+The main thread reads only what a tick published (``published``): the stores (behind their
+own locks), the alerts, the open rows and the layer table. It never runs a stage itself, so a
+hung source can hold up a tick but never ``history()``; ``Monitor.flush()`` asks the sampler
+for a full tick and waits for it at most its timeout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from nbmonitor._engine.assemble.layer_flow import LayerFlow, NonFiniteReport
+from nbmonitor._engine.assemble.layers import LayerStats
+from nbmonitor._engine.assemble.steps import StepAssembler
+from nbmonitor._engine.derive.energy import energy_rates
+from nbmonitor._engine.frame import Alert, Frame, FrameBuilder, FrameState, RunInfo
+from nbmonitor._engine.sampler import Stage
+from nbmonitor._engine.store import Store
+from nbmonitor.backends.base import Backend
+from nbmonitor.errors import ErrorLog
+from nbmonitor.records import Record
+
+# About the most of one core that the health rules and the view may take on scheduled ticks
+# (see Stage): the rules cost ~1 ms for 50 layers and a dashboard frame 2-20 ms, which at
+# every 0.5 s tick would be 0.2 % and up to 4 % of a core, and while they hold the GIL the
+# training thread waits. Paced, the dashboard refreshes about every 1-1.5 s (at most 2 s apart).
+HEALTH_SHARE = 0.001
+VIEW_SHARE = 0.0025
+# Views are refreshed at most this often, whatever the sampling interval.
+PUBLISH_EVERY_S = 0.25
+# The health rules see the steps since their last run plus HEALTH_WINDOW before them, at most
+# HEALTH_WINDOW_MAX in all.
+HEALTH_WINDOW = 512
+HEALTH_WINDOW_MAX = 8192
+MAX_ALERTS = 200
+# A sink that failed repeatedly (a full disk) is tried again after this many seconds.
+SINK_RETRY_S = 30.0
+
+
+class View(Protocol):
+    """Something that shows Frames (``ui.view.View``); called from the sampler only."""
+
+    def publish(self, frame: Frame) -> None: ...
+
+    def close(self, frame: Frame) -> None: ...
+
+
+class HealthChecker(Protocol):
+    def check(self, inp: Any) -> list[Alert]: ...
+
+
+@dataclass(frozen=True)
+class Published:
+    """What the last tick left for readers on other threads (replaced whole, never mutated)."""
+
+    open_rows: tuple[dict[str, float], ...] = ()
+    alerts: tuple[Alert, ...] = ()
+    layer_table: tuple[dict[str, object], ...] = ()
+    step: int = 0
+
+
+@dataclass
+class PipelineParts:
+    """What the composition root hands the pipeline."""
+
+    info: RunInfo
+    backend: Backend
+    drain: Callable[[bool], list[Record]]  # the recorder's; True waits for device values
+    current_step: Callable[[], int]
+    layers: LayerStats
+    health: HealthChecker
+    make_health_input: Callable[..., Any]
+    non_finite_report: NonFiniteReport
+    forward_checked: bool
+    write: Callable[[Mapping[str, Sequence[Mapping[str, object]]]], None]  # the sinks
+    flush_sinks: Callable[[], None]
+    errors: ErrorLog
+    status: Callable[[], str]
+    update_copy_skipped: Callable[[], float | None] = lambda: None
+    clock: Callable[[], float] = time.time
+    monotonic: Callable[[], float] = time.monotonic
+
+
+class Pipeline:
+    def __init__(self, parts: PipelineParts) -> None:
+        self.parts = parts
+        self.steps = Store()
+        self.system = Store()
+        self.frames = FrameBuilder(parts.info, self.steps, self.system)
+        self.lock = threading.RLock()
+        self.views: tuple[View, ...] = ()
+        self.published = Published()
+        self._assembler = StepAssembler()
+        self._alerts: list[Alert] = []
+        self._layer_flags: dict[str, list[str]] = {}
+        self.flow = LayerFlow(
+            parts.layers,
+            self.add_alerts,
+            parts.non_finite_report,
+            forward_checked=parts.forward_checked,
+            clock=parts.clock,
+        )
+        self._pending: dict[str, list[Mapping[str, object]]] = {
+            "steps": [],
+            "system": [],
+            "events": [],
+            "layers": [],
+        }
+        self._last_sample: dict[str, float] = {}
+        self._notes_seen = 0
+        self._health_step = 0
+        self._best_loss = math.nan
+        self._copy_skip_reported = False
+        self._last_publish = -math.inf
+        self._start = parts.monotonic()
+        errors = parts.errors
+        clock = parts.monotonic
+        self.stages = (
+            Stage("sample", self.sample, errors, clock=clock),
+            Stage("records", self.collect, errors, clock=clock),
+            Stage("health", self.check_health, errors, share=HEALTH_SHARE, clock=clock),
+            Stage("runlog", self.persist, errors, clock=clock, retry_after=SINK_RETRY_S),
+            Stage("view", self.publish, errors, share=VIEW_SHARE, max_gap=2.0, clock=clock),
+        )
+
+    # -- a tick ------------------------------------------------------------------------------
+
+    def tick(self, paced: bool) -> None:
+        with self.lock:
+            for stage in self.stages:
+                stage(paced)
+
+    def final_tick(self) -> None:
+        """Everything recorded, taken and written (close): waits for device values."""
+        with self.lock:
+            self.collect(wait=True, everything=True)
+            Stage("health", self.check_health, self.parts.errors)()
+            self.persist()
+
+    # -- stages ------------------------------------------------------------------------------
+
+    def sample(self) -> None:
+        parts = self.parts
+        notes = parts.backend.notes
+        if len(notes) > self._notes_seen:
+            # Backend notes (NVML missing, a GPU lost) are facts to show, not failures.
+            new, self._notes_seen = notes[self._notes_seen :], len(notes)
+            now, step = parts.clock(), parts.current_step()
+            self.add_alerts(Alert("backend", "info", str(n), step, now) for n in new)
+        sample = parts.backend.sample()
+        row = {"time": parts.clock(), "step": float(parts.current_step()), **sample}
+        self._last_sample = row
+        self.system.append(row)
+        self._pending["system"].append(row)
+
+    def collect(self, wait: bool = False, everything: bool = False) -> None:
+        assembler = self._assembler
+        assembler.add(self.parts.drain(wait))
+        rows = assembler.take_final(everything=everything)
+        blocks, aux = assembler.layer_norms, assembler.aux
+        assembler.layer_norms, assembler.aux = [], []
+        step = self.parts.current_step()
+        self.flow.add(blocks, aux, step)
+        self._report_copy_skip(step)
+        if rows:
+            for row in rows:
+                loss = row.get("loss", math.nan)
+                if math.isfinite(loss) and not loss >= self._best_loss:
+                    self._best_loss = loss
+            self.steps.extend(rows)
+            self._pending["steps"].extend(rows)
+        if self.flow.pending_rows:
+            self._pending["layers"].extend(self.flow.pending_rows)
+            self.flow.pending_rows = []
+        self._publish_state(step, open_rows=tuple(assembler.peek_open()))
+
+    def _report_copy_skip(self, step: int) -> None:
+        limit = self.parts.update_copy_skipped()
+        if limit is None or self._copy_skip_reported:
+            return
+        self._copy_skip_reported = True
+        message = (
+            "Update ratios are not measured: copying the trainable parameters across "
+            f"optimizer.step() would take more than {limit / 2**30:.3g} GiB. Gradient norms "
+            "are still measured every step."
+        )
+        self.add_alerts([Alert("update_ratio_skipped", "info", message, step, self.parts.clock())])
+
+    def check_health(self) -> None:
+        self.flow.take_waiting()
+        parts, steps = self.parts, self.steps
+        step = parts.current_step()
+        # Paced, the rules may run seconds apart: they get every step since their last run.
+        window = min(HEALTH_WINDOW + step - self._health_step, HEALTH_WINDOW_MAX)
+        self._health_step = step
+        columns = {
+            key: steps.tail(key, window)
+            for key in ("step", "loss", "grad_norm")
+            if key in steps.columns
+        }
+        layers = parts.layers
+        layer_steps, layer_norms = layers.recent()
+        system = {key: self.system.tail(key, 120) for key in self.system.columns}
+        index = parts.backend.device_index
+        inp = parts.make_health_input(
+            step=step,
+            time=parts.clock(),
+            steps=columns,
+            layer_names=layers.names,
+            layer_steps=layer_steps,
+            layer_grad_norms=layer_norms,
+            param_norms=layers.param_norm,
+            update_ratios=layers.update_ratio,
+            activations=layers.activations or None,
+            system=system,
+            gpus=[index] if index is not None else None,
+        )
+        self.add_alerts(parts.health.check(inp))
+        self._publish_layers()
+
+    def persist(self) -> None:
+        pending = {k: v for k, v in self._pending.items() if v}
+        self._pending = {k: [] for k in self._pending}
+        if pending:
+            self.parts.write(pending)
+        self.parts.flush_sinks()
+
+    def publish(self) -> None:
+        now = self.parts.monotonic()
+        if not self.views or now - self._last_publish < PUBLISH_EVERY_S:
+            return
+        self._last_publish = now
+        views = self.views
+        frame = self.frame(detail=any(getattr(v, "wants_detail", True) for v in views))
+        for view in views:
+            view.publish(frame)
+
+    # -- alerts and published state ------------------------------------------------------------
+
+    def add_alerts(self, alerts: Iterable[Alert]) -> None:
+        added = False
+        for alert in alerts:
+            added = True
+            self._alerts.append(alert)
+            del self._alerts[:-MAX_ALERTS]
+            self._pending["events"].append(dataclasses.asdict(alert))
+            for layer in alert.layers:
+                self._layer_flags.setdefault(layer, []).append(alert.rule)
+        if added:
+            self.published = dataclasses.replace(self.published, alerts=tuple(self._alerts))
+
+    def _publish_state(self, step: int, open_rows: tuple[dict[str, float], ...]) -> None:
+        self.published = dataclasses.replace(self.published, open_rows=open_rows, step=step)
+
+    def _publish_layers(self) -> None:
+        table = tuple(self.parts.layers.table(self._layer_flags))
+        self.published = dataclasses.replace(self.published, layer_table=table)
+
+    def refresh_layers(self) -> None:
+        """Take the waiting per-layer norms and publish the layer table (flush, close)."""
+        with self.lock:
+            self.flow.take_waiting()
+            self._publish_layers()
+
+    # -- frames ------------------------------------------------------------------------------
+
+    def frame(self, detail: bool = True) -> Frame:
+        """A snapshot of everything the views show (on the sampler, or under ``lock``); with
+        ``detail`` it takes the per-layer norms waiting for a reader."""
+        parts = self.parts
+        extra = {"best_loss": self._best_loss}
+        extra.update(energy_rates(self.system, self.steps, parts.backend.device_index))
+        layers = parts.layers
+
+        def layer_frame() -> Any:
+            if not layers.names:
+                return None
+            self.flow.take_waiting()
+            return layers.frame(self._layer_flags)
+
+        state = FrameState(
+            status=parts.status(),
+            step=parts.current_step(),
+            elapsed_s=parts.monotonic() - self._start,
+            latest_sample=self._last_sample,
+            open_rows=self.published.open_rows,
+            alerts=self._alerts,
+            errors=[str(e) for e in parts.errors.entries()],
+            devices=tuple(parts.backend.device_gauges(self._last_sample)),
+            extra_latest=extra,
+            layers=layer_frame,
+        )
+        return self.frames.build(state, detail=detail)

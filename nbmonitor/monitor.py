@@ -1,0 +1,521 @@
+"""Monitor and attach(): the composition root of a live run.
+
+attach() validates, closes any earlier monitor of the same model (the notebook cell re-run),
+builds the parts (capture on the training thread; pipeline, sinks and views on the sampler
+thread), creates the run directory and starts the sampler. Everything after that happens on
+the sampler thread, except ``log()``, which only records; the read API reads what the sampler
+published.
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime as _dt
+import os
+import platform
+import socket
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Unpack
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from nbmonitor import backends as _backends
+from nbmonitor._capture.capture import build_capture
+from nbmonitor._capture.heap import settle_heap
+from nbmonitor._capture.probes.grad_norms import grad_norms, norm_dtype
+from nbmonitor._engine.assemble.layers import LayerStats, ParamInfo
+from nbmonitor._engine.frame import Alert, Frame, RunInfo
+from nbmonitor._engine.pipeline import Pipeline, PipelineParts, View
+from nbmonitor._engine.sampler import SamplerThread
+from nbmonitor._runlog import RunLog
+from nbmonitor._version import __version__
+from nbmonitor.debug import check_setup
+from nbmonitor.errors import ErrorLog
+from nbmonitor.health import Health, HealthInput, non_finite_gradients
+from nbmonitor.options import AttachOptions, Options, check_model, json_safe
+
+Columns = dict[str, npt.NDArray[np.float64]]
+# How long close() waits for a sampler tick in progress (a hung source) before it gives up on
+# the last interval rather than hang the notebook.
+CLOSE_WAIT_S = 5.0
+FLUSH_TIMEOUT_S = 5.0
+_RUNLOG_WRITERS = {"system": "samples"}
+
+# The live monitor of each model, so that attaching again replaces it.
+_LIVE: weakref.WeakKeyDictionary[torch.nn.Module, Monitor] = weakref.WeakKeyDictionary()
+_ALL: weakref.WeakSet[Monitor] = weakref.WeakSet()
+_atexit_registered = False
+
+
+def _signal_all() -> None:
+    # At interpreter exit only signal: joining threads or writing files here can hang shutdown.
+    for monitor in list(_ALL):
+        monitor.stop_signal()
+
+
+def _merge_rows(columns: Columns, rows: Sequence[Mapping[str, float]]) -> Columns:
+    """Append rows to equal-length columns, NaN-filling keys a side lacks."""
+    if not rows:
+        return columns
+    n = len(next(iter(columns.values()))) if columns else 0
+    keys = list(columns)
+    for row in rows:
+        keys.extend(k for k in row if k not in columns and k not in keys)
+    out: Columns = {}
+    for key in keys:
+        old = columns.get(key, np.full(n, np.nan))
+        new = np.array([row.get(key, np.nan) for row in rows], dtype=np.float64)
+        out[key] = np.concatenate([old, new])
+    return out
+
+
+class Monitor:
+    """A live monitor of one model's training. Create it with :func:`nbmonitor.attach`.
+
+    The training thread only records; a background thread (``nbmonitor-sampler``) samples the
+    system, assembles per-step rows, writes the run log and refreshes the views. ``clock`` (the
+    wall clock, seconds since the epoch) can be replaced, e.g. in tests.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        **options: Unpack[AttachOptions],
+    ) -> None:
+        check_model(model, optimizer)
+        opts = Options.from_kwargs(options)
+        self.options = opts
+        self.interval = float(opts.interval)
+        self.total_steps = opts.total_steps
+        self.errors_log = ErrorLog()
+        self._clock = clock
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._start = clock()
+        self._model_ref = weakref.ref(model)
+        self._dashboard: Any = None
+
+        self.backend = _backends.select(model, opts.backend)
+        capture = build_capture(
+            model,
+            optimizer,
+            self.errors_log,
+            layer_every=opts.layer_every,
+            activations=opts.activations,
+            check_forward=opts.check_forward,
+            on_nan=opts.on_nan,
+        )
+        self._capture = capture
+        layers = _layer_stats(capture.params, capture.param_names, optimizer, opts.layer_group)
+        run_name = opts.name or type(model).__name__
+        self._runlog = RunLog.create(opts.run_dir, run_name, self._meta(model, optimizer))
+        self.name = self._runlog.path.name
+        update = capture.update_ratio
+        runlog = self._runlog
+
+        def write(streams: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:
+            for stream, rows in streams.items():
+                getattr(runlog, f"write_{_RUNLOG_WRITERS.get(stream, stream)}")(rows)
+
+        self._pipeline = Pipeline(
+            PipelineParts(
+                info=RunInfo(
+                    self.name, self.backend.name, self.total_steps, len(self.backend.devices)
+                ),
+                backend=self.backend,
+                drain=capture.recorder.drain,
+                current_step=lambda: capture.clock.step,
+                layers=layers,
+                health=Health(opts.thresholds),
+                make_health_input=HealthInput,
+                non_finite_report=non_finite_gradients,
+                forward_checked=opts.check_forward,
+                write=write,
+                flush_sinks=runlog.flush,
+                errors=self.errors_log,
+                status=lambda: self.status,
+                update_copy_skipped=(
+                    (lambda: update.copy_max_bytes if update.copy_skipped else None)
+                    if update is not None
+                    else lambda: None
+                ),
+                clock=clock,
+            )
+        )
+        self._pipeline.add_alerts(check_setup(model, optimizer, step=0, time=self._start))
+        self._thread = SamplerThread(
+            lambda: self._pipeline.tick(paced=True), self.interval, flush=self._flush_tick
+        )
+        self._setup_views(opts.display)
+
+    # -- construction helpers --------------------------------------------------------------
+
+    def _meta(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
+    ) -> dict[str, object]:
+        params = list(model.parameters())
+        opt_meta: object = None
+        if optimizer is not None:
+            opt_meta = {
+                "class": type(optimizer).__qualname__,
+                "param_groups": len(optimizer.param_groups),
+                "defaults": json_safe(optimizer.defaults),
+            }
+        attach = self.options.as_meta()
+        attach.pop("thresholds")
+        return {
+            "model": {
+                "class": type(model).__qualname__,
+                "module": type(model).__module__,
+                "parameters": sum(p.numel() for p in params),
+                "trainable_parameters": sum(p.numel() for p in params if p.requires_grad),
+                "device": _backends.model_device_type(model),
+            },
+            "optimizer": opt_meta,
+            "backend": {"name": self.backend.name, "devices": list(self.backend.devices)},
+            "versions": {
+                "nbmonitor": __version__,
+                "torch": torch.__version__,
+                "python": platform.python_version(),
+            },
+            "host": socket.gethostname(),
+            "platform": platform.platform(),
+            "pid": os.getpid(),
+            "argv": list(sys.argv),
+            "start_time": _dt.datetime.fromtimestamp(self._start, _dt.UTC).isoformat(),
+            "start_timestamp": self._start,
+            "attach": attach,
+        }
+
+    def _setup_views(self, display: bool) -> None:
+        from nbmonitor.ui.console import ConsoleView, console_logger
+        from nbmonitor.ui.notebook import in_notebook
+
+        if in_notebook():
+            if display:
+                self._pipeline.views = (self._make_dashboard(),)
+        else:
+            # In a script the console line is the view; with display=False it still goes to
+            # the "nbmonitor" logger but no handler is installed for it.
+            self._pipeline.views = (ConsoleView(console_logger(install_handler=display)),)
+
+    def _make_dashboard(self) -> Any:
+        from nbmonitor.ui.dashboard import Dashboard
+
+        if self._dashboard is None:
+            self._dashboard = Dashboard(self.name, self.backend.name, self.total_steps)
+        return self._dashboard
+
+    def start(self) -> None:
+        """Install the hooks, start the sampler and show the dashboard (attach() does this)."""
+        global _atexit_registered
+        # Before the first monitored step: what the probes allocate each step would otherwise
+        # often tip glibc into trimming the heap, and faulting it back, every step (heap.py).
+        settle_heap()
+        self._capture.clock.install()
+        self._thread.start()
+        _ALL.add(self)
+        if not _atexit_registered:
+            atexit.register(_signal_all)
+            _atexit_registered = True
+        if self.options.display and self._dashboard is not None:
+            from nbmonitor.ui.notebook import show
+
+            try:
+                show(self._dashboard)
+            except Exception as exc:  # a front end that cannot display must not stop training
+                self.errors_log.add("view", exc)
+
+    def stop_signal(self) -> None:
+        """Ask the sampler to stop without waiting (interpreter exit)."""
+        self._thread.signal()
+
+    # -- public API ----------------------------------------------------------------------------
+
+    @property
+    def run_dir(self) -> Path:
+        """This run's directory on disk."""
+        return self._runlog.path
+
+    @property
+    def status(self) -> str:
+        """``"running"``, ``"degraded"`` (something failed; see ``errors``) or ``"closed"``."""
+        if self._closed:
+            return "closed"
+        return "degraded" if len(self.errors_log) else "running"
+
+    @property
+    def errors(self) -> list[str]:
+        """What failed inside nbmonitor, newest last, as ``"HH:MM:SS source: Error: message"``."""
+        return [str(e) for e in self.errors_log.entries()]
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps completed (backward passes when attached without an optimizer)."""
+        return self._capture.clock.step
+
+    def log(self, **scalars: object) -> None:
+        """Record values for the current step: numbers or 0-d/1-element tensors on any device.
+
+        Never waits on the device. Logged after ``optimizer.step()``, a value belongs to the step
+        that just ended; logged after a forward pass but before the step, to the step in
+        progress. Several values for a key in one step are averaged. NaN and Inf are kept.
+
+        >>> mon.log(loss=loss, accuracy=acc)  # doctest: +SKIP
+        """
+        if self._closed:
+            return
+        self._capture.clock.log(scalars)  # TypeError for a non-numeric value: a user bug
+
+    def flush(self, timeout: float = FLUSH_TIMEOUT_S) -> bool:
+        """Have the sampler take, check and write everything recorded so far, now.
+
+        The one synchronous call: it waits at most ``timeout`` seconds (a hung source cannot
+        hold it longer) and returns whether the flush finished. Reads (``history()``,
+        ``layers()``, ``events()``) then show every step up to now.
+        """
+        if self._closed:
+            return True
+        if self._thread.alive:
+            return self._thread.request(timeout)
+        # Not started (a Monitor built without attach) or stopping: nothing else ticks.
+        if not self._pipeline.lock.acquire(timeout=timeout):
+            return False
+        try:
+            self._flush_tick()
+        finally:
+            self._pipeline.lock.release()
+        return True
+
+    def _flush_tick(self) -> None:
+        pipeline = self._pipeline
+        with pipeline.lock:
+            pipeline.collect(wait=True)
+            pipeline.tick(paced=False)
+            pipeline.refresh_layers()
+
+    def close(self) -> None:
+        """Stop monitoring: remove hooks, stop the thread, flush the run log, show the final state.
+
+        Idempotent. Never raises, and never waits more than a few seconds on a hung source
+        (what it could not take then is reported in ``errors``).
+        """
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        pipeline = self._pipeline
+        try:
+            self._capture.clock.remove()
+            self._thread.stop(CLOSE_WAIT_S)
+            if not pipeline.lock.acquire(timeout=CLOSE_WAIT_S):
+                raise TimeoutError(
+                    "the sampler is stuck in a source; the last interval was not written"
+                )
+            try:
+                pipeline.final_tick()
+                pipeline.refresh_layers()
+                frame = pipeline.frame()
+                for view in pipeline.views:
+                    try:
+                        view.close(frame)
+                    except Exception as exc:
+                        self.errors_log.add("view", exc)
+                self._runlog.update_meta(
+                    end_time=_dt.datetime.fromtimestamp(self._clock(), _dt.UTC).isoformat(),
+                    steps=self.step,
+                    status="degraded" if len(self.errors_log) else "closed",
+                    errors=self.errors,
+                )
+            finally:
+                pipeline.lock.release()
+        except Exception as exc:
+            self.errors_log.add("close", exc)
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        try:
+            self._runlog.close()
+        except Exception as exc:
+            self.errors_log.add("close", exc)
+        try:
+            self.backend.close()
+        except Exception as exc:
+            self.errors_log.add("close", exc)
+        model = self._model_ref()
+        if model is not None and _LIVE.get(model) is self:
+            del _LIVE[model]
+        _ALL.discard(self)
+
+    def __enter__(self) -> Monitor:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def history(self) -> dict[str, npt.NDArray[np.float64]]:
+        """Per-step columns (step, time, loss, lr, grad_norm, step_time, samples_per_s, ...).
+
+        As of the sampler's last tick (call ``flush()`` first for every step up to now). Long
+        runs keep recent steps at full resolution and older ones as bucket means; the run log
+        on disk keeps every step.
+        """
+        pipeline = self._pipeline
+        published = pipeline.published
+        columns = pipeline.steps.history()
+        if columns:
+            last = columns["step"][-1]
+            rows = [r for r in published.open_rows if r["step"] > last]
+        else:
+            rows = list(published.open_rows)
+        return _merge_rows(columns, rows)
+
+    def system(self) -> dict[str, npt.NDArray[np.float64]]:
+        """System samples (time, step, cpu_percent, ram_used_bytes, ...), one row per tick."""
+        return self._pipeline.system.history()
+
+    def events(self) -> list[Alert]:
+        """Alerts raised so far, oldest first (as of the sampler's last tick)."""
+        return list(self._pipeline.published.alerts)
+
+    def layers(self, as_dataframe: bool = False) -> Any:
+        """One row per layer: name, shape, numel, dtype, device, requires_grad, in_optimizer,
+        latest grad_norm, param_norm, update_ratio and flags (the alert rules that named it).
+
+        As of the last health check or flush (call ``flush()`` first for the newest). Returns
+        a list of dicts, or a pandas DataFrame with ``as_dataframe=True``.
+        """
+        rows = [dict(row) for row in self._pipeline.published.layer_table]
+        if as_dataframe:
+            try:
+                import pandas as pd
+            except ImportError as exc:
+                raise ImportError(
+                    "nbmonitor: layers(as_dataframe=True) needs pandas; pip install pandas."
+                ) from exc
+            return pd.DataFrame(rows)
+        return rows
+
+    def frame(self, detail: bool = True) -> Frame:
+        """The snapshot the views show now (see ``nbmonitor._engine.frame.Frame``)."""
+        with self._pipeline.lock:
+            return self._pipeline.frame(detail)
+
+    def dashboard(self) -> Any:
+        """The notebook dashboard of this monitor (created on first call); display it anywhere.
+
+        Every view of it shows the same live feed.
+        """
+        dashboard = self._make_dashboard()
+        pipeline = self._pipeline
+        if dashboard not in pipeline.views:
+            pipeline.views = (*pipeline.views, dashboard)
+            if self._closed:
+                dashboard.close(self.frame())
+        return dashboard
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        return self.dashboard()._repr_mimebundle_(**kwargs)
+
+    def __repr__(self) -> str:
+        return (
+            f"<nbmonitor.Monitor {self.name!r} backend={self.backend.name!r} step={self.step} "
+            f"status={self.status!r}>"
+        )
+
+
+def _layer_stats(
+    params: list[torch.nn.Parameter],
+    names: list[str],
+    optimizer: torch.optim.Optimizer | None,
+    group_by: str,
+) -> LayerStats:
+    from nbmonitor._capture.inputs import optimizer_parameters
+
+    in_opt = {id(p) for p in optimizer_parameters(optimizer)} if optimizer else set()
+    layers = LayerStats(
+        [
+            ParamInfo(
+                name=n,
+                shape=tuple(p.shape),
+                numel=p.numel(),
+                dtype=str(p.dtype).removeprefix("torch."),
+                device=str(p.device),
+                requires_grad=p.requires_grad,
+                in_optimizer=id(p) in in_opt,
+            )
+            for n, p in zip(names, params, strict=True)
+        ],
+        group_by=group_by,
+    )
+    if params:
+        # Known from the start so that vanishing gradients (grad norm relative to the
+        # parameter norm) can be judged before the first update-ratio step. One wait, at
+        # attach, never in the loop.
+        norms = grad_norms([p.detach() for p in params], norm_dtype(params))
+        norms.wait()
+        layers.set_param_norms(norms.values())
+    return layers
+
+
+def attach(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    **options: Unpack[AttachOptions],
+) -> Monitor:
+    """Start monitoring ``model`` (and ``optimizer``) and show the live view.
+
+    Args:
+        model: the ``torch.nn.Module`` being trained.
+        optimizer: the optimizer whose ``step()`` ends a training step; without one, each
+            backward pass counts as a step.
+        interval: seconds between system samples (and run-log flushes); default 0.5.
+        total_steps: the planned number of steps, for progress and ETA.
+        run_dir: folder under which this run's directory is created (default ``"runs"``).
+        name: a name for the run (default: the model's class name).
+        backend: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"mps"``.
+        display: in a notebook, show the dashboard under the cell; in a script, print a status
+            line every few seconds (default True).
+        layer_every: measure parameter norms and update ratios (||dw|| / ||w||) every this
+            many steps (0: never; default 100). Per-layer gradient norms are measured every
+            step.
+        layer_group: ``"param"`` (a layer is a parameter) or ``"module"``.
+        activations: record activation statistics of leaf modules every ``layer_every``
+            steps (mean, std, max |x|, fraction of zeros) and report dead units.
+        check_forward: check every module's output for NaN/Inf, to name the first module
+            that produced one (costs a few small kernels per module per forward).
+        on_nan: ``"warn"`` reports non-finite gradients in the alerts; ``"raise"`` raises
+            ``nbmonitor.NonFiniteError`` from ``optimizer.step()`` before the bad update is
+            applied (this checks on the host every step, so it synchronises on CUDA).
+        thresholds: health-rule thresholds, as ``nbmonitor.Thresholds`` or a dict of its fields.
+
+    Attaching again to the same model closes the earlier monitor first.
+
+    >>> mon = nbmonitor.attach(model, optimizer, total_steps=500)  # doctest: +SKIP
+    """
+    # Build (and so validate) the new monitor before closing the old one: a bad argument in a
+    # re-run cell must not stop the monitor that is still working.
+    monitor = Monitor(model, optimizer, **options)
+    previous = _LIVE.get(model)
+    if previous is not None:
+        previous.close()
+    _LIVE[model] = monitor
+    monitor.start()
+    return monitor

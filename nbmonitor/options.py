@@ -1,0 +1,181 @@
+"""The attach options, declared once, and their checks: one-line errors that say what to do,
+raised at the call before anything starts.
+
+``AttachOptions`` is the typed keyword set of ``attach()`` and ``Monitor()``; ``Options`` holds
+the resolved values with their defaults. A test keeps the two in step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, TypedDict
+
+from nbmonitor._engine.assemble.layers import GROUPINGS
+from nbmonitor.health import Thresholds
+
+if TYPE_CHECKING:
+    import torch
+
+ON_NAN = ("warn", "raise")
+BACKENDS = ("auto", "cpu", "mps", "cuda")
+# Parameter norms and update ratios are measured every this many steps by default: a copy of
+# the parameters across optimizer.step() is the costly part (see docs/performance.md).
+DEFAULT_LAYER_EVERY = 100
+
+
+class AttachOptions(TypedDict, total=False):
+    """The keyword options of ``nbmonitor.attach`` (see its docstring for each)."""
+
+    interval: float
+    total_steps: int | None
+    run_dir: str | os.PathLike[str]
+    name: str | None
+    backend: str
+    display: bool
+    layer_every: int
+    layer_group: str
+    activations: bool
+    check_forward: bool
+    on_nan: str
+    thresholds: Thresholds | Mapping[str, float] | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """The resolved attach options (defaults here)."""
+
+    interval: float = 0.5
+    total_steps: int | None = None
+    run_dir: str | os.PathLike[str] = "runs"
+    name: str | None = None
+    backend: str = "auto"
+    display: bool = True
+    layer_every: int = DEFAULT_LAYER_EVERY
+    layer_group: str = "param"
+    activations: bool = False
+    check_forward: bool = False
+    on_nan: str = "warn"
+    thresholds: Thresholds = dataclasses.field(default_factory=Thresholds)
+
+    @classmethod
+    def from_kwargs(cls, kwargs: Mapping[str, Any]) -> Options:
+        """Check and resolve ``attach()`` keywords; raises TypeError/ValueError in one line."""
+        known = [f.name for f in dataclasses.fields(cls)]
+        for key in kwargs:
+            if key not in known:
+                close = difflib.get_close_matches(key, known, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(known)}."
+                raise TypeError(f"nbmonitor.attach: unknown option {key!r}{hint}")
+        values = dict(kwargs)
+        values["thresholds"] = coerce_thresholds(values.get("thresholds"))
+        options = cls(**values)
+        check_options(options)
+        return options
+
+    def as_meta(self) -> dict[str, object]:
+        """The options as written to the run's meta.json."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["run_dir"] = str(self.run_dir)
+        out["thresholds"] = dataclasses.asdict(self.thresholds)
+        return out
+
+
+def json_safe(value: object) -> object:
+    if isinstance(value, (str, int, bool)) or value is None:
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, Mapping):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    numel = getattr(value, "numel", None)
+    if callable(numel) and type(value).__module__.startswith("torch") and numel() == 1:
+        return float(value.detach().cpu())  # type: ignore[attr-defined]
+    return repr(value)
+
+
+def check_model(model: object, optimizer: object) -> None:
+    """The model and optimizer ``attach()`` was given."""
+    import torch
+
+    from nbmonitor._capture.inputs import optimizer_parameters
+
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(
+            f"nbmonitor.attach: model must be a torch.nn.Module, got {type(model).__name__}; "
+            "call attach(model, optimizer)."
+        )
+    if optimizer is not None:
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(
+                "nbmonitor.attach: optimizer must be a torch.optim.Optimizer or None, got "
+                f"{type(optimizer).__name__}; pass the optimizer you call .step() on."
+            )
+        model_params = {id(p) for p in model.parameters()}
+        if model_params and not any(id(p) in model_params for p in optimizer_parameters(optimizer)):
+            raise ValueError(
+                "nbmonitor.attach: the optimizer holds none of the model's parameters; "
+                "build it from model.parameters() or pass the matching model."
+            )
+
+
+def check_options(options: Options) -> None:
+    interval, total_steps, name = options.interval, options.total_steps, options.name
+    if (
+        isinstance(interval, bool)
+        or not isinstance(interval, (int, float))
+        or not math.isfinite(interval)
+        or interval <= 0
+    ):
+        raise ValueError(
+            f"nbmonitor.attach: interval must be a number of seconds > 0, got {interval!r}; "
+            "e.g. interval=0.5."
+        )
+    if total_steps is not None and (
+        isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps <= 0
+    ):
+        raise ValueError(
+            f"nbmonitor.attach: total_steps must be a positive int or None, got {total_steps!r}."
+        )
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"nbmonitor.attach: name must be a str or None, got {type(name).__name__}.")
+    if options.backend not in BACKENDS:
+        raise ValueError(
+            f"nbmonitor: unknown backend {options.backend!r}; use one of {', '.join(BACKENDS)}."
+        )
+    layer_every, layer_group, on_nan = options.layer_every, options.layer_group, options.on_nan
+    if isinstance(layer_every, bool) or not isinstance(layer_every, int) or layer_every < 0:
+        raise ValueError(
+            f"nbmonitor.attach: layer_every must be an int >= 0 (0 turns parameter norms and "
+            f"update ratios off), got {layer_every!r}."
+        )
+    if layer_group not in GROUPINGS:
+        raise ValueError(
+            f"nbmonitor.attach: layer_group must be 'param' or 'module', got {layer_group!r}."
+        )
+    if on_nan not in ON_NAN:
+        raise ValueError(f"nbmonitor.attach: on_nan must be 'warn' or 'raise', got {on_nan!r}.")
+
+
+def coerce_thresholds(value: object) -> Thresholds:
+    if value is None:
+        return Thresholds()
+    if isinstance(value, Thresholds):
+        return value
+    if isinstance(value, Mapping):
+        try:
+            return Thresholds(**value)
+        except TypeError as exc:
+            known = ", ".join(f.name for f in dataclasses.fields(Thresholds))
+            raise ValueError(
+                f"nbmonitor.attach: unknown threshold in {sorted(value)}; known: {known}."
+            ) from exc
+    raise TypeError(
+        "nbmonitor.attach: thresholds must be a dict or nbmonitor.Thresholds, got "
+        f"{type(value).__name__}."
+    )

@@ -1,0 +1,163 @@
+"""The records that cross from the training thread to the sampler thread, one type per kind.
+
+The training thread (``_capture/``) makes them; the sampler (``_engine/``) reads them. Values
+still on their way from a device are ``Pending``: the capture side implements it with torch
+(``_capture/device_value.py``), so that this module, and everything on the sampler side that
+reads records, imports no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float64]
+
+
+class Pending(Protocol):
+    """One or more scalars on their way to the host, readable once ``ready()``."""
+
+    def ready(self) -> bool: ...
+
+    def wait(self) -> None:
+        """Block until the values have landed; only for close() and flush(), never in a hook."""
+
+    def values(self) -> list[float]: ...
+
+    def floats(self) -> npt.NDArray[np.floating[Any]]:
+        """The values as a 1-D float32/float64 array, not to be written to."""
+
+    def array(self) -> FloatArray:
+        """The values as a float64 array of the caller's own."""
+
+    def stack_alike(
+        self, values: Sequence[Pending]
+    ) -> tuple[FloatArray, npt.NDArray[np.floating[Any]] | None] | None:
+        """``values`` (this one first) packed alike as a head matrix and a tail matrix, one row
+        per value, or None when they were not packed alike."""
+
+
+@dataclass(frozen=True, slots=True)
+class NormLayout:
+    """How a step's packed gradient values unpack: ``squared`` squared norms, then ``norms``
+    norms, then the raw values of the concatenated tensors, tensor ``i``'s starting at
+    ``starts[i]``."""
+
+    squared: int
+    norms: int
+    starts: tuple[int, ...]
+    _starts: npt.NDArray[np.intp] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_starts", np.asarray(self.starts, dtype=np.intp))
+
+
+def squared_norms(values: npt.NDArray[np.floating[Any]], layout: NormLayout | None) -> FloatArray:
+    """The squared per-tensor norms in packed ``values`` (plain norms when ``layout`` is None),
+    as a new float64 array; ``values`` may hold one step per row. A NaN or Inf anywhere in a
+    tensor's values carries into its entry."""
+    if layout is None:
+        plain: FloatArray = np.square(values, dtype=np.float64)
+        return plain
+    return squared_norms_split(values[..., : layout.squared], values[..., layout.squared :], layout)
+
+
+def squared_norms_split(
+    head: npt.NDArray[np.floating[Any]],
+    tail: npt.NDArray[np.floating[Any]] | None,
+    layout: NormLayout,
+) -> FloatArray:
+    """``squared_norms`` of values held in two parts: ``head``, the squared norms, and
+    ``tail``, what follows them (None: nothing), so that the raw values are not copied once
+    more only to be joined to a few squared norms."""
+    parts = [head.astype(np.float64)]
+    if tail is not None:
+        cut = layout.norms
+        if cut:
+            parts.append(np.square(tail[..., :cut], dtype=np.float64))
+        if layout.starts:
+            # Squares in the values' own precision, sums in float64: biases have thousands of
+            # values.
+            squares = np.square(tail[..., cut:])
+            parts.append(np.add.reduceat(squares, layout._starts, axis=-1, dtype=np.float64))
+    return np.concatenate(parts, axis=-1)
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """One optimizer step (or one backward pass when there is no optimizer)."""
+
+    step: int
+    time: float  # wall clock, seconds since the epoch
+    step_time: float  # seconds since the previous step ended
+    samples: int  # batch items seen by grad-enabled forwards during this step
+    micro_batches: int
+    lrs: tuple[float | Pending, ...]
+    # Per-parameter gradient norms on their way to the host, or None without gradients.
+    norms: Pending | None = None
+    # Which tracked parameter each norm belongs to; None means all of them, in order.
+    norm_index: tuple[int, ...] | None = None
+    # How the values unpack into squared norms (the CPU path); None: they are norms.
+    norms_layout: NormLayout | None = None
+
+    def ready(self) -> bool:
+        if self.norms is not None and not self.norms.ready():
+            return False
+        return all(isinstance(lr, float) or lr.ready() for lr in self.lrs)
+
+    def wait(self) -> None:
+        if self.norms is not None:
+            self.norms.wait()
+        for lr in self.lrs:
+            if not isinstance(lr, float):
+                lr.wait()
+
+
+@dataclass(slots=True)
+class LogRecord:
+    """Values from ``mon.log()`` or read from a model output, for one step."""
+
+    step: int
+    numbers: dict[str, float] = field(default_factory=dict)
+    tensors: list[tuple[tuple[str, ...], Pending]] = field(default_factory=list)
+
+    def ready(self) -> bool:
+        return all(value.ready() for _, value in self.tensors)
+
+    def wait(self) -> None:
+        for _, value in self.tensors:
+            value.wait()
+
+    def resolve(self) -> dict[str, float]:
+        out = dict(self.numbers)
+        for keys, value in self.tensors:
+            out.update(zip(keys, value.values(), strict=True))
+        return out
+
+
+@dataclass(slots=True)
+class AuxRecord:
+    """Optional per-layer measurements of one step, packed in one value.
+
+    ``kind`` is "update" (parameter norms then update norms, one per tracked parameter),
+    "forward" (per module: non-finite flag, input mean, std, max |x|) or "activations" (per leaf
+    module: mean, std, max |x|, fraction of exact zeros); ``names`` label the rows.
+    """
+
+    step: int
+    kind: str
+    names: tuple[str, ...]
+    value: Pending
+
+    def ready(self) -> bool:
+        return self.value.ready()
+
+    def wait(self) -> None:
+        self.value.wait()
+
+
+Record = StepRecord | LogRecord | AuxRecord
