@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from nbmonitor._store import Store
+from nbmonitor._engine.store import Store
 
 MB = 1024 * 1024
 

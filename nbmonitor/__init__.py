@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from nbmonitor.errors import NonFiniteError, RunDirError
     from nbmonitor.health import Thresholds
     from nbmonitor.monitor import Monitor, attach
-    from nbmonitor.replay import Run, list_runs, open, tail
+    from nbmonitor.replay import Run, open
 
 # public name -> module it lives in
 _WHERE = {
@@ -29,8 +29,6 @@ _WHERE = {
     "RunDirError": "nbmonitor.errors",
     "Run": "nbmonitor.replay",
     "open": "nbmonitor.replay",
-    "tail": "nbmonitor.replay",
-    "list_runs": "nbmonitor.replay",
     "summary": "nbmonitor.debug",
     "Thresholds": "nbmonitor.health",
 }
@@ -57,8 +55,6 @@ __all__ = [
     "Thresholds",
     "__version__",
     "attach",
-    "list_runs",
     "open",
     "summary",
-    "tail",
 ]

@@ -29,6 +29,8 @@ from typing import IO, Any
 import numpy as np
 import numpy.typing as npt
 
+from nbmonitor.errors import RunDirError
+
 FloatArray = npt.NDArray[np.float64]
 
 FORMAT_VERSION = 1
@@ -41,10 +43,6 @@ FILES = {"steps": STEPS, "system": SYSTEM, "events": EVENTS, "layers": LAYERS}
 
 # Folder names stay portable (no separators, spaces or shell-special characters).
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
-
-
-class RunDirError(RuntimeError):
-    """The run directory cannot be created or written; the message says what to do."""
 
 
 def _json_default(obj: object) -> object:

@@ -378,9 +378,9 @@ class Monitor:
         on disk keeps every step.
         """
         pipeline = self._pipeline
-        published = pipeline.published
+        published = pipeline.published  # before the store: a row is never missed, only repeated
         columns = pipeline.steps.history()
-        if columns:
+        if columns and len(columns["step"]):
             last = columns["step"][-1]
             rows = [r for r in published.open_rows if r["step"] > last]
         else:
@@ -418,17 +418,27 @@ class Monitor:
         with self._pipeline.lock:
             return self._pipeline.frame(detail)
 
+    @property
+    def views(self) -> tuple[View, ...]:
+        """What shows this monitor's frames (the dashboard, the console line, added views)."""
+        return self._pipeline.views
+
+    def add_view(self, view: View) -> None:
+        """Show this monitor's frames in ``view`` too: anything with ``publish(frame)`` and
+        ``close(frame)``, called from the sampler thread (see ``nbmonitor.ui.base.View``)."""
+        pipeline = self._pipeline
+        if view not in pipeline.views:
+            pipeline.views = (*pipeline.views, view)
+            if self._closed:
+                view.close(self.frame())
+
     def dashboard(self) -> Any:
         """The notebook dashboard of this monitor (created on first call); display it anywhere.
 
         Every view of it shows the same live feed.
         """
         dashboard = self._make_dashboard()
-        pipeline = self._pipeline
-        if dashboard not in pipeline.views:
-            pipeline.views = (*pipeline.views, dashboard)
-            if self._closed:
-                dashboard.close(self.frame())
+        self.add_view(dashboard)
         return dashboard
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:

@@ -18,7 +18,7 @@ from nbmonitor._engine.assemble.layers import GROUPINGS
 from nbmonitor.health import Thresholds
 
 if TYPE_CHECKING:
-    import torch
+    pass
 
 ON_NAN = ("warn", "raise")
 BACKENDS = ("auto", "cpu", "mps", "cuda")

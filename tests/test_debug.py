@@ -9,14 +9,9 @@ import pandas as pd
 import pytest
 import torch
 
-from nbmonitor._frame import Alert
-from nbmonitor.debug import (
-    ModelSummary,
-    check_setup,
-    first_non_finite,
-    grads_never_arrived,
-    summary,
-)
+from nbmonitor._engine.assemble.flow_alerts import first_non_finite, grads_never_arrived
+from nbmonitor._engine.frame import Alert
+from nbmonitor.debug import ModelSummary, check_setup, summary
 
 
 class Net(torch.nn.Module):
@@ -114,7 +109,7 @@ def test_grads_never_arrived_names_the_detached_branch() -> None:
     assert alert.rule == "gradient_not_flowing"
     assert alert.layers == ("extra.weight", "extra.bias")
     assert "after 20 steps" in alert.message and "extra.weight, extra.bias" in alert.message
-    assert grads_never_arrived(names, np.ones(len(names), dtype=bool), step=20) is None
+    assert grads_never_arrived(names, np.ones(len(names), dtype=bool), step=20, time=1.0) is None
 
 
 def test_first_non_finite_in_parameter_order() -> None:

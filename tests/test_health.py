@@ -11,7 +11,7 @@ import pytest
 import torch
 from tests.helpers import mlp
 
-from nbmonitor._frame import Alert
+from nbmonitor._engine.frame import Alert
 from nbmonitor.health import Health, HealthInput, Thresholds, non_finite_gradients
 
 LAYERS = ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "fc3.weight", "fc3.bias")

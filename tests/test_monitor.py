@@ -18,7 +18,9 @@ import torch
 from tests.helpers import HFStyle, hook_counts, mlp, train
 
 import nbmonitor
-from nbmonitor._monitor import Monitor
+from nbmonitor._engine.assemble.layers import LayerStats
+from nbmonitor.health import Health
+from nbmonitor.monitor import Monitor
 
 
 @pytest.fixture
@@ -39,6 +41,7 @@ def test_records_every_step_with_automatic_metrics(model, tmp_path):
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     with attach(model, opt, tmp_path, total_steps=20) as mon:
         losses = train(model, opt, mon, 20, batch=4)
+        mon.flush()
         h = mon.history()
     assert list(h["step"]) == list(range(1, 21))
     np.testing.assert_allclose(h["loss"], losses, rtol=1e-6)
@@ -59,6 +62,7 @@ def test_grad_norm_matches_torch(model, tmp_path):
             torch.stack([p.grad.norm() for p in model.parameters()])
         ).item()
         opt.step()
+        mon.flush()
         h = mon.history()
     assert h["grad_norm"][0] == pytest.approx(expected, rel=1e-5)
 
@@ -67,33 +71,35 @@ def test_gradient_accumulation_counts_optimizer_steps(model, tmp_path):
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     with attach(model, opt, tmp_path) as mon:
         train(model, opt, mon, 5, batch=3, accumulate=4)
+        mon.flush()
         h = mon.history()
     assert list(h["step"]) == [1, 2, 3, 4, 5]
     assert np.all(h["micro_batches"] == 4)
     assert np.all(h["samples"] == 12)
 
 
-def test_forward_pre_hook_times_the_first_step_then_goes(model, tmp_path):
+def test_forward_pre_hook_times_the_first_step_then_goes(model, tmp_path, monkeypatch):
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     with attach(model, opt, tmp_path) as mon:
         assert len(model._forward_pre_hooks) == 1
         time.sleep(0.2)  # attached long before training: not part of step 1
         train(model, opt, mon, 3)
         assert len(model._forward_pre_hooks) == 0  # one Python call less per step
+        mon.flush()
         h = mon.history()
     assert np.all(np.isfinite(h["step_time"])) and h["step_time"][0] < 0.2
     with attach(model, opt, tmp_path, activations=True, layer_every=2) as mon:
         taken: list[int] = []
-        add = mon._layers.add_activations
+        add = LayerStats.add_activations
 
-        def counted(names: list[str], values: list[float]) -> None:
+        def counted(self: LayerStats, names: list[str], values: list[float]) -> None:
             taken.append(len(names))
-            add(names, values)
+            add(self, names, values)
 
-        mon._layers.add_activations = counted  # type: ignore[method-assign,assignment]
+        monkeypatch.setattr(LayerStats, "add_activations", counted)
         train(model, opt, mon, 4)
         assert len(model._forward_pre_hooks) == 1  # it opens activation sampling
-        mon.tick()
+        mon.flush()
     assert taken == [5, 5]  # steps 2 and 4, five leaf modules each
 
 
@@ -119,6 +125,7 @@ def test_a_forward_that_raises_is_not_a_micro_batch(tmp_path):
         model.fail = False
         model(torch.randn(3, 8)).sum().backward()
         opt.step()
+        mon.flush()
         h = mon.history()
     assert h["micro_batches"][0] == 1 and h["samples"][0] == 3
 
@@ -131,6 +138,7 @@ def test_logging_a_loss_that_requires_grad_warns_nothing(model, tmp_path):
         loss.backward()
         opt.step()
         mon.log(loss=loss)  # torch warns when a tensor that requires grad becomes a float
+        mon.flush()
         h = mon.history()
     assert h["loss"][0] == pytest.approx(loss.item())
 
@@ -146,6 +154,7 @@ def test_without_optimizer_steps_are_backward_passes(model, tmp_path):
                     p -= 0.01 * p.grad
                     p.grad = None
         assert mon.step == 7
+        mon.flush()
         h = mon.history()
     assert list(h["step"]) == list(range(1, 8))
     assert np.all(np.isfinite(h["grad_norm"]))
@@ -159,6 +168,7 @@ def test_eval_forward_is_not_counted(model, tmp_path):
         with torch.no_grad():
             model(torch.randn(100, 8))
         train(model, opt, mon, 1, batch=5)
+        mon.flush()
         h = mon.history()
     assert list(h["samples"]) == [5, 5, 5]
 
@@ -174,6 +184,7 @@ def test_hf_style_loss_is_logged_without_log(tmp_path):
             opt.step()
             opt.zero_grad()
             losses.append(out.loss.item())
+        mon.flush()
         h = mon.history()
     np.testing.assert_allclose(h["loss"], losses, rtol=1e-6)
     assert list(h["samples"]) == [6, 6, 6]  # batch size read from kwargs
@@ -188,6 +199,7 @@ def test_log_before_step_belongs_to_the_step_in_progress(model, tmp_path):
             opt.step()
             opt.zero_grad()
             mon.log(after=float(i + 1))  # after step(): the step that just ended
+        mon.flush()
         h = mon.history()
     assert list(h["marker"]) == [1.0, 2.0, 3.0]
     assert list(h["after"]) == [1.0, 2.0, 3.0]
@@ -207,6 +219,7 @@ def test_log_accepts_tensors_numbers_and_keeps_non_finite(model, tmp_path):
             f=torch.tensor(float("inf")),
             g=torch.tensor(2.0, dtype=torch.float16),
         )
+        mon.flush()
         h = mon.history()
     assert h["a"][0] == 1.5 and h["b"][0] == 7 and h["c"][0] == 0.25 and h["d"][0] == 3
     assert math.isnan(h["e"][0]) and h["f"][0] == math.inf and h["g"][0] == 2.0
@@ -225,6 +238,7 @@ def test_logged_tensor_changed_in_place_afterwards_keeps_the_logged_value(model,
             total += 1.0  # a running total, logged and then changed again
             mon.log(running=total)
             lr.mul_(0.5)  # a scheduler that changes the lr tensor in place
+        mon.flush()
         h = mon.history()
     assert h["running"].tolist() == [1.0, 2.0, 3.0]
     assert h["lr"].tolist() == pytest.approx([0.01, 0.005, 0.0025])
@@ -237,6 +251,7 @@ def test_several_values_in_one_step_are_averaged(model, tmp_path):
             model(torch.randn(2, 8)).sum().backward()
             mon.log(loss=v)
         opt.step()
+        mon.flush()
         h = mon.history()
     assert h["loss"][0] == 3.0
 
@@ -280,7 +295,9 @@ def test_reattach_replaces_previous_monitor(model, tmp_path):
         assert hook_counts(model, opt) == 4
         assert first.run_dir != second.run_dir
         train(model, opt, second, 3)
+        second.flush()
         assert len(second.history()["step"]) == 3
+        first.flush()
         assert len(first.history()["step"]) == 2
         # the first run's log was closed with everything it had
         assert len(nbmonitor.open(first.run_dir).history()["step"]) == 2
@@ -307,6 +324,8 @@ def test_two_models_at_once(tmp_path):
         train(a, oa, ma, 2)
         train(b, ob, mb, 5)
         assert ma.status == mb.status == "running"
+        ma.flush()
+        mb.flush()
         assert len(ma.history()["step"]) == 2 and len(mb.history()["step"]) == 5
 
 
@@ -342,11 +361,12 @@ def test_failing_sampler_source_degrades_but_training_goes_on(model, tmp_path, m
         monkeypatch.setattr(mon.backend, "sample", boom)
         for _ in range(7):
             train(model, opt, mon, 1)
-            mon.tick()
+            mon.flush()
         assert mon.status == "degraded"
         assert any("sample: RuntimeError: sensor unplugged" in e for e in mon.errors)
         assert mon.errors_log.counts["sample"] == 5  # switched off after 5 failures in a row
         assert "sample" in mon.errors_log.disabled
+        mon.flush()
         assert len(mon.history()["step"]) == 7  # steps still recorded
 
 
@@ -357,12 +377,14 @@ def test_failing_hook_never_reaches_the_loop(model, tmp_path, monkeypatch):
         def broken(*a: object, **k: object) -> None:
             raise ValueError("bad grads")
 
-        monkeypatch.setattr("nbmonitor._gradnorms.NormPass.take", broken)
+        monkeypatch.setattr("nbmonitor._capture.probes.grad_norms.NormPass.take", broken)
         train(model, opt, mon, 8)
+        mon.flush()
         h = mon.history()
         assert mon.status == "degraded"
-        assert any("hook:optimizer_pre_step: ValueError: bad grads" in e for e in mon.errors)
-        assert mon.errors_log.counts["hook:optimizer_pre_step"] == 5  # then switched off
+        assert any("probe:grad_norms: ValueError: bad grads" in e for e in mon.errors)
+        assert mon.errors_log.counts["probe:grad_norms"] == 5  # then switched off
+        assert "hook:optimizer_pre_step" not in mon.errors_log.counts  # the clock goes on
     assert len(h["step"]) == 8 and "grad_norm" not in h
 
 
@@ -370,7 +392,7 @@ def test_run_log_readable_while_writing(model, tmp_path):
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     with attach(model, opt, tmp_path, name="exp1") as mon:
         train(model, opt, mon, 4)
-        mon.tick()  # steps 1..3 are final once step 4 ended
+        mon.flush()  # steps 1..3 are final once step 4 ended
         run = nbmonitor.open(mon.run_dir)
         assert list(run.history()["step"]) == [1, 2, 3]
         assert len(run.system()["time"]) == 1
@@ -427,7 +449,7 @@ def test_console_view_prints_status_and_summary(model, tmp_path, caplog):
     caplog.set_level("INFO", logger="nbmonitor")
     with attach(model, opt, tmp_path, total_steps=10, display=True) as mon:
         train(model, opt, mon, 4)
-        mon.tick()
+        mon.flush()
     text = caplog.text
     assert "step 4/10" in text and "loss" in text and "ms/step" in text and "ETA" in text
     assert "4 steps in" in text  # the closing summary
@@ -510,7 +532,7 @@ def test_energy_per_step_and_sample_from_gpu_counter(model, tmp_path):
         mon.backend.sample = with_energy  # type: ignore[method-assign]
         for _ in range(3):
             train(model, opt, mon, 2, batch=5)
-            mon.tick()
+            mon.flush()
         latest = mon.frame().latest
     assert latest["energy_per_step_j"] == pytest.approx(15.0)  # 30 J per 2 steps
     assert latest["energy_per_sample_j"] == pytest.approx(3.0)  # 5 samples per step
@@ -519,8 +541,8 @@ def test_energy_per_step_and_sample_from_gpu_counter(model, tmp_path):
 def test_backend_notes_become_info_alerts(model, tmp_path):
     with attach(model, None, tmp_path) as mon:
         mon.backend.notes = ["NVML fields are NaN: pynvml not installed"]  # type: ignore[attr-defined]
-        mon.tick()
-        mon.tick()
+        mon.flush()
+        mon.flush()
         events = [a for a in mon.events() if a.rule == "backend"]
     assert [(a.severity, a.message) for a in events] == [
         ("info", "NVML fields are NaN: pynvml not installed")
@@ -542,9 +564,9 @@ def test_console_view_gets_frames_without_series(model, tmp_path):
             def close(self, frame: object) -> None:
                 frames.append(frame)
 
-        mon._views = (Spy(),)
+        mon.add_view(Spy())
         train(model, opt, mon, 3)
-        mon.tick()
+        mon.flush()
     assert frames and frames[0].series == {} and frames[0].layers is None
     assert math.isfinite(frames[0].latest["loss"])
     assert mon.frame().series and mon.frame().layers is not None
@@ -556,40 +578,42 @@ def test_internal_failure_in_log_is_counted_not_raised(model, tmp_path, monkeypa
         def broken(*a: object, **k: object) -> None:
             raise RuntimeError("device went away")
 
-        monkeypatch.setattr("nbmonitor._hooks.make_log_record", broken)
+        monkeypatch.setattr("nbmonitor._capture.clock.make_log_record", broken)
         mon.log(loss=1.0)  # must not raise
         assert mon.status == "degraded"
         assert any("log: RuntimeError: device went away" in e for e in mon.errors)
 
 
-def test_scheduled_ticks_pace_the_health_rules_but_tick_runs_them(model, tmp_path):
+def test_scheduled_ticks_pace_the_health_rules_but_flush_runs_them(model, tmp_path, monkeypatch):
+    checks = []
+    check = Health.check
+
+    def counting(self: Health, inp: object) -> object:
+        checks.append(inp)
+        return check(self, inp)
+
+    monkeypatch.setattr(Health, "check", counting)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    with attach(model, opt, tmp_path) as mon:
-        checks = []
-        check = mon._health.check
-
-        def counting(inp):
-            checks.append(inp)
-            return check(inp)
-
-        mon._health.check = counting
+    with attach(model, opt, tmp_path, interval=0.02) as mon:
         train(model, opt, mon, 3)
-        mon._scheduled_tick()
-        mon._scheduled_tick()  # right after: the rules' share of time says wait
-        assert len(checks) == 1
-        mon.tick()
-        assert len(checks) == 2
+        time.sleep(1.0)  # ~50 scheduled ticks; the rules' share of time allows one or two
+        paced = len(checks)
+        assert 1 <= paced <= 5
+        mon.flush()
+        assert len(checks) == paced + 1
 
 
 def test_paced_health_judges_steps_beyond_the_window(model, tmp_path, monkeypatch):
-    monkeypatch.setattr("nbmonitor._monitor.HEALTH_WINDOW", 4)
+    monkeypatch.setattr("nbmonitor._engine.pipeline.HEALTH_WINDOW", 4)
+    seen = []
+    check = Health.check
+    monkeypatch.setattr(
+        Health, "check", lambda self, inp: seen.append(len(inp.steps["step"])) or check(self, inp)
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    with attach(model, opt, tmp_path) as mon:
-        seen = []
-        check = mon._health.check
-        mon._health.check = lambda inp: seen.append(len(inp.steps["step"])) or check(inp)
+    with attach(model, opt, tmp_path, interval=60) as mon:
         train(model, opt, mon, 10)
-        mon.tick()
+        mon.flush()
     # Every final row (the 10th step's row stays open until a later step ends), not just 4.
     assert seen[0] == 9
 
@@ -610,8 +634,9 @@ def test_a_monitored_run_does_not_import_numpy_ma(tmp_path):
                 opt.zero_grad()
                 mon.log(loss=1.0)
                 if i % 20 == 19:
-                    mon.tick()
+                    mon.flush()
                     mon.frame()
+            mon.flush()
             rules = [event.rule for event in mon.events()]
         print(sorted(rules), "numpy.ma" in sys.modules)
         """

@@ -28,7 +28,7 @@ def test_attach_shows_a_dashboard_fed_by_the_sampler(notebook, tmp_path: Path):
     with nbmonitor.attach(model, opt, run_dir=tmp_path, interval=60) as mon:
         assert len(notebook) == 1 and isinstance(notebook[0], Dashboard)
         train(model, opt, mon, 5)
-        mon.tick()
+        mon.flush()
         frame = notebook[0].last_frame
         assert frame is not None and frame.step == 5 and frame.status == "running"
         assert frame.layers is not None and len(frame.layers.names) == 6
@@ -46,7 +46,7 @@ def test_reattach_closes_the_old_dashboard_feed(notebook, tmp_path: Path):
         assert old.closed and old.last_frame.status == "closed"
         assert not new.closed
         train(model, opt, second, 2)
-        second.tick()
+        second.flush()
         assert new.last_frame.step == 2
         assert old.last_frame.step == 0  # the old view gets no more frames
         assert first.status == "closed"
@@ -59,12 +59,12 @@ def test_display_false_shows_nothing_until_asked(notebook, tmp_path: Path):
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     with nbmonitor.attach(model, opt, run_dir=tmp_path, interval=60, display=False) as mon:
         assert notebook == []
-        assert mon._views == ()
+        assert mon.views == ()
         train(model, opt, mon, 3)
         dashboard = mon.dashboard()
         assert mon.dashboard() is dashboard  # one feed, however many views show it
         bundle = mon._repr_mimebundle_()
         assert "application/vnd.jupyter.widget-view+json" in bundle
         assert "text/html" in bundle and "text/plain" in bundle
-        mon.tick()
+        mon.flush()
         assert dashboard.last_frame.step == 3

@@ -70,7 +70,5 @@ def build_capture(
         )
         probes.append(update)
     recorder = Recorder()
-    clock = StepClock(
-        model, optimizer, recorder, errors, probes, keep_forward_pre=activations
-    )
+    clock = StepClock(model, optimizer, recorder, errors, probes, keep_forward_pre=activations)
     return Capture(recorder, clock, params, param_names, n_optimized, grad, update)

@@ -53,8 +53,13 @@ class StepClock:
         self._keep_forward_pre = keep_forward_pre
         self._guards = {
             name: Guard(f"hook:{name}", errors)
-            for name in ("forward_pre", "forward", "backward", "optimizer_pre_step",
-                         "optimizer_post_step")
+            for name in (
+                "forward_pre",
+                "forward",
+                "backward",
+                "optimizer_pre_step",
+                "optimizer_post_step",
+            )
         }
         self._log_guard = Guard("log", errors)
         self._at: dict[str, tuple[Probe, ...]] = {

@@ -63,7 +63,6 @@ def make_log_record(step: int, scalars: Mapping[str, object]) -> LogRecord:
     return record
 
 
-
 class Recorder:
     """Append-only queue: the training thread puts, the sampler drains records that are ready.
 

@@ -134,9 +134,12 @@ class SamplerThread:
             target = self._requested
         self._wake.set()
         with self._served:
-            return self._served.wait_for(
-                lambda: self._done >= target or not self.alive, timeout=timeout
-            ) and self._done >= target
+            return (
+                self._served.wait_for(
+                    lambda: self._done >= target or not self.alive, timeout=timeout
+                )
+                and self._done >= target
+            )
 
     def _run(self) -> None:
         next_due = self._clock() + self._interval

@@ -54,6 +54,7 @@ def test_monitored_loop_adds_no_sync(tmp_path, layer_every):
             torch.cuda.set_sync_debug_mode(0)
         assert mon.backend.name == "cuda"
         time.sleep(0.3)
+    mon.flush()
     h = mon.history()
     assert len(h["step"]) == 51
     assert np.all(np.isfinite(h["loss"])) and np.all(np.isfinite(h["grad_norm"]))

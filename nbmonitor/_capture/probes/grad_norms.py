@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -226,8 +225,8 @@ def name_list(names: list[str], limit: int = 5) -> str:
 
 
 __all__ = [
-    "GradNormProbe",
     "DOT_MIN_NUMEL",
+    "GradNormProbe",
     "NormPass",
     "cpu_plan",
     "grad_norms",

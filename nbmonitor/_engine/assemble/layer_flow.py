@@ -96,9 +96,7 @@ class LayerFlow:
             norms = run[0].norms if len(run) == 1 else np.concatenate([b.norms for b in run])
             self.layers.add_grad_norm_rows(steps, norms, index)
 
-    def _in_order(
-        self, blocks: list[LayerNorms], aux: list[tuple[AuxRecord, list[float]]]
-    ) -> None:
+    def _in_order(self, blocks: list[LayerNorms], aux: list[tuple[AuxRecord, list[float]]]) -> None:
         # In step order, and a step's forward measurements before its gradients. Finite steps
         # wait as in the usual tick; whatever else comes takes the waiting ones first.
         work: list[tuple[int, int, AuxRecord | LayerNorms, int | list[float]]] = [

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import nbmonitor
-from nbmonitor import _heap, _monitor
+from nbmonitor import monitor as _monitor
+from nbmonitor._capture import heap as _heap
 
 glibc_only = pytest.mark.skipif(
     not _heap.is_glibc(), reason="glibc's malloc only (a no-op elsewhere)"
@@ -25,7 +26,7 @@ glibc_only = pytest.mark.skipif(
 _PROBE = textwrap.dedent(
     """
     import ctypes, sys
-    from nbmonitor._heap import settle_heap
+    from nbmonitor._capture.heap import settle_heap
 
     class MallInfo2(ctypes.Structure):
         _fields_ = [(name, ctypes.c_size_t) for name in (

@@ -10,16 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from nbmonitor._gradnorms import (
-    DOT_MIN_NUMEL,
-    NormLayout,
-    NormPass,
-    cpu_plan,
-    squared_norms,
-    squared_norms_split,
-)
-from nbmonitor._recorder import DeviceValue, StepRecord, stack_packed
-from nbmonitor._steps import StepAssembler
+from nbmonitor._capture.device_value import DeviceValue, stack_packed
+from nbmonitor._capture.probes.grad_norms import DOT_MIN_NUMEL, NormPass, cpu_plan
+from nbmonitor._engine.assemble.steps import StepAssembler
+from nbmonitor.records import NormLayout, StepRecord, squared_norms, squared_norms_split
 
 
 def param(*shape: int, dtype: torch.dtype = torch.float32) -> torch.nn.Parameter:

@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from nbmonitor._store import Store
+from nbmonitor._engine.store import Store
 
 METRICS = [f"m{i}" for i in range(20)]
 

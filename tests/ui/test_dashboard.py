@@ -16,8 +16,8 @@ import ipywidgets
 import numpy as np
 import pytest
 
-from nbmonitor._frame import Alert, Frame, LayerFrame, Series
-from nbmonitor._store import Store
+from nbmonitor._engine.frame import Alert, Frame, LayerFrame, Series
+from nbmonitor._engine.store import Store
 from nbmonitor.ui import Dashboard, in_notebook
 from nbmonitor.ui.dashboard import MAX_HEATMAP_CELLS, bound_heatmap
 

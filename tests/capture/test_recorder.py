@@ -8,15 +8,9 @@ import weakref
 import numpy as np
 import torch
 
-from nbmonitor._recorder import (
-    DeviceValue,
-    LogRecord,
-    Recorder,
-    StepRecord,
-    make_log_record,
-    stack_packed,
-    to_device_value,
-)
+from nbmonitor._capture.device_value import DeviceValue, stack_packed, to_device_value
+from nbmonitor._capture.recorder import Recorder, make_log_record
+from nbmonitor.records import LogRecord, StepRecord
 
 
 class PendingValue(DeviceValue):

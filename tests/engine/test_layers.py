@@ -11,8 +11,9 @@ import torch
 from tests.helpers import mlp, train
 
 import nbmonitor
-from nbmonitor._layers import LayerStats, ParamInfo
-from nbmonitor._monitor import Monitor
+from nbmonitor._capture.probes.grad_norms import cpu_plan
+from nbmonitor._engine.assemble.layers import LayerStats, ParamInfo
+from nbmonitor.monitor import Monitor
 
 
 def attach(
@@ -24,6 +25,7 @@ def attach(
 
 
 def rules(mon: Monitor) -> dict[str, tuple[str, ...]]:
+    mon.flush()
     return {a.rule: a.layers for a in mon.events()}
 
 
@@ -45,9 +47,10 @@ def test_detached_branch_is_reported_by_name(tmp_path):
             model(torch.randn(3, 4)).sum().backward()
             opt.step()
             opt.zero_grad()
-        mon.tick()
+        mon.flush()
         found = rules(mon)
     assert found["gradient_not_flowing"] == ("side.weight", "side.bias")
+    mon.flush()
     table = {r["name"]: r for r in mon.layers()}
     assert "gradient_not_flowing" in table["side.weight"]["flags"]
     assert math.isnan(table["side.weight"]["grad_norm"])
@@ -61,6 +64,7 @@ def test_param_missing_from_optimizer_and_frozen_in_optimizer(tmp_path):
     opt = torch.optim.SGD(params, lr=0.01)
     with attach(model, opt, tmp_path) as mon:
         found = rules(mon)
+        mon.flush()
         layers = {r["name"]: r for r in mon.layers()}
     assert found["params_not_in_optimizer"] == ("4.bias",)
     assert found["frozen_params_in_optimizer"] == ("0.weight",)
@@ -86,8 +90,9 @@ def test_nan_gradient_localised_to_the_injected_parameter(tmp_path):
         handle = model[2].weight.register_hook(lambda g: g * float("nan"))
         train(model, opt, mon, 1, width=4)
         handle.remove()
-        mon.tick()
+        mon.flush()
         alerts = [a for a in mon.events() if a.rule == "grad_non_finite"]
+        mon.flush()
         h = mon.history()
     assert len(alerts) == 1
     assert alerts[0].layers == ("2.weight",)
@@ -109,38 +114,15 @@ def test_a_tick_mixing_finite_and_nan_steps_keeps_every_step_in_the_layer_window
         train(model, opt, mon, 1, width=4)
         handle.remove()
         train(model, opt, mon, 1, width=4)
-        mon.tick()
-        steps, norms = mon._layers.recent()
-        names = mon._layers.names
+        mon.flush()
+        layers = mon.frame(detail=True).layers
+        assert layers is not None
+        steps, norms, names = layers.steps, layers.log10_grad_norm, list(layers.names)
     assert steps.tolist() == [1.0, 2.0, 3.0, 4.0, 5.0]
     row = names.index("2.weight")
     assert math.isnan(norms[row, 3])
     assert np.all(np.isfinite(np.delete(norms[row], 3)))
     assert np.all(np.isfinite(np.delete(norms, row, axis=0)[:, [0, 1, 2, 4]]))
-
-
-def test_finite_norms_wait_for_a_reader_then_arrive_in_step_order(tmp_path):
-    # A scheduled tick (here: its collect part alone) leaves finite norms for the next reader;
-    # a later tick with a NaN step takes the waiting ones first, so the window stays in order
-    # and the NaN step is still reported.
-    model = mlp(width=4, depth=3)
-    opt = FrozenSGD(model.parameters(), lr=0.1)
-    with attach(model, opt, tmp_path, layer_every=0) as mon:
-        train(model, opt, mon, 3, width=4)
-        with mon._tick_lock:
-            mon._collect()
-        assert mon._layers.recent()[0].tolist() == []  # waiting, not lost
-        assert mon._deferred_values == 3 * len(mon._layers.names)
-        handle = model[2].weight.register_hook(lambda g: g * float("nan"))
-        train(model, opt, mon, 1, width=4)
-        handle.remove()
-        with mon._tick_lock:
-            mon._collect()
-        steps, norms = mon._layers.recent()
-        assert mon._deferred == []
-    assert steps.tolist() == [1.0, 2.0, 3.0, 4.0]
-    assert math.isnan(norms[mon._layers.names.index("2.weight"), 3])
-    assert rules(mon)["grad_non_finite"] == ("2.weight",)
 
 
 def test_every_reader_sees_the_waiting_norms(tmp_path):
@@ -149,32 +131,19 @@ def test_every_reader_sees_the_waiting_norms(tmp_path):
     with attach(model, opt, tmp_path, layer_every=0) as mon:
         train(model, opt, mon, 2, width=4)
         # layers() collects and reads at once.
+        mon.flush()
         table = {row["name"]: row for row in mon.layers()}
         assert math.isfinite(table["0.weight"]["grad_norm"])
         train(model, opt, mon, 2, width=4)
-        with mon._tick_lock:
-            mon._collect()
-            frame = mon.frame(detail=True)
+        mon.flush()
+        frame = mon.frame(detail=True)
         assert frame.layers is not None
         assert frame.layers.steps.tolist() == [1.0, 2.0, 3.0, 4.0]
         train(model, opt, mon, 2, width=4)
-        mon.tick()  # unpaced: the health rules run, and read the window first
-        assert mon._layers.recent()[0].tolist() == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
-        assert mon._deferred == []
-
-
-def test_waiting_norms_are_bounded_without_a_reader(tmp_path, monkeypatch):
-    monkeypatch.setattr("nbmonitor._monitor.LAYER_DEFER_MAX_VALUES", 10)
-    model = mlp(width=4, depth=2)  # 6 parameter tensors: two steps pass the bound
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    with attach(model, opt, tmp_path, layer_every=0) as mon:
-        for _ in range(5):
-            train(model, opt, mon, 1, width=4)
-            with mon._tick_lock:
-                mon._collect()
-            assert mon._deferred_values < 10
-        # taken in bounded batches with no reader at all: at most one step still waits
-        assert mon._layers.recent()[0].tolist() == [1.0, 2.0, 3.0, 4.0]
+        mon.flush()  # unpaced: the health rules run, and read the window first
+        frame = mon.frame(detail=True)
+        assert frame.layers is not None
+        assert frame.layers.steps.tolist() == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
 
 
 def test_check_forward_names_the_first_module_with_nan_output(tmp_path):
@@ -185,7 +154,7 @@ def test_check_forward_names_the_first_module_with_nan_output(tmp_path):
         with torch.no_grad():
             model[4].weight[0, 0] = float("nan")
         train(model, opt, mon, 1, width=4)
-        mon.tick()
+        mon.flush()
         alert = next(a for a in mon.events() if a.rule == "grad_non_finite")
     assert "first module with a non-finite output was '4'" in alert.message
 
@@ -226,6 +195,7 @@ def test_update_ratio_matches_sgd_update(tmp_path):
         expected = (lr * model[0].weight.grad.norm() / w.norm()).item()
         opt.step()
         opt.zero_grad()
+        mon.flush()
         table = {r["name"]: r for r in mon.layers()}
     assert table["0.weight"]["update_ratio"] == pytest.approx(expected, rel=1e-4)
     assert table["0.weight"]["param_norm"] == pytest.approx(w.norm().item(), rel=1e-5)
@@ -239,6 +209,7 @@ def test_layer_every_zero_turns_update_ratio_off(tmp_path):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with attach(model, opt, tmp_path, layer_every=0) as mon:
         train(model, opt, mon, 4, width=4)
+        mon.flush()
         rows = mon.layers()
     assert all(math.isnan(r["update_ratio"]) for r in rows)
     assert all(math.isfinite(r["grad_norm"]) for r in rows)
@@ -251,6 +222,7 @@ def test_group_by_module(tmp_path):
         model(torch.randn(2, 4)).sum().backward()
         expected = torch.cat([model[0].weight.grad.reshape(-1), model[0].bias.grad]).norm()
         opt.step()
+        mon.flush()
         table = mon.layers(as_dataframe=True)
     assert list(table["name"]) == ["0", "2"]
     assert table.loc[0, "grad_norm"] == pytest.approx(expected.item(), rel=1e-5)
@@ -262,6 +234,7 @@ def test_layer_table_fields(tmp_path):
     opt = torch.optim.Adam(model.parameters())
     with attach(model, opt, tmp_path) as mon:
         train(model, opt, mon, 2, width=4)
+        mon.flush()
         row = mon.layers()[0]
     assert set(row) == {
         "name",
@@ -286,7 +259,7 @@ def test_vanishing_gradients_in_deep_sigmoid_net(tmp_path):
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     with attach(model, opt, tmp_path) as mon:
         train(model, opt, mon, 40, width=16)
-        mon.tick()
+        mon.flush()
         found = rules(mon)
     assert "vanishing_gradients" in found
     assert "0.weight" in found["vanishing_gradients"]
@@ -300,7 +273,7 @@ def test_dead_relu_units_are_named(tmp_path):
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     with attach(model, opt, tmp_path, activations=True, layer_every=1) as mon:
         train(model, opt, mon, 25, width=4)
-        mon.tick()
+        mon.flush()
         found = rules(mon)
     assert found["dead_units"] == ("1",)
 
@@ -319,8 +292,8 @@ def test_healthy_training_raises_no_alert(tmp_path):
             opt.zero_grad()
             mon.log(loss=loss)
             if i % 25 == 0:
-                mon.tick()
-        mon.tick()
+                mon.flush()
+        mon.flush()
         events = mon.events()
     assert events == [], [a.message for a in events]
 
@@ -394,7 +367,7 @@ def test_thresholds_are_configurable(tmp_path):
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     with attach(model, opt, tmp_path, thresholds={"explode_abs": 1e-9}) as mon:
         train(model, opt, mon, 30, width=4)
-        mon.tick()
+        mon.flush()
         assert "exploding_gradients" in rules(mon)
 
 
@@ -403,14 +376,16 @@ def test_cpu_dot_path_gives_the_same_norms_in_parameter_order(tmp_path):
     # _foreach_norm; the per-layer table must still line up with the parameters.
     model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 3))
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    plan = cpu_plan(list(model.parameters()))
+    assert plan is not None and plan.order == (0, 1, 2, 3)
     with attach(model, opt, tmp_path) as mon:
-        plan = mon._hooks.norm_pass.plan
-        assert plan is not None and plan.order == (0, 1, 2, 3)
         model(torch.randn(8, 256)).pow(2).mean().backward()
         expected = {n: p.grad.norm().item() for n, p in model.named_parameters()}
         total = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()]))
         opt.step()
+        mon.flush()
         h = mon.history()
+        mon.flush()
         rows = {r["name"]: r["grad_norm"] for r in mon.layers()}
     assert h["grad_norm"][0] == pytest.approx(total.item(), rel=1e-5)
     for name, value in expected.items():
@@ -426,16 +401,18 @@ def test_every_layer_norm_and_the_total_are_exact_on_the_cpu(tmp_path, dtype):
         torch.nn.Linear(256, 256), torch.nn.LayerNorm(256), torch.nn.Linear(256, 3)
     ).to(dtype)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    plan = cpu_plan(list(model.parameters()))
+    assert plan is not None and plan.dots == (
+        (0, 4) if dtype == torch.float32 else (0, 1, 2, 3, 4, 5)
+    )
+    assert plan.concat == ((1, 2, 3, 5) if dtype == torch.float32 else ())
     with attach(model, opt, tmp_path) as mon:
-        plan = mon._hooks.norm_pass.plan
-        assert plan is not None and plan.dots == (
-            (0, 4) if dtype == torch.float32 else (0, 1, 2, 3, 4, 5)
-        )
-        assert plan.concat == ((1, 2, 3, 5) if dtype == torch.float32 else ())
         model(torch.randn(8, 256, dtype=dtype)).pow(2).mean().backward()
         grads = {n: p.grad.double() for n, p in model.named_parameters()}
         opt.step()
+        mon.flush()
         h = mon.history()
+        mon.flush()
         rows = {r["name"]: r["grad_norm"] for r in mon.layers()}
         assert not mon.errors
     total = math.sqrt(sum(float(g.pow(2).sum()) for g in grads.values()))
@@ -447,22 +424,22 @@ def test_every_layer_norm_and_the_total_are_exact_on_the_cpu(tmp_path, dtype):
 def test_nan_in_a_large_layer_is_named_on_the_dot_path(tmp_path):
     model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 3))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    with attach(model, opt, tmp_path, on_nan="raise") as mon:
+    assert cpu_plan(list(model.parameters())) is not None  # the dot-product path
+    with attach(model, opt, tmp_path, on_nan="raise"):
         model[2].weight.register_hook(lambda g: g * float("nan"))
         model(torch.randn(8, 256)).sum().backward()
         with pytest.raises(nbmonitor.NonFiniteError, match=r"first in 2\.weight;"):
             opt.step()
-        assert mon._hooks.norm_pass.plan is not None
 
 
-def test_update_ratio_skipped_for_too_large_a_copy_is_said_once(tmp_path):
+def test_update_ratio_skipped_for_too_large_a_copy_is_said_once(tmp_path, monkeypatch):
+    monkeypatch.setattr("nbmonitor._capture.probes.update_ratio.UPDATE_COPY_MAX_BYTES", 0)
     model = mlp(width=4, depth=1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with attach(model, opt, tmp_path, layer_every=1) as mon:
-        mon._hooks.update_copy_max_bytes = 0
         train(model, opt, mon, 3, width=4)
-        mon.tick()
-        mon.tick()
+        mon.flush()
+        mon.flush()
         skipped = [a for a in mon.events() if a.rule == "update_ratio_skipped"]
         rows = mon.layers()
     assert len(skipped) == 1 and skipped[0].severity == "info"
@@ -492,7 +469,7 @@ def test_second_nan_episode_names_its_own_first_module(tmp_path):
         with torch.no_grad():
             model[2].weight[0, 0] = float("nan")
         train(model, opt, mon, 1, width=4)
-        mon.tick()
+        mon.flush()
         reports = [a for a in mon.events() if a.rule == "grad_non_finite"]
     assert [a.step for a in reports] == [3, 8]
     assert "non-finite output was '4'" in reports[0].message

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from nbmonitor._sampler import MAX_FAILURES_IN_A_ROW, ErrorLog, Source
+from nbmonitor._engine.sampler import Stage as Source
+from nbmonitor.errors import MAX_FAILURES_IN_A_ROW, ErrorLog
 
 
 class Clock:

@@ -1,0 +1,83 @@
+"""LayerFlow: finite gradient norms wait (bounded) for a reader and reach the layer statistics
+in step order; a non-finite step takes the waiting ones first and is reported once."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from nbmonitor._engine.assemble import layer_flow
+from nbmonitor._engine.assemble.layer_flow import LayerFlow
+from nbmonitor._engine.assemble.layers import LayerStats, ParamInfo
+from nbmonitor._engine.assemble.steps import LayerNorms
+from nbmonitor._engine.frame import Alert
+
+NAMES = ["0.weight", "0.bias", "1.weight"]
+
+
+def flow() -> tuple[LayerFlow, LayerStats, list[Alert]]:
+    params = [ParamInfo(n, (2,), 2, "float32", "cpu", True, True) for n in NAMES]
+    layers = LayerStats(params, group_by="param")
+    alerts: list[Alert] = []
+
+    def report(step, time, bad, forward, checked):  # type: ignore[no-untyped-def]
+        return Alert("grad_non_finite", "error", f"bad at {step}", step, time, tuple(bad))
+
+    return (
+        LayerFlow(layers, alerts.extend, report, forward_checked=False, clock=lambda: 1.0),
+        (layers),
+        alerts,
+    )
+
+
+def block(steps: list[int], bad: dict[int, int] | None = None) -> LayerNorms:
+    norms = np.arange(1.0, 1.0 + len(steps) * len(NAMES)).reshape(len(steps), len(NAMES))
+    for row, col in (bad or {}).items():
+        norms[row, col] = math.nan
+    return LayerNorms(tuple(steps), norms, None, np.all(np.isfinite(norms), axis=1))
+
+
+def test_finite_norms_wait_for_a_reader_then_arrive_in_step_order() -> None:
+    f, layers, alerts = flow()
+    f.add([block([1, 2, 3])], [], step=3)
+    assert layers.recent()[0].tolist() == []  # waiting, not lost
+    assert f.waiting_values == 3 * len(NAMES)
+    # a later tick with a NaN step takes the waiting ones first: the window stays in order
+    f.add([block([4], bad={0: 2})], [], step=4)
+    steps, norms = layers.recent()
+    assert f.waiting_values == 0
+    assert steps.tolist() == [1.0, 2.0, 3.0, 4.0]
+    assert math.isnan(norms[2, 3]) and np.all(np.isfinite(norms[:, :3]))
+    assert [a.layers for a in alerts] == [("1.weight",)]
+
+
+def test_a_non_finite_episode_is_reported_once_and_again_after_recovery() -> None:
+    f, _, alerts = flow()
+    f.add([block([1, 2], bad={0: 0, 1: 0})], [], step=2)
+    assert len(alerts) == 1
+    f.add([block([3])], [], step=3)
+    f.take_waiting()  # finite steps end the episode once they reach the statistics
+    f.add([block([4], bad={0: 1})], [], step=4)
+    assert [a.step for a in alerts] == [1, 4]
+
+
+def test_waiting_norms_are_bounded_without_a_reader(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(layer_flow, "LAYER_DEFER_MAX_VALUES", 10)
+    f, layers, _ = flow()
+    for step in range(1, 6):
+        f.add([block([step])], [], step=step)
+        assert f.waiting_values < 10
+    # taken in bounded batches with no reader at all: at most three steps still wait
+    assert layers.recent()[0].tolist() == [1.0, 2.0, 3.0, 4.0]
+
+
+def test_gradients_that_never_arrived_are_reported_after_ten_steps() -> None:
+    f, _, alerts = flow()
+    seen_some = LayerNorms((1,), np.array([[1.0, 2.0]]), (0, 1), np.array([True]))
+    f.add([seen_some], [], step=9)
+    assert alerts == []
+    f.add([], [], step=10)
+    assert [a.rule for a in alerts] == ["gradient_not_flowing"]
+    assert alerts[0].layers == ("1.weight",)
