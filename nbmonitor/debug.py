@@ -209,7 +209,7 @@ def _owned_parameters(
     seen: set[int] = set()
     for name, module in model.named_modules():
         own = []
-        for p in module._parameters.values():
+        for _, p in module.named_parameters(recurse=False):
             if p is not None and id(p) not in seen:
                 seen.add(id(p))
                 own.append(p)

@@ -50,10 +50,10 @@ class NormLayout:
     squared: int
     norms: int
     starts: tuple[int, ...]
-    _starts: npt.NDArray[np.intp] = field(init=False, repr=False, compare=False)
+    offsets: npt.NDArray[np.intp] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_starts", np.asarray(self.starts, dtype=np.intp))
+        object.__setattr__(self, "offsets", np.asarray(self.starts, dtype=np.intp))
 
 
 def squared_norms(values: npt.NDArray[np.floating[Any]], layout: NormLayout | None) -> FloatArray:
@@ -83,7 +83,7 @@ def squared_norms_split(
             # Squares in the values' own precision, sums in float64: biases have thousands of
             # values.
             squares = np.square(tail[..., cut:])
-            parts.append(np.add.reduceat(squares, layout._starts, axis=-1, dtype=np.float64))
+            parts.append(np.add.reduceat(squares, layout.offsets, axis=-1, dtype=np.float64))
     return np.concatenate(parts, axis=-1)
 
 

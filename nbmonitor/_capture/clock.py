@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+from torch.autograd.variable import Variable
 from torch.utils.hooks import RemovableHandle
 
 from nbmonitor._capture.device_value import DeviceValue
@@ -22,6 +23,9 @@ from nbmonitor._capture.probes.base import NO_NORMS, Probe, StepContext
 from nbmonitor._capture.recorder import Recorder, make_log_record
 from nbmonitor.errors import ErrorLog, Guard, NonFiniteError
 from nbmonitor.records import StepRecord
+
+# autograd's engine queues a callback for the end of the backward pass (as DDP's reducer does).
+_autograd_engine = vars(Variable)["_execution_engine"]
 
 
 class StepClock:
@@ -195,7 +199,7 @@ class StepClock:
         try:
             if not self._backward_queued:
                 self._backward_queued = True
-                engine = torch.autograd.Variable._execution_engine
+                engine = _autograd_engine
                 engine.queue_callback(self._backward_end)
         except Exception as exc:
             self._guards["backward"].failed(exc)

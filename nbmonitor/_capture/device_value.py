@@ -25,13 +25,22 @@ class DeviceValue:
 
     __slots__ = ("_array", "_event", "_head", "_host", "_owned", "_scalar")
 
-    def __init__(self, tensor: torch.Tensor) -> None:
+    def __init__(
+        self,
+        tensor: torch.Tensor | None,
+        head: list[float] | None = None,
+        tail: torch.Tensor | None = None,
+    ) -> None:
         self._array: npt.NDArray[np.float64] | None = None
         self._scalar: float | None = None
         self._event: Any = None
         self._host: torch.Tensor | None = None
         self._owned: torch.Tensor | None = None
         self._head: list[float] | None = None
+        if tensor is None:  # packed(): see there
+            self._owned = None if tail is None else tail.detach() if tail.requires_grad else tail
+            self._head = head if head is not None else []
+            return
         if tensor.is_cpu:
             # On the CPU a value is a memory read with nothing to wait for, so it is read now:
             # a single value (a loss, an lr) as a float, which keeps what was logged even if
@@ -66,11 +75,7 @@ class DeviceValue:
         tensor nbmonitor has just made and nothing else holds: it is kept as it is and read on
         the sampler thread, which spares the training thread a call (~20 us there right after
         backward, for ``Tensor.numpy()``)."""
-        value = cls.__new__(cls)
-        value._array = value._scalar = value._event = value._host = None
-        value._owned = None if tail is None else tail.detach() if tail.requires_grad else tail
-        value._head = head
-        return value
+        return cls(None, head, tail)
 
     def ready(self) -> bool:
         return self._event is None or bool(self._event.query())
@@ -126,7 +131,29 @@ class DeviceValue:
     def stack_alike(
         self, values: Sequence[Pending]
     ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.floating[Any]] | None] | None:
-        return stack_packed(values)
+        """Several ``packed()`` values of one shape (this one first) as two arrays, one row
+        per value: their heads (float64) and their tensors (their own dtype; None without),
+        in one numpy and one torch call; None unless every value was packed alike."""
+        if self._head is None:
+            return None
+        no_tail = self._owned is None
+        tails: list[torch.Tensor] = []
+        heads: list[list[float]] = []
+        for v in values:
+            if not isinstance(v, DeviceValue):
+                return None
+            head, owned = v.packed_parts()
+            if head is None or (owned is None) != no_tail:
+                return None
+            heads.append(head)
+            if owned is not None:
+                tails.append(owned)
+        # One torch call for all of them, not a numpy() per value.
+        return np.array(heads, dtype=np.float64), (torch.stack(tails).numpy() if tails else None)
+
+    def packed_parts(self) -> tuple[list[float] | None, torch.Tensor | None]:
+        """What ``packed()`` was given: the head (None if it was not packed) and the tail."""
+        return self._head, self._owned
 
     def _joined(self) -> npt.NDArray[np.float64]:
         head = np.array(self._head, dtype=np.float64)
@@ -135,30 +162,16 @@ class DeviceValue:
         return np.concatenate((head, self._owned.numpy()), dtype=np.float64)
 
 
-def stack_packed(
-    values: Sequence[Pending],
-) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.floating[Any]] | None] | None:
-    """Several ``packed()`` values of one shape as two arrays, one row per value: their heads
-    (float64) and their tensors (their own dtype; None without), in one numpy and one torch
-    call; None unless every value was packed alike."""
-    first = values[0]
-    if not isinstance(first, DeviceValue) or first._head is None:
-        return None
-    no_tail = first._owned is None
-    tails: list[torch.Tensor] = []
-    heads: list[list[float]] = []
-    for v in values:
-        if not isinstance(v, DeviceValue) or v._head is None or (v._owned is None) != no_tail:
-            return None
-        heads.append(v._head)
-        if v._owned is not None:
-            tails.append(v._owned)
-    # One torch call for all of them, not a numpy() per value.
-    return np.array(heads, dtype=np.float64), (torch.stack(tails).numpy() if tails else None)
-
-
 def to_device_value(values: list[torch.Tensor]) -> DeviceValue:
     """Pack scalar tensors (same device) into one tensor so that they cross in one copy."""
     if len(values) == 1:
         return DeviceValue(values[0].detach().reshape(1))
     return DeviceValue(torch.stack([v.detach().reshape(()).to(torch.float32) for v in values]))
+
+
+def stack_packed(
+    values: Sequence[Pending],
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.floating[Any]] | None] | None:
+    """``values[0].stack_alike(values)`` for a list of DeviceValues (see there)."""
+    first = values[0]
+    return first.stack_alike(values) if isinstance(first, DeviceValue) else None

@@ -1,6 +1,6 @@
 """Per-tensor gradient norms for one step, taken on the training thread with the fewest calls.
 
-On an accelerator this is one fused ``torch._foreach_norm``; the values cross to the host later
+On an accelerator this is one fused ``_foreach_norm``; the values cross to the host later
 without a synchronisation (``DeviceValue``). On the CPU this pass over every gradient is most of
 what nbmonitor costs (docs/performance.md), and right after ``backward()`` every torch call costs
 microseconds of its own, so the parameters are sorted once, at attach, by what reads them in the
@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 import torch
+from torch import _foreach_norm
 
 from nbmonitor._capture.device_value import DeviceValue
 from nbmonitor._capture.probes.base import ProbeBase, StepContext
@@ -54,10 +55,10 @@ def grad_norms(grads: list[torch.Tensor], dtype: torch.dtype = torch.float32) ->
     """
     try:
         # The common case, one dense device, in two calls; anything else takes the slow path.
-        return DeviceValue(torch.stack(torch._foreach_norm(grads, 2, dtype=dtype)))
+        return DeviceValue(torch.stack(_foreach_norm(grads, 2, dtype=dtype)))
     except (RuntimeError, NotImplementedError):
         dense = [g.coalesce().values() if g.is_sparse else g for g in grads]
-        norms = torch._foreach_norm(dense, 2, dtype=dtype)
+        norms = _foreach_norm(dense, 2, dtype=dtype)
         device = norms[0].device
         return DeviceValue(torch.stack([n.to(device, non_blocking=True) for n in norms]))
 
@@ -161,7 +162,7 @@ def _take_cpu(
     head = [torch.dot(f, f).item() for f in flats]
     tail = [grads[i] for i in plan.concat]
     if plan.rest:
-        norms = torch._foreach_norm([grads[i] for i in plan.rest], 2, dtype=plan.dtype)
+        norms = _foreach_norm([grads[i] for i in plan.rest], 2, dtype=plan.dtype)
         tail.insert(0, torch.stack(norms))
     if not tail:
         return DeviceValue.packed(head, None)

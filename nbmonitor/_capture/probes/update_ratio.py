@@ -7,6 +7,7 @@ them after it; the copy is the costly part, hence the sampling (docs/performance
 from __future__ import annotations
 
 import torch
+from torch import _foreach_mul, _foreach_norm, _foreach_sub_
 
 from nbmonitor._capture.device_value import DeviceValue
 from nbmonitor._capture.probes.base import ProbeBase, StepContext
@@ -45,9 +46,9 @@ class UpdateRatioProbe(ProbeBase):
         if size > self.copy_max_bytes:
             self.copy_skipped = True
             return
-        norms = torch._foreach_norm(params, 2, dtype=torch.float32)
+        norms = _foreach_norm(params, 2, dtype=torch.float32)
         self._before_norms = torch.stack([n.to(norms[0].device) for n in norms])
-        self._before = list(torch._foreach_mul(params, 1.0))
+        self._before = list(_foreach_mul(params, 1.0))
 
     def post_step(self, ctx: StepContext) -> None:
         before, norms = self._before, self._before_norms
@@ -55,7 +56,7 @@ class UpdateRatioProbe(ProbeBase):
         if before is None or norms is None:
             return
         params = [p.detach() for p in self.params]
-        torch._foreach_sub_(before, params)  # before - after: the update, in place
-        delta = torch._foreach_norm(before, 2, dtype=torch.float32)
+        _foreach_sub_(before, params)  # before - after: the update, in place
+        delta = _foreach_norm(before, 2, dtype=torch.float32)
         packed = torch.cat([norms, torch.stack([d.to(norms.device) for d in delta])])
         ctx.recorder.put(AuxRecord(ctx.step + 1, "update", self.names, DeviceValue(packed)))
