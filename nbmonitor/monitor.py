@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from nbmonitor import backends as _backends
+import nbmonitor.backends.selection as _backends
 from nbmonitor._capture.capture import build_capture
 from nbmonitor._capture.heap import settle_heap
 from nbmonitor._capture.probes.grad_norms import grad_norms, norm_dtype

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import nbmonitor.backends as backends
+import nbmonitor.backends.selection as backend_select
 from fake_pynvml import FakeGpu, FakeNvml, NVMLError_GpuIsLost, NVMLError_Unknown
 from nbmonitor.backends import (
     Backend,
@@ -493,7 +494,7 @@ def test_select_forced_mps_without_mps(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_select_auto_on_a_cuda_model(
     monkeypatch: pytest.MonkeyPatch, nvml: FakeNvml, cuda: FakeCuda
 ) -> None:
-    monkeypatch.setattr(backends, "model_device", lambda model: torch.device("cuda", 1))
+    monkeypatch.setattr(backend_select, "model_device", lambda model: torch.device("cuda", 1))
     backend = select(torch.nn.Linear(2, 2))
     try:
         assert isinstance(backend, CudaBackend)
@@ -518,7 +519,7 @@ def test_without_nvidia_ml_py(monkeypatch: pytest.MonkeyPatch, cuda: FakeCuda) -
     monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` raises ImportError
     model = torch.nn.Linear(2, 2)
     assert isinstance(select(model), CpuBackend)
-    monkeypatch.setattr(backends, "model_device", lambda model: torch.device("cuda", 0))
+    monkeypatch.setattr(backend_select, "model_device", lambda model: torch.device("cuda", 0))
     backend = select(model)
     try:
         assert isinstance(backend, CudaBackend)  # not CPU: allocator stats still matter
@@ -532,7 +533,7 @@ def test_without_nvidia_ml_py(monkeypatch: pytest.MonkeyPatch, cuda: FakeCuda) -
 
 
 def test_select_auto_on_an_mps_model(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(backends, "model_device", lambda model: torch.device("mps"))
+    monkeypatch.setattr(backend_select, "model_device", lambda model: torch.device("mps"))
     assert isinstance(select(torch.nn.Linear(2, 2)), MpsBackend)
 
 
