@@ -11,10 +11,6 @@ from __future__ import annotations
 
 import atexit
 import datetime as _dt
-import os
-import platform
-import socket
-import sys
 import threading
 import time
 import weakref
@@ -30,19 +26,17 @@ import torch
 import nbmonitor.backends.selection as _backends
 from nbmonitor._capture.capture import build_capture
 from nbmonitor._capture.heap import settle_heap
-from nbmonitor._capture.probes.grad_norms import grad_norms, norm_dtype
-from nbmonitor._engine.assemble.layers import LayerStats, ParamInfo
 from nbmonitor._engine.frame import Alert, Frame, RunInfo
 from nbmonitor._engine.pipeline import Pipeline, PipelineParts, View
+from nbmonitor._engine.published import history
 from nbmonitor._engine.sampler import SamplerThread
+from nbmonitor._parts import layer_stats, run_meta
 from nbmonitor._runlog import RunLog
-from nbmonitor._version import __version__
 from nbmonitor.debug import check_setup
 from nbmonitor.errors import ErrorLog
 from nbmonitor.health import Health, HealthInput, non_finite_gradients
-from nbmonitor.options import AttachOptions, Options, check_model, json_safe
+from nbmonitor.options import AttachOptions, Options, check_model
 
-Columns = dict[str, npt.NDArray[np.float64]]
 # How long close() waits for a sampler tick in progress (a hung source) before it gives up on
 # the last interval rather than hang the notebook.
 CLOSE_WAIT_S = 5.0
@@ -59,22 +53,6 @@ def _signal_all() -> None:
     # At interpreter exit only signal: joining threads or writing files here can hang shutdown.
     for monitor in list(_ALL):
         monitor.stop_signal()
-
-
-def _merge_rows(columns: Columns, rows: Sequence[Mapping[str, float]]) -> Columns:
-    """Append rows to equal-length columns, NaN-filling keys a side lacks."""
-    if not rows:
-        return columns
-    n = len(next(iter(columns.values()))) if columns else 0
-    keys = list(columns)
-    for row in rows:
-        keys.extend(k for k in row if k not in columns and k not in keys)
-    out: Columns = {}
-    for key in keys:
-        old = columns.get(key, np.full(n, np.nan))
-        new = np.array([row.get(key, np.nan) for row in rows], dtype=np.float64)
-        out[key] = np.concatenate([old, new])
-    return out
 
 
 class Monitor:
@@ -117,9 +95,10 @@ class Monitor:
             on_nan=opts.on_nan,
         )
         self._capture = capture
-        layers = _layer_stats(capture.params, capture.param_names, optimizer, opts.layer_group)
+        layers = layer_stats(capture.params, capture.param_names, optimizer, opts.layer_group)
         run_name = opts.name or type(model).__name__
-        self._runlog = RunLog.create(opts.run_dir, run_name, self._meta(model, optimizer))
+        meta = run_meta(model, optimizer, opts, self.backend, self._start)
+        self._runlog = RunLog.create(opts.run_dir, run_name, meta)
         self.name = self._runlog.path.name
         update = capture.update_ratio
         runlog = self._runlog
@@ -160,43 +139,6 @@ class Monitor:
         self._setup_views(opts.display)
 
     # -- construction helpers --------------------------------------------------------------
-
-    def _meta(
-        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
-    ) -> dict[str, object]:
-        params = list(model.parameters())
-        opt_meta: object = None
-        if optimizer is not None:
-            opt_meta = {
-                "class": type(optimizer).__qualname__,
-                "param_groups": len(optimizer.param_groups),
-                "defaults": json_safe(optimizer.defaults),
-            }
-        attach = self.options.as_meta()
-        attach.pop("thresholds")
-        return {
-            "model": {
-                "class": type(model).__qualname__,
-                "module": type(model).__module__,
-                "parameters": sum(p.numel() for p in params),
-                "trainable_parameters": sum(p.numel() for p in params if p.requires_grad),
-                "device": _backends.model_device_type(model),
-            },
-            "optimizer": opt_meta,
-            "backend": {"name": self.backend.name, "devices": list(self.backend.devices)},
-            "versions": {
-                "nbmonitor": __version__,
-                "torch": torch.__version__,
-                "python": platform.python_version(),
-            },
-            "host": socket.gethostname(),
-            "platform": platform.platform(),
-            "pid": os.getpid(),
-            "argv": list(sys.argv),
-            "start_time": _dt.datetime.fromtimestamp(self._start, _dt.UTC).isoformat(),
-            "start_timestamp": self._start,
-            "attach": attach,
-        }
 
     def _setup_views(self, display: bool) -> None:
         from nbmonitor.ui.console import ConsoleView, console_logger
@@ -378,14 +320,7 @@ class Monitor:
         on disk keeps every step.
         """
         pipeline = self._pipeline
-        published = pipeline.published  # before the store: a row is never missed, only repeated
-        columns = pipeline.steps.history()
-        if columns and len(columns["step"]):
-            last = columns["step"][-1]
-            rows = [r for r in published.open_rows if r["step"] > last]
-        else:
-            rows = list(published.open_rows)
-        return _merge_rows(columns, rows)
+        return history(pipeline.steps, pipeline.published)
 
     def system(self) -> dict[str, npt.NDArray[np.float64]]:
         """System samples (time, step, cpu_percent, ram_used_bytes, ...), one row per tick."""
@@ -451,40 +386,6 @@ class Monitor:
         )
 
 
-def _layer_stats(
-    params: list[torch.nn.Parameter],
-    names: list[str],
-    optimizer: torch.optim.Optimizer | None,
-    group_by: str,
-) -> LayerStats:
-    from nbmonitor._capture.inputs import optimizer_parameters
-
-    in_opt = {id(p) for p in optimizer_parameters(optimizer)} if optimizer else set()
-    layers = LayerStats(
-        [
-            ParamInfo(
-                name=n,
-                shape=tuple(p.shape),
-                numel=p.numel(),
-                dtype=str(p.dtype).removeprefix("torch."),
-                device=str(p.device),
-                requires_grad=p.requires_grad,
-                in_optimizer=id(p) in in_opt,
-            )
-            for n, p in zip(names, params, strict=True)
-        ],
-        group_by=group_by,
-    )
-    if params:
-        # Known from the start so that vanishing gradients (grad norm relative to the
-        # parameter norm) can be judged before the first update-ratio step. One wait, at
-        # attach, never in the loop.
-        norms = grad_norms([p.detach() for p in params], norm_dtype(params))
-        norms.wait()
-        layers.set_param_norms(norms.values())
-    return layers
-
-
 def attach(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer | None = None,
@@ -496,25 +397,7 @@ def attach(
         model: the ``torch.nn.Module`` being trained.
         optimizer: the optimizer whose ``step()`` ends a training step; without one, each
             backward pass counts as a step.
-        interval: seconds between system samples (and run-log flushes); default 0.5.
-        total_steps: the planned number of steps, for progress and ETA.
-        run_dir: folder under which this run's directory is created (default ``"runs"``).
-        name: a name for the run (default: the model's class name).
-        backend: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"mps"``.
-        display: in a notebook, show the dashboard under the cell; in a script, print a status
-            line every few seconds (default True).
-        layer_every: measure parameter norms and update ratios (||dw|| / ||w||) every this
-            many steps (0: never; default 100). Per-layer gradient norms are measured every
-            step.
-        layer_group: ``"param"`` (a layer is a parameter) or ``"module"``.
-        activations: record activation statistics of leaf modules every ``layer_every``
-            steps (mean, std, max |x|, fraction of zeros) and report dead units.
-        check_forward: check every module's output for NaN/Inf, to name the first module
-            that produced one (costs a few small kernels per module per forward).
-        on_nan: ``"warn"`` reports non-finite gradients in the alerts; ``"raise"`` raises
-            ``nbmonitor.NonFiniteError`` from ``optimizer.step()`` before the bad update is
-            applied (this checks on the host every step, so it synchronises on CUDA).
-        thresholds: health-rule thresholds, as ``nbmonitor.Thresholds`` or a dict of its fields.
+        **options: see ``nbmonitor.options.AttachOptions`` (listed below).
 
     Attaching again to the same model closes the earlier monitor first.
 
@@ -529,3 +412,7 @@ def attach(
     _LIVE[model] = monitor
     monitor.start()
     return monitor
+
+
+if attach.__doc__ is not None and AttachOptions.__doc__ is not None:
+    attach.__doc__ += "\n    Options:\n" + AttachOptions.__doc__.split("\n", 1)[1]

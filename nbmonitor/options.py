@@ -28,7 +28,29 @@ DEFAULT_LAYER_EVERY = 100
 
 
 class AttachOptions(TypedDict, total=False):
-    """The keyword options of ``nbmonitor.attach`` (see its docstring for each)."""
+    """The keyword options of ``nbmonitor.attach`` and ``nbmonitor.Monitor``:
+
+    interval: seconds between system samples (and run-log flushes); default 0.5.
+    total_steps: the planned number of steps, for progress and ETA.
+    run_dir: folder under which this run's directory is created (default ``"runs"``).
+    name: a name for the run (default: the model's class name).
+    backend: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"mps"``.
+    display: in a notebook, show the dashboard under the cell; in a script, print a status
+        line every few seconds (default True).
+    layer_every: measure parameter norms and update ratios (||dw|| / ||w||) every this
+        many steps (0: never; default 100). Per-layer gradient norms are measured every
+        step.
+    layer_group: ``"param"`` (a layer is a parameter) or ``"module"``.
+    activations: record activation statistics of leaf modules every ``layer_every``
+        steps (mean, std, max |x|, fraction of zeros) and report dead units.
+    check_forward: check every module's output for NaN/Inf, to name the first module
+        that produced one (costs a few small kernels per module per forward).
+    on_nan: ``"warn"`` reports non-finite gradients in the alerts; ``"raise"`` raises
+        ``nbmonitor.NonFiniteError`` from ``optimizer.step()`` before the bad update is
+        applied (this checks on the host every step, so it synchronises on CUDA).
+    thresholds: health-rule thresholds, as ``nbmonitor.Thresholds`` or a dict of its fields.
+
+    """
 
     interval: float
     total_steps: int | None

@@ -22,6 +22,7 @@ from nbmonitor._engine.assemble.layers import LayerStats
 from nbmonitor._engine.assemble.steps import StepAssembler
 from nbmonitor._engine.derive.energy import energy_rates
 from nbmonitor._engine.frame import Alert, Frame, FrameBuilder, FrameState, RunInfo
+from nbmonitor._engine.published import Published
 from nbmonitor._engine.sampler import Stage
 from nbmonitor._engine.store import Store
 from nbmonitor.backends.base import Backend
@@ -55,16 +56,6 @@ class View(Protocol):
 
 class HealthChecker(Protocol):
     def check(self, inp: Any) -> list[Alert]: ...
-
-
-@dataclass(frozen=True)
-class Published:
-    """What the last tick left for readers on other threads (replaced whole, never mutated)."""
-
-    open_rows: tuple[dict[str, float], ...] = ()
-    alerts: tuple[Alert, ...] = ()
-    layer_table: tuple[dict[str, object], ...] = ()
-    step: int = 0
 
 
 @dataclass

@@ -31,6 +31,8 @@ import numpy as np
 import numpy.typing as npt
 from tsdownsample import MinMaxLTTBDownsampler
 
+from nbmonitor._engine.tiering import merge_pairs
+
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
@@ -233,32 +235,11 @@ class Store:
     def _merge_pairs(self) -> None:
         """Merge buckets (2j, 2j+1) into j, doubling the width; means stay count-weighted."""
         nb = self._nbuckets
-        k, odd = nb // 2, nb % 2
-        with np.errstate(invalid="ignore", over="ignore"):
-            for arr, op in (
-                (self._bmin, np.fmin),
-                (self._bmax, np.fmax),
-                (self._bsum, np.add),
-            ):
-                merged = op(arr[:, 0 : 2 * k : 2], arr[:, 1 : 2 * k : 2])
-                tail = arr[:, nb - 1].copy() if odd else None
-                arr[:, :k] = merged
-                if tail is not None:
-                    arr[:, k] = tail
-                arr[:, k + odd :] = 0.0 if arr is self._bsum else _NAN
-        merged_cnt = self._bcnt[:, 0 : 2 * k : 2] + self._bcnt[:, 1 : 2 * k : 2]
-        tail_cnt = self._bcnt[:, nb - 1].copy() if odd else None
-        self._bcnt[:, :k] = merged_cnt
-        if tail_cnt is not None:
-            self._bcnt[:, k] = tail_cnt
-        self._bcnt[:, k + odd :] = 0
-        merged_rows = self._brows[0 : 2 * k : 2] + self._brows[1 : 2 * k : 2]
-        tail_rows = self._brows[nb - 1] if odd else 0
-        self._brows[:k] = merged_rows
-        if odd:
-            self._brows[k] = tail_rows
-        self._brows[k + odd :] = 0
-        self._nbuckets = k + odd
+        merge_pairs(self._bmin, nb, np.fmin, _NAN)
+        merge_pairs(self._bmax, nb, np.fmax, _NAN)
+        merge_pairs(self._bsum, nb, np.add, 0.0)
+        merge_pairs(self._bcnt, nb, np.add, 0)
+        self._nbuckets = merge_pairs(self._brows, nb, np.add, 0)
         self._width *= 2
 
     # ------------------------------------------------------------------ reading

@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from nbmonitor._engine.frame import LayerFrame
+from nbmonitor._engine.tiering import first, merge_pairs
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -155,13 +156,9 @@ class LayerStats:
             r += take
 
     def _merge_pairs(self) -> None:
-        half = self._columns // 2
-        heat = self._heat[:, : half * 2]
-        self._heat[:, :half] = np.fmax(heat[:, 0::2], heat[:, 1::2])
-        self._heat[:, half:] = np.nan
-        self._heat_steps[:half] = self._heat_steps[: half * 2 : 2]
-        self._heat_steps[half:] = np.nan
-        self._heat_used = half
+        used = self._heat_used
+        merge_pairs(self._heat, used, np.fmax, np.nan)
+        self._heat_used = merge_pairs(self._heat_steps, used, first, np.nan)
         self._width *= 2
 
     def set_param_norms(self, values: Sequence[float]) -> None:
