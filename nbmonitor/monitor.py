@@ -93,6 +93,7 @@ class Monitor:
             activations=opts.activations,
             check_forward=opts.check_forward,
             on_nan=opts.on_nan,
+            wall_clock=clock,
         )
         self._capture = capture
         layers = layer_stats(capture.params, capture.param_names, optimizer, opts.layer_group)

@@ -3,6 +3,8 @@ tracked parameters, the probes, the step clock that calls them, and the recorder
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +41,7 @@ def build_capture(
     activations: bool,
     check_forward: bool,
     on_nan: str,
+    wall_clock: Callable[[], float] = time.time,
 ) -> Capture:
     names = {id(p): n for n, p in model.named_parameters()}
     params = optimizer_parameters(optimizer) if optimizer is not None else []
@@ -70,5 +73,13 @@ def build_capture(
         )
         probes.append(update)
     recorder = Recorder()
-    clock = StepClock(model, optimizer, recorder, errors, probes, keep_forward_pre=activations)
+    clock = StepClock(
+        model,
+        optimizer,
+        recorder,
+        errors,
+        probes,
+        keep_forward_pre=activations,
+        wall_clock=wall_clock,
+    )
     return Capture(recorder, clock, params, param_names, n_optimized, grad, update)

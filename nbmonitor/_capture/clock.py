@@ -10,7 +10,7 @@ that keeps failing is switched off while the clock and the other probes go on.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -44,8 +44,8 @@ class StepClock:
         probes: Sequence[Probe] = (),
         *,
         keep_forward_pre: bool = False,
-        clock: Any = time.perf_counter,
-        wall_clock: Any = time.time,
+        clock: Callable[[], float] = time.perf_counter,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
