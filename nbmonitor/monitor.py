@@ -32,14 +32,14 @@ from nbmonitor._capture.capture import build_capture
 from nbmonitor._capture.heap import settle_heap
 from nbmonitor._capture.probes.grad_norms import grad_norms, norm_dtype
 from nbmonitor._engine.assemble.layers import LayerStats, ParamInfo
-from nbmonitor._engine.frame import Alert, Frame, RunInfo
+from nbmonitor._engine.frame import Frame, RunInfo
 from nbmonitor._engine.pipeline import Pipeline, PipelineParts, View
 from nbmonitor._engine.sampler import SamplerThread
 from nbmonitor._runlog import RunLog
 from nbmonitor._version import __version__
 from nbmonitor.debug import check_setup
 from nbmonitor.errors import ErrorLog
-from nbmonitor.health import Health, HealthInput, non_finite_gradients
+from nbmonitor.health import Alert, Health, HealthInput, non_finite_gradients
 from nbmonitor.options import AttachOptions, Options, check_model, json_safe
 
 Columns = dict[str, npt.NDArray[np.float64]]
