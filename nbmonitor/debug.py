@@ -18,7 +18,9 @@ from typing import Any
 
 import torch
 
-from nbmonitor._engine.frame import MAX_NAMED, Alert, name_list
+from nbmonitor.health import alert as subjects
+from nbmonitor.health.alert import Alert
+from nbmonitor.health.wording import MAX_NAMED, name_list
 
 # A model is summarised as "frozen base + trainable adapter" when it has frozen parameters and
 # fewer than this fraction of its parameters are trainable (LoRA, prefix tuning, a new head).
@@ -408,6 +410,7 @@ def check_setup(
                 step,
                 when,
                 tuple(missing),
+                subject=subjects.SETUP,
             )
         )
 
@@ -432,6 +435,7 @@ def check_setup(
                 step,
                 when,
                 tuple(frozen),
+                subject=subjects.SETUP,
             )
         )
 
@@ -457,6 +461,7 @@ def check_setup(
                     step,
                     when,
                     tuple(group_names),
+                    subject=subjects.SETUP,
                 )
             )
 
@@ -478,6 +483,7 @@ def check_setup(
                 step,
                 when,
                 tuple(dup_names),
+                subject=subjects.SETUP,
             )
         )
     return alerts

@@ -26,7 +26,7 @@ import torch
 import nbmonitor.backends.selection as _backends
 from nbmonitor._capture.capture import build_capture
 from nbmonitor._capture.heap import settle_heap
-from nbmonitor._engine.frame import Alert, Frame, RunInfo
+from nbmonitor._engine.frame import Frame, RunInfo
 from nbmonitor._engine.pipeline import Pipeline, PipelineParts, View
 from nbmonitor._engine.published import history
 from nbmonitor._engine.sampler import SamplerThread
@@ -34,7 +34,7 @@ from nbmonitor._parts import layer_stats, run_meta
 from nbmonitor._runlog import RunLog
 from nbmonitor.debug import check_setup
 from nbmonitor.errors import ErrorLog
-from nbmonitor.health import Health, HealthInput, non_finite_gradients
+from nbmonitor.health import Alert, Health, HealthInput, non_finite_gradients
 from nbmonitor.options import AttachOptions, Options, check_model
 
 # How long close() waits for a sampler tick in progress (a hung source) before it gives up on

@@ -37,6 +37,7 @@ TORCH_FREE = (
     "nbmonitor.errors",
     "nbmonitor.records",
     "nbmonitor.replay",
+    "nbmonitor.health",
     "nbmonitor.ui",
     "nbmonitor.ui.dashboard",
     "nbmonitor.ui.console",

@@ -18,6 +18,11 @@ import numpy.typing as npt
 from nbmonitor._engine.derive.progress import eta_seconds
 from nbmonitor._engine.store import Store
 
+# Alert and name_list live in nbmonitor.health; re-exported here, where views read them.
+from nbmonitor.health.alert import Alert as Alert
+from nbmonitor.health.wording import MAX_NAMED as MAX_NAMED
+from nbmonitor.health.wording import name_list as name_list
+
 FloatArray = npt.NDArray[np.float64]
 
 
@@ -35,29 +40,6 @@ class Series:
     @property
     def nbytes(self) -> int:
         return int(self.x.nbytes + self.y.nbytes)
-
-
-MAX_NAMED = 5  # names listed in a message before "and N more"; Alert.layers keeps them all
-
-
-def name_list(names: Sequence[str], limit: int = MAX_NAMED) -> str:
-    """``"a, b, c and 4 more"``: how every alert message lists layers or parameters."""
-    shown = ", ".join(names[:limit])
-    if len(names) > limit:
-        shown += f" and {len(names) - limit} more"
-    return shown
-
-
-@dataclass(frozen=True)
-class Alert:
-    """A health finding shown in the alerts strip and written to the run log."""
-
-    rule: str
-    severity: str  # "info" | "warning" | "error"
-    message: str  # plain-language diagnosis with a hint
-    step: int
-    time: float
-    layers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

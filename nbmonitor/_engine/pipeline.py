@@ -21,12 +21,13 @@ from nbmonitor._engine.assemble.layer_flow import LayerFlow, NonFiniteReport
 from nbmonitor._engine.assemble.layers import LayerStats
 from nbmonitor._engine.assemble.steps import StepAssembler
 from nbmonitor._engine.derive.energy import energy_rates
-from nbmonitor._engine.frame import Alert, Frame, FrameBuilder, FrameState, RunInfo
+from nbmonitor._engine.frame import Frame, FrameBuilder, FrameState, RunInfo
 from nbmonitor._engine.published import Published
 from nbmonitor._engine.sampler import Stage
 from nbmonitor._engine.store import Store
 from nbmonitor.backends.base import Backend
 from nbmonitor.errors import ErrorLog
+from nbmonitor.health.alert import BACKEND, Alert
 from nbmonitor.records import Record
 
 # About the most of one core that the health rules and the view may take on scheduled ticks
@@ -145,7 +146,9 @@ class Pipeline:
             # Backend notes (NVML missing, a GPU lost) are facts to show, not failures.
             new, self._notes_seen = notes[self._notes_seen :], len(notes)
             now, step = parts.clock(), parts.current_step()
-            self.add_alerts(Alert("backend", "info", str(n), step, now) for n in new)
+            self.add_alerts(
+                Alert("backend", "info", str(n), step, now, subject=BACKEND) for n in new
+            )
         sample = parts.backend.sample()
         row = {"time": parts.clock(), "step": float(parts.current_step()), **sample}
         self._last_sample = row

@@ -11,7 +11,6 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 
@@ -24,7 +23,6 @@ from nbmonitor.backends import (
     CudaBackend,
     MpsBackend,
     decode_throttle,
-    device_health,
     select,
 )
 from nbmonitor.backends.cpu import CPU_KEYS
@@ -567,79 +565,3 @@ def test_mps_backend_missing_or_failing_calls_are_nan(monkeypatch: pytest.Monkey
     assert nan(out["mps_allocated_bytes"])
     assert nan(out["mps_recommended_max_bytes"])
     assert out["mps_driver_allocated_bytes"] == 4_000.0
-
-
-# -- device health rules -------------------------------------------------------------------
-
-
-def columns(n: int = 30, **overrides: Any) -> dict[str, np.ndarray]:
-    base: dict[str, Any] = {
-        "step": np.arange(n, dtype=float),
-        "time": np.arange(n, dtype=float) * 0.5,
-        "gpu0_util_percent": np.full(n, 95.0),
-        "gpu0_temperature_c": np.full(n, 60.0),
-        "gpu0_mem_used_bytes": np.full(n, 40e9),
-        "gpu0_mem_total_bytes": np.full(n, 80e9),
-        "gpu0_throttle_mask": np.zeros(n),
-    }
-    base.update(overrides)
-    return {k: np.asarray(v, dtype=float) for k, v in base.items()}
-
-
-def rules(alerts: list[Any]) -> list[str]:
-    return [a.rule for a in alerts]
-
-
-def test_healthy_device_raises_nothing() -> None:
-    assert device_health.check(columns()) == []
-
-
-def test_temperature_rule() -> None:
-    hot = columns(gpu0_temperature_c=np.r_[np.full(29, 60.0), 86.0])
-    [alert] = device_health.temperature_rule(hot)
-    assert alert.rule == "gpu_temperature" and alert.severity == "warning"
-    assert "86" in alert.message and alert.step == 29 and alert.time == 14.5
-    assert device_health.temperature_rule(columns(gpu0_temperature_c=np.full(30, 84.0))) == []
-    with_nan_tail = columns(gpu0_temperature_c=np.r_[np.full(29, 90.0), np.nan])
-    assert rules(device_health.temperature_rule(with_nan_tail)) == ["gpu_temperature"]
-
-
-def test_memory_rule() -> None:
-    full = columns(gpu0_mem_used_bytes=np.full(30, 77e9))
-    [alert] = device_health.memory_rule(full)
-    assert alert.rule == "device_memory" and "96%" in alert.message
-    assert device_health.memory_rule(columns(gpu0_mem_used_bytes=np.full(30, 72e9))) == []
-    mps = {
-        "step": np.arange(3.0),
-        "mps_allocated_bytes": np.full(3, 99.0),
-        "mps_recommended_max_bytes": np.full(3, 100.0),
-    }
-    assert "MPS" in device_health.memory_rule(mps)[0].message
-
-
-def test_throttle_rule() -> None:
-    thermal = columns(gpu0_throttle_mask=np.full(30, float(0x40 | 0x1)))
-    [alert] = device_health.throttle_rule(thermal)
-    assert alert.severity == "warning" and "hw_thermal_slowdown" in alert.message
-    assert "gpu_idle" not in alert.message
-    [cap] = device_health.throttle_rule(columns(gpu0_throttle_mask=np.full(30, 4.0)))
-    assert cap.severity == "info" and "sw_power_cap" in cap.message
-    idle_only = columns(gpu0_throttle_mask=np.full(30, 1.0 + 0x10))  # idle + sync boost
-    assert device_health.throttle_rule(idle_only) == []
-    recovered = columns(gpu0_throttle_mask=np.r_[np.full(29, 64.0), 0.0])
-    assert device_health.throttle_rule(recovered) == []
-
-
-def test_idle_rule_fires_only_while_training() -> None:
-    idle = columns(gpu0_util_percent=np.full(30, 12.0))
-    [alert] = device_health.idle_rule(idle)
-    assert alert.rule == "gpu_idle"
-    assert "input-bound? check DataLoader num_workers / pin_memory" in alert.message
-    paused = columns(step=np.full(30, 7.0), gpu0_util_percent=np.full(30, 0.0))
-    assert device_health.idle_rule(paused) == []
-    busy = columns(gpu0_util_percent=np.r_[np.full(10, 0.0), np.full(20, 90.0)])
-    assert device_health.idle_rule(busy) == []
-    too_short = columns(n=5, gpu0_util_percent=np.full(5, 0.0))
-    assert device_health.idle_rule(too_short) == []
-    assert device_health.idle_rule(idle, gpus=[1]) == []  # not the training GPU
-    assert rules(device_health.check(idle, gpus=[0])) == ["gpu_idle"]

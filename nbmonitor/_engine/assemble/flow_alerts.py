@@ -8,7 +8,9 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from nbmonitor._engine.frame import MAX_NAMED, Alert, name_list
+from nbmonitor.health import alert as subjects
+from nbmonitor.health.alert import Alert
+from nbmonitor.health.wording import MAX_NAMED, name_list
 
 
 def grads_never_arrived(
@@ -36,6 +38,7 @@ def grads_never_arrived(
         step,
         time,
         tuple(missing),
+        subject=subjects.LAYERS,
     )
 
 

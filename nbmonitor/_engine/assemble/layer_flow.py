@@ -18,7 +18,7 @@ import numpy.typing as npt
 from nbmonitor._engine.assemble.flow_alerts import first_non_finite, grads_never_arrived
 from nbmonitor._engine.assemble.layers import LayerStats
 from nbmonitor._engine.assemble.steps import LayerNorms
-from nbmonitor._engine.frame import Alert
+from nbmonitor.health.alert import Alert
 from nbmonitor.records import AuxRecord
 
 # Finite per-layer gradient norms wait for their readers, but never more than this many values.

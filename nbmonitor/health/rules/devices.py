@@ -1,8 +1,10 @@
-"""Health rules for accelerators, as pure functions over recent system-sample columns.
+"""Rules on accelerators (GPU temperature, memory pressure, throttling, idling), over recent
+system-sample columns. Subject: the device, ``gpu(i)`` (``"gpu0"``) or ``"mps"``.
 
-Each rule reads a mapping of numpy arrays keyed like the backend's sample keys (plus ``step``
-and, when present, ``time``), oldest first, and returns the alerts that hold *now*. They keep
-no state: de-duplicating an alert that holds on every tick is the caller's job.
+The functions read a mapping of numpy arrays keyed like the backend's sample keys (plus
+``step`` and, when present, ``time``), oldest first, and return the alerts that hold *now*;
+they keep no state and can be used alone. The rule classes wrap them for ``Health``, which
+raises each (rule, device) once per episode.
 """
 
 from __future__ import annotations
@@ -14,16 +16,18 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 import numpy.typing as npt
 
-from nbmonitor._engine.frame import Alert
-from nbmonitor.backends.cuda import THROTTLING_MASK, decode_throttle
+from nbmonitor._clock_events import THROTTLING_MASK, decode_throttle
+from nbmonitor.health import alert as subjects
+from nbmonitor.health.alert import Alert
+from nbmonitor.health.rule import Base, Outcome, always, nothing
+from nbmonitor.health.thresholds import IDLE_UTIL_PERCENT, MEMORY_FRACTION, TEMPERATURE_C
+from nbmonitor.health.view import View
 
 Columns = Mapping[str, npt.NDArray[np.float64]]
 
-TEMPERATURE_C = 85.0
-MEMORY_FRACTION = 0.95
-IDLE_UTIL_PERCENT = 30.0
 IDLE_WINDOW = 20  # samples: 10 s at the default 0.5 s interval
 
+# Metric keys, not messages: a GPU's index is the number in its keys' prefix.
 _GPU_KEY = re.compile(r"^gpu(\d+)_util_percent$")
 _HARD_THROTTLE = 0x008 | 0x020 | 0x040 | 0x080  # hw slowdown, sw/hw thermal, power brake
 
@@ -63,6 +67,7 @@ def temperature_rule(columns: Columns, threshold_c: float = TEMPERATURE_C) -> li
                     "check airflow and fans, or lower the power limit.",
                     step,
                     when,
+                    subject=subjects.gpu(i),
                 )
             )
     return alerts
@@ -71,13 +76,13 @@ def temperature_rule(columns: Columns, threshold_c: float = TEMPERATURE_C) -> li
 def memory_rule(columns: Columns, fraction: float = MEMORY_FRACTION) -> list[Alert]:
     """Device memory at or above ``fraction`` of the total: the next large batch may OOM."""
     step, when = _where(columns)
-    pairs = [
-        (f"GPU {i}", f"gpu{i}_mem_used_bytes", f"gpu{i}_mem_total_bytes")
+    devices = [
+        (subjects.gpu(i), f"GPU {i}", f"gpu{i}_mem_used_bytes", f"gpu{i}_mem_total_bytes")
         for i in gpu_indices(columns)
     ]
-    pairs.append(("MPS", "mps_allocated_bytes", "mps_recommended_max_bytes"))
+    devices.append((subjects.MPS, "MPS", "mps_allocated_bytes", "mps_recommended_max_bytes"))
     alerts = []
-    for label, used_key, total_key in pairs:
+    for subject, label, used_key, total_key in devices:
         used = _last_finite(columns.get(used_key))
         total = _last_finite(columns.get(total_key))
         if total > 0 and used / total >= fraction:
@@ -90,6 +95,7 @@ def memory_rule(columns: Columns, fraction: float = MEMORY_FRACTION) -> list[Ale
                     "reduce the batch size or use activation checkpointing / mixed precision.",
                     step,
                     when,
+                    subject=subject,
                 )
             )
     return alerts
@@ -121,6 +127,7 @@ def throttle_rule(columns: Columns) -> list[Alert]:
                 f"GPU {i} clocks are reduced ({reasons}): {hint}",
                 step,
                 when,
+                subject=subjects.gpu(i),
             )
         )
     return alerts
@@ -166,6 +173,7 @@ def idle_rule(
                     "or increase the batch size.",
                     step,
                     when,
+                    subject=subjects.gpu(i),
                 )
             )
     return alerts
@@ -181,7 +189,57 @@ def check(columns: Columns, gpus: Iterable[int] | None = None) -> list[Alert]:
     ]
 
 
+class _DeviceRule(Base):
+    """A device function as a rule: it looks at every device each time, so every device is
+    judged, and it holds for the devices it raised an alert for."""
+
+    def _alerts(self, view: View, system: Columns) -> list[Alert]:
+        raise NotImplementedError
+
+    def check(self, view: View) -> Outcome:
+        system = view.inp.system
+        if not system or not any(len(v) for v in system.values()):
+            return nothing(self.name)
+        found: dict[str, Alert] = {}
+        for alert in self._alerts(view, system):
+            found.setdefault(alert.subject, alert)
+        return Outcome(self.name, list(found), always, lambda new: [found[s] for s in new])
+
+
+class GpuTemperature(_DeviceRule):
+    name = "gpu_temperature"
+
+    def _alerts(self, view: View, system: Columns) -> list[Alert]:
+        return temperature_rule(system, self.thresholds.temperature_c)
+
+
+class DeviceMemory(_DeviceRule):
+    name = "device_memory"
+
+    def _alerts(self, view: View, system: Columns) -> list[Alert]:
+        return memory_rule(system, self.thresholds.memory_fraction)
+
+
+class GpuThrottling(_DeviceRule):
+    name = "gpu_throttling"
+
+    def _alerts(self, view: View, system: Columns) -> list[Alert]:
+        return throttle_rule(system)
+
+
+class GpuIdle(_DeviceRule):
+    name = "gpu_idle"
+
+    def _alerts(self, view: View, system: Columns) -> list[Alert]:
+        t = self.thresholds
+        return idle_rule(system, threshold_percent=t.idle_util_percent, gpus=view.inp.gpus)
+
+
 __all__ = [
+    "DeviceMemory",
+    "GpuIdle",
+    "GpuTemperature",
+    "GpuThrottling",
     "check",
     "gpu_indices",
     "idle_rule",

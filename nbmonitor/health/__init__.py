@@ -1,0 +1,30 @@
+"""Training-health rules: plain-language diagnoses of what is going wrong, and where.
+
+Runs on the sampler thread, numpy only (no torch). See README.md in this folder.
+"""
+
+from __future__ import annotations
+
+from nbmonitor.health.alert import Alert
+from nbmonitor.health.checker import Health
+from nbmonitor.health.rule import Outcome, Rule, RuleFactory
+from nbmonitor.health.rules import RULES
+from nbmonitor.health.rules.gradients import non_finite_gradients
+from nbmonitor.health.thresholds import Thresholds
+from nbmonitor.health.view import HealthInput, View
+from nbmonitor.health.wording import MAX_NAMED, name_list
+
+__all__ = [
+    "MAX_NAMED",
+    "RULES",
+    "Alert",
+    "Health",
+    "HealthInput",
+    "Outcome",
+    "Rule",
+    "RuleFactory",
+    "Thresholds",
+    "View",
+    "name_list",
+    "non_finite_gradients",
+]

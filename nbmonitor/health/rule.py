@@ -1,0 +1,78 @@
+"""The ``Rule`` protocol every rule meets, and the ``Outcome`` it returns.
+
+A rule *holds* for a set of subjects (a layer name, a module name, a device, or ``""`` for
+the whole run); it does not decide whether to alert. ``Health`` does that once for all rules:
+an alert is raised when a subject starts to hold and not again while it keeps holding, and
+re-armed only after the rule judged it clear for ``rearm_steps`` steps. So a rule is a pure
+verdict plus whatever run-wide state its statistics need (a running maximum, a streak).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from nbmonitor.health.alert import Alert
+from nbmonitor.health.thresholds import Thresholds
+from nbmonitor.health.view import View
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One rule's verdict on the new data."""
+
+    rule: str
+    held: Sequence[str]  # subjects for which the rule holds now
+    judged: Callable[[str], bool]  # whether a subject was judged (held or clear) this time
+    make: Callable[[list[str]], list[Alert]]  # alerts for the subjects that newly hold
+
+
+@runtime_checkable
+class Rule(Protocol):
+    """One alert rule. ``name`` is the ``Alert.rule`` it raises; ``check`` judges the new data
+    of one check and returns an ``Outcome`` named ``name``; ``reset`` forgets run-wide state
+    (``Health.reset``). Built from the ``Thresholds`` (see ``rules.RULES``)."""
+
+    name: str
+
+    def check(self, view: View) -> Outcome: ...
+
+    def reset(self) -> None: ...
+
+
+# What rules.RULES lists: a rule class, or anything else that builds one from the thresholds.
+RuleFactory = Callable[[Thresholds], Rule]
+
+
+class Base:
+    """What most rules share: the thresholds, and no run-wide state to reset."""
+
+    name = ""
+
+    def __init__(self, thresholds: Thresholds) -> None:
+        self.thresholds = thresholds
+
+    def reset(self) -> None:
+        """Nothing to forget; rules with run-wide state override this."""
+
+
+def never(_: str) -> bool:
+    return False
+
+
+def always(_: str) -> bool:
+    return True
+
+
+def nothing(rule: str) -> Outcome:
+    """Nothing judged: no subject held, none cleared (no new data, or too little of it)."""
+    return Outcome(rule, (), never, lambda _new: [])
+
+
+def clear(rule: str) -> Outcome:
+    """Judged, and no subject holds: every subject the rule raised is clear."""
+    return Outcome(rule, (), always, lambda _new: [])
+
+
+__all__ = ["Base", "Outcome", "Rule", "RuleFactory", "always", "clear", "never", "nothing"]

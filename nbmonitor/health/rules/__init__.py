@@ -1,0 +1,31 @@
+"""The rules ``Health`` runs, in the order their alerts are reported.
+
+A new rule is a class meeting ``nbmonitor.health.rule.Rule`` (usually a ``rule.Base``
+subclass) in its family's module, or a new module, plus one line here.
+"""
+
+from __future__ import annotations
+
+from nbmonitor.health.rule import RuleFactory
+from nbmonitor.health.rules.activations import DeadUnits
+from nbmonitor.health.rules.devices import DeviceMemory, GpuIdle, GpuTemperature, GpuThrottling
+from nbmonitor.health.rules.gradients import ExplodingGradients, VanishingGradients
+from nbmonitor.health.rules.loss import LossPlateau, LossSpike, NonFiniteLoss
+from nbmonitor.health.rules.updates import UpdateRatioHigh, UpdateRatioLow
+
+RULES: tuple[RuleFactory, ...] = (
+    NonFiniteLoss,
+    ExplodingGradients,
+    VanishingGradients,
+    UpdateRatioHigh,
+    UpdateRatioLow,
+    LossSpike,
+    LossPlateau,
+    DeadUnits,
+    GpuTemperature,
+    DeviceMemory,
+    GpuThrottling,
+    GpuIdle,
+)
+
+__all__ = ["RULES"]

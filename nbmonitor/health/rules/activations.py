@@ -1,0 +1,52 @@
+"""Rules on activation statistics: dead units (outputs exactly zero). Subject: ``"layers"``
+(the modules in ``Alert.layers``)."""
+
+from __future__ import annotations
+
+import math
+
+from nbmonitor.health import alert as subjects
+from nbmonitor.health.alert import Alert
+from nbmonitor.health.rule import Base, Outcome, nothing
+from nbmonitor.health.view import View
+from nbmonitor.health.wording import name_list
+
+
+class DeadUnits(Base):
+    """A module whose outputs are exact zeros at least ``dead_fraction`` of the time."""
+
+    name = "dead_units"
+
+    def check(self, view: View) -> Outcome:
+        rule = self.name
+        t = self.thresholds
+        stats = view.inp.activations
+        # Zero-initialised branches (LoRA B, zero-gamma norms) output exact zeros for the
+        # first steps by design: judge only after min_history steps.
+        if not stats or view.inp.step < t.min_history:
+            return nothing(rule)
+        fractions = {name: float(s.get("zero_frac", math.nan)) for name, s in stats.items()}
+        judged = {name for name, f in fractions.items() if math.isfinite(f)}
+        held = [name for name in fractions if name in judged and fractions[name] >= t.dead_fraction]
+        step = view.inp.step
+
+        def make(new: list[str]) -> list[Alert]:
+            low = min(fractions[name] for name in new)
+            return [
+                Alert(
+                    rule,
+                    "warning",
+                    f"Dead units: at least {low:.0%} of the outputs of {name_list(new)} are "
+                    f"exactly zero at step {step} (dead ReLUs?). Lower the learning rate, use "
+                    "LeakyReLU/GELU, or check the initialisation and input scaling.",
+                    step,
+                    view.inp.time,
+                    tuple(new),
+                    subject=subjects.LAYERS,
+                )
+            ]
+
+        return Outcome(rule, held, judged.__contains__, make)
+
+
+__all__ = ["DeadUnits"]

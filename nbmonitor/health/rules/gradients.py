@@ -1,0 +1,239 @@
+"""Rules on gradient norms: exploding (per layer and total), vanishing, and the wording of the
+non-finite gradient report the engine detects exactly per step.
+
+Subjects: ``"layers"`` when an alert lists layers, ``"grad_norm"`` for the total norm alone.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from nbmonitor.health import alert as subjects
+from nbmonitor.health.alert import Alert
+from nbmonitor.health.rule import Base, Outcome, never, nothing
+from nbmonitor.health.thresholds import Thresholds
+from nbmonitor.health.view import View
+from nbmonitor.health.window import (
+    BoolArray,
+    FloatArray,
+    finite_or_nan,
+    row_max,
+    row_medians,
+    sustained,
+)
+from nbmonitor.health.wording import name_list, num
+
+TOTAL = "<total>"  # held subject of the total grad norm in exploding_gradients (not a layer)
+
+
+class ExplodingGradients(Base):
+    """A layer's (or the total) gradient norm held above ``explode_factor`` x its running
+    median for ``sustain_steps`` steps, beating everything it has seen (or above
+    ``explode_abs``)."""
+
+    name = "exploding_gradients"
+
+    def __init__(self, thresholds: Thresholds) -> None:
+        super().__init__(thresholds)
+        self.reset()
+
+    def reset(self) -> None:
+        # Run-wide maxima: an explosion is a new maximum.
+        self._total_max = -math.inf
+        self._layer_max: FloatArray | None = None
+
+    def check(self, view: View) -> Outcome:
+        rule = self.name
+        t = self.thresholds
+        held: list[str] = []
+        judged_total = False
+        # subject -> (value, factor over the median or NaN, step)
+        detail: dict[str, tuple[float, float, float]] = {}
+
+        total = view.column("grad_norm")
+        if total is not None and view.has_new_rows:
+            ref = total[None, view.ref_from : view.new_from]
+            value, where = sustained(total[None, :], view.new_from, t.sustain_steps)
+            # The run's maximum before the sustained window that is being judged.
+            seen = finite_or_nan(total[: max(0, view.new_from - t.sustain_steps + 1)])
+            if np.isfinite(seen).any():
+                self._total_max = max(self._total_max, float(np.nanmax(seen)))
+            at = view.step_col[where] if view.step_col.size else np.zeros(1)
+            verdict = self._explodes(ref, value, np.array([self._total_max]), at)
+            if verdict is not None:
+                is_judged, is_held, ratio = verdict
+                judged_total = bool(is_judged[0])
+                if is_held[0]:
+                    held.append(TOTAL)
+                    step = view.step_col[int(where[0])]
+                    detail[TOTAL] = (float(value[0]), float(ratio[0]), float(step))
+
+        layer_judged: Callable[[str], bool] = never
+        grads = view.grads
+        if grads is not None and view.has_new_layers:
+            ref = grads[:, view.layer_ref_from : view.layer_new_from]
+            value, where = sustained(grads, view.layer_new_from, t.sustain_steps)
+            if self._layer_max is None or self._layer_max.shape[0] != grads.shape[0]:
+                self._layer_max = np.full(grads.shape[0], -np.inf)
+            old = finite_or_nan(grads[:, : max(0, view.layer_new_from - t.sustain_steps + 1)])
+            if old.shape[1]:
+                seen_max, _ = row_max(old)
+                self._layer_max = np.fmax(self._layer_max, seen_max)
+            verdict = self._explodes(ref, value, self._layer_max, view.layer_step_col[where])
+            if verdict is not None:
+                is_judged, is_held, ratio = verdict
+                layer_judged = view.layer_judged(is_judged)
+                steps = view.layer_step_col[where]
+                for i in np.flatnonzero(is_held):
+                    name = view.layer_names[i]
+                    held.append(name)
+                    detail[name] = (float(value[i]), float(ratio[i]), float(steps[i]))
+
+        def judged(subject: str) -> bool:
+            return judged_total if subject == TOTAL else layer_judged(subject)
+
+        def make(new: list[str]) -> list[Alert]:
+            layers = [s for s in new if s != TOTAL]
+            worst = max(new, key=lambda s: (detail[s][1], detail[s][0]))
+            value, ratio, step = detail[worst]
+            how = (
+                f"{ratio:.0f}x its recent median"
+                if math.isfinite(ratio) and ratio > t.explode_factor
+                else f"above the limit {num(t.explode_abs or math.nan)}"
+            )
+            what = (
+                f"Gradients exploding in {name_list(layers)} (grad norm {num(value)}, {how})"
+                if layers
+                else f"Total gradient norm exploding ({num(value)}, {how})"
+            )
+            return [
+                Alert(
+                    rule,
+                    "warning",
+                    f"{what} at step {int(step)}. Lower the learning rate or clip gradients "
+                    "(torch.nn.utils.clip_grad_norm_).",
+                    int(step),
+                    view.time_at(step),
+                    tuple(layers),
+                    subject=subjects.LAYERS if layers else subjects.GRAD_NORM,
+                )
+            ]
+
+        return Outcome(rule, held, judged, make)
+
+    def _explodes(
+        self, ref: FloatArray, value: FloatArray, run_max: FloatArray, step: FloatArray
+    ) -> tuple[BoolArray, BoolArray, FloatArray] | None:
+        """Which rows were judged, which rows' newest maximum is an explosion, and by what
+        factor of their running median.
+
+        Relative to the median alone, gradients that rise during learning-rate warm-up, or
+        fluctuate around a converged minimum, read as explosions; a real explosion also
+        beats everything the layer has seen, and starts once the run is a full window old
+        (``step`` is where each row's sustained window begins).
+        """
+        t = self.thresholds
+        median, count = row_medians(ref)
+        enough = (count >= t.min_history) & (step >= t.window)
+        record = value > run_max
+        if not enough.any() and t.explode_abs is None:
+            return None
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(enough & (median > 0), value / median, np.nan)
+        finite = np.isfinite(value)
+        held = finite & record & (np.nan_to_num(ratio, nan=0.0) > t.explode_factor)
+        judged = finite & enough
+        if t.explode_abs is not None:
+            held |= finite & (value > t.explode_abs)
+            judged = finite
+        return judged, held, ratio
+
+
+class VanishingGradients(Base):
+    """A layer's grad norm / param norm below ``vanish_ratio`` for ``vanish_steps`` steps."""
+
+    name = "vanishing_gradients"
+
+    def check(self, view: View) -> Outcome:
+        rule = self.name
+        t = self.thresholds
+        grads, params = view.grads, view.inp.param_norms
+        if (
+            grads is None
+            or params is None
+            or params.shape != (grads.shape[0],)
+            or not view.has_new_layers
+            or grads.shape[1] < t.vanish_steps
+        ):
+            return nothing(rule)
+        recent = grads[:, -t.vanish_steps :]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = recent / params[:, None]
+        judged_mask = np.isfinite(recent).all(axis=1) & np.isfinite(params) & (params > 0)
+        held_mask = judged_mask & (ratio < t.vanish_ratio).all(axis=1)
+        held = [view.layer_names[i] for i in np.flatnonzero(held_mask)]
+        step = float(view.layer_step_col[-1])
+        worst = np.where(held_mask, ratio.max(axis=1, initial=-np.inf), np.nan)
+
+        def make(new: list[str]) -> list[Alert]:
+            index = view.layer_index()
+            peak = max(float(worst[index[name]]) for name in new)
+            return [
+                Alert(
+                    rule,
+                    "warning",
+                    f"Gradients vanishing in {name_list(new)} (grad norm / param norm below "
+                    f"{num(t.vanish_ratio)} for {t.vanish_steps} steps, at most {num(peak)}) at "
+                    f"step {int(step)}. These layers barely learn: use ReLU-family activations "
+                    "instead of deep sigmoid/tanh stacks, add normalisation or residual "
+                    "connections, or check the initialisation.",
+                    int(step),
+                    view.time_at(step),
+                    tuple(new),
+                    subject=subjects.LAYERS,
+                )
+            ]
+
+        return Outcome(rule, held, view.layer_judged(judged_mask), make)
+
+
+def non_finite_gradients(
+    step: int,
+    time: float,
+    bad: Sequence[str],
+    forward: tuple[int, str, tuple[float, float, float]] | None = None,
+    forward_checked: bool = False,
+) -> Alert:
+    """The ``grad_non_finite`` alert: which parameters' gradients went NaN/Inf at ``step``.
+
+    The engine detects this exactly, per step, from the raw gradient norms (here a NaN cannot
+    be told from "no gradient", so there is no window rule for it); this only words it.
+    ``forward`` is the first module whose output was non-finite (step, name, input mean, std
+    and max |x|) when ``check_forward`` is on.
+    """
+    message = f"Gradients became NaN/Inf at step {step}, first in {name_list(bad) or 'unknown'}."
+    if forward is not None:
+        f_step, module, (mean, std, maxabs) = forward
+        message += (
+            f" The first module with a non-finite output was {module!r} at step {f_step} "
+            f"(input mean {mean:.3g}, std {std:.3g}, max |x| {maxabs:.3g})."
+        )
+    elif forward_checked:
+        message += (
+            " Every module's forward output was finite, so the overflow happened after the"
+            " model (in the loss) or in the backward pass: lower the learning rate or clip"
+            " gradients."
+        )
+    else:
+        message += (
+            " Lower the learning rate, clip gradients, or check the inputs"
+            " (attach(..., check_forward=True) names the first bad module)."
+        )
+    subject = subjects.LAYERS if bad else subjects.GRAD_NORM
+    return Alert("grad_non_finite", "error", message, step, time, tuple(bad), subject=subject)
+
+
+__all__ = ["TOTAL", "ExplodingGradients", "VanishingGradients", "non_finite_gradients"]

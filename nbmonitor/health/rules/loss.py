@@ -1,0 +1,209 @@
+"""Rules on the logged loss: non-finite values, spikes, plateaus. Subject: ``"loss"``."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import numpy as np
+
+from nbmonitor.health import alert as subjects
+from nbmonitor.health.alert import Alert
+from nbmonitor.health.rule import Base, Outcome, always, clear, never, nothing
+from nbmonitor.health.thresholds import Thresholds
+from nbmonitor.health.view import View
+from nbmonitor.health.window import FloatArray, dense, finite_or_nan, row_medians, sustained
+from nbmonitor.health.wording import num
+
+# Robust spread (median absolute deviation scaled to a Gaussian sigma) a loss spike must also
+# exceed, so that a loss with a tight noise band is judged by its noise, not only its level.
+SPIKE_SIGMAS = 6.0
+MAD_TO_SIGMA = 1.4826
+# Logged losses (the first ones seen) that set the starting level for the plateau rule.
+START_LOSSES = 10
+
+
+def first_non_finite_row(view: View, values: FloatArray) -> int | None:
+    """First new row whose value is Inf, or NaN in a column logged every step."""
+    new = values[view.new_from :]
+    bad = np.isinf(new)
+    if dense(values[view.ref_from : view.new_from]):
+        bad |= np.isnan(new)
+    hits = np.flatnonzero(bad)
+    return view.new_from + int(hits[0]) if hits.size else None
+
+
+class NonFiniteLoss(Base):
+    name = "loss_non_finite"
+
+    def check(self, view: View) -> Outcome:
+        rule = self.name
+        loss = view.column("loss")
+        if loss is None or not view.has_new_rows:
+            return nothing(rule)
+        row = first_non_finite_row(view, loss)
+        # Clear only on positive evidence: a finite loss among the new rows.
+        seen_finite = bool(np.isfinite(loss[view.new_from :]).any())
+        judged = always if (row is not None or seen_finite) else never
+        if row is None:
+            return Outcome(rule, (), judged, lambda _new: [])
+        step = float(view.step_col[row])
+        value = float(loss[row])
+
+        def make(_new: list[str]) -> list[Alert]:
+            return [
+                Alert(
+                    rule,
+                    "error",
+                    f"Loss is {value} at step {int(step)}: training has diverged or the batch "
+                    "has bad values. Lower the learning rate, clip gradients, check the inputs "
+                    "and labels for NaN/Inf, and avoid log(0) or division by zero in the loss.",
+                    int(step),
+                    view.time_at(step),
+                    subject=subjects.LOSS,
+                )
+            ]
+
+        return Outcome(rule, ("",), judged, make)
+
+
+class LossSpike(Base):
+    name = "loss_spike"
+
+    def __init__(self, thresholds: Thresholds) -> None:
+        super().__init__(thresholds)
+        self.reset()
+
+    def reset(self) -> None:
+        # The run's loss range: a spike must be a real share of how far the loss has travelled.
+        self._lo = math.inf
+        self._hi = -math.inf
+
+    def check(self, view: View) -> Outcome:
+        rule = self.name
+        t = self.thresholds
+        loss = view.column("loss")
+        if loss is None or not view.has_new_rows:
+            return nothing(rule)
+        # Work on the logged values only, so a loss logged every k steps is judged the same.
+        rows = np.flatnonzero(np.isfinite(loss[view.ref_from :])) + view.ref_from
+        values = loss[rows]
+        first_new = int(np.searchsorted(rows, view.new_from))
+        ref = values[max(0, first_new - t.window) : first_new]
+        if ref.size < t.min_history or first_new >= values.size:
+            return nothing(rule)
+        median = float(row_medians(ref[None, :])[0][0])
+        mad = float(row_medians(np.abs(ref - median)[None, :])[0][0])
+        level, where = sustained(values[None, :], first_new, t.sustain_steps)
+        if not np.isfinite(level[0]):
+            return nothing(rule)
+        # Relative to |median| so that negative losses (log-likelihoods) work too, and beyond
+        # a robust noise band.
+        excess = float(level[0]) - median
+        old = values[:first_new]
+        self._lo = min(self._lo, float(old.min()))
+        self._hi = max(self._hi, float(old.max()))
+        # A jump from 1e-4 to 1e-3 near convergence is noise, not a spike.
+        span = self._hi - self._lo
+        if not (
+            excess > (t.spike_factor - 1) * abs(median)
+            and excess > SPIKE_SIGMAS * MAD_TO_SIGMA * mad
+            and excess > t.spike_range_fraction * span
+        ):
+            return clear(rule)
+        row = int(rows[int(where[0])])
+        step = float(view.step_col[row])
+        value = float(level[0])
+
+        def make(_new: list[str]) -> list[Alert]:
+            how = f"{value / median:.0f}x the recent median" if median > 0 else "recent median"
+            return [
+                Alert(
+                    rule,
+                    "warning",
+                    f"Loss spiked to {num(value)} or more for {t.sustain_steps} steps from step "
+                    f"{int(step)} ({how} {num(median)}). The learning rate may be at the edge of "
+                    "stability (lower it, add warmup or clip gradients), or a run of bad "
+                    "batches: check the data around that step.",
+                    int(step),
+                    view.time_at(step),
+                    subject=subjects.LOSS,
+                )
+            ]
+
+        return Outcome(rule, ("",), always, make)
+
+
+class LossPlateau(Base):
+    name = "loss_plateau"
+
+    def __init__(self, thresholds: Thresholds) -> None:
+        super().__init__(thresholds)
+        self._start: list[float] = []
+
+    def reset(self) -> None:
+        self._start.clear()
+
+    def _note_start(self, view: View) -> None:
+        """Keep the first few logged losses: the level progress is measured from."""
+        if len(self._start) >= START_LOSSES:
+            return
+        loss = view.column("loss")
+        if loss is None:
+            return
+        after = -math.inf if view.last_step is None else view.last_step
+        fresh = loss[(view.step_col > after) & np.isfinite(loss)]
+        self._start.extend(float(v) for v in fresh[: START_LOSSES - len(self._start)])
+
+    def check(self, view: View) -> Outcome:
+        rule = self.name
+        t = self.thresholds
+        self._note_start(view)
+        loss = view.column("loss")
+        window = t.plateau_window
+        if (
+            loss is None
+            or not view.has_new_rows
+            or loss.size < window
+            or len(self._start) < START_LOSSES
+        ):
+            return nothing(rule)
+        recent = finite_or_nan(loss[-window:])
+        quarter = window // 4
+        first, last = recent[:quarter], recent[-quarter:]
+        need = max(3, quarter // 4)  # sparse logging still gives a fair mean
+        first_ok, last_ok = np.isfinite(first), np.isfinite(last)
+        if first_ok.sum() < need or last_ok.sum() < need:
+            return nothing(rule)
+        before = float(first[first_ok].mean())
+        after = float(last[last_ok].mean())
+        # statistics, not numpy: np.median imports numpy.ma on first use (holding the GIL on
+        # this thread, so stalling the training thread too).
+        start = statistics.median(self._start)
+        progress = (start - after) / abs(start) if start else math.inf
+        # A loss that flattens after falling a long way has converged (or needs an LR decay);
+        # the actionable case is a loss stuck near where it started.
+        stuck = after >= before - t.plateau_tolerance * abs(before)
+        if not (stuck and progress < t.plateau_progress):
+            return clear(rule)
+        step = float(view.step_col[-1])
+
+        def make(_new: list[str]) -> list[Alert]:
+            return [
+                Alert(
+                    rule,
+                    "warning",
+                    f"Loss has not decreased over the last {window} steps (mean {num(before)} "
+                    f"-> {num(after)}; it started near {num(start)}) at step {int(step)}. Try "
+                    "another learning rate, check that labels match inputs and that the "
+                    "optimizer holds the model's parameters.",
+                    int(step),
+                    view.time_at(step),
+                    subject=subjects.LOSS,
+                )
+            ]
+
+        return Outcome(rule, ("",), always, make)
+
+
+__all__ = ["LossPlateau", "LossSpike", "NonFiniteLoss"]

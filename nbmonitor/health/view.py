@@ -1,0 +1,131 @@
+"""What one check looks at: ``HealthInput`` (given by the caller) and ``View`` (the index
+bookkeeping every rule shares: which rows and layer columns are new since the previous
+check, and the reference window before them)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from nbmonitor.health.window import BoolArray, FloatArray
+
+
+@dataclass(frozen=True)
+class HealthInput:
+    """What one check looks at. Arrays are read, never modified.
+
+    ``steps`` holds recent full-resolution per-step columns of equal length, oldest first
+    (``step`` is required for the step rules; ``loss``, ``grad_norm``, ``time`` are used when
+    present). Per-layer arrays have one row per name in ``layer_names`` (parameter order); NaN
+    means unknown / no gradient.
+    """
+
+    step: int
+    time: float
+    steps: Mapping[str, FloatArray]
+    layer_names: tuple[str, ...] = ()
+    layer_steps: FloatArray | None = None  # (k,) steps of the per-layer columns
+    layer_grad_norms: FloatArray | None = None  # (len(layer_names), k)
+    param_norms: FloatArray | None = None  # (len(layer_names),) latest parameter norms
+    update_ratios: FloatArray | None = None  # (len(layer_names),) latest ||dw||/||w||
+    activations: Mapping[str, Mapping[str, float]] | None = None  # module -> stats
+    system: Mapping[str, FloatArray] | None = None  # recent system samples (device rules)
+    gpus: Sequence[int] | None = None  # training GPU indices for the device rules
+
+
+class View:
+    """One check's reading of a ``HealthInput``: the new rows and layer columns since the
+    previous check (``last_step``, ``last_layer_step``) and the reference window before them.
+
+    Rules only judge new data; with none, nothing is judged, so a paused run neither raises
+    nor clears anything.
+    """
+
+    def __init__(
+        self, inp: HealthInput, last_step: float | None, last_layer_step: float | None, window: int
+    ) -> None:
+        self.inp = inp
+        self.last_step = last_step
+        step_col = inp.steps.get("step")
+        self.step_col = (
+            np.asarray(step_col, dtype=np.float64) if step_col is not None else np.empty(0)
+        )
+        n = self.step_col.size
+        self.new_from = new_from(self.step_col, last_step)
+        self.ref_from = max(0, self.new_from - window)
+        self.has_new_rows = self.new_from < n
+        times = inp.steps.get("time")
+        self._times = np.asarray(times, dtype=np.float64) if times is not None else None
+
+        self.layer_names = inp.layer_names
+        grads = inp.layer_grad_norms
+        layer_steps = inp.layer_steps
+        self.grads: FloatArray | None = None
+        self.layer_step_col = np.empty(0)
+        self.layer_new_from = 0
+        if (
+            grads is not None
+            and layer_steps is not None
+            and grads.ndim == 2
+            and grads.shape[0] == len(inp.layer_names)
+            and grads.shape[1] == layer_steps.size
+        ):
+            self.grads = np.asarray(grads, dtype=np.float64)
+            self.layer_step_col = np.asarray(layer_steps, dtype=np.float64)
+            self.layer_new_from = new_from(self.layer_step_col, last_layer_step)
+        self.layer_ref_from = max(0, self.layer_new_from - window)
+        self.has_new_layers = self.layer_new_from < self.layer_step_col.size
+        self._index: dict[str, int] | None = None
+
+    def column(self, key: str) -> FloatArray | None:
+        values = self.inp.steps.get(key)
+        if values is None or len(values) != self.step_col.size:
+            return None
+        return np.asarray(values, dtype=np.float64)
+
+    def layer_index(self) -> dict[str, int]:
+        if self._index is None:
+            self._index = {name: i for i, name in enumerate(self.layer_names)}
+        return self._index
+
+    def layer_judged(self, mask: BoolArray) -> Callable[[str], bool]:
+        index = self.layer_index()
+
+        def judged(name: str) -> bool:
+            i = index.get(name)
+            return i is not None and bool(mask[i])
+
+        return judged
+
+    def time_at(self, step: float) -> float:
+        """Wall time of a step's row when known, else the time of this check."""
+        if self._times is not None and self._times.size == self.step_col.size:
+            i = int(np.searchsorted(self.step_col, step))
+            if i < self.step_col.size and self.step_col[i] == step:
+                when = float(self._times[i])
+                if math.isfinite(when):
+                    return when
+        return self.inp.time
+
+
+def new_from(steps: FloatArray, last: float | None) -> int:
+    """Index of the first entry after ``last``; keeps at least half the entries as reference.
+
+    On the first check only the newest entry counts as new: the rest is history to compare
+    with (tests and a late attach both start with a full window).
+    """
+    n = steps.size
+    if n == 0:
+        return 0
+    if last is None or steps[-1] < last:  # first check, or the columns were restarted
+        return n - 1
+    first_new = int(np.searchsorted(steps, last, side="right"))
+    if first_new >= n:
+        return n
+    return max(first_new, n // 2)
+
+
+__all__ = ["HealthInput", "View", "new_from"]

@@ -1,0 +1,193 @@
+"""Every registered health rule meets the Rule protocol, and every alert names its subject as
+data: nothing in nbmonitor.health reads an alert's wording."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tests.health.synthetic import LAYERS, Run
+
+import nbmonitor.health
+from nbmonitor.health import (
+    RULES,
+    Alert,
+    Health,
+    HealthInput,
+    Outcome,
+    Rule,
+    RuleFactory,
+    Thresholds,
+    View,
+    non_finite_gradients,
+)
+from nbmonitor.health.alert import GRAD_NORM, LOSS, is_subject
+from nbmonitor.health.alert import LAYERS as LAYERS_SUBJECT
+
+EMPTY = HealthInput(step=0, time=0.0, steps={})
+
+
+def typical() -> HealthInput:
+    """A healthy run with every input filled: steps, layers, ratios, activations, a GPU."""
+    run = Run()
+    run.add(150)
+    run.update_ratios = np.full(len(LAYERS), 1e-3)
+    run.activations = {"act1": {"zero_frac": 0.5}}
+    n = 30
+    run.system = {
+        "step": np.linspace(120.0, 150.0, n),
+        "gpu0_util_percent": np.full(n, 95.0),
+        "gpu0_temperature_c": np.full(n, 60.0),
+        "gpu0_mem_used_bytes": np.full(n, 40e9),
+        "gpu0_mem_total_bytes": np.full(n, 80e9),
+        "gpu0_throttle_mask": np.zeros(n),
+    }
+    return run.input()
+
+
+def view(inp: HealthInput) -> View:
+    return View(inp, None, None, Thresholds().window)
+
+
+@pytest.mark.parametrize("factory", RULES, ids=lambda f: getattr(f, "name", repr(f)))
+def test_rule_meets_the_protocol(factory: RuleFactory) -> None:
+    rule = factory(Thresholds())
+    assert isinstance(rule, Rule)
+    assert isinstance(rule.name, str) and rule.name
+    for inp in (EMPTY, typical()):
+        outcome = rule.check(view(inp))
+        assert isinstance(outcome, Outcome)
+        assert outcome.rule == rule.name
+        assert list(outcome.held) == []  # healthy or empty: nothing holds
+        assert isinstance(outcome.judged(LAYERS[0]), bool)
+    rule.reset()
+    again = rule.check(view(typical()))
+    assert again.rule == rule.name and list(again.held) == []
+
+
+def test_rule_names_are_unique() -> None:
+    names = [factory(Thresholds()).name for factory in RULES]
+    assert len(names) == len(set(names))
+
+
+def test_reset_restores_a_fresh_rule() -> None:
+    # After reset a rule judges like a new one: the same alerts from the same data.
+    run = Run()
+    run.add(120)
+    run.add(3, fc3_weight=80.0)
+    inp = run.input()
+    fresh = Health().check(inp)
+    used = Health()
+    used.check(inp)
+    used.reset()
+    assert used.check(inp) == fresh and fresh
+
+
+def every_alert() -> list[Alert]:
+    """At least one alert from every registered rule (and the engine-worded report)."""
+    alerts: list[Alert] = []
+    # Exploding layers, then the total norm alone.
+    run, health = Run(), Health()
+    run.add(120)
+    health.check(run.input())
+    run.add(3, fc3_weight=80.0)
+    alerts += health.check(run.input())
+    total = run.input()
+    grad = total.steps["grad_norm"].copy()
+    grad[-3:] *= 40
+    alerts += Health().check(
+        HealthInput(step=total.step, time=total.time, steps={**total.steps, "grad_norm": grad})
+    )
+    # Vanishing, update ratios, dead units.
+    run, health = Run(), Health()
+    run.param_norms = np.full(len(LAYERS), 10.0)
+    run.activations = {"act1": {"zero_frac": 1.0}}
+    run.add(40)
+    for i in range(3):
+        ratios = np.full(len(LAYERS), 1e-3)
+        ratios[LAYERS.index("fc2.weight")] = 0.5 + i / 10
+        ratios[LAYERS.index("fc3.weight")] = 1e-8 * (1 + i)
+        run.update_ratios = ratios
+        run.add(1, fc1_weight=1e-9)
+        alerts += health.check(run.input())
+    run.add(20, fc1_weight=1e-9)
+    alerts += health.check(run.input())
+    # Non-finite loss, spike, plateau.
+    run, health = Run(), Health()
+    run.add(60, loss=1.0)
+    run.loss = [1.0 + 0.05 * np.sin(i) for i in range(60)]
+    health.check(run.input())
+    run.add(3, loss=12.0)
+    alerts += health.check(run.input())
+    run.add(1, loss=float("nan"))
+    alerts += health.check(run.input())
+    alerts += Health(Thresholds(plateau_window=40)).check(flat())
+    # Devices: two GPUs and MPS, every device rule.
+    n = 30
+    run, health = Run(), Health()
+    run.add(30)
+    run.system = {
+        "step": np.arange(1.0, n + 1),
+        "gpu0_util_percent": np.full(n, 5.0),
+        "gpu0_temperature_c": np.full(n, 90.0),
+        "gpu0_throttle_mask": np.full(n, float(0x40)),
+        "gpu1_util_percent": np.full(n, 95.0),
+        "gpu1_mem_used_bytes": np.full(n, 79e9),
+        "gpu1_mem_total_bytes": np.full(n, 80e9),
+        "mps_allocated_bytes": np.full(n, 99.0),
+        "mps_recommended_max_bytes": np.full(n, 100.0),
+    }
+    alerts += health.check(run.input())
+    alerts.append(non_finite_gradients(5, 0.0, ["fc1.weight"]))
+    alerts.append(non_finite_gradients(5, 0.0, []))
+    return alerts
+
+
+def flat() -> HealthInput:
+    run = Run()
+    run.add(40, loss=2.0)
+    return run.input()
+
+
+def test_every_rule_raises_alerts_whose_subject_is_data() -> None:
+    alerts = every_alert()
+    raised = {a.rule for a in alerts}
+    registered = {factory(Thresholds()).name for factory in RULES}
+    assert registered <= raised, registered - raised
+    for alert in alerts:
+        assert is_subject(alert.subject), alert
+        if alert.subject == LAYERS_SUBJECT:
+            assert alert.layers, alert
+    by_rule = {(a.rule, a.subject) for a in alerts}
+    assert ("loss_spike", LOSS) in by_rule and ("loss_non_finite", LOSS) in by_rule
+    assert ("exploding_gradients", GRAD_NORM) in by_rule
+    assert ("exploding_gradients", LAYERS_SUBJECT) in by_rule
+    assert {("gpu_temperature", "gpu0"), ("gpu_throttling", "gpu0"), ("gpu_idle", "gpu0")} <= (
+        by_rule
+    )
+    assert {("device_memory", "gpu1"), ("device_memory", "mps")} <= by_rule
+    assert ("grad_non_finite", GRAD_NORM) in by_rule
+
+
+def test_nothing_in_health_reads_an_alert_message() -> None:
+    # The subject is data so that no code parses wording: no `.message` is read, and no
+    # regular expression is applied, anywhere in the package except to metric keys.
+    package = Path(nbmonitor.health.__file__).parent
+    readers, regexes = [], []
+    for path in sorted(package.rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr == "message"
+                and isinstance(node.ctx, ast.Load)
+            ):
+                readers.append(f"{path.name}:{node.lineno}")
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                owner = node.func.value
+                if isinstance(owner, ast.Name) and owner.id == "re":
+                    regexes.append(f"{path.name}:{node.lineno}")
+    assert readers == []
+    assert regexes == ["devices.py:31"]  # _GPU_KEY over metric keys (gpu0_util_percent)

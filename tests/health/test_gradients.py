@@ -1,0 +1,152 @@
+"""Gradient rules: exploding (per layer and total), vanishing, the non-finite gradient report."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+from tests.health.synthetic import LAYERS, Run, only, rules
+
+from nbmonitor.health import Health, Thresholds, non_finite_gradients
+
+
+def test_exploding_names_layers_fires_once_and_rearms() -> None:
+    health, run = Health(Thresholds(rearm_steps=30)), Run()
+    run.add(120)
+    assert health.check(run.input()) == []
+    run.add(3, fc3_weight=50.0, fc3_bias=60.0)
+    alerts = health.check(run.input())
+    alert = only(alerts, "exploding_gradients")
+    assert alert.layers == ("fc3.weight", "fc3.bias")
+    assert alert.step == 121 and alert.time == 1000.0 + 121
+    assert alert.severity == "warning"
+    assert "fc3.weight, fc3.bias" in alert.message and "clip_grad_norm_" in alert.message
+    assert "\n" not in alert.message
+    # Still exploding: no repeat.
+    run.add(3, fc3_weight=50.0, fc3_bias=60.0)
+    assert "exploding_gradients" not in rules(health.check(run.input()))
+    # Clear for less than rearm_steps, then again: still no repeat.
+    run.add(10)
+    assert health.check(run.input()) == []
+    run.add(3, fc3_weight=50.0, fc3_bias=60.0)
+    assert "exploding_gradients" not in rules(health.check(run.input()))
+    # Clear for longer than rearm_steps (checked every few steps), then a new, larger
+    # explosion (one that beats the run's maximum): alerts again.
+    for _ in range(8):
+        run.add(5)
+        assert health.check(run.input()) == []
+    run.add(3, fc3_weight=500.0)
+    again = only(health.check(run.input()), "exploding_gradients")
+    assert again.layers == ("fc3.weight",)
+
+
+def test_exploding_needs_a_sustained_rise_and_history() -> None:
+    health, run = Health(), Run()
+    run.add(60)
+    health.check(run.input())
+    run.add(1, fc2_weight=50.0)  # a single bad batch
+    run.add(2)
+    assert health.check(run.input()) == []
+    # Too little history for a running median: nothing is judged.
+    short, fresh = Health(), Run()
+    fresh.add(10)
+    fresh.add(3, fc2_weight=50.0)
+    assert short.check(fresh.input()) == []
+
+
+def test_explode_abs_threshold_is_configurable() -> None:
+    run = Run()
+    run.add(5)
+    run.add(3, fc1_weight=6.0)
+    assert Health().check(run.input()) == []  # 6x, and too little history for the median
+    alert = only(Health(Thresholds(explode_abs=5.0)).check(run.input()), "exploding_gradients")
+    assert alert.layers == ("fc1.weight",)
+    assert "above the limit 5" in alert.message
+
+
+def test_exploding_total_grad_norm_without_layers() -> None:
+    run, health = Run(), Health()
+    run.add(120)
+    inp = run.input()
+    grad = inp.steps["grad_norm"].copy()
+    grad[-3:] *= 40
+    only_total = replace(inp, steps={**inp.steps, "grad_norm": grad}, layer_grad_norms=None)
+    alert = only(health.check(only_total), "exploding_gradients")
+    assert alert.layers == ()
+    assert alert.message.startswith("Total gradient norm exploding")
+
+
+def test_long_layer_lists_are_cut_in_the_message_but_kept_in_layers() -> None:
+    names = tuple(f"block{i}.weight" for i in range(12))
+    run, health = Run(names), Health()
+    run.add(120)
+    health.check(run.input())
+    exploding: dict[str, float] = {f"block{i}_weight": 100.0 for i in range(12)}
+    run.add(3, **exploding)  # type: ignore[arg-type]
+    alert = only(health.check(run.input()), "exploding_gradients")
+    assert alert.layers == names
+    assert "and 7 more" in alert.message and "block5.weight" not in alert.message
+
+
+def test_fluctuations_after_convergence_are_not_explosions() -> None:
+    # Gradients fall 1000x as the model converges, then jitter 10-20x around the new median:
+    # nothing there beats the norms seen while learning, so nothing is exploding.
+    health, run = Health(), Run()
+    run.add(150)
+    run.add(150, fc3_weight=1e-3)
+    health.check(run.input())
+    run.add(3, fc3_weight=2e-2)
+    assert "exploding_gradients" not in rules(health.check(run.input()))
+
+
+def test_rise_early_in_the_run_is_not_judged_by_a_later_check() -> None:
+    # Checks come every few dozen steps: a warm-up rise at step 61 is judged at a check made
+    # at step 110, but it began before the run was a full window old, so it is no explosion.
+    health, run = Health(), Run()
+    run.add(60)
+    health.check(run.input())
+    run.add(3, fc3_weight=50.0)
+    run.add(47)
+    assert "exploding_gradients" not in rules(health.check(run.input()))
+
+
+def test_vanishing_after_enough_consecutive_steps() -> None:
+    run, health = Run(), Health()
+    run.param_norms = np.full(len(LAYERS), 10.0)
+    run.add(40)
+    run.add(19, fc1_weight=1e-9)
+    assert health.check(run.input()) == []
+    run.add(1, fc1_weight=1e-9)
+    alert = only(health.check(run.input()), "vanishing_gradients")
+    assert alert.layers == ("fc1.weight",)
+    assert "fc1.weight" in alert.message
+    run.add(5, fc1_weight=1e-9)
+    assert health.check(run.input()) == []
+
+
+def test_vanishing_ignores_unknown_param_norms() -> None:
+    run, health = Run(), Health()
+    run.param_norms = np.full(len(LAYERS), np.nan)
+    run.add(40, fc1_weight=1e-12)
+    assert health.check(run.input()) == []
+
+
+def test_non_finite_gradient_report_names_parameters_and_module() -> None:
+    names = [f"block{i}.weight" for i in range(8)]
+    plain = non_finite_gradients(12, 5.0, names)
+    assert (plain.rule, plain.severity, plain.step, plain.time) == (
+        "grad_non_finite",
+        "error",
+        12,
+        5.0,
+    )
+    assert plain.layers == tuple(names)
+    assert (
+        "first in block0.weight, block1.weight" in plain.message and "and 3 more" in plain.message
+    )
+    assert "check_forward=True" in plain.message
+    forward = non_finite_gradients(12, 5.0, names[:1], (11, "encoder.2", (0.5, 2.0, 1e30)))
+    assert "non-finite output was 'encoder.2' at step 11" in forward.message
+    assert "max |x| 1e+30" in forward.message
+    checked = non_finite_gradients(12, 5.0, names[:1], None, forward_checked=True)
+    assert "Every module's forward output was finite" in checked.message
