@@ -105,8 +105,10 @@ def test_nan_gradient_localised_to_the_injected_parameter(tmp_path):
 
 def test_a_tick_mixing_finite_and_nan_steps_keeps_every_step_in_the_layer_window(tmp_path):
     # One tick brings steps 1-5 as one block whose step 4 is non-finite: the finite steps on
-    # either side of it must reach the per-layer window too, each with its own norms.
-    model = mlp(width=4, depth=3)
+    # either side of it must reach the per-layer window too, each with its own norms. Tanh, not
+    # ReLU: the heatmap shows log10 norms, and a layer dead for a whole batch has norm 0.
+    t = torch.nn
+    model = t.Sequential(t.Linear(4, 4), t.Tanh(), t.Linear(4, 4), t.Tanh(), t.Linear(4, 1))
     opt = FrozenSGD(model.parameters(), lr=0.1)
     with attach(model, opt, tmp_path) as mon:
         train(model, opt, mon, 3, width=4)
