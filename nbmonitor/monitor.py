@@ -26,8 +26,8 @@ import torch
 import nbmonitor.backends.selection as _backends
 from nbmonitor._capture.capture import build_capture
 from nbmonitor._capture.heap import settle_heap
-from nbmonitor._engine.frame import Frame, RunInfo
-from nbmonitor._engine.pipeline import Pipeline, PipelineParts, View
+from nbmonitor._engine.frame import Frame, RunInfo, View
+from nbmonitor._engine.pipeline import Pipeline, PipelineParts
 from nbmonitor._engine.published import history
 from nbmonitor._engine.sampler import SamplerThread
 from nbmonitor._parts import layer_stats, run_meta
@@ -361,7 +361,7 @@ class Monitor:
 
     def add_view(self, view: View) -> None:
         """Show this monitor's frames in ``view`` too: anything with ``publish(frame)`` and
-        ``close(frame)``, called from the sampler thread (see ``nbmonitor.ui.base.View``)."""
+        ``close(frame)``, called from the sampler thread (see ``nbmonitor.ui.view.View``)."""
         pipeline = self._pipeline
         if view not in pipeline.views:
             pipeline.views = (*pipeline.views, view)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -159,3 +160,18 @@ class FrameBuilder:
             errors=tuple(state.errors[-ERRORS_SHOWN:]),
             layers=state.layers() if detail and state.layers is not None else None,
         )
+
+
+class View(Protocol):
+    """Something that shows Frames: the notebook dashboard, the console line, a user's own.
+
+    Called from the sampler thread only (a replay calls it from the caller's thread); never
+    raises on purpose. ``publish`` shows the newest frame; ``close`` shows the final one
+    (status "closed") and releases the view's feed. Neither may call ``display()`` or
+    ``print()``. A view may set a class attribute ``wants_detail = False`` to receive frames
+    without chart series or the per-layer panel (cheaper to build).
+    """
+
+    def publish(self, frame: Frame) -> None: ...
+
+    def close(self, frame: Frame) -> None: ...

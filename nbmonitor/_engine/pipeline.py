@@ -21,7 +21,7 @@ from nbmonitor._engine.assemble.layer_flow import LayerFlow, NonFiniteReport
 from nbmonitor._engine.assemble.layers import LayerStats
 from nbmonitor._engine.assemble.steps import StepAssembler
 from nbmonitor._engine.derive.energy import energy_rates
-from nbmonitor._engine.frame import Frame, FrameBuilder, FrameState, RunInfo
+from nbmonitor._engine.frame import Frame, FrameBuilder, FrameState, RunInfo, View
 from nbmonitor._engine.published import Published
 from nbmonitor._engine.sampler import Stage
 from nbmonitor._engine.store import Store
@@ -45,14 +45,6 @@ HEALTH_WINDOW_MAX = 8192
 MAX_ALERTS = 200
 # A sink that failed repeatedly (a full disk) is tried again after this many seconds.
 SINK_RETRY_S = 30.0
-
-
-class View(Protocol):
-    """Something that shows Frames (``ui.view.View``); called from the sampler only."""
-
-    def publish(self, frame: Frame) -> None: ...
-
-    def close(self, frame: Frame) -> None: ...
 
 
 class HealthChecker(Protocol):

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from nbmonitor.ui.base import View
 from nbmonitor.ui.notebook import in_notebook, show
+from nbmonitor.ui.view import View
 
 if TYPE_CHECKING:
     from nbmonitor.ui.dashboard import Dashboard

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from nbmonitor.ui.base import View
+from nbmonitor.ui.view import View
 
 
 def in_notebook() -> bool:
