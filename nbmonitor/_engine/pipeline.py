@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
+
 from nbmonitor._engine.assemble.layer_flow import LayerFlow, NonFiniteReport
 from nbmonitor._engine.assemble.layers import LayerStats
 from nbmonitor._engine.assemble.steps import StepAssembler
@@ -103,6 +105,7 @@ class Pipeline:
         self._health_step = 0
         self._best_loss = math.nan
         self._copy_skip_reported = False
+        self._layer_row_step = -math.inf
         self._last_publish = -math.inf
         self._start = parts.monotonic()
         errors = parts.errors
@@ -211,6 +214,26 @@ class Pipeline:
         )
         self.add_alerts(parts.health.check(inp))
         self._publish_layers()
+        self._write_layer_grads()
+
+    def _write_layer_grads(self) -> None:
+        """One run-log row of per-layer gradient norms (the largest of each layer since the last
+        such row), so that a replay draws the layer heatmap the live dashboard drew. Written
+        at the health checks' pace: every step of every layer would be most of the log."""
+        steps, norms = self.parts.layers.recent()
+        new = steps > self._layer_row_step
+        if not new.any():
+            return
+        with np.errstate(invalid="ignore"):
+            peak = np.fmax.reduce(norms[:, new], axis=1)
+        last = float(steps[new][-1])
+        self._layer_row_step = last
+        row: dict[str, float] = {"step": last}
+        row.update(
+            (f"grad_norm/{name}", float(v))
+            for name, v in zip(self.parts.layers.names, peak, strict=True)
+        )
+        self._pending["layers"].append(row)
 
     def persist(self) -> None:
         pending = {k: v for k, v in self._pending.items() if v}

@@ -109,6 +109,34 @@ class Store:
                 self._write(rows[start : start + n])
                 start += n
 
+    def extend_columns(self, columns: Mapping[str, FloatArray]) -> None:
+        """Add rows given as equal-length columns (a run read from disk): no row dicts."""
+        if not columns:
+            return
+        n = len(next(iter(columns.values())))
+        if any(len(v) != n for v in columns.values()):
+            raise ValueError("Store.extend_columns: columns of different lengths")
+        with self._lock:
+            for key in columns:
+                if key not in self._index:
+                    self._add_column(key)
+            start = 0
+            while start < n:
+                if self._rows == self._recent_cap:
+                    self._fold()
+                self._ensure_row_capacity(min(self._rows + n - start, self._recent_cap))
+                k = min(n - start, self._recent.shape[1] - self._rows)
+                block = self._recent[: len(self._names), self._rows : self._rows + k]
+                if len(columns) < len(self._names):
+                    block.fill(_NAN)
+                for key, values in columns.items():
+                    block[self._index[key]] = values[start : start + k]
+                self._rows += k
+                self._total += k
+                start += k
+            if n:
+                self._last.update((k, float(v[-1])) for k, v in columns.items())
+
     def _write(self, rows: Sequence[Mapping[str, float]]) -> None:
         if not self._write_uniform(rows):
             self._write_mixed(rows)

@@ -280,3 +280,20 @@ def test_concurrent_writer_and_reader() -> None:
     assert not errors
     assert len(s) == total
     assert s.last("step") == total - 1
+
+
+def test_extend_columns_matches_extend_rows() -> None:
+    rng = np.random.default_rng(3)
+    n = 5000
+    cols = {"step": np.arange(1.0, n + 1), "loss": rng.random(n), "lr": rng.random(n)}
+    cols["loss"][::7] = np.nan
+    by_rows, by_cols = Store(recent=256, buckets=64), Store(recent=256, buckets=64)
+    by_rows.extend([{k: float(v[i]) for k, v in cols.items()} for i in range(n)])
+    by_cols.extend_columns(cols)
+    assert len(by_rows) == len(by_cols) == n
+    h1, h2 = by_rows.history(), by_cols.history()
+    for key in cols:
+        np.testing.assert_array_equal(h1[key], h2[key])
+    assert by_rows.last_row()["lr"] == by_cols.last_row()["lr"]
+    with pytest.raises(ValueError, match="different lengths"):
+        by_cols.extend_columns({"step": np.arange(3.0), "loss": np.arange(2.0)})
