@@ -37,13 +37,13 @@ from nbmonitor._heap import settle_heap
 from nbmonitor._hooks import Hooks, optimizer_parameters
 from nbmonitor._layers import LayerStats, ParamInfo
 from nbmonitor._recorder import AuxRecord, Recorder
-from nbmonitor._runlog import RunLog
 from nbmonitor._sampler import ErrorLog, SamplerThread, Source
 from nbmonitor._steps import LayerNorms, StepAssembler
 from nbmonitor._store import Store
 from nbmonitor._version import __version__
 from nbmonitor.debug import check_setup, first_non_finite, grads_never_arrived
 from nbmonitor.health import Health, HealthInput, Thresholds, non_finite_gradients
+from nbmonitor.sinks.runlog import RunLogSink as RunLog
 from nbmonitor.ui.base import View
 
 # Chart lines sent to views: bounded so that one publish stays small however long the run.
