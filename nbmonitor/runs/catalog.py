@@ -85,15 +85,19 @@ def _backend(meta: dict[str, Any]) -> str:
     return "" if b is None else str(b)
 
 
-def _row(path: pathlib.Path) -> dict[str, object]:
+def _row(path: pathlib.Path) -> tuple[tuple[float, str], dict[str, object]]:
+    """(sort key, row) for the run at ``path``; a damaged meta.json is a row, not an error."""
     try:
         run = Run(path)
     except RunCorruptError:
-        return {**dict.fromkeys(COLUMNS, ""), "name": path.name, "status": "unreadable",
-                "steps": 0, "final_loss": math.nan, "path": str(path)}  # fmt: skip
+        row: dict[str, object] = {**dict.fromkeys(COLUMNS, ""), "name": path.name, "steps": 0,
+                                  "status": "unreadable", "final_loss": math.nan,
+                                  "path": str(path)}  # fmt: skip
+        return (0.0, path.name), row
     meta = run.meta
     steps = meta.get("steps")
-    return {
+    started = meta.get("start_timestamp")
+    row = {
         "name": path.name,
         "start": str(meta.get("start_time", "")),
         "steps": steps if isinstance(steps, int) else count_rows(run),
@@ -101,8 +105,9 @@ def _row(path: pathlib.Path) -> dict[str, object]:
         "final_loss": last_value(run.file("steps"), "loss"),
         "backend": _backend(meta),
         "path": str(path),
-        "_sort": (meta.get("start_timestamp") or 0.0, path.name),
     }
+    # Folder names begin with the local start time, so they order runs without the stamp too.
+    return (float(started) if isinstance(started, (int, float)) else 0.0, path.name), row
 
 
 def _fmt(value: object) -> str:
@@ -170,11 +175,9 @@ def list_runs(root: str | os.PathLike[str] = "runs") -> RunTable:
             f"nbmonitor: cannot list runs in '{base}' ({what}); pass the run_dir= the runs "
             "were written to (default 'runs')."
         )
-    rows = [_row(p) for p in base.iterdir() if p.is_dir() and (p / "meta.json").is_file()]
-    rows.sort(key=lambda r: r["_sort"], reverse=True)  # type: ignore[arg-type, return-value]
-    for r in rows:
-        r.pop("_sort", None)
-    return RunTable(rows)
+    keyed = [_row(p) for p in base.iterdir() if p.is_dir() and (p / "meta.json").is_file()]
+    keyed.sort(key=lambda kr: kr[0], reverse=True)
+    return RunTable([row for _, row in keyed])
 
 
 __all__ = ["COLUMNS", "RunTable", "count_rows", "last_value", "list_runs"]

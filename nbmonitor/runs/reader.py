@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 from nbmonitor.runs.decode import FloatArray, Record, concat_columns, decode_lines, to_columns
 from nbmonitor.runs.format import (
     META,
-    SIDECAR,
     STREAMS,
     RunCorruptError,
     RunNotFoundError,

@@ -44,7 +44,9 @@ def chunk_paths(folder: pathlib.Path) -> list[pathlib.Path]:
     return [folder / n for _, n in found]
 
 
-def read_chunks(folder: pathlib.Path, file_size: int, *, spans_only: bool = False) -> tuple[list[Block], int]:
+def read_chunks(
+    folder: pathlib.Path, file_size: int, *, spans_only: bool = False
+) -> tuple[list[Block], int]:
     """The usable chunks of one stream, and the byte offset of the JSON Lines where they end.
 
     With ``spans_only`` the blocks carry no columns (counting rows without loading data).
@@ -64,7 +66,8 @@ def read_chunks(folder: pathlib.Path, file_size: int, *, spans_only: bool = Fals
                     if data.shape != (len(names), rows):
                         break
                     cols = {str(n): data[i] for i, n in enumerate(names)}
-        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):  # damaged: read the text from here
+        # A damaged chunk: the text is read from here on.
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
             break
         blocks.append((cols, rows))
         end = stop
@@ -72,7 +75,11 @@ def read_chunks(folder: pathlib.Path, file_size: int, *, spans_only: bool = Fals
 
 
 def write_chunk(
-    folder: pathlib.Path, seq: int, columns: Mapping[str, FloatArray], rows: int, span: tuple[int, int]
+    folder: pathlib.Path,
+    seq: int,
+    columns: Mapping[str, FloatArray],
+    rows: int,
+    span: tuple[int, int],
 ) -> None:
     """Write chunk ``seq`` atomically (creating the folder on first use)."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -123,4 +130,3 @@ class ChunkBuffer:
         self._blocks, self._values = [], 0
         self.start = self.end
         return cols, rows, span
-

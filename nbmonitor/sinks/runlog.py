@@ -180,7 +180,7 @@ class RunLogSink:
                 for f in self._files.values():
                     try:
                         f.flush()
-                    except OSError as exc:
+                    except Exception as exc:  # OSError, or ValueError on a closed file
                         self.close_errors.append(exc)
                 for stream in [s for s, b in self._chunks.items() if b.rows]:
                     try:
@@ -190,7 +190,7 @@ class RunLogSink:
                 for f in self._files.values():
                     try:
                         f.close()
-                    except OSError as exc:  # keep closing the others
+                    except Exception as exc:  # keep closing the others
                         self.close_errors.append(exc)
         if final_meta:
             try:

@@ -11,6 +11,7 @@ import socket
 
 import numpy as np
 import pytest
+from tests.runs.runs_helpers import assert_same_columns, make_log, reference_columns
 
 import nbmonitor
 from nbmonitor.runs import (
@@ -24,7 +25,6 @@ from nbmonitor.runs import (
     sidecar,
 )
 from nbmonitor.sinks import Batch
-from tests.runs.runs_helpers import assert_same_columns, make_log, reference_columns
 
 
 @pytest.fixture
@@ -190,9 +190,7 @@ def test_killed_writer_reads_text_past_the_last_chunk(
     log.close()
 
 
-def test_sidecar_ahead_of_the_text_is_not_used(
-    tmp_path: pathlib.Path, small_chunks: None
-) -> None:
+def test_sidecar_ahead_of_the_text_is_not_used(tmp_path: pathlib.Path, small_chunks: None) -> None:
     log = make_log(tmp_path)
     log.write_steps(_awkward_rows(40))
     log.close()
@@ -268,7 +266,7 @@ def test_bad_paths_raise_one_line(tmp_path: pathlib.Path, what: str) -> None:
 
 def test_damaged_meta_raises_one_line(tmp_path: pathlib.Path) -> None:
     (tmp_path / "meta.json").write_text("{not json")
-    with pytest.raises(RunCorruptError, match="meta.json is not valid JSON") as info:
+    with pytest.raises(RunCorruptError, match=r"meta\.json is not valid JSON") as info:
         open_run(tmp_path)
     assert "\n" not in str(info.value)
 
