@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from nbmonitor.runs import Tail, open_run
+from nbmonitor.runs import Tail, decode, open_run
 from nbmonitor.runs.decode import to_columns
 from nbmonitor.runs.format import encode_lines
 from nbmonitor.runs.sidecar import read_chunks
@@ -97,11 +97,16 @@ def main() -> None:
     parser.add_argument("--text-rows", type=int, default=100_000)
     parser.add_argument("--new", type=int, default=1000, help="records per tail refresh")
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--no-orjson", action="store_true", help="parse with the stdlib only")
     args = parser.parse_args()
+    if args.no_orjson:
+        decode._fast_loads = None  # what a Python without orjson gets
 
     root = pathlib.Path(tempfile.mkdtemp(prefix="nbmonitor-bench-"))
     try:
-        print(f"runs of {args.rows:,} steps x {args.metrics} keys, ticks of {args.tick} rows")
+        parser_name = "stdlib json" if args.no_orjson else "orjson + stdlib json"
+        print(f"runs of {args.rows:,} steps x {args.metrics} keys, ticks of {args.tick} rows, "
+              f"text parsed with {parser_name}")  # fmt: skip
         t0 = time.perf_counter()
         closed = _write(root, "closed", args.rows, args)
         closed.close({"status": "closed"})
