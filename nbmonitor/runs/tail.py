@@ -25,6 +25,10 @@ from typing import Any
 from nbmonitor.runs.decode import Record, decode_lines, split_complete
 from nbmonitor.runs.format import META, STREAMS, RunDirError, RunNotFoundError, stream_file
 
+# The most one poll reads of one file: a tail started at byte 0 of a long run catches up over
+# several polls instead of holding the whole file (and all its records) at once.
+MAX_POLL_BYTES = 32 << 20
+
 
 @dataclass
 class _Cursor:
@@ -105,7 +109,8 @@ class Tail:
             return []
         with open(path, "rb") as f:
             f.seek(read_to)
-            new = f.read(size - read_to)  # up to the size seen: the rest waits for next poll
+            # Up to the size seen (and at most MAX_POLL_BYTES): the rest waits for next poll.
+            new = f.read(min(size - read_to, MAX_POLL_BYTES))
         whole, cursor.rest = split_complete(cursor.rest + new)
         cursor.offset += len(whole)
         decoded = decode_lines(whole)

@@ -156,3 +156,17 @@ def test_bad_arguments(tmp_path: pathlib.Path) -> None:
         Tail(afile)
     with pytest.raises(ValueError, match="unknown stream"):
         Tail(tmp_path, streams=["nope"])
+
+
+def test_catching_up_a_long_file_is_bounded_per_poll(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tail, "MAX_POLL_BYTES", 100)
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "steps.jsonl").write_bytes(b"".join(b'{"step":%d.0}\n' % i for i in range(50)))
+    t = Tail(run)
+    got: list[float] = []
+    for _ in range(20):
+        got += [r["step"] for r in t.poll().get("steps", [])]
+    assert got == [float(i) for i in range(50)]  # several polls, nothing lost or repeated
