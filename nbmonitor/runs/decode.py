@@ -85,7 +85,7 @@ def decode_lines(data: bytes) -> Decoded:
 
 
 def _number(value: object) -> float:
-    if isinstance(value, (int, float, np.number)) and not isinstance(value, complex):
+    if isinstance(value, (int, float, np.integer, np.floating)):
         return float(value)
     return math.nan
 
@@ -107,6 +107,8 @@ def to_columns(records: Sequence[Mapping[str, object]]) -> dict[str, FloatArray]
         try:
             col = np.array(values, dtype=np.float64)
         except (TypeError, ValueError):
+            col = None
+        if col is None or col.ndim != 1:  # a string, or lists (which numpy would stack)
             col = np.array([_number(v) for v in values], dtype=np.float64)
         out[k] = col
     return out

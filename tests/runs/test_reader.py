@@ -124,8 +124,8 @@ def test_layer_rows_round_trip(tmp_path: pathlib.Path) -> None:
 
 
 def _awkward_rows(n: int, start: int = 0) -> list[dict[str, object]]:
-    """Rows with NaN, +-Inf, -0.0, keys that come and go, a key first seen late, a bool and a
-    null: everything the sidecar must agree with the text on."""
+    """Rows with NaN, +-Inf, -0.0, keys that come and go, a key first seen late, a bool, a
+    null, a string and lists: everything the sidecar must agree with the text on."""
     rows: list[dict[str, object]] = []
     for i in range(start, start + n):
         row: dict[str, object] = {"step": float(i), "time": 1.7e9 + i / 3}
@@ -136,6 +136,9 @@ def _awkward_rows(n: int, start: int = 0) -> list[dict[str, object]]:
         if i % 11 == 0:
             row["flag"] = True
             row["nothing"] = None
+            row["pair"] = [i, i]  # the same shape in every row: numpy would make it 2-D
+        if i % 13 == 0:
+            row["note"] = "not a number"
         rows.append(row)
     return rows
 
@@ -299,3 +302,10 @@ def test_status_of_a_dead_writer_and_of_another_host(tmp_path: pathlib.Path) -> 
     old = steps.stat().st_mtime - 3600
     os.utime(steps, (old, old))
     assert open_run(tmp_path / "b").status == "unknown"
+
+
+def test_values_that_are_not_numbers_read_as_nan() -> None:
+    cols = decode.to_columns([{"a": [1, 2], "b": "x", "c": 1}, {"a": [3, 4], "b": None, "c": True}])
+    assert cols["a"].shape == (2,) and np.isnan(cols["a"]).all()  # not stacked into 2-D
+    assert np.isnan(cols["b"]).all()
+    np.testing.assert_array_equal(cols["c"], [1.0, 1.0])

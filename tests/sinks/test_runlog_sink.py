@@ -148,7 +148,7 @@ _CHILD = textwrap.dedent(
     """
     import sys, time
     from nbmonitor.sinks.runlog import RunLogSink
-    log = RunLogSink.create(sys.argv[1], "killed", {"pid": 0})
+    log = RunLogSink.create(sys.argv[1], "killed", {})  # its own pid and host
     print(log.path, flush=True)
     step = 0
     while True:
@@ -194,6 +194,7 @@ def test_sigkilled_writer_leaves_a_readable_run(tmp_path: pathlib.Path) -> None:
     assert n >= 20
     np.testing.assert_array_equal(h["step"], np.arange(n, dtype=np.float64))
     np.testing.assert_allclose(h["loss"], 1.0 / (np.arange(n) + 1))
+    assert open_run(path).status == "killed"  # its pid is gone and it never closed
 
 
 # -- the sidecar -------------------------------------------------------------------------------
