@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import nbmonitor
-from nbmonitor import _monitor
+from nbmonitor._engine import pipeline as _pipeline
 from overhead import BOOTSTRAP_RESAMPLES, environment, make_task, train_step
 
 WARMUP_PAIRS = 20
@@ -136,14 +136,14 @@ def measure(task: str, seconds: float, dashboard: bool, tmp: str) -> dict[str, A
     models = {"A": make_task(task), "B": make_task(task)}  # same seed: same weights and data
     opts = {k: torch.optim.AdamW(m.parameters(), lr=1e-4) for k, (m, _) in models.items()}
     ticks: list[tuple[float, float]] = []
-    original = _monitor.Monitor._tick
+    original = _pipeline.Pipeline.tick
 
-    def timed_tick(self: _monitor.Monitor, paced: bool) -> None:
+    def timed_tick(self: _pipeline.Pipeline, paced: bool) -> None:
         start = time.perf_counter()
         original(self, paced)
         ticks.append((start, time.perf_counter()))
 
-    _monitor.Monitor._tick = timed_tick  # type: ignore[method-assign]
+    _pipeline.Pipeline.tick = timed_tick  # type: ignore[method-assign]
     halves: list[tuple[list[float], list[float]]] = []
     spans: list[tuple[float, float]] = []
     faults_per_step: list[float] = []
@@ -160,7 +160,7 @@ def measure(task: str, seconds: float, dashboard: bool, tmp: str) -> dict[str, A
             # with that in mind.
             faults_per_step.append(faults / max(1, len(half_spans)))
     finally:
-        _monitor.Monitor._tick = original  # type: ignore[method-assign]
+        _pipeline.Pipeline.tick = original  # type: ignore[method-assign]
 
     monitored = [t for m, _ in halves for t in m]
     plain_times = [t for _, p in halves for t in p]

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from nbmonitor._engine.frame import Frame, LayerFrame, Series
 from nbmonitor._engine.store import Store
-from nbmonitor._frame import Frame, LayerFrame, Series
 
 LINES = (
     "loss",

@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     from nbmonitor.errors import NonFiniteError, RunDirError
     from nbmonitor.health import Thresholds
     from nbmonitor.monitor import Monitor, attach
-    from nbmonitor.replay import Run, open
+    from nbmonitor.replay import Run, compare, open, tail
+    from nbmonitor.runs import list_runs
 
 # public name -> module it lives in
 _WHERE = {
@@ -29,6 +30,9 @@ _WHERE = {
     "RunDirError": "nbmonitor.errors",
     "Run": "nbmonitor.replay",
     "open": "nbmonitor.replay",
+    "tail": "nbmonitor.replay",
+    "compare": "nbmonitor.replay",
+    "list_runs": "nbmonitor.runs",
     "summary": "nbmonitor.debug",
     "Thresholds": "nbmonitor.health",
 }
@@ -55,6 +59,9 @@ __all__ = [
     "Thresholds",
     "__version__",
     "attach",
+    "compare",
+    "list_runs",
     "open",
     "summary",
+    "tail",
 ]

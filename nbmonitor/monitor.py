@@ -31,17 +31,16 @@ from nbmonitor._engine.pipeline import Pipeline, PipelineParts
 from nbmonitor._engine.published import history
 from nbmonitor._engine.sampler import SamplerThread
 from nbmonitor._parts import layer_stats, run_meta
-from nbmonitor._runlog import RunLog
 from nbmonitor.debug import check_setup
 from nbmonitor.errors import ErrorLog
 from nbmonitor.health import Alert, Health, HealthInput, non_finite_gradients
 from nbmonitor.options import AttachOptions, Options, check_model
+from nbmonitor.sinks import Batch, FanOut, RunLogSink
 
 # How long close() waits for a sampler tick in progress (a hung source) before it gives up on
 # the last interval rather than hang the notebook.
 CLOSE_WAIT_S = 5.0
 FLUSH_TIMEOUT_S = 5.0
-_RUNLOG_WRITERS = {"system": "samples"}
 
 # The live monitor of each model, so that attaching again replaces it.
 _LIVE: weakref.WeakKeyDictionary[torch.nn.Module, Monitor] = weakref.WeakKeyDictionary()
@@ -83,6 +82,7 @@ class Monitor:
         self._start = clock()
         self._model_ref = weakref.ref(model)
         self._dashboard: Any = None
+        self._final_meta: dict[str, object] | None = None
 
         self.backend = _backends.select(model, opts.backend)
         capture = build_capture(
@@ -99,14 +99,17 @@ class Monitor:
         layers = layer_stats(capture.params, capture.param_names, optimizer, opts.layer_group)
         run_name = opts.name or type(model).__name__
         meta = run_meta(model, optimizer, opts, self.backend, self._start)
-        self._runlog = RunLog.create(opts.run_dir, run_name, meta)
+        self._runlog = RunLogSink.create(opts.run_dir, run_name, meta)
         self.name = self._runlog.path.name
         update = capture.update_ratio
-        runlog = self._runlog
+        # The sinks every tick's rows go to: the run log first; exporters join here.
+        self._sinks = FanOut(
+            [self._runlog], lambda name, exc: self.errors_log.add(f"sink:{name}", exc)
+        )
+        sinks = self._sinks
 
         def write(streams: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:
-            for stream, rows in streams.items():
-                getattr(runlog, f"write_{_RUNLOG_WRITERS.get(stream, stream)}")(rows)
+            sinks.write(Batch(streams))
 
         self._pipeline = Pipeline(
             PipelineParts(
@@ -122,7 +125,7 @@ class Monitor:
                 non_finite_report=non_finite_gradients,
                 forward_checked=opts.check_forward,
                 write=write,
-                flush_sinks=runlog.flush,
+                flush_sinks=sinks.flush,
                 errors=self.errors_log,
                 status=lambda: self.status,
                 update_copy_skipped=(
@@ -275,12 +278,12 @@ class Monitor:
                         view.close(frame)
                     except Exception as exc:
                         self.errors_log.add("view", exc)
-                self._runlog.update_meta(
-                    end_time=_dt.datetime.fromtimestamp(self._clock(), _dt.UTC).isoformat(),
-                    steps=self.step,
-                    status="degraded" if len(self.errors_log) else "closed",
-                    errors=self.errors,
-                )
+                self._final_meta = {
+                    "end_time": _dt.datetime.fromtimestamp(self._clock(), _dt.UTC).isoformat(),
+                    "steps": self.step,
+                    "status": "degraded" if len(self.errors_log) else "closed",
+                    "errors": self.errors,
+                }
             finally:
                 pipeline.lock.release()
         except Exception as exc:
@@ -289,10 +292,15 @@ class Monitor:
             self._release()
 
     def _release(self) -> None:
-        try:
-            self._runlog.close()
-        except Exception as exc:
-            self.errors_log.add("close", exc)
+        # After the final tick; a close that gave up on a hung tick still closes the files,
+        # with status "degraded" and what failed.
+        final = self._final_meta or {
+            "end_time": _dt.datetime.fromtimestamp(self._clock(), _dt.UTC).isoformat(),
+            "steps": self.step,
+            "status": "degraded",
+            "errors": self.errors,
+        }
+        self._sinks.close(final)
         try:
             self.backend.close()
         except Exception as exc:

@@ -32,7 +32,6 @@ from nbmonitor._engine.store import Store
 from nbmonitor.health.alert import Alert
 from nbmonitor.runs import Run as RunFiles
 from nbmonitor.runs import Tail, list_runs
-from nbmonitor.runs import open_run as _open_files
 
 GRAD_PREFIX = "grad_norm/"
 PARAM_PREFIX = "param_norm/"
@@ -150,7 +149,11 @@ class RunState:
         steps = columns.get("step")
         if steps is None:
             return
-        grads = [(known[n], columns[GRAD_PREFIX + n]) for n in names if GRAD_PREFIX + n in columns]
+        grads = [
+            (known[n], columns[GRAD_PREFIX + n])
+            for n in names
+            if n in known and GRAD_PREFIX + n in columns
+        ]
         if grads:
             rows = ~np.all([np.isnan(v) for _, v in grads], axis=0)
             norms = np.full((int(rows.sum()), len(layers.names)), np.nan)
@@ -158,11 +161,14 @@ class RunState:
                 if i < norms.shape[1]:
                     norms[:, i] = values[rows]
             layers.add_grad_norm_rows(steps[rows].astype(int).tolist(), norms, None)
-        for prefix, target in ((PARAM_PREFIX, layers.param_norm), (RATIO_PREFIX, layers.update_ratio)):
+        for prefix, target in (
+            (PARAM_PREFIX, layers.param_norm),
+            (RATIO_PREFIX, layers.update_ratio),
+        ):
             for name, i in known.items():
-                values = columns.get(prefix + name)
-                if values is not None:
-                    finite = values[~np.isnan(values)]
+                column = columns.get(prefix + name)
+                if column is not None:
+                    finite = column[~np.isnan(column)]
                     if finite.size:
                         target[i] = finite[-1]
 
@@ -194,47 +200,26 @@ def _floats(row: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
-class Run:
+class Run(RunFiles):
     """A run on disk, finished or still being written: its data, and the dashboard of it.
 
     Create it with :func:`nbmonitor.open`. ``history()``, ``system()``, ``events()``,
-    ``layers()`` and ``meta`` read the files; ``dashboard()`` shows the run with the same
-    dashboard as a live monitor, ``dashboard(live=True)`` follows it while it is written.
+    ``layers()``, ``meta`` and ``status`` read the files (``nbmonitor.runs.Run``);
+    ``dashboard()`` shows the run with the same dashboard as a live monitor, and
+    ``dashboard(live=True)`` follows it while another process writes it.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        self._files: RunFiles = _open_files(path)
-        self.path = Path(self._files.path)
+        super().__init__(path)
         self._follow: Follow | None = None
 
     @property
     def name(self) -> str:
         return self.path.name
 
-    @property
-    def meta(self) -> dict[str, Any]:
-        return dict(self._files.meta)
-
-    @property
-    def status(self) -> str:
-        return str(self._files.status)
-
-    def history(self) -> dict[str, np.ndarray[Any, Any]]:
-        """Per-step columns at full resolution (step, time, loss, lr, grad_norm, ...)."""
-        return self._files.history()
-
-    def system(self) -> dict[str, np.ndarray[Any, Any]]:
-        return self._files.system()
-
-    def events(self) -> list[dict[str, object]]:
-        return self._files.events()
-
-    def layers(self) -> dict[str, np.ndarray[Any, Any]]:
-        return self._files.layers()
-
     def state(self) -> RunState:
         """The run as it is on disk now, in the stores the dashboard is drawn from."""
-        state = RunState(self._files.meta, self.name)
+        state = RunState(self.meta, self.name)
         state.add_columns("steps", self.history())
         state.add_columns("system", self.system())
         state.add_columns("layers", self.layers())
@@ -253,7 +238,7 @@ class Run:
         """
         from nbmonitor.ui.dashboard import Dashboard
 
-        info = RunState(self._files.meta, self.name).info
+        info = RunState(self.meta, self.name).info
         dashboard = Dashboard(self.name, info.backend, info.total_steps)
         if live:
             self.stop()
@@ -375,14 +360,12 @@ def compare(
     return compare_figure(lines, metric, log=log)
 
 
-def open(path: str | os.PathLike[str]) -> Run:  # noqa: A001 (nbmonitor.open, like builtins)
+def open(path: str | os.PathLike[str]) -> Run:
     """Open a run directory (finished, or being written by another process)."""
     return Run(path)
 
 
-def tail(
-    path: str | os.PathLike[str], interval: float = 1.0, display: bool = True
-) -> Any:
+def tail(path: str | os.PathLike[str], interval: float = 1.0, display: bool = True) -> Any:
     """Follow a run another process is writing, in a live dashboard (a notebook) or a status
     line every ``interval`` seconds (a terminal), until it closes. Returns the dashboard in a
     notebook; in a terminal it blocks until the run closes (Ctrl-C stops it)."""

@@ -10,7 +10,7 @@ whole run, spikes included. So the store keeps two tiers:
   buckets merge). When the bucket tier fills, adjacent pairs merge and the width doubles.
 
 Memory is therefore bounded by ``columns x (recent + 4 x buckets) x 8`` bytes however long the
-run; the full-resolution record lives on disk (``_runlog.py``), not here.
+run; the full-resolution record lives on disk (``sinks/runlog.py``), not here.
 
 Only the sampler thread writes; readers may call from the main thread, so every public method
 takes one lock. Reads copy what they need under the lock and do the heavy work outside it.

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from nbmonitor._engine.frame import Series
-from nbmonitor.ui.figures import bq
+from nbmonitor.ui.figures import bq  # type: ignore[attr-defined]  # imported there quietly
 
 # Distinguishable lines for up to ten runs, then the colours repeat.
 PALETTE = (

@@ -1,9 +1,9 @@
-"""The run directory: layout, round-trips, torn lines, errors, and surviving SIGKILL."""
+"""The run-log sink: layout, names, meta, errors, one write per batch, surviving SIGKILL
+(moved from tests/test_runlog.py), and the sidecar it writes."""
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import pathlib
 import re
@@ -15,18 +15,16 @@ import time
 
 import numpy as np
 import pytest
+from tests.runs.runs_helpers import make_log
 
-from nbmonitor._runlog import FORMAT_VERSION, Run, RunDirError, RunLog, open_run
+from nbmonitor.runs import FORMAT_VERSION, RunDirError, open_run
+from nbmonitor.sinks import RunLogSink
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-
-
-def _log(tmp_path: pathlib.Path, name: str | None = "test") -> RunLog:
-    return RunLog.create(tmp_path / "runs", name, {"model": "MLP", "parameters": 123})
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_create_makes_the_layout_and_meta(tmp_path: pathlib.Path) -> None:
-    log = _log(tmp_path)
+    log = make_log(tmp_path)
     try:
         assert log.path.parent == tmp_path / "runs"
         assert re.fullmatch(r"\d{8}-\d{6}-test", log.path.name)
@@ -52,8 +50,8 @@ def test_create_makes_the_layout_and_meta(tmp_path: pathlib.Path) -> None:
 
 
 def test_default_name_and_unsafe_characters(tmp_path: pathlib.Path) -> None:
-    a = RunLog.create(tmp_path, None, {})
-    b = RunLog.create(tmp_path, "my model/v2 ", {})
+    a = RunLogSink.create(tmp_path, None, {})
+    b = RunLogSink.create(tmp_path, "my model/v2 ", {})
     try:
         assert a.path.name.endswith("-run")
         assert b.path.parent == tmp_path
@@ -64,7 +62,7 @@ def test_default_name_and_unsafe_characters(tmp_path: pathlib.Path) -> None:
 
 
 def test_name_collisions_get_a_suffix(tmp_path: pathlib.Path) -> None:
-    logs = [_log(tmp_path) for _ in range(3)]
+    logs = [make_log(tmp_path) for _ in range(3)]
     try:
         names = [log.path.name for log in logs]
         assert len(set(names)) == 3
@@ -84,88 +82,15 @@ def test_collision_suffix_with_a_preexisting_folder(tmp_path: pathlib.Path) -> N
     for dt in range(3):
         stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now + dt))
         (root / f"{stamp}-test").mkdir(parents=True, exist_ok=True)
-    log = _log(tmp_path)
+    log = make_log(tmp_path)
     try:
         assert log.path.name.endswith("-test-2")
     finally:
         log.close()
 
 
-def test_reader_sees_flushed_rows_while_the_run_is_open(tmp_path: pathlib.Path) -> None:
-    log = _log(tmp_path)
-    try:
-        log.write_steps([{"step": 0.0, "time": 1.0, "loss": 2.5}])
-        log.write_steps([{"step": 1.0, "time": 2.0, "loss": 2.0, "grad_norm/layer1.weight": 0.5}])
-        log.write_samples([{"time": 1.5, "step": 0.0, "cpu_percent": 50.0}])
-        log.write_events([{"time": 1.7, "kind": "alert", "rule": "nan", "layers": ["a", "b"]}])
-        log.flush()
-        run = open_run(log.path)
-        assert isinstance(run, Run)
-        assert run.meta["model"] == "MLP"
-        h = run.history()
-        assert list(h) == ["step", "time", "loss", "grad_norm/layer1.weight"]
-        np.testing.assert_array_equal(h["step"], [0.0, 1.0])
-        np.testing.assert_array_equal(h["loss"], [2.5, 2.0])
-        np.testing.assert_array_equal(h["grad_norm/layer1.weight"], [np.nan, 0.5])
-        assert all(v.dtype == np.float64 for v in h.values())
-        np.testing.assert_array_equal(run.system()["cpu_percent"], [50.0])
-        assert run.events() == [{"time": 1.7, "kind": "alert", "rule": "nan", "layers": ["a", "b"]}]
-        # More rows after the first read show up on the next one.
-        log.write_steps([{"step": 2.0, "time": 3.0, "loss": 1.0}])
-        log.flush()
-        np.testing.assert_array_equal(run.history()["step"], [0.0, 1.0, 2.0])
-    finally:
-        log.close()
-
-
-def test_nonfinite_values_round_trip_exactly(tmp_path: pathlib.Path) -> None:
-    log = _log(tmp_path)
-    values = [math.nan, math.inf, -math.inf, 0.1, -0.0, 1e-310, 1.7976931348623157e308]
-    log.write_steps([{"step": float(i), "v": v} for i, v in enumerate(values)])
-    log.write_steps([{"step": 99.0, "v": np.float64(3.25)}])  # numpy scalars too
-    log.close()
-    v = open_run(log.path).history()["v"]
-    assert math.isnan(v[0])
-    assert v[1] == math.inf and v[2] == -math.inf
-    assert v[3] == 0.1 and math.copysign(1.0, v[4]) == -1.0
-    assert v[5] == 1e-310 and v[6] == 1.7976931348623157e308
-    assert v[7] == 3.25
-    text = (log.path / "steps.jsonl").read_text()
-    assert "NaN" in text and "Infinity" in text and "-Infinity" in text
-
-
-def test_torn_last_line_is_skipped(tmp_path: pathlib.Path) -> None:
-    log = _log(tmp_path)
-    log.write_steps([{"step": float(i), "loss": 1.0} for i in range(3)])
-    log.close()
-    steps = log.path / "steps.jsonl"
-    with open(steps, "ab") as f:
-        f.write(b'{"step":3.0,"lo')  # a write cut off by a kill: no newline
-    np.testing.assert_array_equal(open_run(log.path).history()["step"], [0, 1, 2])
-    with open(steps, "ab") as f:
-        f.write(b"ss\x00garbage\n")  # completed with a newline but unparsable: still the last
-    np.testing.assert_array_equal(open_run(log.path).history()["step"], [0, 1, 2])
-
-
-def test_corrupt_line_in_the_middle_raises(tmp_path: pathlib.Path) -> None:
-    log = _log(tmp_path)
-    log.close()
-    (log.path / "steps.jsonl").write_bytes(b'{"step":0}\nnot json\n{"step":2}\n')
-    with pytest.raises(ValueError, match="line 2"):
-        open_run(log.path).history()
-
-
-def test_empty_run_reads_empty(tmp_path: pathlib.Path) -> None:
-    log = _log(tmp_path)
-    try:
-        run = open_run(log.path)
-        assert run.history() == {} and run.system() == {} and run.events() == []
-    finally:
-        log.close()
-
-
 def test_update_meta_rewrites_atomically_and_keeps_fields(tmp_path: pathlib.Path) -> None:
-    log = _log(tmp_path)
+    log = make_log(tmp_path)
     log.update_meta(status="running")
     log.close()
     log.update_meta(end_time="2024-01-01T00:00:00+00:00", status="closed", errors=[ValueError("x")])
@@ -181,7 +106,7 @@ def test_unwritable_run_dir_raises_one_line_hint(tmp_path: pathlib.Path) -> None
     afile.write_text("not a folder")
     bad = afile / "sub"  # fails for root too, unlike a chmod'ed folder
     with pytest.raises(RunDirError) as info:
-        RunLog.create(bad, "x", {})
+        RunLogSink.create(bad, "x", {})
     msg = str(info.value)
     assert "\n" not in msg
     assert msg == (
@@ -192,7 +117,7 @@ def test_unwritable_run_dir_raises_one_line_hint(tmp_path: pathlib.Path) -> None
 
 
 def test_close_is_idempotent_and_writes_after_close_fail(tmp_path: pathlib.Path) -> None:
-    log = _log(tmp_path)
+    log = make_log(tmp_path)
     log.write_steps([{"step": 0.0}])
     log.close()
     log.close()
@@ -203,7 +128,7 @@ def test_close_is_idempotent_and_writes_after_close_fail(tmp_path: pathlib.Path)
 
 
 def test_one_write_per_batch(tmp_path: pathlib.Path) -> None:
-    log = _log(tmp_path)
+    log = make_log(tmp_path)
     calls: list[bytes] = []
     real = log._files["steps"]
 
@@ -219,16 +144,11 @@ def test_one_write_per_batch(tmp_path: pathlib.Path) -> None:
     assert len(calls) == 1 and calls[0].count(b"\n") == 50
 
 
-def test_open_missing_run_says_what_to_do(tmp_path: pathlib.Path) -> None:
-    with pytest.raises(FileNotFoundError, match="no run at"):
-        open_run(tmp_path / "nope")
-
-
 _CHILD = textwrap.dedent(
     """
     import sys, time
-    from nbmonitor._runlog import RunLog
-    log = RunLog.create(sys.argv[1], "killed", {"pid": 0})
+    from nbmonitor.sinks.runlog import RunLogSink
+    log = RunLogSink.create(sys.argv[1], "killed", {})  # its own pid and host
     print(log.path, flush=True)
     step = 0
     while True:
@@ -274,15 +194,71 @@ def test_sigkilled_writer_leaves_a_readable_run(tmp_path: pathlib.Path) -> None:
     assert n >= 20
     np.testing.assert_array_equal(h["step"], np.arange(n, dtype=np.float64))
     np.testing.assert_allclose(h["loss"], 1.0 / (np.arange(n) + 1))
+    assert open_run(path).status == "killed"  # its pid is gone and it never closed
 
 
-def test_layer_rows_round_trip(tmp_path: pathlib.Path) -> None:
-    log = _log(tmp_path)
-    try:
-        log.write_layers([{"step": 10.0, "update_ratio/fc.weight": 1e-3}])
-        log.flush()
-        layers = open_run(log.path).layers()
-        assert list(layers["step"]) == [10.0]
-        assert layers["update_ratio/fc.weight"][0] == 1e-3
-    finally:
-        log.close()
+# -- the sidecar -------------------------------------------------------------------------------
+
+
+def test_chunks_cut_when_due_and_at_close(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nbmonitor.runs import sidecar
+
+    monkeypatch.setattr(sidecar, "CHUNK_VALUES", 100)
+    log = make_log(tmp_path)
+    folder = log.path / "columns" / "steps"
+    log.write_steps([{"step": float(i), "loss": 1.0} for i in range(30)])  # 60 values
+    log.flush()
+    assert not folder.exists()  # not due yet: the text alone holds them
+    log.write_steps([{"step": float(i), "loss": 1.0} for i in range(30, 60)])  # 120 values
+    log.flush()
+    assert [p.name for p in folder.iterdir()] == ["000000.npz"]
+    log.write_steps([{"step": 60.0}])
+    log.write_events([{"time": 1.0, "message": "events never go to the sidecar"}])
+    log.close()
+    assert sorted(p.name for p in folder.iterdir()) == ["000000.npz", "000001.npz"]
+    assert sorted(p.name for p in (log.path / "columns").iterdir()) == ["steps"]
+    with np.load(folder / "000000.npz") as z:
+        assert list(z["names"]) == ["step", "loss"] and z["data"].shape == (2, 60)
+        assert list(z["span"])[::2] == [0, 60]
+    np.testing.assert_array_equal(open_run(log.path).history()["step"], np.arange(61.0))
+    assert json.loads((log.path / "meta.json").read_text())["sidecar"] == "columns"
+
+
+def test_sidecar_that_cannot_be_written_is_given_up(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nbmonitor.runs import sidecar
+
+    monkeypatch.setattr(sidecar, "CHUNK_VALUES", 10)
+    log = make_log(tmp_path)
+    (log.path / "columns").write_text("a file where the folder should be")
+    log.write_steps([{"step": float(i)} for i in range(20)])
+    with pytest.raises(OSError):
+        log.flush()  # raised once: the monitor's guard counts it
+    log.write_steps([{"step": float(i)} for i in range(20, 40)])
+    log.flush()  # the text log goes on
+    log.close()
+    assert log.close_errors == []
+    np.testing.assert_array_equal(open_run(log.path).history()["step"], np.arange(40.0))
+
+
+def test_close_never_raises(tmp_path: pathlib.Path) -> None:
+    log = make_log(tmp_path)
+    log.write_steps([{"step": 0.0}])
+    for f in log._files.values():
+        f.close()  # as if the filesystem went away under it
+    log.close({"status": "closed"})
+    log.close({"status": "closed"})
+    assert log.close_errors  # kept, not raised
+    assert open_run(log.path).meta["status"] == "closed"
+
+
+def test_unknown_stream_is_refused(tmp_path: pathlib.Path) -> None:
+    from nbmonitor.sinks import Batch
+
+    log = make_log(tmp_path)
+    with pytest.raises(ValueError, match="no stream"):
+        log.write(Batch({"spans": [{"x": 1}]}))
+    log.close()

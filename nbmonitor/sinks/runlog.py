@@ -1,0 +1,230 @@
+"""The run log: the run directory written as one Sink (format in nbmonitor/runs/format.py).
+
+The store in memory is bounded and decimated; this is the full-resolution record, and the one
+that outlives the kernel. Crash safety comes from the shape of the writes, not from fsync:
+
+* each stream's rows of a tick are one ``write()`` of whole lines, and ``flush()`` (once per
+  sampler tick) hands them to the OS, so a killed *process* loses only the last interval;
+* a write cut short leaves at most one torn last line, which readers skip;
+* ``meta.json`` and each sidecar chunk are replaced atomically (temp file + ``os.replace``).
+
+A power cut can still lose what the OS had not written back; we do not fsync every tick
+because a monitor must not slow the training it watches. See docs/file-format.md.
+
+Numeric streams are also buffered as columns and cut into sidecar chunks at a flush once
+``CHUNK_VALUES`` values have gathered, and at close (nbmonitor/runs/sidecar.py): long runs
+then open without parsing their text. A sidecar that fails to write is given up for that
+stream (the error is raised once); readers then parse the JSON Lines past its last chunk.
+Sampler thread (``close`` and ``update_meta`` may come from the main thread: one lock).
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import socket
+import threading
+from collections.abc import Mapping
+from typing import IO
+
+from nbmonitor.runs.decode import to_columns
+from nbmonitor.runs.format import (
+    FILES,
+    FORMAT_VERSION,
+    META,
+    SIDECAR,
+    STREAMS,
+    RunDirError,
+    encode_lines,
+    run_stem,
+    write_json_atomic,
+)
+from nbmonitor.runs.sidecar import ChunkBuffer, write_chunk
+from nbmonitor.sinks.base import Batch, Rows
+
+
+def _error(run_dir: object, exc: OSError) -> RunDirError:
+    reason = exc.strerror or type(exc).__name__
+    return RunDirError(
+        f"nbmonitor: cannot write to run_dir '{run_dir}' ({reason}); "
+        "pass run_dir= a writable folder."
+    )
+
+
+class RunLogSink:
+    """Writer of one run directory. Use :meth:`create`."""
+
+    name = "runlog"
+
+    def __init__(self, path: pathlib.Path, meta: dict[str, object]) -> None:
+        """Open the record files of an already-made run directory for append."""
+        self._path = path
+        self._meta = meta
+        self._lock = threading.Lock()
+        self._closed = False
+        self.close_errors: list[BaseException] = []  # what close() swallowed
+        self._files: dict[str, IO[bytes]] = {}
+        try:
+            for stream, fname in FILES.items():
+                self._files[stream] = open(path / fname, "ab")  # noqa: SIM115 - closed in close()
+        except OSError:
+            for f in self._files.values():
+                f.close()
+            raise
+        self._chunks = {
+            name: ChunkBuffer(self._files[name].tell())
+            for name, s in STREAMS.items()
+            if s.sidecar and meta.get("sidecar") == SIDECAR
+        }
+
+    @classmethod
+    def create(
+        cls, run_dir: str | os.PathLike[str], name: str | None, meta: Mapping[str, object]
+    ) -> RunLogSink:
+        """Make ``run_dir/<YYYYmmdd-HHMMSS>-<name>/`` (``-2``, ``-3``... if taken), write
+        meta.json and open the record files for append.
+
+        Raises RunDirError with a one-line hint if any of that fails.
+        """
+        root = pathlib.Path(run_dir)
+        stem = run_stem(name)
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            path = root / stem
+            suffix = 1
+            while True:
+                try:
+                    path.mkdir()
+                    break
+                except FileExistsError:
+                    suffix += 1
+                    path = root / f"{stem}-{suffix}"
+            full: dict[str, object] = {"host": socket.gethostname(), "pid": os.getpid()}
+            full.update(meta)
+            full.update(format_version=FORMAT_VERSION, files=dict(FILES), sidecar=SIDECAR)
+            write_json_atomic(path / META, full)
+            return cls(path, full)
+        except OSError as exc:
+            raise _error(run_dir, exc) from None
+
+    @property
+    def path(self) -> pathlib.Path:
+        """The run directory."""
+        return self._path
+
+    @property
+    def meta(self) -> dict[str, object]:
+        """A copy of what meta.json holds."""
+        with self._lock:
+            return dict(self._meta)
+
+    # -- Sink ------------------------------------------------------------------------------
+
+    def write(self, batch: Batch) -> None:
+        """Append each stream's rows (one line each, one ``write()`` per stream)."""
+        unknown = [s for s in batch.streams if s not in self._files]
+        if unknown:
+            raise ValueError(f"nbmonitor: run log has no stream(s) {unknown}")
+        for stream, rows in batch.streams.items():
+            if rows:
+                self._append(stream, rows)
+
+    def _append(self, stream: str, rows: Rows) -> None:
+        # Encode before taking the lock and before touching the file, so a value that cannot
+        # be encoded fails the batch without leaving half of it on disk.
+        data = encode_lines(rows)
+        cols = to_columns(rows) if stream in self._chunks else None
+        with self._lock:
+            if self._closed:
+                raise ValueError(f"nbmonitor: run log {self._path} is closed")
+            try:
+                self._files[stream].write(data)
+            except BaseException:
+                self._chunks.pop(stream, None)  # bytes on disk unknown: spans would lie
+                raise
+            buf = self._chunks.get(stream)
+            if buf is not None and cols is not None:
+                buf.add(cols, len(rows), len(data))
+
+    def flush(self) -> None:
+        """Hand buffered records to the OS (once per sampler tick; no fsync, see the module
+        docstring), and cut the sidecar chunks that are due."""
+        with self._lock:
+            if self._closed:
+                return
+            for f in self._files.values():
+                f.flush()
+            for stream in [s for s, b in self._chunks.items() if b.due]:
+                self._cut(stream)
+
+    def _cut(self, stream: str) -> None:
+        """Write the buffered rows of ``stream`` as its next chunk (files already flushed)."""
+        buf = self._chunks[stream]
+        try:
+            if self._files[stream].tell() != buf.end:
+                raise RunDirError(f"nbmonitor: {stream} file and its sidecar disagree")
+            cols, rows, span = buf.take()
+            write_chunk(self._path / SIDECAR / stream, buf.seq, cols, rows, span)
+            buf.seq += 1
+        except BaseException:
+            del self._chunks[stream]  # readers parse the text past the last good chunk
+            raise
+
+    def close(self, final_meta: Mapping[str, object] | None = None) -> None:
+        """Flush, write the last sidecar chunks, close the files, then merge ``final_meta``
+        into meta.json (so a reader that sees the run closed finds all its records).
+        Idempotent; never raises (what failed is kept in ``close_errors``)."""
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                for f in self._files.values():
+                    try:
+                        f.flush()
+                    except Exception as exc:  # OSError, or ValueError on a closed file
+                        self.close_errors.append(exc)
+                for stream in [s for s, b in self._chunks.items() if b.rows]:
+                    try:
+                        self._cut(stream)
+                    except Exception as exc:
+                        self.close_errors.append(exc)
+                for f in self._files.values():
+                    try:
+                        f.close()
+                    except Exception as exc:  # keep closing the others
+                        self.close_errors.append(exc)
+        if final_meta:
+            try:
+                self.update_meta(**final_meta)
+            except Exception as exc:
+                self.close_errors.append(exc)
+
+    def update_meta(self, **fields: object) -> None:
+        """Merge ``fields`` into meta.json, rewritten atomically. Allowed after close:
+        meta.json is not one of the append-only files."""
+        with self._lock:
+            self._meta.update(fields)
+            write_json_atomic(self._path / META, self._meta)
+
+    # -- the run log's API before the Sink protocol (the monitor still calls these) ---------
+
+    def write_steps(self, rows: Rows) -> None:
+        """Append per-step rows to steps.jsonl."""
+        self.write(Batch({"steps": rows}))
+
+    def write_samples(self, rows: Rows) -> None:
+        """Append system samples to system.jsonl."""
+        self.write(Batch({"system": rows}))
+
+    def write_events(self, events: Rows) -> None:
+        """Append events (alerts, errors, lifecycle) to events.jsonl."""
+        self.write(Batch({"events": events}))
+
+    def write_layers(self, rows: Rows) -> None:
+        """Append per-layer rows (``step``, ``param_norm/<layer>``, ``update_ratio/<layer>``)."""
+        self.write(Batch({"layers": rows}))
+
+    def __repr__(self) -> str:
+        return f"RunLogSink({str(self._path)!r}{', closed' if self._closed else ''})"
+
+
+__all__ = ["RunLogSink"]

@@ -1,0 +1,172 @@
+"""Tail: new records per poll from new bytes only, torn lines, close detection, late files."""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Any
+
+import pytest
+from tests.runs.runs_helpers import make_log
+
+from nbmonitor.runs import RunDirError, RunNotFoundError, Tail, open_run, tail
+from nbmonitor.sinks import Batch
+
+
+def test_poll_returns_new_records_per_stream(tmp_path: pathlib.Path) -> None:
+    log = make_log(tmp_path)
+    t = Tail(log.path)
+    assert t.poll() == {}
+    log.write(Batch({"steps": [{"step": 0.0, "loss": 1.0}], "system": [{"time": 1.0}]}))
+    log.flush()
+    assert t.poll() == {"steps": [{"step": 0.0, "loss": 1.0}], "system": [{"time": 1.0}]}
+    assert t.poll() == {}
+    log.write_steps([{"step": 1.0, "loss": 0.5}])
+    log.write_events([{"time": 2.0, "rule": "nan", "layers": ["a"]}])
+    log.flush()
+    assert t.poll() == {
+        "steps": [{"step": 1.0, "loss": 0.5}],
+        "events": [{"time": 2.0, "rule": "nan", "layers": ["a"]}],
+    }
+    assert t.offsets["steps"] == (log.path / "steps.jsonl").stat().st_size
+    log.close()
+
+
+def test_poll_reads_only_the_new_bytes(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = make_log(tmp_path)
+    log.write_steps([{"step": float(i), "loss": 1.0 / (i + 1)} for i in range(5000)])
+    log.flush()
+    t = Tail(log.path)
+    assert len(t.poll()["steps"]) == 5000
+    before = (log.path / "steps.jsonl").stat().st_size
+    log.write_steps([{"step": float(i), "loss": 0.1} for i in range(5000, 5010)])
+    log.flush()
+    grown = (log.path / "steps.jsonl").stat().st_size - before
+
+    reads: list[tuple[int, int]] = []
+    real_open = open
+
+    class Spy:
+        def __init__(self, f: Any) -> None:
+            self.f, self.at = f, 0
+
+        def __enter__(self) -> Spy:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.f.close()
+
+        def seek(self, n: int) -> int:
+            self.at = n
+            return int(self.f.seek(n))
+
+        def read(self, n: int = -1) -> bytes:
+            data = self.f.read(n)
+            reads.append((self.at, len(data)))
+            return bytes(data)
+
+    monkeypatch.setattr(tail, "open", lambda p, mode: Spy(real_open(p, mode)), raising=False)
+    new = t.poll()["steps"]
+    assert [r["step"] for r in new] == [float(i) for i in range(5000, 5010)]
+    assert reads == [(before, grown)]  # one read, from the old end, of exactly the new bytes
+    log.close()
+
+
+def test_torn_line_waits_for_its_newline(tmp_path: pathlib.Path) -> None:
+    run = tmp_path / "r"
+    run.mkdir()
+    steps = run / "steps.jsonl"
+    t = Tail(run)
+    steps.write_bytes(b'{"step":0.0}\n{"step":1.0,"lo')
+    assert t.poll() == {"steps": [{"step": 0.0}]}
+    assert t.offsets["steps"] == len(b'{"step":0.0}\n')
+    with open(steps, "ab") as f:
+        f.write(b'ss":NaN}\n{"st')
+    (got,) = t.poll()["steps"]
+    assert got["step"] == 1.0 and got["loss"] != got["loss"]  # NaN, read exactly
+    with open(steps, "ab") as f:
+        f.write(b'ep":2.0}\n')
+    assert t.poll() == {"steps": [{"step": 2.0}]}
+
+
+def test_files_that_do_not_exist_yet(tmp_path: pathlib.Path) -> None:
+    run = tmp_path / "later"
+    t = Tail(run)  # nothing there yet: a run about to start
+    assert t.poll() == {} and not t.closed
+    run.mkdir()
+    assert t.poll() == {}
+    (run / "system.jsonl").write_bytes(b'{"time":1.0}\n')
+    assert t.poll() == {"system": [{"time": 1.0}]}
+
+
+def test_notices_the_run_closing_with_its_last_records(tmp_path: pathlib.Path) -> None:
+    log = make_log(tmp_path)
+    t = Tail(log.path)
+    log.write_steps([{"step": 0.0}])
+    log.flush()
+    t.poll()
+    assert not t.closed
+    log.write_steps([{"step": 1.0}])
+    log.close({"status": "closed", "steps": 2, "end_time": "2026-11-24T00:00:00+00:00"})
+    assert t.poll() == {"steps": [{"step": 1.0}]}  # the poll that sees it closed has the rest
+    assert t.closed and t.meta["steps"] == 2
+
+
+def test_bad_complete_line_is_skipped_and_counted(tmp_path: pathlib.Path) -> None:
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "steps.jsonl").write_bytes(b'{"step":0}\nnot json\n{"step":2}\n')
+    t = Tail(run)
+    assert t.poll() == {"steps": [{"step": 0}, {"step": 2}]}
+    assert t.bad_lines == 1
+
+
+def test_rewritten_file_raises_one_line(tmp_path: pathlib.Path) -> None:
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "steps.jsonl").write_bytes(b'{"step":0}\n{"step":1}\n')
+    t = Tail(run)
+    t.poll()
+    (run / "steps.jsonl").write_bytes(b'{"step":0}\n')
+    with pytest.raises(RunDirError, match="shrank") as info:
+        t.poll()
+    assert "\n" not in str(info.value)
+
+
+def test_run_tail_starts_where_the_read_ended(tmp_path: pathlib.Path) -> None:
+    log = make_log(tmp_path)
+    log.write_steps([{"step": float(i)} for i in range(100)])
+    log.flush()
+    run = open_run(log.path)
+    assert len(run.history()["step"]) == 100
+    t = run.tail()
+    log.write_steps([{"step": 100.0}])
+    log.write_samples([{"time": 5.0}])
+    log.flush()
+    # steps continue after the read; system (never read) starts at its beginning
+    assert t.poll() == {"steps": [{"step": 100.0}], "system": [{"time": 5.0}]}
+    log.close()
+
+
+def test_bad_arguments(tmp_path: pathlib.Path) -> None:
+    afile = tmp_path / "f"
+    afile.write_text("x")
+    with pytest.raises(RunNotFoundError, match="not a folder"):
+        Tail(afile)
+    with pytest.raises(ValueError, match="unknown stream"):
+        Tail(tmp_path, streams=["nope"])
+
+
+def test_catching_up_a_long_file_is_bounded_per_poll(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tail, "MAX_POLL_BYTES", 100)
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "steps.jsonl").write_bytes(b"".join(b'{"step":%d.0}\n' % i for i in range(50)))
+    t = Tail(run)
+    got: list[float] = []
+    for _ in range(20):
+        got += [r["step"] for r in t.poll().get("steps", [])]
+    assert got == [float(i) for i in range(50)]  # several polls, nothing lost or repeated
