@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import ipywidgets as widgets
 import numpy as np
 
 from nbmonitor._engine.frame import Series
@@ -46,15 +47,17 @@ def compare_figure(lines: Mapping[str, Series], metric: str, log: bool = False) 
             )
         )
     axes = [
-        bq.Axis(scale=x_scale, label="step", grid_lines="none"),
-        bq.Axis(scale=y_scale, orientation="vertical", label=metric, grid_lines="dashed"),
+        bq.Axis(scale=x_scale, side="bottom", label="step", tick_format="~s", grid_lines="dashed"),
+        bq.Axis(scale=y_scale, side="left", label=metric, tick_format=".3~g", grid_lines="dashed"),
     ]
-    return bq.Figure(
+    figure = bq.Figure(
         marks=marks,
         axes=axes,
         title=f"{metric} by run",
         legend_location="top-right",
         fig_margin={"top": 40, "bottom": 40, "left": 64, "right": 16},
-        layout={"height": "320px", "width": "auto"},
-        interaction=bq.interacts.PanZoom(scales={"x": [x_scale], "y": [y_scale]}),
+        animation_duration=0,
+        layout=widgets.Layout(height="320px", width="auto"),
     )
+    figure.interaction = bq.interacts.PanZoom(scales={"x": [x_scale], "y": [y_scale]})
+    return figure
