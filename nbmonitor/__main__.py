@@ -1,9 +1,24 @@
-"""Command line: ``python -m nbmonitor demo`` trains a tiny model with the monitor attached."""
+"""The nbmonitor command line.
+
+  nbmonitor demo          train a tiny model for 20 s with the monitor attached
+  nbmonitor --version     print the installed version
+
+Also runs as `python -m nbmonitor`. `nbmonitor COMMAND --help` describes each command.
+"""
 
 from __future__ import annotations
 
 import argparse
+import math
 import time
+from collections.abc import Callable
+
+from nbmonitor._version import __version__
+
+# How long the demo trains unmonitored first, to estimate its number of steps (for the
+# progress bar and the ETA): a tenth of the run, between these bounds.
+WARMUP_MIN_S = 0.2
+WARMUP_MAX_S = 1.0
 
 
 def demo(seconds: float, run_dir: str, interval: float) -> int:
@@ -20,40 +35,108 @@ def demo(seconds: float, run_dir: str, interval: float) -> int:
         torch.nn.Linear(128, 1),
     )
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=10_000)
     true_w = torch.randn(32, 1)
-    # Steps are estimated from a short warm-up so that total_steps (and the ETA) mean something.
-    estimate = max(100, int(seconds * 800))
+
+    def train_step() -> torch.Tensor:
+        x = torch.randn(64, 32)
+        y = x @ true_w + 0.1 * torch.randn(64, 1)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()  # type: ignore[no-untyped-call]
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    # The step rate differs a hundredfold between machines: a timed warm-up sets total_steps
+    # (what the progress bar and the ETA count towards); the deadline alone ends the run.
+    for _ in range(5):  # the first steps pay one-off costs (allocator, kernel selection)
+        train_step()
+    warmup_s = min(WARMUP_MAX_S, max(WARMUP_MIN_S, seconds / 10))
+    warmup_steps = 0
+    start = time.monotonic()
+    while time.monotonic() - start < warmup_s:
+        train_step()
+        warmup_steps += 1
+    per_step_s = (time.monotonic() - start) / warmup_steps
+    estimate = max(1, math.ceil(seconds / per_step_s))
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=estimate)
+
     with nbmonitor.attach(
         model, optimizer, total_steps=estimate, run_dir=run_dir, name="demo", interval=interval
     ) as mon:
         deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline and mon.step < estimate:
-            x = torch.randn(64, 32)
-            y = x @ true_w + 0.1 * torch.randn(64, 1)
-            loss = torch.nn.functional.mse_loss(model(x), y)
-            loss.backward()  # type: ignore[no-untyped-call]
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            scheduler.step()
+        while time.monotonic() < deadline:
+            loss = train_step()
+            if scheduler.last_epoch < estimate:  # past T_max the cosine would climb again
+                scheduler.step()
             mon.log(loss=loss)
     history = mon.history()
     print(
-        f"nbmonitor demo: {int(history['step'][-1])} steps, final loss "
+        f"nbmonitor demo: {int(history['step'][-1])} steps in {seconds:g} s, final loss "
         f"{history['loss'][-1]:.4f}; run written to {mon.run_dir}"
     )
     return 0
 
 
+def _positive(text: str) -> float:
+    value = float(text)
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a positive number, not {text}")
+    return value
+
+
+def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "demo",
+        help="train a tiny model on synthetic data with the monitor attached",
+        description=(
+            "Train a small MLP on synthetic regression data for a fixed time with the monitor "
+            "attached: a status line is printed every few seconds, and the run is written "
+            "to RUN_DIR (open it later with nbmonitor.open(path))."
+        ),
+    )
+    p.add_argument(
+        "--seconds",
+        type=_positive,
+        default=20.0,
+        help="how long to train, in seconds (default: %(default)g)",
+    )
+    p.add_argument(
+        "--run-dir",
+        default="runs",
+        help="directory the run is written into, as <timestamp>-demo/ (default: %(default)s)",
+    )
+    p.add_argument(
+        "--interval",
+        type=_positive,
+        default=0.5,
+        help="seconds between system samples and writes to disk (default: %(default)g)",
+    )
+    p.set_defaults(run=lambda args: demo(args.seconds, args.run_dir, args.interval))
+
+
+# One function per command: each adds its parser and sets `run` (args -> exit status).
+COMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
+    _add_demo,
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="nbmonitor",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"nbmonitor {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in COMMANDS:
+        add(sub)
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="nbmonitor", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    p_demo = sub.add_parser("demo", help="train a tiny model on synthetic data with the monitor")
-    p_demo.add_argument("--seconds", type=float, default=20.0)
-    p_demo.add_argument("--run-dir", default="runs")
-    p_demo.add_argument("--interval", type=float, default=0.5)
-    args = parser.parse_args(argv)
-    return demo(args.seconds, args.run_dir, args.interval)
+    args = build_parser().parse_args(argv)
+    status: int = args.run(args)
+    return status
 
 
 if __name__ == "__main__":

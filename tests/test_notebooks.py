@@ -14,6 +14,9 @@ nbclient = pytest.importorskip("nbclient")
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+# Set (CI's wheel stage): the kernels must import the installed nbmonitor, not this checkout.
+INSTALLED = bool(os.environ.get("NBMONITOR_TEST_INSTALLED"))
+WHERE = "import nbmonitor; print('nbmonitor from', nbmonitor.__file__)"
 
 
 @pytest.mark.slow
@@ -21,19 +24,24 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_runs(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A copy, so runs/ lands in tmp_path and the kernel imports this checkout whether or not it
-    # is installed.
+    # is installed (or, with NBMONITOR_TEST_INSTALLED, the installed package only).
     work = tmp_path / path.name
     shutil.copy(path, work)
     monkeypatch.setenv("NBMONITOR_QUICKSTART_STEPS", "200")
-    monkeypatch.setenv(
-        "PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    )
+    if not INSTALLED:
+        monkeypatch.setenv(
+            "PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        )
     monkeypatch.setenv("JUPYTER_PLATFORM_DIRS", "1")
     nb = nbformat.read(work, as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell(WHERE))
     client = nbclient.NotebookClient(
         nb, timeout=240, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
     )
     client.execute()  # raises CellExecutionError on the first failing cell
+    where = nb.cells.pop()
+    origin = Path("".join(o.get("text", "") for o in where.outputs).split("from", 1)[1].strip())
+    assert origin.is_relative_to(ROOT) != INSTALLED, f"the kernel imported {origin}"
     outputs = [out for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs]
     errors = [out for out in outputs if out.output_type == "error"]
     assert not errors, errors

@@ -23,7 +23,8 @@ def in_notebook() -> bool:
         from IPython.core.getipython import get_ipython
     except ImportError:  # pragma: no cover - IPython half-installed
         return False
-    shell = get_ipython()  # type: ignore[no-untyped-call]
+    # IPython 9 annotates get_ipython, 8 does not: the ignore must not be flagged with either.
+    shell = get_ipython()  # type: ignore[no-untyped-call, unused-ignore]
     if shell is None:
         return False
     # Colab and other hosted kernels subclass ZMQInteractiveShell; the kernel app in the config

@@ -33,6 +33,8 @@ ARTIFACTS = ROOT / "test-artifacts"
 CHROMIUM = Path(os.environ.get("NBMONITOR_CHROMIUM", "/usr/bin/chromium"))
 NOTEBOOK = "01-quickstart.ipynb"
 STEPS = 6000  # long enough to read the live dashboard twice while the loop runs
+# Set (CI's wheel stage): JupyterLab's kernels import the installed nbmonitor, not this checkout.
+INSTALLED = bool(os.environ.get("NBMONITOR_TEST_INSTALLED"))
 
 
 def _require_browser() -> Any:
@@ -85,7 +87,9 @@ def jupyter_server(tmp_path: Path, app: str = "lab") -> Iterator[tuple[str, str,
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(value)
     env["JUPYTER_PLATFORM_DIRS"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    if not INSTALLED:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    check_package(env, notebooks)
     env["NBMONITOR_QUICKSTART_STEPS"] = str(STEPS)
     # No network here: no news feed, no update check (Notebook 7 has neither).
     no_network = {
@@ -234,13 +238,24 @@ def assert_rendered_cleanly(page: Any, console_errors: list[str]) -> None:
     assert not ours, ours
 
 
-def start_browser_test(*artifacts: str) -> Any:
-    """Playwright's sync API, once the front end is known to be built and the artifacts an
-    earlier run left behind are gone."""
-    sync_api = _require_browser()
-    assert (ROOT / "nbmonitor" / "static" / "widget.js").is_file(), (
-        "front end not built: run `npm run build` in js/ (pip install -e . does it)"
+def check_package(env: dict[str, str], cwd: Path) -> None:
+    """The nbmonitor that a kernel started in `cwd` with `env` imports is this checkout (or,
+    with NBMONITOR_TEST_INSTALLED, an installed one) and carries the built front end."""
+    where = subprocess.run(
+        [sys.executable, "-c", "import nbmonitor; print(nbmonitor.__file__)"],
+        env=env, cwd=cwd, capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    package = Path(where.stdout.strip()).parent
+    assert package.is_relative_to(ROOT) != INSTALLED, f"the kernel would import {package}"
+    assert (package / "static" / "widget.js").is_file(), (
+        f"front end not built in {package}: run `npm run build` in js/ (pip install -e . does it)"
     )
+
+
+def start_browser_test(*artifacts: str) -> Any:
+    """Playwright's sync API, once the artifacts an earlier run left behind are gone (the
+    server fixture has checked that the front end is built)."""
+    sync_api = _require_browser()
     ARTIFACTS.mkdir(exist_ok=True)
     for stale in artifacts:
         (ARTIFACTS / stale).unlink(missing_ok=True)

@@ -1,0 +1,70 @@
+"""The command line: version, help a person can read, and a demo that runs as long as asked."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import nbmonitor
+from nbmonitor.__main__ import COMMANDS, build_parser
+
+
+def _cli(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "nbmonitor", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=check,
+    )
+
+
+def test_version() -> None:
+    out = _cli("--version")
+    assert out.stdout.strip() == f"nbmonitor {nbmonitor.__version__}"
+
+
+def test_help_is_plain_text_and_every_option_is_explained() -> None:
+    parser = build_parser()
+    top = parser.format_help()
+    assert "``" not in top
+    assert "demo" in top and "--version" in top
+    subparsers = parser._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    assert len(subparsers) == len(COMMANDS)
+    for name, sub in subparsers.items():
+        text = sub.format_help()
+        assert "``" not in text, name
+        for action in sub._actions:
+            if action.option_strings and action.dest != "help":
+                assert action.help, f"{name} {action.option_strings} has no help"
+
+
+def test_no_command_is_an_error() -> None:
+    out = _cli(check=False)
+    assert out.returncode == 2
+    assert "COMMAND" in out.stderr
+
+
+def test_demo_rejects_a_non_positive_duration() -> None:
+    out = _cli("demo", "--seconds", "0", check=False)
+    assert out.returncode == 2
+    assert "positive" in out.stderr
+
+
+@pytest.mark.slow
+def test_demo_runs_for_the_requested_seconds(tmp_path: Path) -> None:
+    seconds = 4.0
+    start = time.monotonic()
+    out = _cli("demo", "--seconds", str(seconds), "--run-dir", str(tmp_path), "--interval", "0.2")
+    elapsed = time.monotonic() - start
+    assert "run written to" in out.stdout
+    assert elapsed >= seconds
+    (run_dir,) = tmp_path.iterdir()
+    run = nbmonitor.open(run_dir)
+    wall = run.history()["time"]
+    # Training itself (first to last recorded step) filled the time asked for, not a step cap.
+    assert wall[-1] - wall[0] >= seconds - 0.5, (wall[0], wall[-1])
