@@ -1,6 +1,8 @@
 """The nbmonitor command line.
 
   nbmonitor demo          train a tiny model for 20 s with the monitor attached
+  nbmonitor tail RUN      follow a run another process is writing, until it closes
+  nbmonitor runs [DIR]    list the runs in a folder (default: runs)
   nbmonitor --version     print the installed version
 
 Also runs as `python -m nbmonitor`. `nbmonitor COMMAND --help` describes each command.
@@ -114,9 +116,74 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(run=lambda args: demo(args.seconds, args.run_dir, args.interval))
 
 
+def tail(run: str, interval: float) -> int:
+    """Follow a run in the terminal (the newest run when RUN is a folder of runs)."""
+    from pathlib import Path
+
+    from nbmonitor.errors import RunDirError
+    from nbmonitor.replay import follow_in_terminal
+    from nbmonitor.runs import list_runs
+
+    path = Path(run)
+    if path.is_dir() and not (path / "meta.json").exists():
+        table = list_runs(path)
+        if not len(table):
+            print(f"nbmonitor tail: no runs in {path}; pass the folder of one run.")
+            return 2
+        path = Path(str(table[0]["path"]))
+    try:
+        steps = follow_in_terminal(path, interval)
+    except RunDirError as exc:
+        print(exc)
+        return 2
+    print(f"nbmonitor tail: {path.name}: {steps} steps")
+    return 0
+
+
+def _add_tail(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "tail",
+        help="follow a run another process is writing, until it closes",
+        description=(
+            "Print a status line for a run that another process (a script, a job on a "
+            "cluster writing to a shared filesystem) is writing, reading only the new "
+            "records each time, until the run closes (Ctrl-C stops following). RUN is the "
+            "folder of one run, or a folder of runs (then its newest run)."
+        ),
+    )
+    p.add_argument("target", metavar="RUN", help="the run's folder, or a folder of runs")
+    p.add_argument(
+        "--interval",
+        type=_positive,
+        default=2.0,
+        help="seconds between reads and status lines (default: %(default)g)",
+    )
+    p.set_defaults(run=lambda args: tail(args.target, args.interval))
+
+
+def runs(folder: str) -> int:
+    from nbmonitor.runs import list_runs
+
+    print(list_runs(folder))
+    return 0
+
+
+def _add_runs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "runs",
+        help="list the runs in a folder",
+        description="List the runs in a folder, newest first: name, start, steps, status, "
+        "final loss and backend.",
+    )
+    p.add_argument("folder", nargs="?", default="runs", help="default: %(default)s")
+    p.set_defaults(run=lambda args: runs(args.folder))
+
+
 # One function per command: each adds its parser and sets `run` (args -> exit status).
 COMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
     _add_demo,
+    _add_tail,
+    _add_runs,
 ]
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import nbmonitor
-from nbmonitor.__main__ import COMMANDS, build_parser
+from nbmonitor.__main__ import COMMANDS, build_parser, main
 
 
 def _cli(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -68,3 +68,23 @@ def test_demo_runs_for_the_requested_seconds(tmp_path: Path) -> None:
     wall = run.history()["time"]
     # Training itself (first to last recorded step) filled the time asked for, not a step cap.
     assert wall[-1] - wall[0] >= seconds - 0.5, (wall[0], wall[-1])
+
+
+def test_tail_and_runs_on_a_finished_run(tmp_path, capsys) -> None:
+    import torch
+    from tests.helpers import mlp, train
+
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with nbmonitor.attach(model, opt, run_dir=tmp_path, name="cli", display=False) as mon:
+        train(model, opt, mon, 7)
+    assert main(["tail", str(tmp_path), "--interval", "0.1"]) == 0  # the newest run
+    assert capsys.readouterr().out.strip().endswith(f"{mon.run_dir.name}: 7 steps")
+    assert main(["runs", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert mon.run_dir.name in out and "closed" in out
+
+
+def test_tail_of_a_folder_without_runs_says_so(tmp_path, capsys) -> None:
+    assert main(["tail", str(tmp_path)]) == 2
+    assert "no runs in" in capsys.readouterr().out
