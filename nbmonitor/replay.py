@@ -365,20 +365,18 @@ def open(path: str | os.PathLike[str]) -> Run:
     return Run(path)
 
 
-def tail(path: str | os.PathLike[str], interval: float = 1.0, display: bool = True) -> Any:
-    """Follow a run another process is writing, in a live dashboard (a notebook) or a status
-    line every ``interval`` seconds (a terminal), until it closes. Returns the dashboard in a
-    notebook; in a terminal it blocks until the run closes (Ctrl-C stops it)."""
+def tail(path: str | os.PathLike[str], interval: float = 1.0) -> Any:
+    """Follow a run another process is writing, until it closes.
+
+    In a notebook, returns its live dashboard (leave it last in a cell, or display it), which
+    reads only the new records every ``interval`` seconds. In a terminal, prints a status line
+    every ``interval`` seconds and returns the number of steps once the run closes (as
+    ``python -m nbmonitor tail RUN`` does).
+    """
     from nbmonitor.ui.notebook import in_notebook
 
     if in_notebook():
-        run = Run(path)
-        dashboard = run.dashboard(live=True, interval=interval)
-        if display:
-            from nbmonitor.ui.notebook import show
-
-            show(dashboard)
-        return dashboard
+        return Run(path).dashboard(live=True, interval=interval)
     return follow_in_terminal(path, interval)
 
 

@@ -60,12 +60,14 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def jupyter_server(tmp_path: Path, app: str = "lab") -> Iterator[tuple[str, str, Path]]:
+def jupyter_server(
+    tmp_path: Path, app: str = "lab", notebook: str = NOTEBOOK
+) -> Iterator[tuple[str, str, Path]]:
     """`jupyter {app}` ("lab" or "notebook") on a copy of the notebook, with a random port and
     token and private Jupyter dirs; yields (base url, token, log path)."""
     notebooks = tmp_path / "notebooks"
     notebooks.mkdir()
-    shutil.copy(ROOT / "notebooks" / NOTEBOOK, notebooks / NOTEBOOK)
+    shutil.copy(ROOT / "notebooks" / notebook, notebooks / notebook)
     port, token = _free_port(), secrets.token_hex(16)
     env = dict(os.environ)
     for var, sub in (
@@ -311,6 +313,59 @@ def test_quickstart_dashboard_is_live(lab: tuple[str, Path]) -> None:
             page.screenshot(path=str(ARTIFACTS / "browser-failure.png"), full_page=True)
             (ARTIFACTS / "browser-console.log").write_text("\n".join(console_errors))
             shutil.copy(log, ARTIFACTS / "jupyter.log")
+            raise
+        finally:
+            browser.close()
+
+
+RUNS_NOTEBOOK = "03-runs.ipynb"
+
+
+@pytest.mark.timeout(420)
+def test_runs_notebook_tails_replays_and_compares(tmp_path: Path) -> None:
+    """notebooks/03-runs.ipynb: the tail dashboard updates while another process trains, then
+    the replayed dashboard and the comparison figure render."""
+    sync_api = start_browser_test("runs-failure.png", "runs-console.log", "runs-jupyter.log")
+    console_errors: list[str] = []
+    with (
+        jupyter_server(tmp_path, "lab", RUNS_NOTEBOOK) as (base, token, log),
+        sync_api.sync_playwright() as p,
+    ):
+        browser, page = open_page(p, console_errors)
+        try:
+            goto_notebook(page, f"{base}/lab/tree/{RUNS_NOTEBOOK}?token={token}")
+            select = page.locator(".jp-Dialog button.jp-mod-accept", has_text="Select")
+            with contextlib.suppress(sync_api.TimeoutError):
+                select.click(timeout=5_000)
+            page.wait_for_selector(IDLE, timeout=120_000)
+            menu(page, "Run", "Run All Cells")
+            wait_for_live_step(page)  # the tail dashboard shows the other process's steps
+            first = _step(page)
+            page.wait_for_function(
+                f"""() => {{
+                  const s = document.querySelector('.nbm-root [data-field=step]');
+                  return s && parseInt(s.textContent.replace(/,/g, '')) > {first};
+                }}""",
+                timeout=120_000,
+            )
+            # Every cell ran: the tail closed with the run, the replay and the figure are drawn.
+            page.wait_for_function(
+                "() => [...document.querySelectorAll('.bqplot.figure .mainheading')]"
+                ".some(h => h.textContent.trim() === 'loss by run')",
+                timeout=300_000,
+            )
+            page.wait_for_selector(IDLE, timeout=120_000)
+            statuses = page.locator(".nbm-root [data-field=status]").all_inner_texts()
+            assert len(statuses) == 2 and set(statuses) == {"closed"}, statuses
+            assert page.locator(".jp-OutputArea-output table").count() >= 1  # list_runs
+            body = page.locator("body").inner_text()
+            assert "Error displaying widget" not in body and "Traceback" not in body
+            ours = [e for e in console_errors if OUR_ERRORS.search(e)]
+            assert not ours, ours
+        except BaseException:
+            page.screenshot(path=str(ARTIFACTS / "runs-failure.png"), full_page=True)
+            (ARTIFACTS / "runs-console.log").write_text("\n".join(console_errors))
+            shutil.copy(log, ARTIFACTS / "runs-jupyter.log")
             raise
         finally:
             browser.close()
