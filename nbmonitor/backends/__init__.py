@@ -7,9 +7,9 @@ sampler-side packages can name the ``Backend`` protocol without them.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from nbmonitor._lazy import lazy_names
 from nbmonitor.backends.base import Backend
 
 if TYPE_CHECKING:
@@ -30,11 +30,7 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'nbmonitor.backends' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"nbmonitor.backends.{module}"), name)
+__getattr__ = lazy_names(__name__, {k: f"nbmonitor.backends.{v}" for k, v in _WHERE.items()})
 
 
 __all__ = [
