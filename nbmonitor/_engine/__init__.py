@@ -1,0 +1,1 @@
+"""SAMPLER THREAD: the engine (numpy only). See README.md beside this file."""

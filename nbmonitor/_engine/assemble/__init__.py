@@ -1,0 +1,1 @@
+"""Records to rows and per-layer statistics (sampler thread). See README.md."""
