@@ -368,8 +368,9 @@ class Monitor:
         return self._pipeline.views
 
     def add_view(self, view: View) -> None:
-        """Show this monitor's frames in ``view`` too: anything with ``publish(frame)`` and
-        ``close(frame)``, called from the sampler thread (see ``nbmonitor.ui.view.View``)."""
+        """Show this monitor's frames in ``view`` too: anything with ``publish(frame)``,
+        ``close(frame)`` and ``wants_detail``, called from the sampler thread (see
+        ``nbmonitor.ui.view.View``)."""
         pipeline = self._pipeline
         if view not in pipeline.views:
             pipeline.views = (*pipeline.views, view)

@@ -99,6 +99,8 @@ with nbmonitor.attach(model, opt, run_dir=sys.argv[1], name="writer", display=Fa
 
 
 class Spy:
+    wants_detail = True
+
     def __init__(self) -> None:
         self.frames: list[Frame] = []
         self.closed: Frame | None = None

@@ -168,9 +168,11 @@ class View(Protocol):
     Called from the sampler thread only (a replay calls it from the caller's thread); never
     raises on purpose. ``publish`` shows the newest frame; ``close`` shows the final one
     (status "closed") and releases the view's feed. Neither may call ``display()`` or
-    ``print()``. A view may set a class attribute ``wants_detail = False`` to receive frames
-    without chart series or the per-layer panel (cheaper to build).
+    ``print()``. ``wants_detail = False`` asks for frames without chart series or the
+    per-layer panel (cheaper to build), for a view that shows neither.
     """
+
+    wants_detail: bool
 
     def publish(self, frame: Frame) -> None: ...
 

@@ -248,7 +248,7 @@ class Pipeline:
             return
         self._last_publish = now
         views = self.views
-        frame = self.frame(detail=any(getattr(v, "wants_detail", True) for v in views))
+        frame = self.frame(detail=any(v.wants_detail for v in views))
         for view in views:
             view.publish(frame)
 

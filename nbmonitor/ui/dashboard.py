@@ -120,6 +120,8 @@ def _fmt(value: float | None, digits: int = 4) -> str:
 class Dashboard:
     """Live notebook view of one run. Build it, display it, then feed it Frames."""
 
+    wants_detail = True  # curves and the per-layer panel
+
     def __init__(self, run: str, backend: str, total_steps: int | None) -> None:
         self.run = run
         self.backend = backend

@@ -24,7 +24,7 @@ def test_every_view_takes_frames_and_closes(rows: int) -> None:
     steps.extend([{"step": float(i), "loss": 1.0 / (i + 1)} for i in range(1, rows + 1)])
     builder = FrameBuilder(RunInfo("run", "cpu", 10), steps, system)
     for view in views():
-        assert isinstance(getattr(view, "wants_detail", True), bool)
-        detail = getattr(view, "wants_detail", True)
+        assert isinstance(view.wants_detail, bool)
+        detail = view.wants_detail
         view.publish(builder.build(FrameState("running", rows, 1.0), detail=detail))
         view.close(builder.build(FrameState("closed", rows, 2.0), detail=detail))
