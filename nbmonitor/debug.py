@@ -11,16 +11,11 @@ from __future__ import annotations
 
 import html
 import importlib
-import time as _time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-
-from nbmonitor.health import alert as subjects
-from nbmonitor.health.alert import Alert
-from nbmonitor.health.wording import MAX_NAMED, name_list
 
 # A model is summarised as "frozen base + trainable adapter" when it has frozen parameters and
 # fewer than this fraction of its parameters are trainable (LoRA, prefix tuning, a new head).
@@ -373,132 +368,7 @@ def _optimizer_bytes(
 # -- static checks -------------------------------------------------------------------------------
 
 
-def check_setup(
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer | None,
-    step: int = 0,
-    time: float | None = None,
-) -> list[Alert]:
-    """Training bugs visible before the first step, as alerts naming the parameters.
-
-    Rules: ``params_not_in_optimizer``, ``frozen_params_in_optimizer``, ``lr_zero`` and
-    ``duplicate_params``. Parameter names are model.named_parameters() names.
-    """
-    if optimizer is None:
-        return []
-    when = _time.time() if time is None else time
-    names = {id(p): n for n, p in model.named_parameters()}
-    params_in_groups: list[list[torch.Tensor]] = [list(g["params"]) for g in optimizer.param_groups]
-
-    def name_of(p: torch.Tensor, group: int, index: int) -> str:
-        return names.get(id(p), f"param_groups[{group}][{index}]")
-
-    alerts: list[Alert] = []
-    in_optimizer = {id(p) for params in params_in_groups for p in params}
-
-    missing = [
-        n for n, p in model.named_parameters() if p.requires_grad and id(p) not in in_optimizer
-    ]
-    if missing:
-        alerts.append(
-            Alert(
-                "params_not_in_optimizer",
-                "warning",
-                f"{len(missing)} trainable parameter(s) are not in the optimizer and will never "
-                f"be updated: {name_list(missing)}. Build the optimizer from model.parameters() "
-                "after adding every module (or add a param group for them).",
-                step,
-                when,
-                tuple(missing),
-                subject=subjects.SETUP,
-            )
-        )
-
-    frozen: list[str] = []
-    places: dict[int, list[int]] = {}
-    first_name: dict[int, str] = {}
-    for g, params in enumerate(params_in_groups):
-        for i, p in enumerate(params):
-            key = id(p)
-            if key not in places and not p.requires_grad:
-                frozen.append(name_of(p, g, i))
-            places.setdefault(key, []).append(g)
-            first_name.setdefault(key, name_of(p, g, i))
-    if frozen:
-        alerts.append(
-            Alert(
-                "frozen_params_in_optimizer",
-                "warning",
-                f"{len(frozen)} frozen parameter(s) (requires_grad=False) are in the optimizer: "
-                f"{name_list(frozen)}. They get no gradient so they do not train; if they should, "
-                "set requires_grad=True, otherwise leave them out of the optimizer.",
-                step,
-                when,
-                tuple(frozen),
-                subject=subjects.SETUP,
-            )
-        )
-
-    for g, group in enumerate(optimizer.param_groups):
-        lr = group.get("lr")
-        if isinstance(lr, torch.Tensor):
-            lr = float(lr.detach().cpu()) if lr.numel() == 1 else None
-        # A scheduler in warmup (or at the end of a decay to 0) has lr == 0 on purpose; it
-        # records the group's real learning rate as initial_lr.
-        initial = group.get("initial_lr")
-        if isinstance(initial, torch.Tensor):
-            initial = float(initial.detach().cpu()) if initial.numel() == 1 else None
-        scheduled = isinstance(initial, (int, float)) and initial > 0
-        if isinstance(lr, (int, float)) and lr == 0 and not scheduled:
-            group_names = [name_of(p, g, i) for i, p in enumerate(params_in_groups[g])]
-            alerts.append(
-                Alert(
-                    "lr_zero",
-                    "warning",
-                    f"Param group {g} has learning rate 0, so its parameters never change: "
-                    f"{name_list(group_names)}. Set its lr (or freeze them deliberately with "
-                    "requires_grad=False).",
-                    step,
-                    when,
-                    tuple(group_names),
-                    subject=subjects.SETUP,
-                )
-            )
-
-    duplicated = [key for key, groups in places.items() if len(groups) > 1]
-    if duplicated:
-        dup_names = [first_name[key] for key in duplicated]
-        where = "; ".join(
-            f"{first_name[key]} {_placement(places[key])}" for key in duplicated[:MAX_NAMED]
-        )
-        if len(duplicated) > MAX_NAMED:
-            where += f"; and {len(duplicated) - MAX_NAMED} more"
-        alerts.append(
-            Alert(
-                "duplicate_params",
-                "error",
-                f"{len(duplicated)} parameter(s) appear more than once in the optimizer "
-                f"({where}): they are updated twice per step. Keep each parameter in exactly "
-                "one param group.",
-                step,
-                when,
-                tuple(dup_names),
-                subject=subjects.SETUP,
-            )
-        )
-    return alerts
-
-
-def _placement(groups: list[int]) -> str:
-    """'in groups 0 and 1', or 'twice in group 0'."""
-    distinct = sorted(set(groups))
-    if len(distinct) == 1:
-        return f"{len(groups)} times in group {distinct[0]}"
-    return "in groups " + ", ".join(map(str, distinct[:-1])) + f" and {distinct[-1]}"
-
-
 __all__ = [
     "ModelSummary",
-    "check_setup",
     "summary",
 ]

@@ -31,7 +31,7 @@ from nbmonitor._engine.pipeline import Pipeline, PipelineParts
 from nbmonitor._engine.published import history
 from nbmonitor._engine.sampler import SamplerThread
 from nbmonitor._parts import layer_stats, run_meta
-from nbmonitor.debug import check_setup
+from nbmonitor._setup_check import check_setup
 from nbmonitor.errors import ErrorLog
 from nbmonitor.health import Alert, Health, HealthInput, non_finite_gradients
 from nbmonitor.options import AttachOptions, Options, check_model

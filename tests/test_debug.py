@@ -11,7 +11,8 @@ import torch
 
 from nbmonitor._engine.assemble.flow_alerts import first_non_finite, grads_never_arrived
 from nbmonitor._engine.frame import Alert
-from nbmonitor.debug import ModelSummary, check_setup, summary
+from nbmonitor._setup_check import check_setup
+from nbmonitor.debug import ModelSummary, summary
 
 
 class Net(torch.nn.Module):

@@ -14,32 +14,15 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from nbmonitor._clock_events import THROTTLE_REASONS, THROTTLING_MASK, decode_throttle
 from nbmonitor.backends import _nvml
+from nbmonitor.backends._nvml_queries import GPU_FIELDS, PCIE_FIELDS, Gpu, Query, queries
 from nbmonitor.backends.cpu import CPU_KEYS, CpuBackend
 
-GPU_FIELDS = (
-    "util_percent",
-    "mem_util_percent",
-    "mem_used_bytes",
-    "mem_total_bytes",
-    "temperature_c",
-    "power_w",
-    "power_limit_w",
-    "energy_j",
-    "sm_clock_mhz",
-    "mem_clock_mhz",
-    "fan_percent",
-    "throttle_mask",
-    "process_mem_bytes",
-)
-PCIE_FIELDS = ("pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s")
 ALLOCATOR_KEYS = (
     "cuda_allocated_bytes",
     "cuda_reserved_bytes",
@@ -54,181 +37,6 @@ _ALLOCATOR_SOURCES = {
     "cuda_alloc_retries": "num_alloc_retries",
     "cuda_ooms": "num_ooms",
 }
-
-Reader = Callable[[Any], tuple[float, ...]]
-
-
-@dataclass(frozen=True)
-class _Query:
-    """One NVML call and the fields it fills; ``variants`` newest API first."""
-
-    name: str
-    fields: tuple[str, ...]
-    variants: tuple[Reader, ...]
-
-
-@dataclass
-class _Gpu:
-    index: int  # torch index, the i in gpu{i}_
-    handle: Any = None
-    lost: bool = False
-    disabled: set[str] = field(default_factory=set)  # queries that said NotSupported
-    variant: dict[str, int] = field(default_factory=dict)  # which variant works on this driver
-    energy_base_mj: float | None = None
-    failed: set[str] = field(default_factory=set)  # queries already noted as failing
-
-
-def _queries(nvml: Any, pid: int, pcie: bool) -> list[_Query]:
-    """The calls made per GPU per sample, with older fallbacks only where a call was renamed."""
-
-    def have(*names: str) -> bool:
-        return all(hasattr(nvml, n) for n in names)
-
-    def utilization(h: Any) -> tuple[float, ...]:
-        rates = nvml.nvmlDeviceGetUtilizationRates(h)
-        return float(rates.gpu), float(rates.memory)
-
-    def memory_v2(h: Any) -> tuple[float, ...]:
-        # v2 reports "used" without the driver's reserved memory, matching nvidia-smi.
-        info = nvml.nvmlDeviceGetMemoryInfo(h, version=nvml.nvmlMemory_v2)
-        return float(info.used), float(info.total)
-
-    def memory_v1(h: Any) -> tuple[float, ...]:
-        info = nvml.nvmlDeviceGetMemoryInfo(h)
-        return float(info.used), float(info.total)
-
-    def temperature_v(h: Any) -> tuple[float, ...]:
-        return (float(nvml.nvmlDeviceGetTemperatureV(h, nvml.NVML_TEMPERATURE_GPU)),)
-
-    def temperature(h: Any) -> tuple[float, ...]:
-        return (float(nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU)),)
-
-    def processes(h: Any) -> tuple[float, ...]:
-        # NaN rather than 0 when our PID is absent: in a container NVML lists host PIDs, so
-        # absence does not prove we use no memory there.
-        used = [
-            p.usedGpuMemory for p in nvml.nvmlDeviceGetComputeRunningProcesses(h) if p.pid == pid
-        ]
-        if not used or any(u is None for u in used):  # None: not reported (Windows WDDM)
-            return (math.nan,)
-        return (float(sum(used)),)
-
-    def one(fn_name: str, scale: float = 1.0, *args_names: str) -> Reader:
-        def read(h: Any) -> tuple[float, ...]:
-            args = [getattr(nvml, a) for a in args_names]
-            return (float(getattr(nvml, fn_name)(h, *args)) * scale,)
-
-        return read
-
-    def pick(*candidates: tuple[bool, Reader]) -> tuple[Reader, ...]:
-        return tuple(reader for ok, reader in candidates if ok)
-
-    event = "nvmlDeviceGetCurrentClocksEventReasons"
-    throttle = "nvmlDeviceGetCurrentClocksThrottleReasons"  # deprecated name, drivers < 535
-    out = [
-        _Query(
-            "utilization",
-            ("util_percent", "mem_util_percent"),
-            pick((have("nvmlDeviceGetUtilizationRates"), utilization)),
-        ),
-        _Query(
-            "memory",
-            ("mem_used_bytes", "mem_total_bytes"),
-            pick(
-                (have("nvmlDeviceGetMemoryInfo", "nvmlMemory_v2"), memory_v2),
-                (have("nvmlDeviceGetMemoryInfo"), memory_v1),
-            ),
-        ),
-        _Query(
-            "temperature",
-            ("temperature_c",),
-            pick(
-                (have("nvmlDeviceGetTemperatureV", "NVML_TEMPERATURE_GPU"), temperature_v),
-                (have("nvmlDeviceGetTemperature", "NVML_TEMPERATURE_GPU"), temperature),
-            ),
-        ),
-        # NVML reports milliwatts; on Ampere and later this is a one-second average.
-        _Query(
-            "power",
-            ("power_w",),
-            pick((have("nvmlDeviceGetPowerUsage"), one("nvmlDeviceGetPowerUsage", 1e-3))),
-        ),
-        _Query(
-            "power_limit",
-            ("power_limit_w",),
-            pick(
-                (
-                    have("nvmlDeviceGetEnforcedPowerLimit"),
-                    one("nvmlDeviceGetEnforcedPowerLimit", 1e-3),
-                )
-            ),
-        ),
-        # Raw millijoules since driver load; made relative to the first reading in sample().
-        _Query(
-            "energy",
-            ("energy_j",),
-            pick(
-                (
-                    have("nvmlDeviceGetTotalEnergyConsumption"),
-                    one("nvmlDeviceGetTotalEnergyConsumption"),
-                )
-            ),
-        ),
-        _Query(
-            "sm_clock",
-            ("sm_clock_mhz",),
-            pick(
-                (
-                    have("nvmlDeviceGetClockInfo", "NVML_CLOCK_SM"),
-                    one("nvmlDeviceGetClockInfo", 1.0, "NVML_CLOCK_SM"),
-                )
-            ),
-        ),
-        _Query(
-            "mem_clock",
-            ("mem_clock_mhz",),
-            pick(
-                (
-                    have("nvmlDeviceGetClockInfo", "NVML_CLOCK_MEM"),
-                    one("nvmlDeviceGetClockInfo", 1.0, "NVML_CLOCK_MEM"),
-                )
-            ),
-        ),
-        _Query(
-            "fan",
-            ("fan_percent",),
-            pick((have("nvmlDeviceGetFanSpeed"), one("nvmlDeviceGetFanSpeed"))),
-        ),
-        _Query(
-            "throttle",
-            ("throttle_mask",),
-            pick((have(event), one(event)), (have(throttle), one(throttle))),
-        ),
-        _Query(
-            "processes",
-            ("process_mem_bytes",),
-            pick((have("nvmlDeviceGetComputeRunningProcesses"), processes)),
-        ),
-    ]
-    if pcie:
-        # Blocks about 20 ms per counter inside the driver: opt-in only. NVML gives KB/s.
-        for direction, counter in (
-            ("tx", "NVML_PCIE_UTIL_TX_BYTES"),
-            ("rx", "NVML_PCIE_UTIL_RX_BYTES"),
-        ):
-            out.append(
-                _Query(
-                    f"pcie_{direction}",
-                    (f"pcie_{direction}_bytes_per_s",),
-                    pick(
-                        (
-                            have("nvmlDeviceGetPcieThroughput", counter),
-                            one("nvmlDeviceGetPcieThroughput", 1024.0, counter),
-                        )
-                    ),
-                )
-            )
-    return out
 
 
 class _GpuLost(Exception):
@@ -280,8 +88,8 @@ class CudaBackend:
         # "pending" until the first sample; then "ready", "off" (no NVML) or "closed".
         self._state = "pending" if use_nvml else "off"
         self._nvml: Any = None
-        self._gpus: list[_Gpu] = []
-        self._queries: list[_Query] = []
+        self._gpus: list[Gpu] = []
+        self._queries: list[Query] = []
         self._latency_ns: dict[str, list[int]] = {}  # name -> [total ns, calls]
         self._allocator_noted = False
 
@@ -390,9 +198,9 @@ class CudaBackend:
             return
         self._time("nvml_init", start)
         self._nvml = nvml
-        self._queries = _queries(nvml, os.getpid(), self.pcie)
+        self._queries = queries(nvml, os.getpid(), self.pcie)
         for i in range(self.gpu_count):
-            gpu = _Gpu(index=i)
+            gpu = Gpu(index=i)
             try:
                 gpu.handle, how = _nvml.handle_for(nvml, i, self._torch_uuid(i))
             except nvml.NVMLError as exc:
@@ -412,7 +220,7 @@ class CudaBackend:
             return None  # older torch: fall back to parsing CUDA_VISIBLE_DEVICES
         return str(uuid) or None
 
-    def _sample_gpu(self, gpu: _Gpu) -> dict[str, float]:
+    def _sample_gpu(self, gpu: Gpu) -> dict[str, float]:
         keys = self._gpu_keys[gpu.index]
         out: dict[str, float] = {}
         if gpu.lost:
@@ -437,7 +245,7 @@ class CudaBackend:
             return {}
         return out
 
-    def _read(self, gpu: _Gpu, query: _Query) -> tuple[float, ...] | None:
+    def _read(self, gpu: Gpu, query: Query) -> tuple[float, ...] | None:
         nvml = self._nvml
         while True:
             index = gpu.variant.get(query.name, 0)
