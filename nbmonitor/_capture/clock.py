@@ -205,51 +205,44 @@ class StepClock:
             self._guards["backward"].failed(exc)
         return None
 
-    def _backward_end(self) -> None:
-        self._backward_queued = False
-        guard = self._guards["backward"]
+    def _guarded(self, hook: str, work: Callable[[], None]) -> None:
+        """Run a hook's ``work`` behind that hook's guard: a failure drops the step's pending
+        norms and is counted; ``NonFiniteError`` (``on_nan="raise"``) reaches the loop."""
+        guard = self._guards[hook]
         if not guard.on:
             return
         try:
-            self._call(self._at["pre_step"], "pre_step")
-            self._end_step()
+            work()
             if guard.in_a_row:
                 guard.ok()
         except NonFiniteError:
             self.ctx.norms = NO_NORMS
             raise
         except Exception as exc:
+            self.ctx.norms = NO_NORMS
             guard.failed(exc)
+
+    def _backward_end(self) -> None:
+        self._backward_queued = False
+        self._guarded("backward", self._end_backward_step)
+
+    def _end_backward_step(self) -> None:
+        self._call(self._at["pre_step"], "pre_step")
+        self._end_step()
 
     def _step_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        guard = self._guards["optimizer_pre_step"]
-        if not guard.on:
-            return None
-        try:
-            self._call(self._at["pre_step"], "pre_step")
-            if guard.in_a_row:
-                guard.ok()
-        except NonFiniteError:
-            self.ctx.norms = NO_NORMS
-            raise
-        except Exception as exc:
-            self.ctx.norms = NO_NORMS
-            guard.failed(exc)
-        return None
+        self._guarded("optimizer_pre_step", self._pre_step)
+
+    def _pre_step(self) -> None:
+        self._call(self._at["pre_step"], "pre_step")
 
     def _step_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        guard = self._guards["optimizer_post_step"]
-        if not guard.on:
-            return None
-        try:
-            if self._at["post_step"]:
-                self._call(self._at["post_step"], "post_step")
-            self._end_step()
-            if guard.in_a_row:
-                guard.ok()
-        except Exception as exc:
-            guard.failed(exc)
-        return None
+        self._guarded("optimizer_post_step", self._post_step)
+
+    def _post_step(self) -> None:
+        if self._at["post_step"]:
+            self._call(self._at["post_step"], "post_step")
+        self._end_step()
 
     # -- the end of a step ----------------------------------------------------------------------
 
