@@ -200,6 +200,26 @@ def menu(page: Any, top: str, item: str) -> None:
     page.locator(".lm-Menu-itemLabel", has_text=re.compile(rf"^{item}$")).click()
 
 
+_STARTED_JS = """() => [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')]
+  .some(p => /\\[(\\*|\\d+)\\]/.test(p.textContent))"""
+
+
+def run_all(page: Any, attempts: int = 3) -> None:
+    """Run All Cells, and make sure a cell started: a front end still initialising (Notebook 7
+    once raised "reading 'schema'" there) can drop the command; then reload and try again."""
+    for attempt in range(attempts):
+        menu(page, "Run", "Run All Cells")
+        try:
+            page.wait_for_function(_STARTED_JS, timeout=20_000)
+            return
+        except Exception:
+            if attempt == attempts - 1:
+                raise
+            page.reload(wait_until="domcontentloaded")
+            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
+            page.wait_for_selector(IDLE, timeout=120_000)
+
+
 def wait_for_live_step(page: Any) -> None:
     """The dashboard is on the page and its step counter has left 0."""
     page.wait_for_selector(".nbm-root", timeout=120_000)
@@ -278,7 +298,7 @@ def test_quickstart_dashboard_is_live(lab: tuple[str, Path]) -> None:
             with contextlib.suppress(sync_api.TimeoutError):
                 select.click(timeout=5_000)
             page.wait_for_selector(IDLE, timeout=120_000)
-            menu(page, "Run", "Run All Cells")
+            run_all(page)
             wait_for_live_step(page)
             # The loss curve has drawn a few points (the first frames may precede any step).
             page.wait_for_function(
@@ -338,7 +358,7 @@ def test_runs_notebook_tails_replays_and_compares(tmp_path: Path) -> None:
             with contextlib.suppress(sync_api.TimeoutError):
                 select.click(timeout=5_000)
             page.wait_for_selector(IDLE, timeout=120_000)
-            menu(page, "Run", "Run All Cells")
+            run_all(page)
             wait_for_live_step(page)  # the tail dashboard shows the other process's steps
             first = _step(page)
             page.wait_for_function(

@@ -27,8 +27,8 @@ from tests.ui.test_browser import (
     goto_notebook,
     interrupt_and_close,
     jupyter_server,
-    menu,
     open_page,
+    run_all,
     start_browser_test,
     wait_for_live_step,
 )
@@ -59,7 +59,7 @@ def test_quickstart_dashboard_is_live_in_notebook7(notebook7: tuple[str, Path]) 
         try:
             goto_notebook(page, url)
             page.wait_for_selector(IDLE, timeout=120_000)
-            menu(page, "Run", "Run All Cells")
+            run_all(page)
             wait_for_live_step(page)
             step1 = _step(page)
             page.wait_for_timeout(2_500)
