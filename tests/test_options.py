@@ -1,0 +1,56 @@
+"""The attach options are declared once: the typed keywords (AttachOptions) and the resolved
+values with defaults (Options) name the same options with the same types, and every bad value
+gets a one-line error at the call."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+import pytest
+
+from nbmonitor.health import Thresholds
+from nbmonitor.options import AttachOptions, Options
+
+
+def test_typed_keywords_and_resolved_options_are_the_same_set() -> None:
+    hints = typing.get_type_hints(AttachOptions)
+    fields = {f.name: f for f in dataclasses.fields(Options)}
+    assert list(hints) == list(fields)
+    resolved = typing.get_type_hints(Options)
+    for name, hint in hints.items():
+        if name == "thresholds":  # a dict of fields is accepted, and resolved to Thresholds
+            assert resolved[name] is Thresholds
+            continue
+        assert resolved[name] == hint, name
+    # every option is documented where it is declared
+    assert all(f"{name}:" in (AttachOptions.__doc__ or "") for name in hints)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "text"),
+    [
+        ({"interval": 0}, ValueError, "interval must be a number of seconds > 0"),
+        ({"total_steps": -1}, ValueError, "total_steps must be a positive int"),
+        ({"name": 3}, TypeError, "name must be a str or None"),
+        ({"backend": "tpu"}, ValueError, "unknown backend 'tpu'"),
+        ({"layer_every": -1}, ValueError, "layer_every must be an int >= 0"),
+        ({"layer_group": "block"}, ValueError, "layer_group must be 'param' or 'module'"),
+        ({"on_nan": "ignore"}, ValueError, "on_nan must be 'warn' or 'raise'"),
+        ({"thresholds": {"nope": 1.0}}, ValueError, "unknown threshold"),
+        ({"thresholds": 3}, TypeError, "thresholds must be a dict"),
+        ({"intervl": 1.0}, TypeError, "did you mean 'interval'"),
+    ],
+)
+def test_bad_options_get_one_line_errors(kwargs: dict[str, object], error: type, text: str) -> None:
+    with pytest.raises(error, match=text) as info:
+        Options.from_kwargs(kwargs)
+    assert "\n" not in str(info.value)
+
+
+def test_defaults() -> None:
+    options = Options.from_kwargs({})
+    assert options == Options()
+    assert options.interval == 0.5 and options.layer_every == 100 and options.display is True
+    meta = options.as_meta()
+    assert meta["run_dir"] == "runs" and isinstance(meta["thresholds"], dict)
