@@ -66,9 +66,12 @@ class StepClock:
             )
         }
         self._log_guard = Guard("log", errors)
-        self._at: dict[str, tuple[Probe, ...]] = {
-            event: tuple(p for p in self.probes if event in p.events())
-            for event in ("forward_pre", "forward", "pre_step", "post_step")
+        # Per moment, the (guard, bound method) of each probe that acts then, in order.
+        self._at: dict[str, tuple[tuple[Guard, Callable[..., None]], ...]] = {
+            "forward_pre": self._calls("forward_pre", lambda p: p.forward_pre),
+            "forward": self._calls("forward", lambda p: p.forward),
+            "pre_step": self._calls("pre_step", lambda p: p.pre_step),
+            "post_step": self._calls("post_step", lambda p: p.post_step),
         }
         self._samples = 0
         self._step_start: float | None = None
@@ -130,14 +133,18 @@ class StepClock:
 
     # -- probes -------------------------------------------------------------------------------
 
-    def _call(self, probes: tuple[Probe, ...], event: str, *args: Any) -> None:
+    def _calls(
+        self, event: str, method: Callable[[Probe], Callable[..., None]]
+    ) -> tuple[tuple[Guard, Callable[..., None]], ...]:
+        return tuple((p.guard, method(p)) for p in self.probes if event in p.events())
+
+    def _call(self, calls: tuple[tuple[Guard, Callable[..., None]], ...], *args: Any) -> None:
         ctx = self.ctx
-        for probe in probes:
-            guard = probe.guard
+        for guard, call in calls:
             if not guard.on:
                 continue
             try:
-                getattr(probe, event)(ctx, *args)
+                call(ctx, *args)
             except NonFiniteError:
                 raise
             except Exception as exc:
@@ -156,7 +163,7 @@ class StepClock:
             if self._step_start is None:
                 self._step_start = self._clock()
             if self._at["forward_pre"] and self.ctx.micro == 0:
-                self._call(self._at["forward_pre"], "forward_pre")
+                self._call(self._at["forward_pre"])
         except Exception as exc:
             guard.failed(exc)
         return None
@@ -177,7 +184,7 @@ class StepClock:
             ctx.micro += 1
             self._samples += batch_size(args, kwargs)
             if self._at["forward"]:
-                self._call(self._at["forward"], "forward", output)
+                self._call(self._at["forward"], output)
             if self.optimizer is None:
                 loss = output_loss(output)
                 self._watch_backward(loss if loss is not None else first_tensor(output))
@@ -227,21 +234,21 @@ class StepClock:
         self._guarded("backward", self._end_backward_step)
 
     def _end_backward_step(self) -> None:
-        self._call(self._at["pre_step"], "pre_step")
+        self._call(self._at["pre_step"])
         self._end_step()
 
     def _step_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._guarded("optimizer_pre_step", self._pre_step)
 
     def _pre_step(self) -> None:
-        self._call(self._at["pre_step"], "pre_step")
+        self._call(self._at["pre_step"])
 
     def _step_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._guarded("optimizer_post_step", self._post_step)
 
     def _post_step(self) -> None:
         if self._at["post_step"]:
-            self._call(self._at["post_step"], "post_step")
+            self._call(self._at["post_step"])
         self._end_step()
 
     # -- the end of a step ----------------------------------------------------------------------

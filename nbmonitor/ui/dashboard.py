@@ -208,7 +208,7 @@ class Dashboard:
             self._closed = True
         self._refresh_displays()
 
-    def _on_displayed(self, handle: Any) -> None:
+    def on_displayed(self, handle: Any) -> None:
         """Called by ``nbmonitor.ui.show`` with the display handle of the output it created."""
         self._handles.append(handle)
 

@@ -6,8 +6,10 @@ Kept free of widget libraries so the engine can ask ``in_notebook()`` cheaply in
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
-from nbmonitor.ui.view import View
+if TYPE_CHECKING:
+    from nbmonitor.ui.dashboard import Dashboard
 
 
 def in_notebook() -> bool:
@@ -35,16 +37,15 @@ def in_notebook() -> bool:
     return bool(config is not None and "IPKernelApp" in config)
 
 
-def show(view: View) -> None:
-    """Display ``view`` in the current cell's output. Main thread only (the kernel's rule).
+def show(dashboard: Dashboard) -> None:
+    """Display ``dashboard`` in the current cell's output. Main thread only (the kernel's rule).
 
-    The output gets a display id, handed to the view if it wants it (``_on_displayed``), so the
-    view can refresh its static fallback in place when the run closes: a saved or nbconvert'ed
-    notebook then shows the final numbers rather than those at attach time.
+    The output gets a display id, handed to the dashboard (``on_displayed``), so that it can
+    refresh its static fallback in place when the run closes: a saved or nbconvert'ed notebook
+    then shows the final numbers rather than those at attach time.
     """
     from IPython.display import display
 
-    handle = display(view, display_id=True)  # type: ignore[no-untyped-call]
-    on_displayed = getattr(view, "_on_displayed", None)
-    if handle is not None and callable(on_displayed):
-        on_displayed(handle)
+    handle = display(dashboard, display_id=True)  # type: ignore[no-untyped-call]
+    if handle is not None:
+        dashboard.on_displayed(handle)
