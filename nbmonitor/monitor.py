@@ -10,6 +10,7 @@ published.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import datetime as _dt
 import threading
 import time
@@ -99,6 +100,8 @@ class Monitor:
         layers = layer_stats(capture.params, capture.param_names, optimizer, opts.layer_group)
         run_name = opts.name or type(model).__name__
         meta = run_meta(model, optimizer, opts, self.backend, self._start)
+        # The tracked parameters, so that a replay's layer table says what each layer is.
+        meta["params"] = [dataclasses.asdict(p) for p in layers.params]
         self._runlog = RunLogSink.create(opts.run_dir, run_name, meta)
         self.name = self._runlog.path.name
         update = capture.update_ratio

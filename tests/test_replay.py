@@ -153,3 +153,17 @@ def test_compare_overlays_runs_and_lists_them(tmp_path):
 def test_follow_rejects_a_bad_interval(tmp_path):
     with pytest.raises(ValueError, match="interval must be > 0"):
         Follow(tmp_path, [], interval=0)
+
+
+def test_the_replayed_layer_table_says_what_each_layer_is(tmp_path):
+    live, path = finished_run(tmp_path)
+    replayed = nbmonitor.open(path).frame()
+    assert replayed.layers is not None and live.layers is not None
+    live_rows = {r["name"]: r for r in live.layers.table}
+    for row in replayed.layers.table:
+        expected = live_rows[str(row["name"])]
+        for key in ("shape", "numel", "dtype", "device", "in_optimizer"):
+            assert row[key] == expected[key], (row["name"], key)
+        # the run log keeps each layer's largest norm since its previous row (spikes survive),
+        # so the table shows that rather than the very last step's
+        assert row["grad_norm"] >= expected["grad_norm"] * (1 - 1e-9)

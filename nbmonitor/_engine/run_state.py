@@ -123,7 +123,7 @@ class RunState:
         if self._layers is None:
             if not names:
                 return
-            infos = [ParamInfo(n, (), 0, "", "", True, True) for n in dict.fromkeys(names)]
+            infos = [self._layer_info(n) for n in dict.fromkeys(names)]
             self._layers = LayerStats(infos, group_by="param")
         layers = self._layers
         known = {n: i for i, n in enumerate(layers.names)}
@@ -152,6 +152,35 @@ class RunState:
                     finite = column[~np.isnan(column)]
                     if finite.size:
                         target[i] = finite[-1]
+
+    def _layer_info(self, layer: str) -> ParamInfo:
+        """What meta.json says of the parameters of ``layer`` (a parameter, or a module when
+        the run grouped by module), as one row of the layer table."""
+        params = self.meta.get("params")
+        attach = self.meta.get("attach")
+        by_module = isinstance(attach, Mapping) and attach.get("layer_group") == "module"
+        members: list[Mapping[str, Any]] = []
+        if isinstance(params, list):
+            for p in params:
+                if not isinstance(p, Mapping):
+                    continue
+                name = str(p.get("name", ""))
+                owner = (name.rsplit(".", 1)[0] if "." in name else "(root)") if by_module else name
+                if owner == layer:
+                    members.append(p)
+        if not members:  # a run written before meta.json listed its parameters
+            return ParamInfo(layer, (), 0, "?", "?", True, True)
+        first = members[0]
+        shape = tuple(first.get("shape") or ()) if len(members) == 1 else ()
+        return ParamInfo(
+            layer,
+            tuple(int(d) for d in shape),
+            sum(int(p.get("numel", 0)) for p in members),
+            str(first.get("dtype", "?")),
+            str(first.get("device", "?")),
+            any(bool(p.get("requires_grad", True)) for p in members),
+            all(bool(p.get("in_optimizer", True)) for p in members),
+        )
 
     # -- output --------------------------------------------------------------------------------
 

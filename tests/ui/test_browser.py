@@ -345,7 +345,9 @@ RUNS_NOTEBOOK = "03-runs.ipynb"
 def test_runs_notebook_tails_replays_and_compares(tmp_path: Path) -> None:
     """notebooks/03-runs.ipynb: the tail dashboard updates while another process trains, then
     the replayed dashboard and the comparison figure render."""
-    sync_api = start_browser_test("runs-failure.png", "runs-console.log", "runs-jupyter.log")
+    sync_api = start_browser_test(
+        "runs.png", "runs-end.png", "runs-failure.png", "runs-console.log", "runs-jupyter.log"
+    )
     console_errors: list[str] = []
     with (
         jupyter_server(tmp_path, "lab", RUNS_NOTEBOOK) as (base, token, log),
@@ -382,6 +384,11 @@ def test_runs_notebook_tails_replays_and_compares(tmp_path: Path) -> None:
             assert "Error displaying widget" not in body and "Traceback" not in body
             ours = [e for e in console_errors if OUR_ERRORS.search(e)]
             assert not ours, ours
+            page.screenshot(path=str(ARTIFACTS / "runs.png"), full_page=True)
+            last = page.locator(".jp-OutputArea-output").last
+            last.scroll_into_view_if_needed()
+            page.wait_for_timeout(500)
+            page.screenshot(path=str(ARTIFACTS / "runs-end.png"))
         except BaseException:
             page.screenshot(path=str(ARTIFACTS / "runs-failure.png"), full_page=True)
             (ARTIFACTS / "runs-console.log").write_text("\n".join(console_errors))
