@@ -87,7 +87,7 @@ def test_a_record_that_fails_to_convert_on_the_sampler_costs_only_its_keys(tmp_p
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     with nbmonitor.attach(model, opt, run_dir=tmp_path, display=False, interval=60) as mon:
-        recorder = mon._capture.recorder
+        recorder = mon._recorder
         for i in range(4):
             _step(model, opt)
             mon.log(loss=float(i))
