@@ -136,10 +136,6 @@ MEASURED_KEYS = frozenset(
 MEASURED_PREFIX = "lr_group"
 
 
-def is_measured_key(key: str) -> bool:
-    return key in MEASURED_KEYS or key.startswith(MEASURED_PREFIX)
-
-
 @dataclass(slots=True)
 class LogRecord:
     """Values from ``mon.log()`` or read from a model output, for one step."""
