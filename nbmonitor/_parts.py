@@ -14,6 +14,7 @@ import torch
 from nbmonitor._capture.inputs import optimizer_parameters
 from nbmonitor._capture.probes.grad_norms import grad_norms, norm_dtype
 from nbmonitor._engine.assemble.layers import LayerStats, ParamInfo
+from nbmonitor._redact import redact_argv
 from nbmonitor._version import __version__
 from nbmonitor.backends.base import Backend
 from nbmonitor.backends.selection import model_device_type
@@ -56,7 +57,7 @@ def run_meta(
         "host": socket.gethostname(),
         "platform": platform.platform(),
         "pid": os.getpid(),
-        "argv": list(sys.argv),
+        "argv": redact_argv(sys.argv),  # no credentials on disk
         "start_time": _dt.datetime.fromtimestamp(start, _dt.UTC).isoformat(),
         "start_timestamp": start,
         "attach": attach,

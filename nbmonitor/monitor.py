@@ -1,18 +1,17 @@
 """Monitor and attach(): the composition root of a live run.
 
-attach() validates, closes any earlier monitor of the same model (the notebook cell re-run),
-builds the parts (capture on the training thread; pipeline, sinks and views on the sampler
-thread), creates the run directory and starts the sampler. Everything after that happens on
-the sampler thread, except ``log()``, which only records; the read API reads what the sampler
-published.
+attach() validates, closes any earlier monitor of the same model or of an earlier run of the
+same notebook cell, builds the parts (capture on the training thread; pipeline, sinks and views
+on the sampler thread), creates the run directory and starts the sampler. Everything after that
+happens on the sampler thread, except ``log()``, which only records; the read API reads what
+the sampler published. A monitor closes itself once its model is collected (_lifetime.py).
 """
 
 from __future__ import annotations
 
 import atexit
 import dataclasses
-import datetime as _dt
-import threading
+import functools
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -31,6 +30,7 @@ from nbmonitor._engine.frame import Frame, RunInfo, View
 from nbmonitor._engine.pipeline import Pipeline, PipelineParts
 from nbmonitor._engine.published import history
 from nbmonitor._engine.sampler import SamplerThread
+from nbmonitor._lifetime import Lifetime, current_cell, flush_tick
 from nbmonitor._parts import layer_stats, run_meta
 from nbmonitor._setup_check import check_setup
 from nbmonitor.errors import ErrorLog
@@ -43,8 +43,13 @@ from nbmonitor.sinks import Batch, FanOut, RunLogSink
 CLOSE_WAIT_S = 5.0
 FLUSH_TIMEOUT_S = 5.0
 
-# The live monitor of each model, so that attaching again replaces it.
+# The live monitor of each model, so that attaching again replaces it. It is also what keeps a
+# monitor nobody holds alive as long as its model (``nbmonitor.attach(model)`` as a statement);
+# the Monitor holds its model only weakly, so the entry goes with the model (_lifetime.py).
 _LIVE: weakref.WeakKeyDictionary[torch.nn.Module, Monitor] = weakref.WeakKeyDictionary()
+# The monitors each notebook cell attached, with the execution that did: re-running the cell
+# replaces them (a new model each run would otherwise leave the last one's monitor running).
+_BY_CELL: dict[str, tuple[int, weakref.WeakSet[Monitor]]] = {}
 _ALL: weakref.WeakSet[Monitor] = weakref.WeakSet()
 _atexit_registered = False
 
@@ -77,13 +82,10 @@ class Monitor:
         self.interval = float(opts.interval)
         self.total_steps = opts.total_steps
         self.errors_log = ErrorLog()
+        errors_log = self.errors_log
         self._clock = clock
-        self._closed = False
-        self._close_lock = threading.Lock()
         self._start = clock()
-        self._model_ref = weakref.ref(model)
         self._dashboard: Any = None
-        self._final_meta: dict[str, object] | None = None
 
         self.backend = _backends.select(model, opts.backend)
         capture = build_capture(
@@ -96,7 +98,12 @@ class Monitor:
             on_nan=opts.on_nan,
             wall_clock=clock,
         )
-        self._capture = capture
+        # Held until start(); then the model's hooks hold the step clock and this only weakly.
+        self._capture: Any = capture
+        self._recorder = capture.recorder
+        life = self._life = Lifetime(capture.clock, errors_log, clock)
+        # A model collected (dropped by the user) closes its run; see _lifetime.py.
+        self._model_ref = weakref.ref(model, life.release_soon)
         layers = layer_stats(capture.params, capture.param_names, optimizer, opts.layer_group)
         run_name = opts.name or type(model).__name__
         meta = run_meta(model, optimizer, opts, self.backend, self._start)
@@ -104,12 +111,18 @@ class Monitor:
         meta["params"] = [dataclasses.asdict(p) for p in layers.params]
         self._runlog = RunLogSink.create(opts.run_dir, run_name, meta)
         self.name = self._runlog.path.name
-        update = capture.update_ratio
+        # Weakly: the probe holds the parameters (and their copies), which go with the model.
+        update_ref = weakref.ref(capture.update_ratio) if capture.update_ratio else None
+
+        def copy_skipped() -> float | None:
+            update = update_ref() if update_ref is not None else None
+            return update.copy_max_bytes if update is not None and update.copy_skipped else None
+
         # The sinks every tick's rows go to: the run log first; exporters join here.
-        self._sinks = FanOut(
-            [self._runlog], lambda name, exc: self.errors_log.add(f"sink:{name}", exc)
+        sinks = life.sinks = FanOut(
+            [self._runlog], lambda name, exc: errors_log.add(f"sink:{name}", exc)
         )
-        sinks = self._sinks
+        life.backend = self.backend
 
         def write(streams: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:
             sinks.write(Batch(streams))
@@ -121,7 +134,7 @@ class Monitor:
                 ),
                 backend=self.backend,
                 drain=capture.recorder.drain,
-                current_step=lambda: capture.clock.step,
+                current_step=life.step,
                 layers=layers,
                 health=Health(opts.thresholds),
                 make_health_input=HealthInput,
@@ -129,20 +142,22 @@ class Monitor:
                 forward_checked=opts.check_forward,
                 write=write,
                 flush_sinks=sinks.flush,
-                errors=self.errors_log,
-                status=lambda: self.status,
-                update_copy_skipped=(
-                    (lambda: update.copy_max_bytes if update.copy_skipped else None)
-                    if update is not None
-                    else lambda: None
-                ),
+                errors=errors_log,
+                status=life.status,
+                update_copy_skipped=copy_skipped,
                 clock=clock,
             )
         )
         self._pipeline.add_alerts(check_setup(model, optimizer, step=0, time=self._start))
-        self._thread = SamplerThread(
-            lambda: self._pipeline.tick(paced=True), self.interval, flush=self._flush_tick
+        life.pipeline = self._pipeline
+        # Nothing here may hold the Monitor: the thread would keep it, and its model, alive.
+        self._thread = life.thread = SamplerThread(
+            functools.partial(self._pipeline.tick, paced=True),
+            self.interval,
+            flush=functools.partial(flush_tick, self._pipeline),
         )
+        self._finalizer = weakref.finalize(self, life.release_soon)
+        self._finalizer.atexit = False  # at exit _signal_all only signals
         self._setup_views(opts.display)
 
     # -- construction helpers --------------------------------------------------------------
@@ -173,6 +188,7 @@ class Monitor:
         # often tip glibc into trimming the heap, and faulting it back, every step (heap.py).
         settle_heap()
         self._capture.clock.install()
+        self._capture = None  # from now on the model holds it (see _LIVE)
         self._thread.start()
         _ALL.add(self)
         if not _atexit_registered:
@@ -200,9 +216,7 @@ class Monitor:
     @property
     def status(self) -> str:
         """``"running"``, ``"degraded"`` (something failed; see ``errors``) or ``"closed"``."""
-        if self._closed:
-            return "closed"
-        return "degraded" if len(self.errors_log) else "running"
+        return self._life.status()
 
     @property
     def errors(self) -> list[str]:
@@ -212,7 +226,7 @@ class Monitor:
     @property
     def step(self) -> int:
         """Optimizer steps completed (backward passes when attached without an optimizer)."""
-        return self._capture.clock.step
+        return self._life.step()
 
     def log(self, **scalars: object) -> None:
         """Record values for the current step: numbers or 0-d/1-element tensors on any device.
@@ -223,9 +237,10 @@ class Monitor:
 
         >>> mon.log(loss=loss, accuracy=acc)  # doctest: +SKIP
         """
-        if self._closed:
+        clock = self._life.clock()
+        if self._life.closed or clock is None:
             return
-        self._capture.clock.log(scalars)  # TypeError for a non-numeric value: a user bug
+        clock.log(scalars)  # TypeError for a non-numeric value: a user bug
 
     def flush(self, timeout: float = FLUSH_TIMEOUT_S) -> bool:
         """Have the sampler take, check and write everything recorded so far, now.
@@ -234,7 +249,7 @@ class Monitor:
         hold it longer) and returns whether the flush finished. Reads (``history()``,
         ``layers()``, ``events()``) then show every step up to now.
         """
-        if self._closed:
+        if self._life.closed:
             return True
         if self._thread.alive:
             return self._thread.request(timeout)
@@ -242,17 +257,10 @@ class Monitor:
         if not self._pipeline.lock.acquire(timeout=timeout):
             return False
         try:
-            self._flush_tick()
+            flush_tick(self._pipeline)
         finally:
             self._pipeline.lock.release()
         return True
-
-    def _flush_tick(self) -> None:
-        pipeline = self._pipeline
-        with pipeline.lock:
-            pipeline.collect(wait=True)
-            pipeline.tick(paced=False)
-            pipeline.refresh_layers()
 
     def close(self) -> None:
         """Stop monitoring: remove hooks, stop the thread, flush the run log, show the final state.
@@ -260,54 +268,8 @@ class Monitor:
         Idempotent. Never raises, and never waits more than a few seconds on a hung source
         (what it could not take then is reported in ``errors``).
         """
-        with self._close_lock:
-            if self._closed:
-                return
-            self._closed = True
-        pipeline = self._pipeline
-        try:
-            self._capture.clock.remove()
-            self._thread.stop(CLOSE_WAIT_S)
-            if not pipeline.lock.acquire(timeout=CLOSE_WAIT_S):
-                raise TimeoutError(
-                    "the sampler is stuck in a source; the last interval was not written"
-                )
-            try:
-                pipeline.final_tick()
-                pipeline.refresh_layers()
-                frame = pipeline.frame()
-                for view in pipeline.views:
-                    try:
-                        view.close(frame)
-                    except Exception as exc:
-                        self.errors_log.add("view", exc)
-                self._final_meta = {
-                    "end_time": _dt.datetime.fromtimestamp(self._clock(), _dt.UTC).isoformat(),
-                    "steps": self.step,
-                    "status": "degraded" if len(self.errors_log) else "closed",
-                    "errors": self.errors,
-                }
-            finally:
-                pipeline.lock.release()
-        except Exception as exc:
-            self.errors_log.add("close", exc)
-        finally:
-            self._release()
-
-    def _release(self) -> None:
-        # After the final tick; a close that gave up on a hung tick still closes the files,
-        # with status "degraded" and what failed.
-        final = self._final_meta or {
-            "end_time": _dt.datetime.fromtimestamp(self._clock(), _dt.UTC).isoformat(),
-            "steps": self.step,
-            "status": "degraded",
-            "errors": self.errors,
-        }
-        self._sinks.close(final)
-        try:
-            self.backend.close()
-        except Exception as exc:
-            self.errors_log.add("close", exc)
+        self._finalizer.detach()
+        self._life.close(CLOSE_WAIT_S)
         model = self._model_ref()
         if model is not None and _LIVE.get(model) is self:
             del _LIVE[model]
@@ -377,7 +339,7 @@ class Monitor:
         pipeline = self._pipeline
         if view not in pipeline.views:
             pipeline.views = (*pipeline.views, view)
-            if self._closed:
+            if self._life.closed:
                 view.close(self.frame())
 
     def dashboard(self) -> Any:
@@ -412,7 +374,8 @@ def attach(
             backward pass counts as a step.
         **options: see ``nbmonitor.options.AttachOptions`` (listed below).
 
-    Attaching again to the same model closes the earlier monitor first.
+    Attaching again to the same model, or from another run of the same notebook cell, closes
+    the earlier monitor first. A monitor closes itself once its model is garbage-collected.
 
     >>> mon = nbmonitor.attach(model, optimizer, total_steps=500)  # doctest: +SKIP
     """
@@ -422,9 +385,27 @@ def attach(
     previous = _LIVE.get(model)
     if previous is not None:
         previous.close()
+    _replace_cell_monitors(monitor)
     _LIVE[model] = monitor
     monitor.start()
     return monitor
+
+
+def _replace_cell_monitors(monitor: Monitor) -> None:
+    # In a notebook, the monitors an earlier run of this cell attached (to models this run
+    # rebuilt) are closed; those of this run (two models in one cell) are kept.
+    cell = current_cell()
+    if cell is None:
+        return
+    key, count = cell
+    earlier = _BY_CELL.get(key)
+    if earlier is not None and earlier[0] != count:
+        for old in list(earlier[1]):
+            old.close()
+        earlier = None
+    if earlier is None:
+        earlier = _BY_CELL[key] = (count, weakref.WeakSet())
+    earlier[1].add(monitor)
 
 
 if attach.__doc__ is not None and AttachOptions.__doc__ is not None:

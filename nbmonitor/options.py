@@ -25,6 +25,9 @@ BACKENDS = ("auto", "cpu", "mps", "cuda")
 # Parameter norms and update ratios are measured every this many steps by default: a copy of
 # the parameters across optimizer.step() is the costly part (see docs/performance.md).
 DEFAULT_LAYER_EVERY = 100
+# A run folder is "<YYYYmmdd-HHMMSS>-<name>[-N]": 255 bytes (the usual file-name limit) less
+# the timestamp and a suffix.
+MAX_NAME_BYTES = 200
 
 
 class AttachOptions(TypedDict, total=False):
@@ -132,6 +135,11 @@ def check_model(model: object, optimizer: object) -> None:
             f"nbmonitor.attach: model must be a torch.nn.Module, got {type(model).__name__}; "
             "call attach(model, optimizer)."
         )
+    if any(p.is_meta for p in model.parameters()):
+        raise ValueError(
+            "nbmonitor.attach: the model has parameters on the meta device (no values to "
+            "measure); materialise it first, e.g. model.to_empty(device='cpu') and load weights."
+        )
     if optimizer is not None:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(
@@ -166,6 +174,16 @@ def check_options(options: Options) -> None:
         )
     if name is not None and not isinstance(name, str):
         raise TypeError(f"nbmonitor.attach: name must be a str or None, got {type(name).__name__}.")
+    if name is not None and ("\0" in name or len(name.encode()) > MAX_NAME_BYTES):
+        raise ValueError(
+            f"nbmonitor.attach: name must be at most {MAX_NAME_BYTES} bytes without NUL (it "
+            f"names the run folder), got {len(name.encode())} bytes; pass a shorter name=."
+        )
+    check_run_dir(options.run_dir)
+    for flag in ("display", "activations", "check_forward"):
+        value = getattr(options, flag)
+        if not isinstance(value, bool):
+            raise TypeError(f"nbmonitor.attach: {flag} must be True or False, got {value!r}.")
     if options.backend not in BACKENDS:
         raise ValueError(
             f"nbmonitor: unknown backend {options.backend!r}; use one of {', '.join(BACKENDS)}."
@@ -184,6 +202,25 @@ def check_options(options: Options) -> None:
         raise ValueError(f"nbmonitor.attach: on_nan must be 'warn' or 'raise', got {on_nan!r}.")
 
 
+def check_run_dir(run_dir: object) -> None:
+    """A folder name, and not a file: caught here rather than as pathlib's error later."""
+    if not isinstance(run_dir, (str, os.PathLike)):
+        raise TypeError(
+            "nbmonitor.attach: run_dir must be a str or os.PathLike, got "
+            f"{type(run_dir).__name__}; e.g. run_dir='runs'."
+        )
+    text = os.fspath(run_dir)
+    if not isinstance(text, str) or not text or "\0" in text:
+        raise ValueError(
+            f"nbmonitor.attach: run_dir {text!r} is not a folder name (empty, bytes or with "
+            "NUL); e.g. run_dir='runs'."
+        )
+    if os.path.isfile(text):
+        raise ValueError(
+            f"nbmonitor.attach: run_dir {text!r} is a file; pass a folder (made if missing)."
+        )
+
+
 def coerce_thresholds(value: object) -> Thresholds:
     if value is None:
         return Thresholds()
@@ -195,7 +232,7 @@ def coerce_thresholds(value: object) -> Thresholds:
         except TypeError as exc:
             known = ", ".join(f.name for f in dataclasses.fields(Thresholds))
             raise ValueError(
-                f"nbmonitor.attach: unknown threshold in {sorted(value)}; known: {known}."
+                f"nbmonitor.attach: unknown thresholds field in {sorted(value)}; known: {known}."
             ) from exc
     raise TypeError(
         "nbmonitor.attach: thresholds must be a dict or nbmonitor.Thresholds, got "

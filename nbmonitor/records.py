@@ -117,6 +117,25 @@ class StepRecord:
                 lr.wait()
 
 
+# The columns of a step's row that nbmonitor measures (assemble/steps.py writes them), and
+# "lr_group<i>" for each param group after the first: a value logged under one of these names
+# would silently replace the measurement, so mon.log() refuses them.
+MEASURED_KEYS = frozenset(
+    {
+        "step",
+        "time",
+        "step_time",
+        "micro_batches",
+        "samples",
+        "samples_per_s",
+        "lr",
+        "grad_norm",
+        "loss_smooth",
+    }
+)
+MEASURED_PREFIX = "lr_group"
+
+
 @dataclass(slots=True)
 class LogRecord:
     """Values from ``mon.log()`` or read from a model output, for one step."""
@@ -124,6 +143,9 @@ class LogRecord:
     step: int
     numbers: dict[str, float] = field(default_factory=dict)
     tensors: list[tuple[tuple[str, ...], Pending]] = field(default_factory=list)
+    # Keys whose value could not be read, with why; the sampler reports them (a tuple, so that
+    # the usual record allocates nothing for it).
+    dropped: tuple[tuple[str, Exception], ...] = ()
 
     def ready(self) -> bool:
         return all(value.ready() for _, value in self.tensors)
@@ -132,11 +154,17 @@ class LogRecord:
         for _, value in self.tensors:
             value.wait()
 
-    def resolve(self) -> dict[str, float]:
+    def resolve(self) -> tuple[dict[str, float], list[tuple[str, Exception]]]:
+        """The values by key, and the keys whose value could not be read (with why): one
+        value that fails costs only its own keys."""
         out = dict(self.numbers)
+        failed = list(self.dropped)
         for keys, value in self.tensors:
-            out.update(zip(keys, value.values(), strict=True))
-        return out
+            try:
+                out.update(zip(keys, value.values(), strict=True))
+            except Exception as exc:
+                failed.extend((key, exc) for key in keys)
+        return out, failed
 
 
 @dataclass(slots=True)

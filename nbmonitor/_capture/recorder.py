@@ -10,15 +10,29 @@ from collections.abc import Mapping
 import torch
 
 from nbmonitor._capture.device_value import DeviceValue, to_device_value
-from nbmonitor.records import LogRecord, Record
+from nbmonitor.records import MEASURED_KEYS, MEASURED_PREFIX, LogRecord, Record
 
 
 def make_log_record(step: int, scalars: Mapping[str, object]) -> LogRecord:
-    """Validate ``mon.log()`` arguments and pack them; raises TypeError for a non-numeric value."""
+    """Validate ``mon.log()`` arguments and pack them.
+
+    A key nbmonitor measures itself (``step``, ``lr``, ``grad_norm``, ... see
+    ``records.MEASURED_KEYS``) is refused, and so is a value of the wrong kind (a string, a
+    tensor of several values, a complex tensor): TypeError at the call, the caller's bug. A
+    value of the right kind that cannot be read (a tensor on the meta device, an int too large
+    for a float, an object whose ``__float__`` raises) is dropped alone: it goes in
+    ``record.dropped`` for the sampler to report, and the other keys are kept.
+    """
     record = LogRecord(step)
     keys: list[str] = []
     tensors: list[torch.Tensor] = []
     for key, value in scalars.items():
+        if key in MEASURED_KEYS or key.startswith(MEASURED_PREFIX):  # inline: ~0.1 us a key
+            # TypeError, as Python raises for a keyword a function does not take.
+            raise TypeError(
+                f"nbmonitor: log({key}=...) would overwrite the column nbmonitor measures as "
+                f"{key!r}; log your value under another name, e.g. my_{key}=..."
+            )
         if isinstance(value, torch.Tensor):
             if value.is_cpu:
                 # Read at once (see DeviceValue), in one call: item() neither warns about a
@@ -39,19 +53,24 @@ def make_log_record(step: int, scalars: Mapping[str, object]) -> LogRecord:
                 )
             if value.is_complex():
                 raise TypeError(f"nbmonitor: log({key}=...) got a complex tensor; pass a real one.")
+            if value.is_meta:
+                record.dropped += ((key, _meta_error()),)
+                continue
             keys.append(key)
             tensors.append(value)
         elif isinstance(value, bool) or not isinstance(value, (int, float)):
             if hasattr(value, "__float__") and not isinstance(value, (bool, str, bytes)):
                 # numpy scalars and the like: a float is what the user meant.
-                record.numbers[key] = float(value)
+                _add_number(record, key, value)
                 continue
             raise TypeError(
                 f"nbmonitor: log({key}=...) needs a number or a tensor, got "
                 f"{type(value).__name__}; pass e.g. loss=loss or acc=0.93."
             )
+        elif isinstance(value, float):
+            record.numbers[key] = value
         else:
-            record.numbers[key] = float(value)
+            _add_number(record, key, value)
     if len(tensors) == 1:
         record.tensors.append(((keys[0],), DeviceValue(tensors[0])))
     elif tensors:
@@ -61,6 +80,20 @@ def make_log_record(step: int, scalars: Mapping[str, object]) -> LogRecord:
             pairs = zip(keys, tensors, strict=True)
             record.tensors.extend(((k,), DeviceValue(t)) for k, t in pairs)
     return record
+
+
+def _add_number(record: LogRecord, key: str, value: object) -> None:
+    # An int beyond float range (OverflowError) or a __float__ that raises costs only its key.
+    try:
+        record.numbers[key] = float(value)  # type: ignore[arg-type]
+    except Exception as exc:
+        # Without its traceback: the frames would keep the user's objects (and this record)
+        # alive until the sampler reports it; the message names the key.
+        record.dropped += ((key, exc.with_traceback(None)),)
+
+
+def _meta_error() -> ValueError:
+    return ValueError("a tensor on the meta device has no value to read")
 
 
 class Recorder:

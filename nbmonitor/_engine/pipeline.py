@@ -22,6 +22,7 @@ import numpy as np
 from nbmonitor._engine.assemble.layer_flow import LayerFlow, NonFiniteReport
 from nbmonitor._engine.assemble.layers import LayerStats
 from nbmonitor._engine.assemble.steps import StepAssembler
+from nbmonitor._engine.column_cap import ColumnCap
 from nbmonitor._engine.derive.energy import energy_rates
 from nbmonitor._engine.frame import Frame, FrameBuilder, FrameState, RunInfo, View
 from nbmonitor._engine.published import Published
@@ -85,6 +86,7 @@ class Pipeline:
         self.views: tuple[View, ...] = ()
         self.published = Published()
         self._assembler = StepAssembler()
+        self._columns = ColumnCap()
         self._alerts: list[Alert] = []
         self._layer_flags: dict[str, list[str]] = {}
         self.flow = LayerFlow(
@@ -153,23 +155,51 @@ class Pipeline:
     def collect(self, wait: bool = False, everything: bool = False) -> None:
         assembler = self._assembler
         assembler.add(self.parts.drain(wait))
+        self._report_failures(assembler.failures)
+        assembler.failures = []
         rows = assembler.take_final(everything=everything)
-        blocks, aux = assembler.layer_norms, assembler.aux
-        assembler.layer_norms, assembler.aux = [], []
-        step = self.parts.current_step()
-        self.flow.add(blocks, aux, step)
-        self._report_copy_skip(step)
+        # The rows are stored before anything else here can fail: they have left the
+        # assembler and exist nowhere else.
         if rows:
             for row in rows:
                 loss = row.get("loss", math.nan)
                 if math.isfinite(loss) and not loss >= self._best_loss:
                     self._best_loss = loss
-            self.steps.extend(rows)
+            self.steps.extend(self._cap_columns(rows))
             self._pending["steps"].extend(rows)
+        blocks, aux = assembler.layer_norms, assembler.aux
+        assembler.layer_norms, assembler.aux = [], []
+        step = self.parts.current_step()
+        open_rows = tuple(self._columns.filter(assembler.peek_open()))
+        self._publish_state(step, open_rows=open_rows)
+        self.flow.add(blocks, aux, step)
+        self._report_copy_skip(step)
         if self.flow.pending_rows:
             self._pending["layers"].extend(self.flow.pending_rows)
             self.flow.pending_rows = []
-        self._publish_state(step, open_rows=tuple(assembler.peek_open()))
+
+    def _cap_columns(self, rows: list[dict[str, float]]) -> Sequence[dict[str, float]]:
+        cap = self._columns
+        had_refused = cap.first_refused is not None
+        kept = cap.filter(rows)
+        if not had_refused and cap.first_refused is not None:
+            message = (
+                f"More than {cap.limit} distinct keys were logged: {cap.first_refused!r} and "
+                "later new keys are kept on disk only, not in history() or the dashboard "
+                "(nbmonitor.open(mon.run_dir).history() has every key)."
+            )
+            step = int(rows[-1]["step"])
+            self.add_alerts([Alert("columns_capped", "info", message, step, self.parts.clock())])
+        return kept
+
+    def _report_failures(self, failures: list[tuple[str, Exception]]) -> None:
+        # Once per source per tick: a value that cannot be read every step is one error per
+        # tick, not hundreds pushing every other error out of the log.
+        seen: set[str] = set()
+        for source, exc in failures:
+            if source not in seen:
+                seen.add(source)
+                self.parts.errors.add(source, exc)
 
     def _report_copy_skip(self, step: int) -> None:
         limit = self.parts.update_copy_skipped()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import numbers
+from collections.abc import Callable
 from dataclasses import dataclass
 
 # Device defaults, also the defaults of the device rule functions used on their own.
@@ -36,37 +38,50 @@ class Thresholds:
     idle_util_percent: float = IDLE_UTIL_PERCENT
 
     def __post_init__(self) -> None:
-        positive = {
-            "explode_factor": self.explode_factor,
-            "vanish_ratio": self.vanish_ratio,
-            "update_ratio_high": self.update_ratio_high,
-            "update_ratio_low": self.update_ratio_low,
-            "spike_factor": self.spike_factor,
-        }
-        for name, value in positive.items():
-            if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"Thresholds.{name} must be a finite number > 0, got {value!r}.")
-        counts = {
-            "vanish_steps": self.vanish_steps,
-            "plateau_window": self.plateau_window,
-            "window": self.window,
-            "min_history": self.min_history,
-            "sustain_steps": self.sustain_steps,
-        }
-        for name, count in counts.items():
-            if count < 1:
-                raise ValueError(f"Thresholds.{name} must be at least 1, got {count!r}.")
-        if self.plateau_window < 8:
-            raise ValueError(
-                f"Thresholds.plateau_window must be at least 8 (it compares quarters), "
-                f"got {self.plateau_window!r}."
-            )
-        if self.rearm_steps < 0:
-            raise ValueError(f"Thresholds.rearm_steps must be >= 0, got {self.rearm_steps!r}.")
-        if not 0 < self.dead_fraction <= 1:
-            raise ValueError(
-                f"Thresholds.dead_fraction must be in (0, 1], got {self.dead_fraction!r}."
-            )
+        # Checked here, at the call, in one line each: a bad value would otherwise surface as
+        # a comparison error inside a rule on the sampler thread, or never.
+        for name in _POSITIVE:
+            _check_real(name, getattr(self, name), lambda v: v > 0, "a finite number > 0")
+        if self.explode_abs is not None:
+            _check_real("explode_abs", self.explode_abs, lambda v: v > 0, "None or a number > 0")
+        for name in _NON_NEGATIVE:
+            _check_real(name, getattr(self, name), lambda v: v >= 0, "a finite number >= 0")
+        for name in ("dead_fraction", "memory_fraction"):
+            _check_real(name, getattr(self, name), lambda v: 0 < v <= 1, "a number in (0, 1]")
+        _check_real(
+            "idle_util_percent", self.idle_util_percent, lambda v: 0 <= v <= 100, "in [0, 100]"
+        )
+        for name in _COUNTS:
+            _check_int(name, getattr(self, name), 1)
+        _check_int("plateau_window", self.plateau_window, 8, " (it compares quarters)")
+        _check_int("rearm_steps", self.rearm_steps, 0)
+
+
+_POSITIVE = (
+    "explode_factor",
+    "vanish_ratio",
+    "update_ratio_high",
+    "update_ratio_low",
+    "spike_factor",
+    "temperature_c",
+)
+_NON_NEGATIVE = ("spike_range_fraction", "plateau_tolerance", "plateau_progress")
+_COUNTS = ("vanish_steps", "window", "min_history", "sustain_steps")
+
+
+def _check_real(name: str, value: object, ok: Callable[[float], bool], what: str) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Real)
+        or not math.isfinite(value)
+        or not ok(float(value))
+    ):
+        raise ValueError(f"Thresholds.{name} must be {what}, got {value!r}.")
+
+
+def _check_int(name: str, value: object, least: int, why: str = "") -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+        raise ValueError(f"Thresholds.{name} must be an int >= {least}{why}, got {value!r}.")
 
 
 __all__ = ["IDLE_UTIL_PERCENT", "MEMORY_FRACTION", "TEMPERATURE_C", "Thresholds"]

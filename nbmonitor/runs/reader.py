@@ -33,6 +33,22 @@ if TYPE_CHECKING:
 _HINT = "pass the folder of one run, e.g. runs/20240101-120000-run"
 
 
+def run_path(path: object) -> pathlib.Path:
+    """``path`` as a Path, or a one-line error naming it (not pathlib's own)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(
+            f"nbmonitor: open(path) needs a str or os.PathLike, got {type(path).__name__}; "
+            "pass a run folder, e.g. mon.run_dir."
+        )
+    text = os.fspath(path)
+    if not isinstance(text, str) or not text or "\0" in text:
+        raise ValueError(
+            f"nbmonitor: open(path) got {text!r}, which is not a folder name (empty, bytes or "
+            "containing NUL); pass a run folder, e.g. mon.run_dir."
+        )
+    return pathlib.Path(text)
+
+
 def read_meta(path: pathlib.Path) -> dict[str, Any]:
     """meta.json of the run at ``path``; RunNotFoundError (one line, with a hint) if none."""
     try:
@@ -42,6 +58,9 @@ def read_meta(path: pathlib.Path) -> dict[str, Any]:
         raise RunNotFoundError(f"nbmonitor: no run at '{path}' ({META} {what}); {_HINT}.") from None
     except NotADirectoryError:
         raise RunNotFoundError(f"nbmonitor: no run at '{path}' (not a folder); {_HINT}.") from None
+    except OSError as exc:  # a name too long, a folder it may not read
+        reason = exc.strerror or type(exc).__name__
+        raise RunNotFoundError(f"nbmonitor: no run at '{path}' ({reason}); {_HINT}.") from None
     try:
         meta = json.loads(text)
     except ValueError:
@@ -73,7 +92,7 @@ class Run:
     offsets: dict[str, int]
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = pathlib.Path(path)
+        self.path = run_path(path)
         self.meta = read_meta(self.path)
         self.offsets = {}
 

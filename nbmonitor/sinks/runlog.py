@@ -16,10 +16,20 @@ Numeric streams are also buffered as columns and cut into sidecar chunks at a fl
 then open without parsing their text. A sidecar that fails to write is given up for that
 stream (the error is raised once); readers then parse the JSON Lines past its last chunk.
 Sampler thread (``close`` and ``update_meta`` may come from the main thread: one lock).
+
+**The disk comes back.** The record files are written unbuffered (each tick's rows of a stream
+are one ``write()`` system call anyway), so the writer knows exactly which bytes the OS took.
+What a failing write (a full disk, a quota, a file-size limit) did not take waits in memory, in
+order, up to ``BACKLOG_BYTES`` in all, and is written ahead of the next rows once writing works
+again; a write cut short is completed, never repeated, so no line is torn or doubled. Rows that
+would take the backlog past its bound are dropped and counted (``lost_rows``). The first
+failure of a spell, and the first loss, raise (the caller reports them); the ticks between
+retry quietly.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import pathlib
 import socket
@@ -41,6 +51,10 @@ from nbmonitor.runs.format import (
 )
 from nbmonitor.runs.sidecar import ChunkBuffer, write_chunk
 from nbmonitor.sinks.base import Batch, Rows
+
+# Rows that could not be written yet wait in memory up to this many bytes (a few minutes of a
+# busy run at ~100 kB per tick: long enough for a cleanup, bounded for a disk that stays full).
+BACKLOG_BYTES = 64 * 2**20
 
 
 def _error(run_dir: object, exc: OSError) -> RunDirError:
@@ -64,9 +78,16 @@ class RunLogSink:
         self._closed = False
         self.close_errors: list[BaseException] = []  # what close() swallowed
         self._files: dict[str, IO[bytes]] = {}
+        self._backlog: dict[str, bytearray] = {}  # per stream, what the OS has not taken yet
+        self._backlog_bytes = 0
+        self.lost_rows = 0  # dropped because the backlog was full
+        self._failing = False  # in a spell of failed writes (reported once)
+        self._last_error: OSError = OSError()
+        self._losing = False  # dropping rows in this spell (reported once)
         try:
             for stream, fname in FILES.items():
-                self._files[stream] = open(path / fname, "ab")  # noqa: SIM115 - closed in close()
+                # Unbuffered: see "The disk comes back" above.
+                self._files[stream] = open(path / fname, "ab", buffering=0)  # noqa: SIM115
         except OSError:
             for f in self._files.values():
                 f.close()
@@ -125,9 +146,16 @@ class RunLogSink:
         unknown = [s for s in batch.streams if s not in self._files]
         if unknown:
             raise ValueError(f"nbmonitor: run log has no stream(s) {unknown}")
+        problems: list[Exception] = []
         for stream, rows in batch.streams.items():
             if rows:
-                self._append(stream, rows)
+                # Every stream is written even when one fails; the first new problem is raised.
+                try:
+                    self._append(stream, rows)
+                except Exception as exc:
+                    problems.append(exc)
+        if problems:
+            raise problems[0]
 
     def _append(self, stream: str, rows: Rows) -> None:
         # Encode before taking the lock and before touching the file, so a value that cannot
@@ -137,14 +165,68 @@ class RunLogSink:
         with self._lock:
             if self._closed:
                 raise ValueError(f"nbmonitor: run log {self._path} is closed")
-            try:
-                self._files[stream].write(data)
-            except BaseException:
-                self._chunks.pop(stream, None)  # bytes on disk unknown: spans would lie
-                raise
+            if self._backlog_bytes + len(data) > BACKLOG_BYTES:
+                self._retry()
+            if self._backlog_bytes + len(data) > BACKLOG_BYTES:
+                self.lost_rows += len(rows)
+                self._chunks.pop(stream, None)
+                if not self._losing:
+                    self._losing = True
+                    raise OSError(
+                        errno.ENOSPC,
+                        f"nbmonitor: the run log cannot be written and {BACKLOG_BYTES >> 20} MiB "
+                        "of rows already wait in memory; newer rows are dropped until it can",
+                    )
+                return
+            if not self._write(stream, data):
+                self._chunks.pop(stream, None)  # the sidecar's byte spans would lie
+                return self._failed()
             buf = self._chunks.get(stream)
             if buf is not None and cols is not None:
                 buf.add(cols, len(rows), len(data))
+
+    def _write(self, stream: str, data: bytes) -> bool:
+        """Write ``data`` after what ``stream`` has waiting; what the OS does not take waits.
+        True when nothing is left waiting."""
+        pending = self._backlog.pop(stream, None)
+        if pending is not None:
+            self._backlog_bytes -= len(pending)
+            pending += data
+        buffer = pending if pending is not None else data
+        file, done = self._files[stream], 0
+        try:
+            while done < len(buffer):
+                # One call for the whole buffer; a copy of the rest only after a short write.
+                n = file.write(buffer[done:] if done else buffer)
+                if not n:
+                    raise OSError(errno.EIO, "write() took no bytes")
+                done += n
+        except OSError as exc:
+            self._last_error = exc
+            rest = bytearray(buffer[done:])
+            self._backlog[stream] = rest
+            self._backlog_bytes += len(rest)
+            return False
+        return True
+
+    def _retry(self) -> bool:
+        """Write what waits, stream by stream; True when nothing waits any more."""
+        for stream in list(self._backlog):
+            if not self._write(stream, b""):
+                return False
+        self._failing = self._losing = False
+        return True
+
+    def _failed(self) -> None:
+        if self._failing:
+            return  # reported when the spell began; the backlog is retried every tick
+        self._failing = True
+        exc = self._last_error
+        raise OSError(
+            exc.errno,
+            f"nbmonitor: writing the run log failed ({exc.strerror or exc}); rows wait in "
+            f"memory (up to {BACKLOG_BYTES >> 20} MiB) and are written once it works again",
+        ) from exc
 
     def flush(self) -> None:
         """Hand buffered records to the OS (once per sampler tick; no fsync, see the module
@@ -152,6 +234,8 @@ class RunLogSink:
         with self._lock:
             if self._closed:
                 return
+            if self._backlog and not self._retry():
+                return self._failed()
             for f in self._files.values():
                 f.flush()
             for stream in [s for s, b in self._chunks.items() if b.due]:
@@ -177,6 +261,17 @@ class RunLogSink:
         with self._lock:
             if not self._closed:
                 self._closed = True
+                if self._backlog and not self._retry():
+                    self.close_errors.append(
+                        OSError(
+                            f"nbmonitor: {self._backlog_bytes} bytes of rows could not be "
+                            f"written to the run log ({self._last_error})"
+                        )
+                    )
+                if self.lost_rows:
+                    self.close_errors.append(
+                        OSError(f"nbmonitor: {self.lost_rows} rows were dropped (disk full)")
+                    )
                 for f in self._files.values():
                     try:
                         f.flush()

@@ -61,7 +61,7 @@ def test_log_record_reads_cpu_tensors_at_once() -> None:
     x = torch.tensor([2.0], requires_grad=True)
     record = make_log_record(3, {"a": torch.tensor(1.0), "b": x * 1, "c": 5, "d": torch.tensor(7)})
     assert record.tensors == []  # nothing left for the sampler to read, no tensor kept
-    assert record.resolve() == {"a": 1.0, "b": 2.0, "c": 5.0, "d": 7.0}
+    assert record.resolve() == ({"a": 1.0, "b": 2.0, "c": 5.0, "d": 7.0}, [])
 
 
 def test_device_tensors_are_packed_into_one_value() -> None:

@@ -15,6 +15,7 @@ import numpy.typing as npt
 from nbmonitor.records import (
     AuxRecord,
     LogRecord,
+    Pending,
     Record,
     StepRecord,
     squared_norms,
@@ -74,53 +75,79 @@ class StepAssembler:
         self._ema_weight = 0.0
         self.layer_norms: list[LayerNorms] = []
         self.aux: list[tuple[AuxRecord, list[float]]] = []
+        # What could not be read since the caller last took it: (source, error), e.g.
+        # ("log:acc", ValueError(...)). The rest of each record, and every other record, is kept.
+        self.failures: list[tuple[str, Exception]] = []
 
     def add(self, records: list[Record]) -> None:
         with_norms: list[StepRecord] = []
         for record in records:
-            if isinstance(record, StepRecord):
-                self._add_step(record)
-                if record.norms is not None:
-                    with_norms.append(record)
-            elif isinstance(record, AuxRecord):
-                self.aux.append((record, record.value.values()))
-            elif isinstance(record, LogRecord):
-                row = self._open.setdefault(record.step, _Row())
-                for key, value in record.resolve().items():
-                    row.add_logged(key, value)
+            try:
+                if isinstance(record, StepRecord):
+                    self._add_step(record)
+                    if record.norms is not None:
+                        with_norms.append(record)
+                elif isinstance(record, AuxRecord):
+                    self.aux.append((record, record.value.values()))
+                elif isinstance(record, LogRecord):
+                    self._add_logged(record)
+            except Exception as exc:
+                self.failures.append((f"records:{type(record).__name__}", exc))
         self._add_norms(with_norms)
+
+    def _add_logged(self, record: LogRecord) -> None:
+        values, failed = record.resolve()
+        row = self._open.setdefault(record.step, _Row())
+        for key, value in values.items():
+            row.add_logged(key, value)
+        self.failures.extend((f"log:{key}", exc) for key, exc in failed)
 
     def _add_norms(self, records: list[StepRecord]) -> None:
         # Consecutive steps whose values are packed alike (the usual tick: all of them) are
         # unpacked in one numpy pass: per step it would be a dozen calls on the sampler thread.
-        values = [r.norms for r in records if r.norms is not None]
         start = 0
         while start < len(records):
             first = records[start]
             end = start + 1
             while end < len(records) and _packed_alike(first, records[end]):
                 end += 1
-            layout = first.norms_layout
-            split = values[start].stack_alike(values[start:end]) if layout is not None else None
-            if split is not None and layout is not None:
-                squares = squared_norms_split(*split, layout)
-            else:
-                matrix = np.stack([v.floats() for v in values[start:end]])
-                squares = squared_norms(matrix, layout)
-            # The total norm from the per-tensor ones; NaN/Inf in any of them carries through.
-            totals = np.sqrt(squares.sum(axis=1)).tolist()
-            if layout is None:
-                norms = matrix.astype(np.float64, copy=False)
-            else:
-                norms = np.sqrt(squares, out=squares)
-            steps = tuple(record.step for record in records[start:end])
-            for step, total in zip(steps, totals, strict=True):
-                self._open[step].values["grad_norm"] = total
-            finite = np.all(np.isfinite(norms), axis=1, keepdims=True)[:, 0]
-            self.layer_norms.append(LayerNorms(steps, norms, first.norm_index, finite))
+            group = records[start:end]
+            try:
+                self._add_norm_group(group)
+            except Exception as exc:
+                if len(group) == 1:
+                    self.failures.append(("records:grad_norm", exc))
+                else:  # one step's values that cannot be read must not cost the others
+                    for record in group:
+                        self._add_norms([record])
             start = end
 
+    def _add_norm_group(self, records: list[StepRecord]) -> None:
+        # Reads everything before it changes anything, so that a failure leaves no trace.
+        values = [r.norms for r in records if r.norms is not None]
+        first = records[0]
+        layout = first.norms_layout
+        split = values[0].stack_alike(values) if layout is not None else None
+        if split is not None and layout is not None:
+            squares = squared_norms_split(*split, layout)
+        else:
+            matrix = np.stack([v.floats() for v in values])
+            squares = squared_norms(matrix, layout)
+        # The total norm from the per-tensor ones; NaN/Inf in any of them carries through.
+        totals = np.sqrt(squares.sum(axis=1)).tolist()
+        if layout is None:
+            norms = matrix.astype(np.float64, copy=False)
+        else:
+            norms = np.sqrt(squares, out=squares)
+        steps = tuple(record.step for record in records)
+        finite = np.all(np.isfinite(norms), axis=1, keepdims=True)[:, 0]
+        for step, total in zip(steps, totals, strict=True):
+            self._open[step].values["grad_norm"] = total
+        self.layer_norms.append(LayerNorms(steps, norms, first.norm_index, finite))
+
     def _add_step(self, record: StepRecord) -> None:
+        # The learning rates are read first: one that cannot be is NaN, not the step's loss.
+        lrs = [lr if isinstance(lr, float) else self._read_lr(lr) for lr in record.lrs]
         row = self._open.setdefault(record.step, _Row()).values
         row["time"] = record.time
         row["step_time"] = record.step_time
@@ -130,10 +157,16 @@ class StepAssembler:
             row["samples_per_s"] = (
                 record.samples / record.step_time if record.step_time > 0 else math.nan
             )
-        for i, lr in enumerate(record.lrs):
-            value = lr if isinstance(lr, float) else lr.values()[0]
+        for i, value in enumerate(lrs):
             row["lr" if i == 0 else f"lr_group{i}"] = value
         self._last_ended = max(self._last_ended, record.step)
+
+    def _read_lr(self, value: Pending) -> float:
+        try:
+            return value.values()[0]
+        except Exception as exc:
+            self.failures.append(("records:lr", exc))
+            return math.nan
 
     def take_final(self, everything: bool = False) -> list[dict[str, float]]:
         """Rows that can no longer change (all rows with ``everything``), in step order."""

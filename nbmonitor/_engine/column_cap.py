@@ -1,0 +1,49 @@
+"""Which logged keys the live steps store keeps in memory.
+
+A store column costs 8 bytes per row it can hold, however few values it has: ~1 MiB once a run
+is past 65,536 steps (docs/reliability.md). A loop that logs many distinct sparse keys
+(``mon.log(**{f"val_{epoch}": x})``) would otherwise cost a megabyte each. So the store keeps
+the first ``limit`` keys; rows keep the rest on disk only (the run log has every key, and
+``nbmonitor.open(run_dir).history()`` reads them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+# Columns of the live steps store, the measured ones (about ten) included: at most
+# 128 x ~1 MiB however many keys are logged.
+MAX_COLUMNS = 128
+
+
+class ColumnCap:
+    def __init__(self, limit: int = MAX_COLUMNS) -> None:
+        self.limit = limit
+        self.kept: set[str] = set()
+        self.first_refused: str | None = None  # the first key left out, for the one notice
+
+    def filter(self, rows: Sequence[dict[str, float]]) -> Sequence[dict[str, float]]:
+        """``rows`` with only the keys the store keeps (the same objects when nothing is cut)."""
+        kept = self.kept
+        out: list[dict[str, float]] | None = None
+        for i, row in enumerate(rows):
+            new = [key for key in row if key not in kept]
+            if not new:
+                if out is not None:
+                    out.append(row)
+                continue
+            refused = False
+            for key in new:
+                if len(kept) < self.limit:
+                    kept.add(key)
+                else:
+                    refused = True
+                    if self.first_refused is None:
+                        self.first_refused = key
+            if refused:
+                if out is None:
+                    out = list(rows[:i])
+                out.append({k: v for k, v in row.items() if k in kept})
+            elif out is not None:
+                out.append(row)
+        return rows if out is None else out
