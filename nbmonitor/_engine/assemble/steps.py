@@ -77,11 +77,14 @@ class StepAssembler:
 
     def add(self, records: list[Record]) -> None:
         with_norms: list[StepRecord] = []
+        clipped: list[StepRecord] = []
         for record in records:
             if isinstance(record, StepRecord):
                 self._add_step(record)
                 if record.norms is not None:
                     with_norms.append(record)
+                if record.clip_norm is not None:
+                    clipped.append(record)
             elif isinstance(record, AuxRecord):
                 self.aux.append((record, record.value.values()))
             elif isinstance(record, LogRecord):
@@ -89,6 +92,19 @@ class StepAssembler:
                 for key, value in record.resolve().items():
                     row.add_logged(key, value)
         self._add_norms(with_norms)
+        for record in clipped:
+            self._add_clip(record)
+
+    def _add_clip(self, record: StepRecord) -> None:
+        # grad_norm is what clip_grad_norm_ returned (the norm before clipping), over the
+        # parameters it was given; the coefficient is the factor it scaled them by, as torch
+        # computes it (1: not clipped).
+        assert record.clip_norm is not None
+        total = record.clip_norm.values()[0]
+        row = self._open[record.step].values
+        row["grad_norm"] = total
+        if math.isfinite(record.max_norm):
+            row["grad_clip_coef"] = min(1.0, record.max_norm / (total + 1e-6))
 
     def _add_norms(self, records: list[StepRecord]) -> None:
         # Consecutive steps whose values are packed alike (the usual tick: all of them) are
@@ -125,6 +141,8 @@ class StepAssembler:
         row["time"] = record.time
         row["step_time"] = record.step_time
         row["micro_batches"] = float(record.micro_batches)
+        if record.skipped:
+            row["step_skipped"] = 1.0
         if record.samples:
             row["samples"] = float(record.samples)
             row["samples_per_s"] = (
