@@ -34,7 +34,7 @@ from nbmonitor._parts import layer_stats, run_meta
 from nbmonitor._setup_check import check_setup
 from nbmonitor.errors import ErrorLog
 from nbmonitor.health import Alert, Health, HealthInput, non_finite_gradients
-from nbmonitor.options import AttachOptions, Options, check_model
+from nbmonitor.options import AttachOptions, Options, WrappedOptimizer, check_model
 from nbmonitor.sinks import Batch, FanOut, RunLogSink
 
 # How long close() waits for a sampler tick in progress (a hung source) before it gives up on
@@ -65,12 +65,12 @@ class Monitor:
     def __init__(
         self,
         model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer | None = None,
+        optimizer: torch.optim.Optimizer | WrappedOptimizer | None = None,
         *,
         clock: Callable[[], float] = time.time,
         **options: Unpack[AttachOptions],
     ) -> None:
-        check_model(model, optimizer)
+        optimizer = check_model(model, optimizer)
         opts = Options.from_kwargs(options)
         self.options = opts
         self.interval = float(opts.interval)
@@ -169,8 +169,13 @@ class Monitor:
         # Before the first monitored step: what the probes allocate each step would otherwise
         # often tip glibc into trimming the heap, and faulting it back, every step (heap.py).
         settle_heap()
-        self._capture.clock.install()
-        self._thread.start()
+        try:
+            self._capture.clock.install()
+            self._thread.start()
+        except BaseException:
+            # Nothing of a monitor that did not start stays in the user's model or torch.
+            self.close()
+            raise
         _ALL.add(self)
         if not _atexit_registered:
             atexit.register(_signal_all)
@@ -398,7 +403,7 @@ class Monitor:
 
 def attach(
     model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer | None = None,
+    optimizer: torch.optim.Optimizer | WrappedOptimizer | None = None,
     **options: Unpack[AttachOptions],
 ) -> Monitor:
     """Start monitoring ``model`` (and ``optimizer``) and show the live view.
@@ -406,7 +411,8 @@ def attach(
     Args:
         model: the ``torch.nn.Module`` being trained.
         optimizer: the optimizer whose ``step()`` ends a training step; without one, each
-            backward pass counts as a step.
+            backward pass counts as a step. A framework's wrapper of one (Accelerate's
+            ``AcceleratedOptimizer``, Lightning's ``LightningOptimizer``) is unwrapped.
         **options: see ``nbmonitor.options.AttachOptions`` (listed below).
 
     Attaching again to the same model closes the earlier monitor first.

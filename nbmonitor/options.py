@@ -12,13 +12,13 @@ import difflib
 import math
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 from nbmonitor._engine.assemble.layers import GROUPINGS
 from nbmonitor.health import Thresholds
 
 if TYPE_CHECKING:
-    pass
+    import torch
 
 ON_NAN = ("warn", "raise")
 BACKENDS = ("auto", "cpu", "mps", "cuda")
@@ -121,9 +121,22 @@ def json_safe(value: object) -> object:
     return repr(value)
 
 
-def check_model(model: object, optimizer: object) -> None:
-    """The model and optimizer ``attach()`` was given."""
+class WrappedOptimizer(Protocol):
+    """A framework's optimizer wrapper (Accelerate's ``AcceleratedOptimizer``, Lightning's
+    ``LightningOptimizer``): the torch optimizer that steps is its ``.optimizer``."""
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer: ...
+
+
+def check_model(model: object, optimizer: object) -> torch.optim.Optimizer | None:
+    """The model and optimizer ``attach()`` was given; returns the torch optimizer, taken out
+    of a framework's wrapper (its ``.optimizer``), whose ``step()`` is the one that runs."""
     import torch
+
+    inner = getattr(optimizer, "optimizer", None)
+    if inner is not optimizer and isinstance(inner, torch.optim.Optimizer):
+        optimizer = inner
 
     from nbmonitor._capture.inputs import optimizer_parameters
 
@@ -135,8 +148,9 @@ def check_model(model: object, optimizer: object) -> None:
     if optimizer is not None:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(
-                "nbmonitor.attach: optimizer must be a torch.optim.Optimizer or None, got "
-                f"{type(optimizer).__name__}; pass the optimizer you call .step() on."
+                "nbmonitor.attach: optimizer must be a torch.optim.Optimizer (or a wrapper with "
+                f"one as .optimizer) or None, got {type(optimizer).__name__}; pass the "
+                "optimizer you call .step() on."
             )
         model_params = {id(p) for p in model.parameters()}
         if model_params and not any(id(p) in model_params for p in optimizer_parameters(optimizer)):
@@ -144,6 +158,7 @@ def check_model(model: object, optimizer: object) -> None:
                 "nbmonitor.attach: the optimizer holds none of the model's parameters; "
                 "build it from model.parameters() or pass the matching model."
             )
+    return optimizer
 
 
 def check_options(options: Options) -> None:

@@ -106,6 +106,13 @@ class StepClock:
     # -- lifecycle ----------------------------------------------------------------------------
 
     def install(self) -> None:
+        try:
+            self._install()
+        except BaseException:
+            self.remove()  # what was installed before the failure
+            raise
+
+    def _install(self) -> None:
         m = self.model
         # Probes' own per-module hooks go first so that they have run when the root's own hook
         # hands the step to the probes.
