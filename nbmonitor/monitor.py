@@ -221,7 +221,8 @@ class Monitor:
 
         Never waits on the device. Logged after ``optimizer.step()``, a value belongs to the step
         that just ended; logged after a forward pass but before the step, to the step in
-        progress. Several values for a key in one step are averaged. NaN and Inf are kept.
+        progress. Several values for a key in one step are averaged; a ``loss`` logged here is
+        the step's loss, not averaged with the model output's ``.loss``. NaN and Inf are kept.
 
         >>> mon.log(loss=loss, accuracy=acc)  # doctest: +SKIP
         """

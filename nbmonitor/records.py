@@ -134,6 +134,9 @@ class LogRecord:
     step: int
     numbers: dict[str, float] = field(default_factory=dict)
     tensors: list[tuple[tuple[str, ...], Pending]] = field(default_factory=list)
+    # Read from the model's output (``.loss``): a key ``mon.log`` also gives in the step takes
+    # the logged value alone (one loss per step, the explicit one).
+    implicit: bool = False
 
     def ready(self) -> bool:
         return all(value.ready() for _, value in self.tensors)

@@ -31,6 +31,8 @@ class _Row:
     values: dict[str, float] = field(default_factory=dict)
     sums: dict[str, float] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
+    # Values read from the model's output, used for keys mon.log() did not give this step.
+    implicit: _Row | None = None
 
     def add_logged(self, key: str, value: float) -> None:
         # Several values for one key in one step (gradient accumulation) are averaged.
@@ -40,6 +42,10 @@ class _Row:
     def build(self, step: int) -> dict[str, float]:
         row = {"step": float(step)}
         row.update(self.values)
+        if self.implicit is not None:
+            for key, total in self.implicit.sums.items():
+                if key not in self.sums:
+                    row[key] = total / self.implicit.counts[key]
         for key, total in self.sums.items():
             row[key] = total / self.counts[key]
         return row
@@ -89,6 +95,10 @@ class StepAssembler:
                 self.aux.append((record, record.value.values()))
             elif isinstance(record, LogRecord):
                 row = self._open.setdefault(record.step, _Row())
+                if record.implicit:
+                    if row.implicit is None:
+                        row.implicit = _Row()
+                    row = row.implicit
                 for key, value in record.resolve().items():
                     row.add_logged(key, value)
         self._add_norms(with_norms)
