@@ -93,6 +93,7 @@ class Monitor:
             activations=opts.activations,
             check_forward=opts.check_forward,
             on_nan=opts.on_nan,
+            start_step=opts.start_step,
             wall_clock=clock,
         )
         self._capture = capture
@@ -136,7 +137,9 @@ class Monitor:
                 clock=clock,
             )
         )
-        self._pipeline.add_alerts(check_setup(model, optimizer, step=0, time=self._start))
+        self._pipeline.add_alerts(
+            check_setup(model, optimizer, step=opts.start_step, time=self._start)
+        )
         self._thread = SamplerThread(
             lambda: self._pipeline.tick(paced=True), self.interval, flush=self._flush_tick
         )
@@ -213,7 +216,8 @@ class Monitor:
 
     @property
     def step(self) -> int:
-        """Optimizer steps completed (backward passes when attached without an optimizer)."""
+        """Optimizer steps completed (backward passes when attached without an optimizer),
+        counted from ``start_step``."""
         return self._capture.clock.step
 
     def log(self, **scalars: object) -> None:

@@ -49,6 +49,8 @@ class AttachOptions(TypedDict, total=False):
         ``nbmonitor.NonFiniteError`` from ``optimizer.step()`` before the bad update is
         applied (this checks on the host every step, so it synchronises on CUDA).
     thresholds: health-rule thresholds, as ``nbmonitor.Thresholds`` or a dict of its fields.
+    start_step: the optimizer steps already done before this run (resuming from a
+        checkpoint): the first step recorded is ``start_step + 1`` (default 0).
 
     """
 
@@ -64,6 +66,7 @@ class AttachOptions(TypedDict, total=False):
     check_forward: bool
     on_nan: str
     thresholds: Thresholds | Mapping[str, float] | None
+    start_step: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +85,7 @@ class Options:
     check_forward: bool = False
     on_nan: str = "warn"
     thresholds: Thresholds = dataclasses.field(default_factory=Thresholds)
+    start_step: int = 0
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any]) -> Options:
@@ -194,6 +198,12 @@ def check_options(options: Options) -> None:
     if layer_group not in GROUPINGS:
         raise ValueError(
             f"nbmonitor.attach: layer_group must be 'param' or 'module', got {layer_group!r}."
+        )
+    start_step = options.start_step
+    if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
+        raise ValueError(
+            f"nbmonitor.attach: start_step must be an int >= 0 (the steps done before, e.g. "
+            f"the checkpoint's iteration), got {start_step!r}."
         )
     if on_nan not in ON_NAN:
         raise ValueError(f"nbmonitor.attach: on_nan must be 'warn' or 'raise', got {on_nan!r}.")

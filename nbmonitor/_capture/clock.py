@@ -46,6 +46,7 @@ class StepClock:
         probes: Sequence[Probe] = (),
         *,
         keep_forward_pre: bool = False,
+        start_step: int = 0,
         clock: Callable[[], float] = time.perf_counter,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
@@ -53,7 +54,8 @@ class StepClock:
         self.optimizer = optimizer
         self.recorder = recorder
         self.probes = tuple(probes)
-        self.ctx = StepContext(recorder)
+        # Steps done before (a resumed run): numbering goes on from there.
+        self.ctx = StepContext(recorder, step=start_step)
         self._clock = clock
         self._wall_clock = wall_clock
         self._keep_forward_pre = keep_forward_pre
