@@ -194,3 +194,27 @@ def test_another_models_clip_is_not_this_steps(tmp_path: Path) -> None:
     h = mon.history()
     assert_close(h["grad_norm"], [norm])
     assert "grad_clip_coef" not in h or np.isnan(h["grad_clip_coef"]).all()
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+def test_a_compiled_model(tmp_path: Path) -> None:
+    # Warnings are errors: a root hook that dynamo tried to trace would fail this test.
+    torch.manual_seed(0)
+    model = TinyGPT()
+    compiled = torch.compile(model)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    mon = nbmonitor.attach(model, opt, run_dir=tmp_path, display=False)
+    gen = torch.Generator().manual_seed(1)
+    returned = []
+    for _ in range(3):
+        for _ in range(ACCUMULATE):
+            (compiled(*batch(gen)) * 3 / ACCUMULATE).backward()
+        returned.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)))
+        opt.step()
+        opt.zero_grad()
+    mon.flush()
+    mon.close()
+    h = mon.history()
+    assert h["micro_batches"].tolist() == [ACCUMULATE] * 3
+    assert_close(h["grad_norm"], returned)

@@ -28,6 +28,8 @@ from nbmonitor.records import StepRecord
 
 # autograd's engine queues a callback for the end of the backward pass (as DDP's reducer does).
 _autograd_engine = vars(Variable)["_execution_engine"]
+# A hook that torch.compile runs as it is, untraced (torch.compiler.disable, typed here).
+_eager: Callable[[Callable[..., None]], Callable[..., None]] = torch.compiler.disable
 
 
 class StepClock:
@@ -123,9 +125,12 @@ class StepClock:
         # The pre-hook only times the first step's start (later steps start when the previous
         # one ended) and lets probes open per-step sampling; unless a probe needs it, it goes
         # after step 1.
-        self._pre_handle = m.register_forward_pre_hook(self._forward_pre)
+        # Under torch.compile the root hooks run eagerly, at the compiled graph's edges: traced,
+        # their clock reads and Python state would break the graph (and warn) every forward.
+        self._pre_handle = m.register_forward_pre_hook(_eager(self._forward_pre))
         self.handles.append(self._pre_handle)
-        self.handles.append(m.register_forward_hook(self._forward, with_kwargs=True))
+        forward = _eager(self._forward)
+        self.handles.append(m.register_forward_hook(forward, with_kwargs=True))
         if self.optimizer is not None:
             self.handles.append(self.optimizer.register_step_pre_hook(self._step_pre))
             self.handles.append(self.optimizer.register_step_post_hook(self._step_post))
