@@ -320,10 +320,10 @@ class StepClock:
         self._call(self._at["pre_step"])
 
     def _step_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self._stepped = True  # even with this hook's guard off: the scaler did not skip
         self._guarded("optimizer_post_step", self._post_step)
 
     def _post_step(self) -> None:
-        self._stepped = True
         if self._at["post_step"]:
             self._call(self._at["post_step"])
         self._end_step()
