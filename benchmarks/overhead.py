@@ -110,10 +110,14 @@ def train_step(
     loss_fn: Callable[[torch.nn.Module], torch.Tensor],
     opt: torch.optim.Optimizer,
     mon: Any,
+    clip: float | None = None,
 ) -> None:
-    """One step of the loop every benchmark times, logging the loss when ``mon`` is a monitor."""
+    """One step of the loop every benchmark times, logging the loss when ``mon`` is a monitor;
+    with ``clip``, the gradients are clipped to that norm first (``clip_grad_norm_``)."""
     loss = loss_fn(model)
     loss.backward()
+    if clip is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
     opt.step()
     opt.zero_grad(set_to_none=True)
     if mon is not None:

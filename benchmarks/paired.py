@@ -15,6 +15,7 @@ The total overhead of attaching is the hooks' ratio plus that share.
 
     python benchmarks/paired.py                        # mlp20, mlp20_b64, gpt; 60 s each
     python benchmarks/paired.py --tasks mlp20 --seconds 120 --dashboard
+    python benchmarks/paired.py --clip 1.0             # a loop that clips its gradients
 """
 
 from __future__ import annotations
@@ -89,12 +90,13 @@ def run_half(
     seconds: float,
     dashboard: bool,
     tmp: str,
+    clip: float | None = None,
 ) -> tuple[dict[str, list[float]], list[tuple[float, float]]]:
     """``seconds`` of steps in turn with model ``watched`` monitored (``step_models_in_turn``)."""
     mon = nbmonitor.attach(models[watched][0], opts[watched], run_dir=tmp, display=False)
     if dashboard:
         mon._views = (mon._make_dashboard(),)  # what a notebook shows, without a front end
-    return step_models_in_turn(models, opts, {watched: mon}, seconds)
+    return step_models_in_turn(models, opts, {watched: mon}, seconds, clip)
 
 
 def step_models_in_turn(
@@ -102,6 +104,7 @@ def step_models_in_turn(
     opts: dict[str, torch.optim.Optimizer],
     mons: dict[str, Any],
     seconds: float,
+    clip: float | None = None,
 ) -> tuple[dict[str, list[float]], list[tuple[float, float]]]:
     """``seconds`` of models "A" and "B" trained in turn, each logging its loss to its monitor
     in ``mons`` if it has one (closed at the end): each model's step times, and the span of
@@ -114,7 +117,7 @@ def step_models_in_turn(
         opt = opts[which]
         mon = mons.get(which)
         start = time.perf_counter()
-        train_step(model, loss_fn, opt, mon)
+        train_step(model, loss_fn, opt, mon, clip)
         end = time.perf_counter()
         times[which].append(end - start)
         spans.append((start, end))
@@ -132,7 +135,9 @@ def step_models_in_turn(
     return times, spans
 
 
-def measure(task: str, seconds: float, dashboard: bool, tmp: str) -> dict[str, Any]:
+def measure(
+    task: str, seconds: float, dashboard: bool, tmp: str, clip: float | None = None
+) -> dict[str, Any]:
     models = {"A": make_task(task), "B": make_task(task)}  # same seed: same weights and data
     opts = {k: torch.optim.AdamW(m.parameters(), lr=1e-4) for k, (m, _) in models.items()}
     ticks: list[tuple[float, float]] = []
@@ -150,7 +155,7 @@ def measure(task: str, seconds: float, dashboard: bool, tmp: str) -> dict[str, A
     try:
         for watched, plain in (("A", "B"), ("B", "A")):
             faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-            times, half_spans = run_half(models, opts, watched, seconds / 2, dashboard, tmp)
+            times, half_spans = run_half(models, opts, watched, seconds / 2, dashboard, tmp, clip)
             faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
             halves.append((times[watched], times[plain]))
             spans += half_spans
@@ -205,15 +210,17 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--dashboard", action="store_true", help="the notebook dashboard as view")
     ap.add_argument("--json", help="write results here")
+    ap.add_argument("--clip", type=float, help="clip_grad_norm_ to this norm every step")
     args = ap.parse_args()
     results: dict[str, Any] = {
         **environment(),
         "view": "dashboard" if args.dashboard else "console",
+        "clip": args.clip,
         "tasks": {},
     }
     with tempfile.TemporaryDirectory() as tmp:
         for task in args.tasks:
-            r = measure(task, args.seconds, args.dashboard, tmp)
+            r = measure(task, args.seconds, args.dashboard, tmp, args.clip)
             results["tasks"][task] = r
             print(
                 f"{task:10s} {r['pairs']} pairs, plain {r['step_ms_plain']:.2f} ms: "

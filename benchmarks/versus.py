@@ -59,7 +59,9 @@ def import_revision(rev: str, into: Path) -> ModuleType:
     return importlib.import_module(ALIAS)
 
 
-def measure(task: str, seconds: float, ref: ModuleType, tmp: str) -> dict[str, Any]:
+def measure(
+    task: str, seconds: float, ref: ModuleType, tmp: str, clip: float | None = None
+) -> dict[str, Any]:
     models = {"A": make_task(task), "B": make_task(task)}  # same seed: same weights and data
     opts = {k: torch.optim.AdamW(m.parameters(), lr=1e-4) for k, (m, _) in models.items()}
     halves: list[tuple[list[float], list[float]]] = []
@@ -69,7 +71,7 @@ def measure(task: str, seconds: float, ref: ModuleType, tmp: str) -> dict[str, A
             this: nbmonitor.attach(models[this][0], opts[this], run_dir=tmp, display=False),
             other: ref.attach(models[other][0], opts[other], run_dir=tmp, display=False),
         }
-        times, _ = step_models_in_turn(models, opts, mons, seconds / 2)
+        times, _ = step_models_in_turn(models, opts, mons, seconds / 2, clip)
         halves.append((times[this], times[other]))
     percent, (lo, hi) = swapped_ratio(halves)
     this_times = [t for m, _ in halves for t in m]
@@ -89,11 +91,12 @@ def main() -> int:
     ap.add_argument("rev", help="the git revision to compare this checkout with")
     ap.add_argument("--tasks", nargs="+", default=["mlp20"])
     ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--clip", type=float, help="clip_grad_norm_ to this norm every step")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         ref = import_revision(args.rev, Path(tmp) / "src")
         for task in args.tasks:
-            r = measure(task, args.seconds, ref, tmp)
+            r = measure(task, args.seconds, ref, tmp, args.clip)
             lo, hi = r["percent_ci95"]
             print(
                 f"{task:10s} {r['pairs']} pairs: this checkout {r['step_ms_this']:.3f} ms, "

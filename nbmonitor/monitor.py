@@ -35,7 +35,7 @@ from nbmonitor._parts import layer_stats, run_meta
 from nbmonitor._setup_check import check_setup
 from nbmonitor.errors import ErrorLog
 from nbmonitor.health import Alert, Health, HealthInput, non_finite_gradients
-from nbmonitor.options import AttachOptions, Options, check_model
+from nbmonitor.options import AttachOptions, Options, WrappedOptimizer, check_model
 from nbmonitor.sinks import Batch, FanOut, RunLogSink
 
 # How long close() waits for a sampler tick in progress (a hung source) before it gives up on
@@ -71,12 +71,12 @@ class Monitor:
     def __init__(
         self,
         model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer | None = None,
+        optimizer: torch.optim.Optimizer | WrappedOptimizer | None = None,
         *,
         clock: Callable[[], float] = time.time,
         **options: Unpack[AttachOptions],
     ) -> None:
-        check_model(model, optimizer)
+        optimizer = check_model(model, optimizer)
         opts = Options.from_kwargs(options)
         self.options = opts
         self.interval = float(opts.interval)
@@ -96,6 +96,7 @@ class Monitor:
             activations=opts.activations,
             check_forward=opts.check_forward,
             on_nan=opts.on_nan,
+            start_step=opts.start_step,
             wall_clock=clock,
         )
         # Held until start(); then the model's hooks hold the step clock and this only weakly.
@@ -148,7 +149,9 @@ class Monitor:
                 clock=clock,
             )
         )
-        self._pipeline.add_alerts(check_setup(model, optimizer, step=0, time=self._start))
+        self._pipeline.add_alerts(
+            check_setup(model, optimizer, step=opts.start_step, time=self._start)
+        )
         life.pipeline = self._pipeline
         # Nothing here may hold the Monitor: the thread would keep it, and its model, alive.
         self._thread = life.thread = SamplerThread(
@@ -187,9 +190,14 @@ class Monitor:
         # Before the first monitored step: what the probes allocate each step would otherwise
         # often tip glibc into trimming the heap, and faulting it back, every step (heap.py).
         settle_heap()
-        self._capture.clock.install()
-        self._capture = None  # from now on the model holds it (see _LIVE)
-        self._thread.start()
+        try:
+            self._capture.clock.install()
+            self._capture = None  # from now on the model holds it (see _LIVE)
+            self._thread.start()
+        except BaseException:
+            # Nothing of a monitor that did not start stays in the user's model or torch.
+            self.close()
+            raise
         _ALL.add(self)
         if not _atexit_registered:
             atexit.register(_signal_all)
@@ -225,7 +233,8 @@ class Monitor:
 
     @property
     def step(self) -> int:
-        """Optimizer steps completed (backward passes when attached without an optimizer)."""
+        """Optimizer steps completed (backward passes when attached without an optimizer),
+        counted from ``start_step``."""
         return self._life.step()
 
     def log(self, **scalars: object) -> None:
@@ -233,7 +242,8 @@ class Monitor:
 
         Never waits on the device. Logged after ``optimizer.step()``, a value belongs to the step
         that just ended; logged after a forward pass but before the step, to the step in
-        progress. Several values for a key in one step are averaged. NaN and Inf are kept.
+        progress. Several values for a key in one step are averaged; a ``loss`` logged here is
+        the step's loss, not averaged with the model output's ``.loss``. NaN and Inf are kept.
 
         >>> mon.log(loss=loss, accuracy=acc)  # doctest: +SKIP
         """
@@ -363,7 +373,7 @@ class Monitor:
 
 def attach(
     model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer | None = None,
+    optimizer: torch.optim.Optimizer | WrappedOptimizer | None = None,
     **options: Unpack[AttachOptions],
 ) -> Monitor:
     """Start monitoring ``model`` (and ``optimizer``) and show the live view.
@@ -371,7 +381,8 @@ def attach(
     Args:
         model: the ``torch.nn.Module`` being trained.
         optimizer: the optimizer whose ``step()`` ends a training step; without one, each
-            backward pass counts as a step.
+            backward pass counts as a step. A framework's wrapper of one (Accelerate's
+            ``AcceleratedOptimizer``, Lightning's ``LightningOptimizer``) is unwrapped.
         **options: see ``nbmonitor.options.AttachOptions`` (listed below).
 
     Attaching again to the same model, or from another run of the same notebook cell, closes

@@ -12,13 +12,13 @@ import difflib
 import math
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 from nbmonitor._engine.assemble.layers import GROUPINGS
 from nbmonitor.health import Thresholds
 
 if TYPE_CHECKING:
-    pass
+    import torch
 
 ON_NAN = ("warn", "raise")
 BACKENDS = ("auto", "cpu", "mps", "cuda")
@@ -52,6 +52,8 @@ class AttachOptions(TypedDict, total=False):
         ``nbmonitor.NonFiniteError`` from ``optimizer.step()`` before the bad update is
         applied (this checks on the host every step, so it synchronises on CUDA).
     thresholds: health-rule thresholds, as ``nbmonitor.Thresholds`` or a dict of its fields.
+    start_step: the optimizer steps already done before this run (resuming from a
+        checkpoint): the first step recorded is ``start_step + 1`` (default 0).
 
     """
 
@@ -67,6 +69,7 @@ class AttachOptions(TypedDict, total=False):
     check_forward: bool
     on_nan: str
     thresholds: Thresholds | Mapping[str, float] | None
+    start_step: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +88,7 @@ class Options:
     check_forward: bool = False
     on_nan: str = "warn"
     thresholds: Thresholds = dataclasses.field(default_factory=Thresholds)
+    start_step: int = 0
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any]) -> Options:
@@ -124,9 +128,22 @@ def json_safe(value: object) -> object:
     return repr(value)
 
 
-def check_model(model: object, optimizer: object) -> None:
-    """The model and optimizer ``attach()`` was given."""
+class WrappedOptimizer(Protocol):
+    """A framework's optimizer wrapper (Accelerate's ``AcceleratedOptimizer``, Lightning's
+    ``LightningOptimizer``): the torch optimizer that steps is its ``.optimizer``."""
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer: ...
+
+
+def check_model(model: object, optimizer: object) -> torch.optim.Optimizer | None:
+    """The model and optimizer ``attach()`` was given; returns the torch optimizer, taken out
+    of a framework's wrapper (its ``.optimizer``), whose ``step()`` is the one that runs."""
     import torch
+
+    inner = getattr(optimizer, "optimizer", None)
+    if inner is not optimizer and isinstance(inner, torch.optim.Optimizer):
+        optimizer = inner
 
     from nbmonitor._capture.inputs import optimizer_parameters
 
@@ -143,8 +160,9 @@ def check_model(model: object, optimizer: object) -> None:
     if optimizer is not None:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(
-                "nbmonitor.attach: optimizer must be a torch.optim.Optimizer or None, got "
-                f"{type(optimizer).__name__}; pass the optimizer you call .step() on."
+                "nbmonitor.attach: optimizer must be a torch.optim.Optimizer (or a wrapper with "
+                f"one as .optimizer) or None, got {type(optimizer).__name__}; pass the "
+                "optimizer you call .step() on."
             )
         model_params = {id(p) for p in model.parameters()}
         if model_params and not any(id(p) in model_params for p in optimizer_parameters(optimizer)):
@@ -152,6 +170,7 @@ def check_model(model: object, optimizer: object) -> None:
                 "nbmonitor.attach: the optimizer holds none of the model's parameters; "
                 "build it from model.parameters() or pass the matching model."
             )
+    return optimizer
 
 
 def check_options(options: Options) -> None:
@@ -197,6 +216,12 @@ def check_options(options: Options) -> None:
     if layer_group not in GROUPINGS:
         raise ValueError(
             f"nbmonitor.attach: layer_group must be 'param' or 'module', got {layer_group!r}."
+        )
+    start_step = options.start_step
+    if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
+        raise ValueError(
+            f"nbmonitor.attach: start_step must be an int >= 0 (the steps done before, e.g. "
+            f"the checkpoint's iteration), got {start_step!r}."
         )
     if on_nan not in ON_NAN:
         raise ValueError(f"nbmonitor.attach: on_nan must be 'warn' or 'raise', got {on_nan!r}.")

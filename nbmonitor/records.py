@@ -8,6 +8,7 @@ reads records, imports no torch.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -103,15 +104,24 @@ class StepRecord:
     norm_index: tuple[int, ...] | None = None
     # How the values unpack into squared norms (the CPU path); None: they are norms.
     norms_layout: NormLayout | None = None
+    # What clip_grad_norm_ returned (the norm before clipping), when it was called once.
+    clip_norm: Pending | None = None
+    max_norm: float = math.nan
+    # The GradScaler skipped the optimizer step (inf/NaN gradients); no norms then.
+    skipped: bool = False
 
     def ready(self) -> bool:
         if self.norms is not None and not self.norms.ready():
+            return False
+        if self.clip_norm is not None and not self.clip_norm.ready():
             return False
         return all(isinstance(lr, float) or lr.ready() for lr in self.lrs)
 
     def wait(self) -> None:
         if self.norms is not None:
             self.norms.wait()
+        if self.clip_norm is not None:
+            self.clip_norm.wait()
         for lr in self.lrs:
             if not isinstance(lr, float):
                 lr.wait()
@@ -146,6 +156,9 @@ class LogRecord:
     # Keys whose value could not be read, with why; the sampler reports them (a tuple, so that
     # the usual record allocates nothing for it).
     dropped: tuple[tuple[str, Exception], ...] = ()
+    # Read from the model's output (``.loss``): a key ``mon.log`` also gives in the step takes
+    # the logged value alone (one loss per step, the explicit one).
+    implicit: bool = False
 
     def ready(self) -> bool:
         return all(value.ready() for _, value in self.tensors)

@@ -40,6 +40,8 @@ def test_typed_keywords_and_resolved_options_are_the_same_set() -> None:
         ({"thresholds": {"nope": 1.0}}, ValueError, "unknown threshold"),
         ({"thresholds": 3}, TypeError, "thresholds must be a dict"),
         ({"intervl": 1.0}, TypeError, "did you mean 'interval'"),
+        ({"start_step": -1}, ValueError, "start_step must be an int >= 0"),
+        ({"start_step": 2.5}, ValueError, "start_step must be an int >= 0"),
     ],
 )
 def test_bad_options_get_one_line_errors(kwargs: dict[str, object], error: type, text: str) -> None:

@@ -41,6 +41,7 @@ def build_capture(
     activations: bool,
     check_forward: bool,
     on_nan: str,
+    start_step: int = 0,
     wall_clock: Callable[[], float] = time.time,
 ) -> Capture:
     names = {id(p): n for n, p in model.named_parameters()}
@@ -80,6 +81,7 @@ def build_capture(
         errors,
         probes,
         keep_forward_pre=activations,
+        start_step=start_step,
         wall_clock=wall_clock,
     )
     return Capture(recorder, clock, params, param_names, n_optimized, grad, update)

@@ -9,6 +9,7 @@ that keeps failing is switched off while the clock and the other probes go on.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -17,6 +18,7 @@ import torch
 from torch.autograd.variable import Variable
 from torch.utils.hooks import RemovableHandle
 
+from nbmonitor._capture import intercept
 from nbmonitor._capture.device_value import DeviceValue
 from nbmonitor._capture.inputs import batch_size, first_tensor, output_loss
 from nbmonitor._capture.probes.base import NO_NORMS, Probe, StepContext
@@ -26,6 +28,8 @@ from nbmonitor.records import StepRecord
 
 # autograd's engine queues a callback for the end of the backward pass (as DDP's reducer does).
 _autograd_engine = vars(Variable)["_execution_engine"]
+# A hook that torch.compile runs as it is, untraced (torch.compiler.disable, typed here).
+_eager: Callable[[Callable[..., None]], Callable[..., None]] = torch.compiler.disable
 
 
 class StepClock:
@@ -44,6 +48,7 @@ class StepClock:
         probes: Sequence[Probe] = (),
         *,
         keep_forward_pre: bool = False,
+        start_step: int = 0,
         clock: Callable[[], float] = time.perf_counter,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
@@ -51,7 +56,8 @@ class StepClock:
         self.optimizer = optimizer
         self.recorder = recorder
         self.probes = tuple(probes)
-        self.ctx = StepContext(recorder)
+        # Steps done before (a resumed run): numbering goes on from there.
+        self.ctx = StepContext(recorder, step=start_step)
         self._clock = clock
         self._wall_clock = wall_clock
         self._keep_forward_pre = keep_forward_pre
@@ -63,6 +69,8 @@ class StepClock:
                 "backward",
                 "optimizer_pre_step",
                 "optimizer_post_step",
+                "clip",
+                "scaler_step",
             )
         }
         self._log_guard = Guard("log", errors)
@@ -70,6 +78,7 @@ class StepClock:
         self._at: dict[str, tuple[tuple[Guard, Callable[..., None]], ...]] = {
             "forward_pre": self._calls("forward_pre", lambda p: p.forward_pre),
             "forward": self._calls("forward", lambda p: p.forward),
+            "clip": self._calls("clip", lambda p: p.clip),
             "pre_step": self._calls("pre_step", lambda p: p.pre_step),
             "post_step": self._calls("post_step", lambda p: p.post_step),
         }
@@ -79,6 +88,11 @@ class StepClock:
         self._backward_queued = False
         self.handles: list[RemovableHandle] = []
         self._pre_handle: RemovableHandle | None = None
+        self._unlisten: Callable[[], None] | None = None
+        self._param_ids: frozenset[int] = frozenset()
+        # Inside GradScaler.step for our optimizer, and whether the optimizer stepped there.
+        self._in_scaler_step = False
+        self._stepped = False
 
     @property
     def step(self) -> int:
@@ -96,6 +110,13 @@ class StepClock:
     # -- lifecycle ----------------------------------------------------------------------------
 
     def install(self) -> None:
+        try:
+            self._install()
+        except BaseException:
+            self.remove()  # what was installed before the failure
+            raise
+
+    def _install(self) -> None:
         m = self.model
         # Probes' own per-module hooks go first so that they have run when the root's own hook
         # hands the step to the probes.
@@ -104,17 +125,26 @@ class StepClock:
         # The pre-hook only times the first step's start (later steps start when the previous
         # one ended) and lets probes open per-step sampling; unless a probe needs it, it goes
         # after step 1.
-        self._pre_handle = m.register_forward_pre_hook(self._forward_pre)
+        # Under torch.compile the root hooks run eagerly, at the compiled graph's edges: traced,
+        # their clock reads and Python state would break the graph (and warn) every forward.
+        self._pre_handle = m.register_forward_pre_hook(_eager(self._forward_pre))
         self.handles.append(self._pre_handle)
-        self.handles.append(m.register_forward_hook(self._forward, with_kwargs=True))
+        forward = _eager(self._forward)
+        self.handles.append(m.register_forward_hook(forward, with_kwargs=True))
         if self.optimizer is not None:
             self.handles.append(self.optimizer.register_step_pre_hook(self._step_pre))
             self.handles.append(self.optimizer.register_step_post_hook(self._step_post))
+            # Without an optimizer a step ends with backward, before any clip: nothing to watch.
+            self._param_ids = frozenset(id(p) for p in m.parameters())
+            self._unlisten = intercept.listen(self)
 
     def remove(self) -> None:
         for handle in self.handles:
             handle.remove()
         self.handles.clear()
+        if self._unlisten is not None:
+            self._unlisten()
+            self._unlisten = None
 
     def log(self, scalars: Mapping[str, object]) -> None:
         """Record ``scalars``; a non-numeric value is the caller's bug (TypeError), anything
@@ -237,6 +267,52 @@ class StepClock:
         self._call(self._at["pre_step"])
         self._end_step()
 
+    # -- watched torch calls (intercept.py) ---------------------------------------------------
+
+    def clip_started(self, params: list[torch.Tensor]) -> None:
+        # Another model's clip (or one of no parameters) is not this step's.
+        if params and id(params[0]) in self._param_ids:
+            self._guarded("clip", self._clip_start)
+
+    def _clip_start(self) -> None:
+        ctx = self.ctx
+        ctx.clips += 1
+        if ctx.clips == 1:
+            self._call(self._at["clip"])
+
+    def clip_done(self, params: list[torch.Tensor], total: torch.Tensor, max_norm: object) -> None:
+        if params and id(params[0]) in self._param_ids:
+            self._guarded("clip", lambda: self._clip_end(total, max_norm))
+
+    def _clip_end(self, total: torch.Tensor, max_norm: object) -> None:
+        ctx = self.ctx
+        if ctx.clips == 1:
+            ctx.clip_total = DeviceValue(total.detach().reshape(1))
+            # A tensor max_norm would cost a sync to read: no clip coefficient then.
+            ctx.max_norm = float(max_norm) if isinstance(max_norm, (int, float)) else math.nan
+        else:
+            # Several clips in one step (parameter groups clipped apart, or twice): the total
+            # comes from the per-parameter norms taken before the first.
+            ctx.clip_total = None
+
+    def scaler_step_started(self, optimizer: object) -> None:
+        if optimizer is self.optimizer:
+            self._in_scaler_step = True
+            self._stepped = False
+
+    def scaler_step_done(self, optimizer: object) -> None:
+        if optimizer is not self.optimizer or not self._in_scaler_step:
+            return
+        self._in_scaler_step = False
+        if not self._stepped:
+            self._guarded("scaler_step", self._end_skipped_step)
+
+    def _end_skipped_step(self) -> None:
+        # The scaler found inf/NaN and did not step: the step counts (as the user's loop and
+        # HF's global_step count it), marked skipped, without norms of gradients not used.
+        self.ctx.norms = NO_NORMS
+        self._end_step(skipped=True)
+
     def _step_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._guarded("optimizer_pre_step", self._pre_step)
 
@@ -244,6 +320,7 @@ class StepClock:
         self._call(self._at["pre_step"])
 
     def _step_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self._stepped = True  # even with this hook's guard off: the scaler did not skip
         self._guarded("optimizer_post_step", self._post_step)
 
     def _post_step(self) -> None:
@@ -253,7 +330,7 @@ class StepClock:
 
     # -- the end of a step ----------------------------------------------------------------------
 
-    def _end_step(self) -> None:
+    def _end_step(self, skipped: bool = False) -> None:
         now = self._clock()
         start = self._last_end if self._last_end is not None else self._step_start
         step_time = now - start if start is not None else float("nan")
@@ -261,6 +338,9 @@ class StepClock:
         ctx.step += 1
         norms, which, layout = ctx.norms
         ctx.norms = NO_NORMS
+        clip_total = None if skipped else ctx.clip_total
+        max_norm = ctx.max_norm
+        ctx.clips, ctx.clip_total, ctx.max_norm = 0, None, math.nan
         self.recorder.put(
             StepRecord(
                 step=ctx.step,
@@ -272,6 +352,9 @@ class StepClock:
                 norms=norms,
                 norm_index=which,
                 norms_layout=layout,
+                clip_norm=clip_total,
+                max_norm=max_norm,
+                skipped=skipped,
             )
         )
         self._last_end = now

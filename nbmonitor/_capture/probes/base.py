@@ -9,6 +9,7 @@ returns. An exception from a probe is counted by its Guard and never reaches the
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -26,7 +27,7 @@ PendingNorms = tuple["DeviceValue | None", "tuple[int, ...] | None", "NormLayout
 NO_NORMS: PendingNorms = (None, None, None)
 
 # The moments of a step a probe can act at, in the order they happen.
-EVENTS = ("forward_pre", "forward", "pre_step", "post_step")
+EVENTS = ("forward_pre", "forward", "clip", "pre_step", "post_step")
 
 
 @dataclass
@@ -38,6 +39,11 @@ class StepContext:
     micro: int = 0  # grad-enabled forwards in the step in progress
     # Set by the gradient-norm probe before the step; the clock puts it in the step's record.
     norms: PendingNorms = NO_NORMS
+    # clip_grad_norm_ calls in the step in progress (``_capture/intercept.py``); the first
+    # one's return value (the pre-clip total norm) and max_norm, kept while it is the only one.
+    clips: int = 0
+    clip_total: DeviceValue | None = None
+    max_norm: float = math.nan
 
     @property
     def log_step(self) -> int:
@@ -60,6 +66,9 @@ class Probe(Protocol):
     def forward_pre(self, ctx: StepContext) -> None: ...
 
     def forward(self, ctx: StepContext, output: Any) -> None: ...
+
+    def clip(self, ctx: StepContext) -> None:
+        """As ``clip_grad_norm_`` starts (the first call in a step), before it clips."""
 
     def pre_step(self, ctx: StepContext) -> None: ...
 
@@ -84,6 +93,9 @@ class ProbeBase:
         return None
 
     def forward(self, ctx: StepContext, output: Any) -> None:
+        return None
+
+    def clip(self, ctx: StepContext) -> None:
         return None
 
     def pre_step(self, ctx: StepContext) -> None:

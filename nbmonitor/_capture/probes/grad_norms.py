@@ -170,8 +170,9 @@ def _take_cpu(
 
 
 class GradNormProbe(ProbeBase):
-    """Per-parameter gradient norms of every step, taken before the optimizer step (gradients
-    are final there) and handed to the step's record; with ``raise_non_finite`` it checks
+    """Per-parameter gradient norms of every step, taken as ``clip_grad_norm_`` starts when the
+    loop clips, else before the optimizer step (gradients are final at both), and handed to
+    the step's record; with ``raise_non_finite`` it checks
     them on the host and raises ``NonFiniteError`` before the bad update (a sync by design)."""
 
     name = "grad_norms"
@@ -189,10 +190,16 @@ class GradNormProbe(ProbeBase):
         self.raise_non_finite = raise_non_finite
 
     def events(self) -> tuple[str, ...]:
-        return ("pre_step",)
+        return ("clip", "pre_step")
+
+    def clip(self, ctx: StepContext) -> None:
+        # Before clip_grad_norm_ scales them: the norms grad_norm means (intercept.py).
+        ctx.norms = self.norm_pass.take()
 
     def pre_step(self, ctx: StepContext) -> None:
-        ctx.norms = self.norm_pass.take()
+        if not ctx.clips:
+            ctx.norms = self.norm_pass.take()
+        # Checked here, not at the clip: a GradScaler's inf step never reaches the optimizer.
         if self.raise_non_finite:
             self._raise_if_non_finite(ctx)
 

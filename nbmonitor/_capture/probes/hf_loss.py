@@ -1,4 +1,5 @@
-"""The loss of a model whose output carries one (Hugging Face style ``output.loss``)."""
+"""The loss of a model whose output carries one (Hugging Face style ``output.loss``), for steps
+in which ``mon.log(loss=...)`` gives none."""
 
 from __future__ import annotations
 
@@ -18,4 +19,6 @@ class OutputLossProbe(ProbeBase):
     def forward(self, ctx: StepContext, output: Any) -> None:
         loss = output_loss(output)
         if loss is not None:
-            ctx.recorder.put(make_log_record(ctx.log_step, {"loss": loss}))
+            record = make_log_record(ctx.log_step, {"loss": loss})
+            record.implicit = True  # mon.log(loss=...) in the same step wins
+            ctx.recorder.put(record)

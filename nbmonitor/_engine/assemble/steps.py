@@ -32,6 +32,8 @@ class _Row:
     values: dict[str, float] = field(default_factory=dict)
     sums: dict[str, float] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
+    # Values read from the model's output, used for keys mon.log() did not give this step.
+    implicit: _Row | None = None
 
     def add_logged(self, key: str, value: float) -> None:
         # Several values for one key in one step (gradient accumulation) are averaged.
@@ -41,6 +43,10 @@ class _Row:
     def build(self, step: int) -> dict[str, float]:
         row = {"step": float(step)}
         row.update(self.values)
+        if self.implicit is not None:
+            for key, total in self.implicit.sums.items():
+                if key not in self.sums:
+                    row[key] = total / self.implicit.counts[key]
         for key, total in self.sums.items():
             row[key] = total / self.counts[key]
         return row
@@ -81,12 +87,15 @@ class StepAssembler:
 
     def add(self, records: list[Record]) -> None:
         with_norms: list[StepRecord] = []
+        clipped: list[StepRecord] = []
         for record in records:
             try:
                 if isinstance(record, StepRecord):
                     self._add_step(record)
                     if record.norms is not None:
                         with_norms.append(record)
+                    if record.clip_norm is not None:
+                        clipped.append(record)
                 elif isinstance(record, AuxRecord):
                     self.aux.append((record, record.value.values()))
                 elif isinstance(record, LogRecord):
@@ -94,10 +103,27 @@ class StepAssembler:
             except Exception as exc:
                 self.failures.append((f"records:{type(record).__name__}", exc))
         self._add_norms(with_norms)
+        for record in clipped:
+            self._add_clip(record)
+
+    def _add_clip(self, record: StepRecord) -> None:
+        # grad_norm is what clip_grad_norm_ returned (the norm before clipping), over the
+        # parameters it was given; the coefficient is the factor it scaled them by, as torch
+        # computes it (1: not clipped).
+        assert record.clip_norm is not None
+        total = record.clip_norm.values()[0]
+        row = self._open[record.step].values
+        row["grad_norm"] = total
+        if math.isfinite(record.max_norm):
+            row["grad_clip_coef"] = min(1.0, record.max_norm / (total + 1e-6))
 
     def _add_logged(self, record: LogRecord) -> None:
         values, failed = record.resolve()
         row = self._open.setdefault(record.step, _Row())
+        if record.implicit:
+            if row.implicit is None:
+                row.implicit = _Row()
+            row = row.implicit
         for key, value in values.items():
             row.add_logged(key, value)
         self.failures.extend((f"log:{key}", exc) for key, exc in failed)
@@ -152,6 +178,8 @@ class StepAssembler:
         row["time"] = record.time
         row["step_time"] = record.step_time
         row["micro_batches"] = float(record.micro_batches)
+        if record.skipped:
+            row["step_skipped"] = 1.0
         if record.samples:
             row["samples"] = float(record.samples)
             row["samples_per_s"] = (

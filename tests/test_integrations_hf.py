@@ -1,0 +1,72 @@
+"""The Hugging Face Trainer callback: a real Trainer (tiny GPT-2 built from a config, no
+downloads) with gradient accumulation, clipping and evaluation; nbmonitor's steps, loss,
+grad_norm and lr equal what the Trainer logged per step (logging_steps=1)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+from nbmonitor.integrations.hf import NbmonitorCallback  # noqa: E402
+
+
+class Tokens(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
+    def __init__(self, n: int, seed: int) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(0, 64, (n, 16), generator=gen)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+@pytest.mark.timeout(300)
+def test_trainer_steps_loss_grad_norm_and_lr_match_its_log(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2)
+    model = transformers.GPT2LMHeadModel(config)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        max_steps=6,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        learning_rate=5e-2,  # large, so that the clip (max_grad_norm=0.5) acts
+        max_grad_norm=0.5,
+        lr_scheduler_type="cosine",
+        logging_steps=1,
+        eval_strategy="steps",
+        eval_steps=3,
+        per_device_eval_batch_size=4,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    callback = NbmonitorCallback(run_dir=tmp_path / "runs", display=False)
+    trainer = transformers.Trainer(
+        model=model,
+        args=args,
+        train_dataset=Tokens(48, 1),
+        eval_dataset=Tokens(8, 2),
+        callbacks=[callback],
+    )
+    trainer.train()
+    mon = callback.monitor
+    assert mon is not None and mon.status == "closed"
+    logged = [e for e in trainer.state.log_history if "loss" in e and "grad_norm" in e]
+    h = mon.history()
+    assert h["step"].tolist() == [e["step"] for e in logged] == list(range(1, 7))
+    assert mon.step == trainer.state.global_step == 6  # evaluation is not counted
+    np.testing.assert_allclose(h["loss"], [e["loss"] for e in logged], rtol=1e-4)
+    np.testing.assert_allclose(h["grad_norm"], [e["grad_norm"] for e in logged], rtol=1e-4)
+    np.testing.assert_allclose(h["lr"], [e["learning_rate"] for e in logged], rtol=1e-6)
+    assert (h["grad_clip_coef"] < 1).any()
+    assert h["micro_batches"].tolist() == [2] * 6
