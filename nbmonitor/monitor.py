@@ -9,7 +9,6 @@ the sampler published. A monitor closes itself once its model is collected (_lif
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import functools
 import time
@@ -24,13 +23,14 @@ import numpy.typing as npt
 import torch
 
 import nbmonitor.backends.selection as _backends
+from nbmonitor import _registry
 from nbmonitor._capture.capture import build_capture
 from nbmonitor._capture.heap import settle_heap
 from nbmonitor._engine.frame import Frame, RunInfo, View
 from nbmonitor._engine.pipeline import Pipeline, PipelineParts
 from nbmonitor._engine.published import history
 from nbmonitor._engine.sampler import SamplerThread
-from nbmonitor._lifetime import Lifetime, current_cell, flush_tick
+from nbmonitor._lifetime import Lifetime, flush_tick
 from nbmonitor._parts import layer_stats, run_meta
 from nbmonitor._setup_check import check_setup
 from nbmonitor.errors import ErrorLog
@@ -42,22 +42,6 @@ from nbmonitor.sinks import Batch, FanOut, RunLogSink
 # the last interval rather than hang the notebook.
 CLOSE_WAIT_S = 5.0
 FLUSH_TIMEOUT_S = 5.0
-
-# The live monitor of each model, so that attaching again replaces it. It is also what keeps a
-# monitor nobody holds alive as long as its model (``nbmonitor.attach(model)`` as a statement);
-# the Monitor holds its model only weakly, so the entry goes with the model (_lifetime.py).
-_LIVE: weakref.WeakKeyDictionary[torch.nn.Module, Monitor] = weakref.WeakKeyDictionary()
-# The monitors each notebook cell attached, with the execution that did: re-running the cell
-# replaces them (a new model each run would otherwise leave the last one's monitor running).
-_BY_CELL: dict[str, tuple[int, weakref.WeakSet[Monitor]]] = {}
-_ALL: weakref.WeakSet[Monitor] = weakref.WeakSet()
-_atexit_registered = False
-
-
-def _signal_all() -> None:
-    # At interpreter exit only signal: joining threads or writing files here can hang shutdown.
-    for monitor in list(_ALL):
-        monitor.stop_signal()
 
 
 class Monitor:
@@ -186,22 +170,18 @@ class Monitor:
 
     def start(self) -> None:
         """Install the hooks, start the sampler and show the dashboard (attach() does this)."""
-        global _atexit_registered
         # Before the first monitored step: what the probes allocate each step would otherwise
         # often tip glibc into trimming the heap, and faulting it back, every step (heap.py).
         settle_heap()
         try:
             self._capture.clock.install()
-            self._capture = None  # from now on the model holds it (see _LIVE)
+            self._capture = None  # from now on the model holds it (see _registry.LIVE)
             self._thread.start()
         except BaseException:
             # Nothing of a monitor that did not start stays in the user's model or torch.
             self.close()
             raise
-        _ALL.add(self)
-        if not _atexit_registered:
-            atexit.register(_signal_all)
-            _atexit_registered = True
+        _registry.started(self)
         if self.options.display and self._dashboard is not None:
             from nbmonitor.ui.notebook import show
 
@@ -280,10 +260,7 @@ class Monitor:
         """
         self._finalizer.detach()
         self._life.close(CLOSE_WAIT_S)
-        model = self._model_ref()
-        if model is not None and _LIVE.get(model) is self:
-            del _LIVE[model]
-        _ALL.discard(self)
+        _registry.closed(self._model_ref(), self)
 
     def __enter__(self) -> Monitor:
         return self
@@ -393,30 +370,9 @@ def attach(
     # Build (and so validate) the new monitor before closing the old one: a bad argument in a
     # re-run cell must not stop the monitor that is still working.
     monitor = Monitor(model, optimizer, **options)
-    previous = _LIVE.get(model)
-    if previous is not None:
-        previous.close()
-    _replace_cell_monitors(monitor)
-    _LIVE[model] = monitor
+    _registry.replace(model, monitor)
     monitor.start()
     return monitor
-
-
-def _replace_cell_monitors(monitor: Monitor) -> None:
-    # In a notebook, the monitors an earlier run of this cell attached (to models this run
-    # rebuilt) are closed; those of this run (two models in one cell) are kept.
-    cell = current_cell()
-    if cell is None:
-        return
-    key, count = cell
-    earlier = _BY_CELL.get(key)
-    if earlier is not None and earlier[0] != count:
-        for old in list(earlier[1]):
-            old.close()
-        earlier = None
-    if earlier is None:
-        earlier = _BY_CELL[key] = (count, weakref.WeakSet())
-    earlier[1].add(monitor)
 
 
 if attach.__doc__ is not None and AttachOptions.__doc__ is not None:

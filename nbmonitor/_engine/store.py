@@ -29,8 +29,8 @@ from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
-from tsdownsample import MinMaxLTTBDownsampler
 
+from nbmonitor._engine.decimate import decimate
 from nbmonitor._engine.tiering import merge_pairs
 
 FloatArray = npt.NDArray[np.float64]
@@ -381,22 +381,7 @@ class Store:
             ry = self._recent[i, :nr].copy()
         xs = np.concatenate((np.repeat(bx, 2), rx))
         ys = np.concatenate((np.column_stack((blo, bhi)).ravel(), ry))
-        keep = np.isfinite(ys) & np.isfinite(xs)
-        if not keep.all():
-            xs, ys = xs[keep], ys[keep]
-        # tsdownsample needs sorted x (ties are fine; checked with 0.1.5). Steps normally
-        # increase already; a restarted counter is sorted, stably, rather than drawn backwards.
-        if xs.size > 1 and bool((np.diff(xs) < 0).any()):
-            order = np.argsort(xs, kind="stable")
-            xs, ys = xs[order], ys[order]
-        if xs.size > max_points:
-            sampler = MinMaxLTTBDownsampler()  # type: ignore[no-untyped-call]
-            idx = np.asarray(sampler.downsample(xs, ys, n_out=max_points), dtype=np.int64)
-            idx = np.union1d(idx, [int(np.argmin(ys)), int(np.argmax(ys))])
-            xs, ys = xs[idx], ys[idx]
-        return np.ascontiguousarray(xs, dtype=np.float64), np.ascontiguousarray(
-            ys, dtype=np.float64
-        )
+        return decimate(xs, ys, max_points)
 
 
 def _means(sums: FloatArray, cnts: IntArray) -> FloatArray:

@@ -14,7 +14,7 @@ import torch
 from tests.helpers import mlp, train
 
 import nbmonitor
-import nbmonitor.monitor as monitor_module
+import nbmonitor._registry as registry
 
 
 def _samplers() -> set[threading.Thread]:
@@ -77,7 +77,7 @@ def test_an_unassigned_monitor_lives_as_long_as_its_model(tmp_path):
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     nbmonitor.attach(model, opt, run_dir=tmp_path, display=False, interval=0.05)
     gc.collect()
-    [mon] = [m for m in monitor_module._ALL if m.run_dir.parent == tmp_path]
+    [mon] = [m for m in registry.ALL if m.run_dir.parent == tmp_path]
     try:
         assert mon.status == "running"
         train(model, opt, mon, 2)
@@ -89,8 +89,8 @@ def test_an_unassigned_monitor_lives_as_long_as_its_model(tmp_path):
 
 def test_rerunning_the_same_cell_closes_the_monitor_it_attached_before(tmp_path, monkeypatch):
     cell = ["cell-a", 1]
-    monkeypatch.setattr(monitor_module, "current_cell", lambda: (cell[0], cell[1]))
-    monkeypatch.setattr(monitor_module, "_BY_CELL", {})
+    monkeypatch.setattr(registry, "current_cell", lambda: (cell[0], cell[1]))
+    monkeypatch.setattr(registry, "BY_CELL", {})
     models = [mlp() for _ in range(4)]  # all alive: only the cell replaces monitors here
     first_model, _, first, threads = _attach_and_train(tmp_path)
     other_in_same_run = nbmonitor.attach(models[0], run_dir=tmp_path, display=False)
@@ -111,7 +111,7 @@ def test_rerunning_the_same_cell_closes_the_monitor_it_attached_before(tmp_path,
 
 
 def test_in_a_script_there_is_no_cell_to_replace(tmp_path):
-    assert monitor_module.current_cell() is None  # no IPython here
+    assert registry.current_cell() is None  # no IPython here
     models = [mlp(), mlp()]
     a = nbmonitor.attach(models[0], run_dir=tmp_path, display=False)
     b = nbmonitor.attach(models[1], run_dir=tmp_path, display=False)
