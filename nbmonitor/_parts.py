@@ -4,10 +4,12 @@ meta.json and the per-layer statistics of the tracked parameters."""
 from __future__ import annotations
 
 import datetime as _dt
+import math
 import os
 import platform
 import socket
 import sys
+from collections.abc import Mapping
 
 import torch
 
@@ -18,7 +20,23 @@ from nbmonitor._redact import redact_argv
 from nbmonitor._version import __version__
 from nbmonitor.backends.base import Backend
 from nbmonitor.backends.selection import model_device_type
-from nbmonitor.options import Options, json_safe
+from nbmonitor.options import Options
+
+
+def json_safe(value: object) -> object:
+    """``value`` as JSON can hold it: non-finite floats and anything else as text, a
+    one-element tensor as its number (an optimizer's defaults, read once at attach)."""
+    if isinstance(value, (str, int, bool)) or value is None:
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, Mapping):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return float(value.detach().cpu())
+    return repr(value)
 
 
 def run_meta(

@@ -113,21 +113,6 @@ class Options:
         return out
 
 
-def json_safe(value: object) -> object:
-    if isinstance(value, (str, int, bool)) or value is None:
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    if isinstance(value, Mapping):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    numel = getattr(value, "numel", None)
-    if callable(numel) and type(value).__module__.startswith("torch") and numel() == 1:
-        return float(value.detach().cpu())  # type: ignore[attr-defined]
-    return repr(value)
-
-
 class WrappedOptimizer(Protocol):
     """A framework's optimizer wrapper (Accelerate's ``AcceleratedOptimizer``, Lightning's
     ``LightningOptimizer``): the torch optimizer that steps is its ``.optimizer``."""

@@ -167,11 +167,3 @@ def to_device_value(values: list[torch.Tensor]) -> DeviceValue:
     if len(values) == 1:
         return DeviceValue(values[0].detach().reshape(1))
     return DeviceValue(torch.stack([v.detach().reshape(()).to(torch.float32) for v in values]))
-
-
-def stack_packed(
-    values: Sequence[Pending],
-) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.floating[Any]] | None] | None:
-    """``values[0].stack_alike(values)`` for a list of DeviceValues (see there)."""
-    first = values[0]
-    return first.stack_alike(values) if isinstance(first, DeviceValue) else None

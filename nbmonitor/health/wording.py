@@ -2,21 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-MAX_NAMED = 5  # names listed in a message before "and N more"; Alert.layers keeps them all
+from nbmonitor._names import MAX_NAMED, name_list
 
 # The healthy size of one optimizer update relative to its weights, quoted by both
 # update-ratio rules.
 HEALTHY_UPDATE = "healthy is about 1e-3"
-
-
-def name_list(names: Sequence[str], limit: int = MAX_NAMED) -> str:
-    """``"a, b, c and 4 more"``: how every alert message lists layers or parameters."""
-    shown = ", ".join(names[:limit])
-    if len(names) > limit:
-        shown += f" and {len(names) - limit} more"
-    return shown
 
 
 def num(value: float) -> str:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from nbmonitor._capture.device_value import DeviceValue, stack_packed
+from nbmonitor._capture.device_value import DeviceValue
 from nbmonitor._capture.probes.grad_norms import DOT_MIN_NUMEL, NormPass, cpu_plan
 from nbmonitor._engine.assemble.steps import StepAssembler
 from nbmonitor.records import NormLayout, StepRecord, squared_norms, squared_norms_split
@@ -227,7 +227,7 @@ def test_a_tick_unpacks_its_parts_as_each_step_alone() -> None:
         value, _, layout = npass.take()
         assert value is not None and layout is not None
         values.append(value)
-    split = stack_packed(values)
+    split = values[0].stack_alike(values)
     assert split is not None and split[1] is not None
     rows = squared_norms_split(*split, layout)
     alone = np.stack([squared_norms(v.floats(), layout) for v in values])

@@ -8,7 +8,7 @@ import weakref
 import numpy as np
 import torch
 
-from nbmonitor._capture.device_value import DeviceValue, stack_packed, to_device_value
+from nbmonitor._capture.device_value import DeviceValue, to_device_value
 from nbmonitor._capture.recorder import Recorder, make_log_record
 from nbmonitor.records import LogRecord, StepRecord
 
@@ -98,18 +98,23 @@ def test_packed_value_is_its_floats_then_its_tensor() -> None:
     assert alone.values() == [5.0] and alone.floats().tolist() == [5.0]
 
 
-def test_stack_packed_rows_are_each_values_parts() -> None:
+def test_stack_alike_rows_are_each_values_parts() -> None:
     def tail(*v: float) -> torch.Tensor:
         return torch.tensor(v, dtype=torch.float32)
 
     alike = [DeviceValue.packed([1.0, 2.0], tail(3, 4)), DeviceValue.packed([5.0, 6.0], tail(7, 8))]
-    split = stack_packed(alike)
+    split = alike[0].stack_alike(alike)
     assert split is not None and split[1] is not None
     assert split[0].dtype == np.float64 and split[0].tolist() == [[1.0, 2.0], [5.0, 6.0]]
     assert split[1].tolist() == [[3.0, 4.0], [7.0, 8.0]]
-    heads_only = stack_packed([DeviceValue.packed([1.0], None), DeviceValue.packed([2.0], None)])
+    heads_only = DeviceValue.packed([1.0], None).stack_alike(
+        [DeviceValue.packed([1.0], None), DeviceValue.packed([2.0], None)]
+    )
     assert heads_only is not None and heads_only[1] is None
     assert heads_only[0].tolist() == [[1.0], [2.0]]
     unalike = [DeviceValue.packed([1.0], tail(2)), DeviceValue.packed([3.0, 4.0], None)]
-    assert stack_packed(unalike) is None
-    assert stack_packed([DeviceValue(torch.tensor([1.0, 2.0]))]) is None
+    assert unalike[0].stack_alike(unalike) is None
+    assert (
+        DeviceValue(torch.tensor([1.0, 2.0])).stack_alike([DeviceValue(torch.tensor([1.0, 2.0]))])
+        is None
+    )

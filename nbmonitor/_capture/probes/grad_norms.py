@@ -29,6 +29,7 @@ from torch import _foreach_norm
 
 from nbmonitor._capture.device_value import DeviceValue
 from nbmonitor._capture.probes.base import ProbeBase, StepContext
+from nbmonitor._names import name_list
 from nbmonitor.errors import Guard, NonFiniteError
 from nbmonitor.records import NormLayout, squared_norms
 
@@ -222,14 +223,6 @@ class GradNormProbe(ProbeBase):
 
 def _finite(value: float) -> bool:
     return value - value == 0.0
-
-
-def name_list(names: list[str], limit: int = 5) -> str:
-    """``"a, b, c and 4 more"``, as the alerts list names."""
-    shown = ", ".join(names[:limit])
-    if len(names) > limit:
-        shown += f" and {len(names) - limit} more"
-    return shown
 
 
 __all__ = [
