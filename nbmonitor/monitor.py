@@ -310,9 +310,21 @@ class Monitor:
         return rows
 
     def frame(self, detail: bool = True) -> Frame:
-        """The snapshot the views show now (see ``nbmonitor._engine.frame.Frame``)."""
-        with self._pipeline.lock:
-            return self._pipeline.frame(detail)
+        """The snapshot the views show now (see ``nbmonitor._engine.frame.Frame``).
+
+        Built between two sampler ticks: it waits for a tick in progress at most
+        ``FLUSH_TIMEOUT_S`` and then raises ``TimeoutError`` (a source is hung) rather than
+        hang the caller.
+        """
+        pipeline = self._pipeline
+        if not pipeline.lock.acquire(timeout=FLUSH_TIMEOUT_S):
+            raise TimeoutError(
+                "nbmonitor: the sampler is stuck in a source (see mon.errors); no frame now."
+            )
+        try:
+            return pipeline.frame(detail)
+        finally:
+            pipeline.lock.release()
 
     @property
     def views(self) -> tuple[View, ...]:

@@ -6,6 +6,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 import torch
 from tests.helpers import mlp, train
 
@@ -15,6 +16,7 @@ from nbmonitor.monitor import Monitor
 
 def test_a_hung_source_blocks_neither_reads_nor_flush_nor_close(tmp_path, monkeypatch):
     monkeypatch.setattr("nbmonitor.monitor.CLOSE_WAIT_S", 0.5)
+    monkeypatch.setattr("nbmonitor.monitor.FLUSH_TIMEOUT_S", 0.5)
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     release = threading.Event()
@@ -41,6 +43,10 @@ def test_a_hung_source_blocks_neither_reads_nor_flush_nor_close(tmp_path, monkey
         start = time.monotonic()
         assert mon.flush(timeout=0.3) is False
         assert time.monotonic() - start < 1.0
+        start = time.monotonic()
+        with pytest.raises(TimeoutError, match="stuck in a source"):
+            mon.frame()
+        assert time.monotonic() - start < 2.0
         start = time.monotonic()
         mon.close()
         assert time.monotonic() - start < 3.0

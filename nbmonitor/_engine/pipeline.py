@@ -115,10 +115,11 @@ class Pipeline:
         self.stages = (
             Stage("sample", self.sample, errors, clock=clock),
             Stage("records", self.collect, errors, clock=clock),
-            Stage("health", self.check_health, errors, share=HEALTH_SHARE, clock=clock),
+            health := Stage("health", self.check_health, errors, share=HEALTH_SHARE, clock=clock),
             Stage("runlog", self.persist, errors, clock=clock, retry_after=SINK_RETRY_S),
             Stage("view", self.publish, errors, share=VIEW_SHARE, max_gap=2.0, clock=clock),
         )
+        self._health_stage = health
 
     # -- a tick ------------------------------------------------------------------------------
 
@@ -131,7 +132,8 @@ class Pipeline:
         """Everything recorded, taken and written (close): waits for device values."""
         with self.lock:
             self.collect(wait=True, everything=True)
-            Stage("health", self.check_health, self.parts.errors)()
+            # Unpaced, behind the health stage's own guard: a rule switched off stays off.
+            self._health_stage()
             self.persist()
 
     # -- stages ------------------------------------------------------------------------------
