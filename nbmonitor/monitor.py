@@ -34,7 +34,7 @@ from nbmonitor._lifetime import Lifetime, flush_tick
 from nbmonitor._parts import layer_stats, run_meta
 from nbmonitor._setup_check import check_setup
 from nbmonitor.errors import ErrorLog
-from nbmonitor.health import Alert, Health, HealthInput, non_finite_gradients
+from nbmonitor.health import Alert, Health, non_finite_gradients
 from nbmonitor.options import AttachOptions, Options, WrappedOptimizer, check_model
 from nbmonitor.sinks import Batch, FanOut, RunLogSink
 
@@ -122,7 +122,6 @@ class Monitor:
                 current_step=life.step,
                 layers=layers,
                 health=Health(opts.thresholds),
-                make_health_input=HealthInput,
                 non_finite_report=non_finite_gradients,
                 forward_checked=opts.check_forward,
                 write=write,

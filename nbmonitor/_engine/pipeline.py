@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -27,9 +27,10 @@ from nbmonitor._engine.derive.energy import energy_rates
 from nbmonitor._engine.frame import Frame, FrameBuilder, FrameState, RunInfo, View
 from nbmonitor._engine.published import Published
 from nbmonitor._engine.sampler import Stage
-from nbmonitor._engine.store import Store
+from nbmonitor._engine.store import FloatArray, Store
 from nbmonitor.backends.base import Backend
 from nbmonitor.errors import ErrorLog
+from nbmonitor.health import Health, HealthInput
 from nbmonitor.health.alert import BACKEND, Alert
 from nbmonitor.records import Record
 
@@ -50,10 +51,6 @@ MAX_ALERTS = 200
 SINK_RETRY_S = 30.0
 
 
-class HealthChecker(Protocol):
-    def check(self, inp: Any) -> list[Alert]: ...
-
-
 @dataclass
 class PipelineParts:
     """What the composition root hands the pipeline."""
@@ -63,8 +60,7 @@ class PipelineParts:
     drain: Callable[[bool], list[Record]]  # the recorder's; True waits for device values
     current_step: Callable[[], int]
     layers: LayerStats
-    health: HealthChecker
-    make_health_input: Callable[..., Any]
+    health: Health
     non_finite_report: NonFiniteReport
     forward_checked: bool
     write: Callable[[Mapping[str, Sequence[Mapping[str, object]]]], None]  # the sinks
@@ -222,7 +218,7 @@ class Pipeline:
         # Paced, the rules may run seconds apart: they get every step since their last run.
         window = min(HEALTH_WINDOW + step - self._health_step, HEALTH_WINDOW_MAX)
         self._health_step = step
-        columns = {
+        columns: dict[str, FloatArray] = {
             key: steps.tail(key, window)
             for key in ("step", "loss", "grad_norm")
             if key in steps.columns
@@ -231,7 +227,7 @@ class Pipeline:
         layer_steps, layer_norms = layers.recent()
         system = {key: self.system.tail(key, 120) for key in self.system.columns}
         index = parts.backend.device_index
-        inp = parts.make_health_input(
+        inp = HealthInput(
             step=step,
             time=parts.clock(),
             steps=columns,
