@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nbmonitor._capture.clock import StepClock
+from nbmonitor._engine.isolated import Hung
 from nbmonitor._engine.pipeline import Pipeline
 from nbmonitor._engine.sampler import SamplerThread
 from nbmonitor.backends.base import Backend
@@ -63,6 +64,10 @@ class Lifetime:
     def status(self) -> str:
         if self.closed:
             return "closed"
+        hung = self.pipeline.sources.hung() if self.pipeline is not None else {}
+        if hung:
+            what = "; ".join(f"{source} hung for {s:.0f} s" for source, s in hung.items())
+            return f"degraded: {what}"
         return "degraded" if len(self.errors) else "running"
 
     def release_soon(self, *_: Any) -> None:
@@ -95,7 +100,7 @@ class Lifetime:
             self.errors.add("close", exc)
         finally:
             try:
-                self._release(final)
+                self._release(final, wait)
             finally:
                 self._done.set()
 
@@ -108,11 +113,16 @@ class Lifetime:
             pipeline.final_tick()
             pipeline.refresh_layers()
             frame = pipeline.frame()
-            for view in pipeline.views:
-                try:
-                    view.close(frame)
-                except Exception as exc:
-                    self.errors.add("view", exc)
+            views, errors = pipeline.views, self.errors
+
+            def close_views() -> None:
+                for view in views:
+                    try:
+                        view.close(frame)
+                    except Exception as exc:
+                        errors.add("view", exc)
+
+            pipeline.sources.view.call(close_views, timeout=wait)
             return self.final_meta("degraded" if len(self.errors) else "closed")
         finally:
             pipeline.lock.release()
@@ -125,16 +135,41 @@ class Lifetime:
             "errors": [str(e) for e in self.errors.entries()],
         }
 
-    def _release(self, final: dict[str, object] | None) -> None:
+    def _release(self, final: dict[str, object] | None, wait: float) -> None:
         # After the final tick; a close that gave up on a hung tick still closes the files,
-        # with status "degraded" and what failed.
-        if self.sinks is not None:
-            self.sinks.close(final or self.final_meta("degraded"))
-        if self.backend is not None:
+        # with status "degraded" and what failed. Sinks and backend are closed on their
+        # workers: one that hangs costs close() at most ``wait`` seconds.
+        sinks, backend = self.sinks, self.backend
+        sources = self.pipeline.sources if self.pipeline is not None else None
+        if sinks is not None:
+            meta = final or self.final_meta("degraded")
+            if sources is None:
+                sinks.close(meta)
+            elif sources.runlog.busy:
+                self.errors.add(
+                    "close",
+                    TimeoutError(
+                        "the run log is hung: its last rows and meta.json are written when "
+                        "the file system answers"
+                    ),
+                )
+                hung_meta = {**meta, "status": "degraded", "errors": self.final_meta("")["errors"]}
+                sources.runlog.defer(lambda: sinks.close(hung_meta))
+            elif isinstance(sources.runlog.call(lambda: sinks.close(meta), timeout=wait), Hung):
+                self.errors.add(
+                    "close",
+                    TimeoutError("the run log hung while closing; meta.json may not be final"),
+                )
+        if backend is not None:
             try:
-                self.backend.close()
+                if sources is None:
+                    backend.close()
+                else:
+                    sources.sample.call(backend.close, timeout=wait)
             except Exception as exc:
                 self.errors.add("close", exc)
+        if sources is not None:
+            sources.close(wait)
 
 
 def flush_tick(pipeline: Pipeline) -> None:

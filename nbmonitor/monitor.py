@@ -130,6 +130,7 @@ class Monitor:
                 status=life.status,
                 update_copy_skipped=copy_skipped,
                 clock=clock,
+                interval=self.interval,
             )
         )
         self._pipeline.add_alerts(
