@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -52,7 +53,9 @@ class StepClock:
         clock: Callable[[], float] = time.perf_counter,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
-        self.model = model
+        # Weakly: the model's hooks hold this clock, so a strong reference back would make a
+        # cycle that keeps a dropped model (and its GPU memory) until a full garbage collection.
+        self._model_ref = weakref.ref(model)
         self.optimizer = optimizer
         self.recorder = recorder
         self.probes = tuple(probes)
@@ -90,6 +93,7 @@ class StepClock:
         self._pre_handle: RemovableHandle | None = None
         self._unlisten: Callable[[], None] | None = None
         self._param_ids: frozenset[int] = frozenset()
+        self._n_groups = len(optimizer.param_groups) if optimizer is not None else 0
         # Inside GradScaler.step for our optimizer, and whether the optimizer stepped there.
         self._in_scaler_step = False
         self._stepped = False
@@ -117,7 +121,9 @@ class StepClock:
             raise
 
     def _install(self) -> None:
-        m = self.model
+        m = self._model_ref()
+        if m is None:
+            raise RuntimeError("the model was deleted before its monitor started")
         # Probes' own per-module hooks go first so that they have run when the root's own hook
         # hands the step to the probes.
         for probe in self.probes:
@@ -355,6 +361,7 @@ class StepClock:
                 clip_norm=clip_total,
                 max_norm=max_norm,
                 skipped=skipped,
+                groups_added=self._groups_added(),
             )
         )
         self._last_end = now
@@ -363,6 +370,18 @@ class StepClock:
         if not self._keep_forward_pre and self._pre_handle is not None:
             self._pre_handle.remove()
             self._pre_handle = None
+
+    def _groups_added(self) -> tuple[tuple[int, int, int], ...]:
+        optimizer = self.optimizer
+        if optimizer is None or len(optimizer.param_groups) == self._n_groups:
+            return ()
+        groups, known = optimizer.param_groups, self._param_ids
+        added = tuple(
+            (i, len(g["params"]), sum(id(p) not in known for p in g["params"]))
+            for i, g in enumerate(groups[self._n_groups :], start=self._n_groups)
+        )
+        self._n_groups = len(groups)
+        return added
 
     def _lrs(self) -> tuple[float | DeviceValue, ...]:
         if self.optimizer is None:

@@ -21,6 +21,7 @@ import numpy as np
 
 from nbmonitor._engine.assemble.layer_flow import LayerFlow, NonFiniteReport
 from nbmonitor._engine.assemble.layers import LayerStats
+from nbmonitor._engine.assemble.param_groups import groups_added_notes
 from nbmonitor._engine.assemble.steps import StepAssembler
 from nbmonitor._engine.column_cap import ColumnCap
 from nbmonitor._engine.derive.energy import energy_rates
@@ -180,6 +181,9 @@ class Pipeline:
         assembler.add(self.parts.drain(wait))
         self._report_failures(assembler.failures)
         assembler.failures = []
+        if assembler.groups_added:
+            self.add_alerts(groups_added_notes(assembler.groups_added))
+            assembler.groups_added = []
         rows = assembler.take_final(everything=everything)
         # The rows are stored before anything else here can fail: they have left the
         # assembler and exist nowhere else.
