@@ -42,8 +42,12 @@ class Lifetime:
         self.errors = errors
         self._wall_clock = wall_clock
         self._lock = threading.Lock()
+        self._closing = threading.Lock()
+        # The parts of closing done so far ("hooks", "thread", "final", "sinks", ...), and the
+        # final meta the final tick made: a close() interrupted goes on from there.
+        self._closed_parts: set[str] = set()
+        self._final: dict[str, object] | None = None
         self.closed = False
-        self._done = threading.Event()
         # Set by the composition root once built.
         self.pipeline: Pipeline | None = None
         self.thread: SamplerThread | None = None
@@ -80,29 +84,42 @@ class Lifetime:
     def close(self, wait: float = 5.0) -> None:
         """Remove the hooks, stop the sampler, take and write the last records, close the
         views, sinks and backend. Idempotent, never raises; waits at most ``wait`` seconds on
-        a tick stuck in a source."""
+        a source that hangs.
+
+        Interruptible: a KeyboardInterrupt while it waits leaves the parts not yet done for the
+        next ``close()``, which goes on from there, so the run is still finalised.
+        """
         with self._lock:
-            closing = self.closed
             self.closed = True
-        if closing:  # another thread is closing (the model went): done once it has
-            self._done.wait(2 * wait)
+        # One closer at a time; another thread closing (the model went) is waited for.
+        if not self._closing.acquire(timeout=2 * wait):
             return
-        final: dict[str, object] | None = None
         try:
-            clock = self._clock_ref()
-            if clock is not None:
-                clock.remove()
-            if self.thread is not None:
-                self.thread.stop(wait)
-            if self.pipeline is not None:
-                final = self._final_tick(self.pipeline, wait)
+            self._close_parts(wait)
+        finally:
+            self._closing.release()
+
+    def _close_parts(self, wait: float) -> None:
+        done = self._closed_parts
+        try:
+            if "hooks" not in done:
+                clock = self._clock_ref()
+                if clock is not None:
+                    clock.remove()
+                done.add("hooks")
+            if "thread" not in done:
+                if self.thread is not None:
+                    self.thread.stop(wait)
+                done.add("thread")
+            if "final" not in done:
+                if self.pipeline is not None:
+                    self._final = self._final_tick(self.pipeline, wait)
+                done.add("final")
         except Exception as exc:
             self.errors.add("close", exc)
-        finally:
-            try:
-                self._release(final, wait)
-            finally:
-                self._done.set()
+            done.update(("hooks", "thread", "final"))  # what failed is reported, not retried
+        # A KeyboardInterrupt above skips this: the files stay open for the next close().
+        self._release(self._final, wait)
 
     def _final_tick(self, pipeline: Pipeline, wait: float) -> dict[str, object]:
         if not pipeline.lock.acquire(timeout=wait):
@@ -122,7 +139,7 @@ class Lifetime:
                     except Exception as exc:
                         errors.add("view", exc)
 
-            pipeline.sources.view.call(close_views, timeout=wait)
+            pipeline.sources.view.call(close_views, timeout=wait, wait_if_busy=True)
             return self.final_meta("degraded" if len(self.errors) else "closed")
         finally:
             pipeline.lock.release()
@@ -139,9 +156,10 @@ class Lifetime:
         # After the final tick; a close that gave up on a hung tick still closes the files,
         # with status "degraded" and what failed. Sinks and backend are closed on their
         # workers: one that hangs costs close() at most ``wait`` seconds.
-        sinks, backend = self.sinks, self.backend
+        sinks, backend, done = self.sinks, self.backend, self._closed_parts
         sources = self.pipeline.sources if self.pipeline is not None else None
-        if sinks is not None:
+        if sinks is not None and "sinks" not in done:
+            done.add("sinks")  # handed over: a close interrupted while it runs is not redone
             meta = final or self.final_meta("degraded")
             if sources is None:
                 sinks.close(meta)
@@ -155,17 +173,21 @@ class Lifetime:
                 )
                 hung_meta = {**meta, "status": "degraded", "errors": self.final_meta("")["errors"]}
                 sources.runlog.defer(lambda: sinks.close(hung_meta))
-            elif isinstance(sources.runlog.call(lambda: sinks.close(meta), timeout=wait), Hung):
+            elif isinstance(
+                sources.runlog.call(lambda: sinks.close(meta), timeout=wait, wait_if_busy=True),
+                Hung,
+            ):
                 self.errors.add(
                     "close",
                     TimeoutError("the run log hung while closing; meta.json may not be final"),
                 )
-        if backend is not None:
+        if backend is not None and "backend" not in done:
+            done.add("backend")
             try:
                 if sources is None:
                     backend.close()
                 else:
-                    sources.sample.call(backend.close, timeout=wait)
+                    sources.sample.call(backend.close, timeout=wait, wait_if_busy=True)
             except Exception as exc:
                 self.errors.add("close", exc)
         if sources is not None:

@@ -60,11 +60,16 @@ class Isolated:
         self._deferred: list[Callable[[], object]] = []
         self._thread: threading.Thread | None = None
 
-    def call(self, fn: Callable[[], T], timeout: float | None = None) -> T | Hung:
+    def call(
+        self, fn: Callable[[], T], timeout: float | None = None, wait_if_busy: bool = False
+    ) -> T | Hung:
         """``fn()`` on the worker: its value, its exception re-raised, or ``HUNG`` when it did
-        not return within ``timeout`` (or an earlier call still runs, or the source is closed)."""
+        not return within ``timeout`` (or an earlier call still runs, or the source is closed).
+        With ``wait_if_busy`` an earlier call is first waited for, up to ``timeout`` too."""
         limit = self.timeout if timeout is None else timeout
         with self._cond:
+            if wait_if_busy and self._since is not None:
+                self._cond.wait_for(lambda: self._since is None or self._stopping, limit)
             if self._since is not None or self._stopping:
                 self._report_hang()
                 return HUNG
@@ -76,7 +81,12 @@ class Isolated:
             self._job, self._outcome, self._abandoned = fn, None, False
             self._since = self._monotonic()
             self._cond.notify_all()
-            if not self._cond.wait_for(lambda: self._outcome is not None, limit):
+            try:
+                finished = self._cond.wait_for(lambda: self._outcome is not None, limit)
+            except BaseException:  # a KeyboardInterrupt: the call goes on without a waiter
+                self._abandoned = True
+                raise
+            if not finished:
                 self._abandoned = True
                 self._report_hang()
                 return HUNG
