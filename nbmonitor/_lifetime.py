@@ -38,6 +38,8 @@ class Lifetime:
         self._ctx = clock.ctx
         self._last_step = clock.step
         self._last_ctx_step = clock.ctx.step
+        # The clock's hook handles (they hold no model): a global one (adopt.py) outlives it.
+        self._handles = clock.handles
         self.errors = errors
         self._wall_clock = wall_clock
         self._lock = threading.Lock()
@@ -87,6 +89,8 @@ class Lifetime:
             clock = self._clock_ref()
             if clock is not None:
                 clock.remove()
+            for handle in self._handles:
+                handle.remove()
             if self.thread is not None:
                 self.thread.stop(wait)
             if self.pipeline is not None:

@@ -231,6 +231,15 @@ class Monitor:
             return
         clock.log(scalars)  # TypeError for a non-numeric value: a user bug
 
+    def batch_started(self, batch: object) -> None:
+        """For framework adapters: a training micro-batch starts. It counts, with the leading
+        dimension of the first tensor in ``batch`` as its samples, whatever the training step
+        calls; values logged from now belong to the step in progress. The model's forwards no
+        longer count micro-batches once this is called."""
+        clock = self._life.clock()
+        if not self._life.closed and clock is not None:
+            clock.batch_started(batch)
+
     def flush(self, timeout: float = FLUSH_TIMEOUT_S) -> bool:
         """Have the sampler take, check and write everything recorded so far, now.
 
