@@ -14,6 +14,8 @@ import torch
 
 L = pytest.importorskip("lightning")
 
+import nbmonitor  # noqa: E402
+from nbmonitor._capture import intercept  # noqa: E402
 from nbmonitor.integrations.lightning import NbmonitorCallback  # noqa: E402
 
 # Lightning's own notices (its pytree helper's deprecation, advice on dataloader workers and
@@ -36,7 +38,11 @@ class Regressor(L.LightningModule):
         )
         self.callback = callback
 
+    fail_at: int | None = None
+
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        if self.trainer.global_step == self.fail_at:
+            raise RuntimeError("a bug in training_step")
         x, y = batch
         loss = torch.nn.functional.mse_loss(self.body(x), y)
         mon = self.callback.monitor
@@ -58,12 +64,14 @@ class Reference(L.Callback):
 
     def __init__(self) -> None:
         self.norms: list[float] = []
+        self.layer_norms: dict[str, float] = {}  # of the last step
         self.step_losses: list[float] = []
         self._micro: list[float] = []
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
         self.norms.append(float(torch.nn.utils.get_total_norm(grads)))
+        self.layer_norms = {n: float(p.grad.norm()) for n, p in pl_module.named_parameters()}
 
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
@@ -75,7 +83,9 @@ class Reference(L.Callback):
             self._micro = []
 
 
-def fit(tmp_path: Path, accumulate: int, clip: float | None) -> tuple[Any, Reference, Any]:
+def fit(
+    tmp_path: Path, accumulate: int, clip: float | None, fail_at: int | None = None
+) -> tuple[Any, Reference, Any]:
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(40, 8, generator=gen) * 5  # large inputs: norms well above the clip
@@ -96,7 +106,9 @@ def fit(tmp_path: Path, accumulate: int, clip: float | None) -> tuple[Any, Refer
         enable_model_summary=False,
     )
     loader = torch.utils.data.DataLoader(data, batch_size=4)
-    trainer.fit(Regressor(callback), loader, torch.utils.data.DataLoader(data, batch_size=4))
+    module = Regressor(callback)
+    module.fail_at = fail_at
+    trainer.fit(module, loader, torch.utils.data.DataLoader(data, batch_size=4))
     return trainer, reference, callback.monitor
 
 
@@ -117,10 +129,26 @@ def test_steps_grad_norm_and_loss_are_lightnings(
     # Pre-clip and after the last micro-batch's backward: Lightning's own gradients.
     np.testing.assert_allclose(h["grad_norm"], reference.norms, rtol=1e-4)
     np.testing.assert_allclose(h["loss"], reference.step_losses, rtol=1e-4)
+    # Per layer too (the last step's), before the clip.
+    layers = {row["name"]: row["grad_norm"] for row in mon.layers()}
+    assert layers.keys() == reference.layer_norms.keys()
+    for name, norm in reference.layer_norms.items():
+        assert layers[name] == pytest.approx(norm, rel=1e-4), name
     # mon.log inside training_step belongs to the step in progress.
     assert h["step_seen"].tolist() == h["step"].tolist()
     if clip is not None:
         assert (np.asarray(reference.norms) > clip).all()  # the clip acted on every step
         np.testing.assert_allclose(h["grad_clip_coef"], clip / (h["grad_norm"] + 1e-6), rtol=1e-4)
     else:
-        assert np.isnan(h["grad_clip_coef"]).all() if "grad_clip_coef" in h else True
+        assert "grad_clip_coef" not in h or np.isnan(h["grad_clip_coef"]).all()
+
+
+@pytest.mark.timeout(300)
+def test_an_exception_in_training_closes_the_monitor(tmp_path: Path) -> None:
+    before = intercept.listening()
+    with pytest.raises(RuntimeError, match="a bug in training_step"):
+        fit(tmp_path, 1, 0.5, fail_at=3)
+    [path] = (tmp_path / "runs").iterdir()
+    run = nbmonitor.open(path)
+    assert run.status == "closed" and run.history()["step"].tolist() == [1, 2, 3]
+    assert intercept.listening() == before  # no hook left behind
