@@ -84,7 +84,11 @@ class Reference(L.Callback):
 
 
 def fit(
-    tmp_path: Path, accumulate: int, clip: float | None, fail_at: int | None = None
+    tmp_path: Path,
+    accumulate: int,
+    clip: float | None,
+    fail_at: int | None = None,
+    plugins: list[Any] | None = None,
 ) -> tuple[Any, Reference, Any]:
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(1)
@@ -104,6 +108,7 @@ def fit(
         logger=False,
         enable_checkpointing=False,
         enable_model_summary=False,
+        plugins=plugins,
     )
     loader = torch.utils.data.DataLoader(data, batch_size=4)
     module = Regressor(callback)
@@ -152,3 +157,23 @@ def test_an_exception_in_training_closes_the_monitor(tmp_path: Path) -> None:
     run = nbmonitor.open(path)
     assert run.status == "closed" and run.history()["step"].tolist() == [1, 2, 3]
     assert intercept.listening() == before  # no hook left behind
+
+
+@pytest.mark.timeout(300)
+def test_fp16_with_a_grad_scaler(tmp_path: Path) -> None:
+    # Lightning's 16-mixed runs the closure outside optimizer.step, unscales, then steps through
+    # the scaler (forced onto the CPU here). Its norms are of the unscaled gradients; the steps it
+    # skipped for inf gradients are step_skipped, without norms, not explosions.
+    from lightning.pytorch.plugins import MixedPrecision
+
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    plugins = [MixedPrecision("16-mixed", "cpu", scaler=scaler)]
+    trainer, reference, mon = fit(tmp_path, 2, None, plugins=plugins)
+    h = mon.history()
+    norms = np.asarray(reference.norms)
+    assert trainer.global_step == mon.step == 10 and not mon.errors
+    skipped = ~np.isfinite(norms)
+    assert skipped.any() and (h["step_skipped"][skipped] == 1).all()
+    assert np.isnan(h["grad_norm"][skipped]).all()
+    np.testing.assert_allclose(h["grad_norm"][~skipped], norms[~skipped], rtol=1e-4)
+    np.testing.assert_allclose(h["loss"], reference.step_losses, rtol=1e-4)
