@@ -39,6 +39,8 @@ class Lifetime:
         self._ctx = clock.ctx
         self._last_step = clock.step
         self._last_ctx_step = clock.ctx.step
+        # The clock's hook handles (they hold no model): a global one (adopt.py) outlives it.
+        self._handles = clock.handles
         self.errors = errors
         self._wall_clock = wall_clock
         self._lock = threading.Lock()
@@ -106,6 +108,8 @@ class Lifetime:
                 clock = self._clock_ref()
                 if clock is not None:
                     clock.remove()
+                for handle in self._handles:
+                    handle.remove()
                 done.add("hooks")
             if "thread" not in done:
                 if self.thread is not None:

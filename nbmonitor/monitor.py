@@ -232,6 +232,14 @@ class Monitor:
             return
         clock.log(scalars)  # TypeError for a non-numeric value: a user bug
 
+    def batch_started(self, batch: object) -> None:
+        """For framework adapters: a training micro-batch starts; it counts (samples: the first
+        tensor's leading dimension) whatever the training step calls, and values logged from now
+        belong to the step in progress. From then on the model's forwards count no batches."""
+        clock = self._life.clock()
+        if not self._life.closed and clock is not None:
+            clock.batch_started(batch)
+
     def flush(self, timeout: float = FLUSH_TIMEOUT_S) -> bool:
         """Have the sampler take, check and write everything recorded so far, now.
 
@@ -369,7 +377,8 @@ def attach(
 
     Args:
         model: the ``torch.nn.Module`` being trained.
-        optimizer: the optimizer whose ``step()`` ends a training step; without one, each
+        optimizer: the optimizer whose ``step()`` ends a training step; without one, the
+            first optimizer that steps the model's parameters is adopted, and until then each
             backward pass counts as a step. A framework's wrapper of one (Accelerate's
             ``AcceleratedOptimizer``, Lightning's ``LightningOptimizer``) is unwrapped.
         **options: see ``nbmonitor.options.AttachOptions`` (listed below).

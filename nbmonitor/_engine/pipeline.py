@@ -24,6 +24,7 @@ from nbmonitor._engine.assemble.layers import LayerStats
 from nbmonitor._engine.assemble.param_groups import groups_added_notes
 from nbmonitor._engine.assemble.steps import StepAssembler
 from nbmonitor._engine.column_cap import ColumnCap
+from nbmonitor._engine.derive.clipping import clip_share
 from nbmonitor._engine.derive.energy import energy_rates
 from nbmonitor._engine.frame import Frame, FrameBuilder, FrameState, RunInfo, View
 from nbmonitor._engine.isolated import Hung, Sources
@@ -378,6 +379,7 @@ class Pipeline:
         parts = self.parts
         extra = {"best_loss": self._best_loss}
         extra.update(energy_rates(self.system, self.steps, parts.backend.device_index))
+        extra.update(clip_share(self.steps))
         layers = parts.layers
 
         def layer_frame() -> Any:
