@@ -27,7 +27,7 @@ from nbmonitor import _registry
 from nbmonitor._capture.capture import build_capture
 from nbmonitor._capture.heap import settle_heap
 from nbmonitor._engine.frame import Frame, RunInfo, View
-from nbmonitor._engine.pipeline import Pipeline, PipelineParts
+from nbmonitor._engine.pipeline import SINK_RETRY_S, Pipeline, PipelineParts
 from nbmonitor._engine.published import history
 from nbmonitor._engine.sampler import SamplerThread
 from nbmonitor._lifetime import Lifetime, flush_tick
@@ -104,9 +104,7 @@ class Monitor:
             return update.copy_max_bytes if update is not None and update.copy_skipped else None
 
         # The sinks every tick's rows go to: the run log first; exporters join here.
-        sinks = life.sinks = FanOut(
-            [self._runlog], lambda name, exc: errors_log.add(f"sink:{name}", exc)
-        )
+        sinks = life.sinks = FanOut([self._runlog], errors_log, retry_after=SINK_RETRY_S)
         life.backend = self.backend
 
         def write(streams: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:
