@@ -25,6 +25,7 @@ import torch
 import nbmonitor.backends.selection as _backends
 from nbmonitor import _registry
 from nbmonitor._capture.capture import build_capture
+from nbmonitor._capture.dist import RankInfo, rank_info
 from nbmonitor._capture.heap import settle_heap
 from nbmonitor._engine.frame import Frame, RunInfo, View
 from nbmonitor._engine.pipeline import SINK_RETRY_S, Pipeline, PipelineParts
@@ -70,6 +71,8 @@ class Monitor:
         self._clock = clock
         self._start = clock()
         self._dashboard: Any = None
+        # One rank of a distributed job (torchrun), or None; read locally, never gathered.
+        self.rank: RankInfo | None = rank_info()
 
         self.backend = _backends.select(model, opts.backend)
         capture = build_capture(
@@ -82,6 +85,7 @@ class Monitor:
             on_nan=opts.on_nan,
             start_step=opts.start_step,
             wall_clock=clock,
+            data_wait=self.rank is not None,  # names stragglers (health/rules/stragglers.py)
         )
         # Held until start(); then the model's hooks hold the step clock and this only weakly.
         self._capture: Any = capture
@@ -94,8 +98,19 @@ class Monitor:
         meta = run_meta(model, optimizer, opts, self.backend, self._start)
         # The tracked parameters, so that a replay's layer table says what each layer is.
         meta["params"] = [dataclasses.asdict(p) for p in layers.params]
-        self._runlog = RunLogSink.create(opts.run_dir, run_name, meta)
-        self.name = self._runlog.path.name
+        rank = self.rank
+        if rank is None:
+            self._runlog = RunLogSink.create(opts.run_dir, run_name, meta)
+            self.name = self._runlog.path.name
+        else:
+            first = next(iter(model.parameters()), None)
+            meta.update(rank.as_meta(), device=str(first.device) if first is not None else "cpu")
+            meta["device_index"] = self.backend.device_index
+            self._runlog = RunLogSink.create(
+                opts.run_dir, run_name, meta, job_id=rank.job_id, rank=rank.rank,
+                world_size=rank.world_size,
+            )  # fmt: skip
+            self.name = f"{self._runlog.path.parent.name}/{self._runlog.path.name}"
         # Weakly: the probe holds the parameters (and their copies), which go with the model.
         update_ref = weakref.ref(capture.update_ratio) if capture.update_ratio else None
 
@@ -151,6 +166,8 @@ class Monitor:
         from nbmonitor.ui.console import ConsoleView, console_logger
         from nbmonitor.ui.notebook import in_notebook
 
+        if not self.displays:
+            return  # another rank of the job shows it; this one records silently
         if in_notebook():
             if display:
                 self._pipeline.views = (self._make_dashboard(),)
@@ -196,8 +213,20 @@ class Monitor:
 
     @property
     def run_dir(self) -> Path:
-        """This run's directory on disk."""
+        """This run's directory on disk (in a distributed job: this rank's, ``rank<r>/``)."""
         return self._runlog.path
+
+    @property
+    def job_dir(self) -> Path | None:
+        """In a distributed job, the folder all its ranks write in (``nbmonitor.open`` it for
+        the cross-rank view); None for a single-process run."""
+        return self._runlog.path.parent if self.rank is not None else None
+
+    @property
+    def displays(self) -> bool:
+        """Whether this process shows the views: always, but in a distributed job only on
+        ``display_rank``."""
+        return self.rank is None or self.rank.rank == self.options.display_rank
 
     @property
     def status(self) -> str:
@@ -265,8 +294,24 @@ class Monitor:
         (what it could not take then is reported in ``errors``).
         """
         self._finalizer.detach()
+        closing = not self._life.closed
         self._life.close(CLOSE_WAIT_S)
         _registry.closed(self._model_ref(), self)
+        if closing and self.rank is not None and self.displays:
+            self._finish_job()
+
+    def _finish_job(self) -> None:
+        """The display rank writes ranks_summary.json from every rank's files and shows it."""
+        from nbmonitor.job import finish
+        from nbmonitor.ui.console import console_logger
+
+        try:
+            text = finish(self._runlog.path.parent)
+        except Exception as exc:  # never from close(): the job's own files are written
+            self.errors_log.add("ranks_summary", exc)
+            return
+        if text:
+            console_logger(install_handler=self.options.display).info(text)
 
     def __enter__(self) -> Monitor:
         return self

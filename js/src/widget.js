@@ -141,6 +141,7 @@ export function deviceCard(d, index) {
 }
 
 const MAX_LAYER_NAMES = 4;
+const LAYERS_TITLE = "Per-layer gradients (log10 norm, layers \u00d7 steps)";
 // The strip shows the newest few alerts; older ones stay in mon.events() and the run log.
 export const MAX_ALERTS_SHOWN = 3;
 
@@ -190,7 +191,7 @@ class Dashboard {
     this.gauges = h("div", "nbm-gauges");
     this.alerts = h("ul", "nbm-alerts");
     this.layers = h("div", "nbm-layers");
-    this.layersTitle = h("div", "nbm-section-title", "Per-layer gradients (log10 norm, layers \u00d7 steps)");
+    this.layersTitle = h("div", "nbm-section-title", LAYERS_TITLE);
     this.layers.append(this.layersTitle);
     this.heatmap = new Heatmap(this.layers);
     this.table = new LayerTable(this.layers);
@@ -242,14 +243,19 @@ class Dashboard {
     if (this.layers.hidden) return;
     const values = toTypedArray(grid, "float32");
     const complete = values.length === rows * cols;
+    // Other panels (the ranks panel) reuse the heatmap with their own title and value label.
+    this.layersTitle.textContent = typeof meta.title === "string" ? meta.title : LAYERS_TITLE;
     this.heatmap.draw({
       values: complete ? values : new Float32Array(0),
       rows: complete ? rows : 0,
       cols: complete ? cols : 0,
       names: meta.names,
       steps: toTypedArray(steps, "float64"),
+      label: typeof meta.label === "string" ? meta.label : undefined,
     });
-    this.table.update(Array.isArray(meta.table) ? meta.table : []);
+    const table = Array.isArray(meta.table) ? meta.table : [];
+    this.table.table.hidden = table.length === 0;
+    this.table.update(table);
   }
 
   destroy() {

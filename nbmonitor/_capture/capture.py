@@ -13,6 +13,7 @@ from nbmonitor._capture.clock import StepClock
 from nbmonitor._capture.inputs import optimizer_parameters
 from nbmonitor._capture.probes.activations import ActivationsProbe
 from nbmonitor._capture.probes.base import Probe
+from nbmonitor._capture.probes.data_wait import DataWaitProbe
 from nbmonitor._capture.probes.forward_check import ForwardCheckProbe
 from nbmonitor._capture.probes.grad_norms import GradNormProbe
 from nbmonitor._capture.probes.hf_loss import OutputLossProbe
@@ -43,6 +44,7 @@ def build_capture(
     on_nan: str,
     start_step: int = 0,
     wall_clock: Callable[[], float] = time.time,
+    data_wait: bool = False,
 ) -> Capture:
     names = {id(p): n for n, p in model.named_parameters()}
     params = optimizer_parameters(optimizer) if optimizer is not None else []
@@ -73,6 +75,8 @@ def build_capture(
             guard("update_ratio"), params[:n_optimized], param_names[:n_optimized], layer_every
         )
         probes.append(update)
+    if data_wait:  # last: the time it stamps at a step's end follows the other probes' work
+        probes.append(DataWaitProbe(guard("data_wait")))
     recorder = Recorder()
     clock = StepClock(
         model,

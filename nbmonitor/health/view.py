@@ -14,6 +14,18 @@ from nbmonitor.health.window import BoolArray, FloatArray
 
 
 @dataclass(frozen=True)
+class RankColumns:
+    """Per-step columns of every rank of a distributed job, aligned on ``steps`` (the union of
+    the ranks' steps; NaN where a rank has no row for a step). Rows follow ``ranks``."""
+
+    ranks: tuple[int, ...]
+    hosts: tuple[str, ...]
+    steps: FloatArray  # (k,)
+    step_time: FloatArray  # (len(ranks), k) seconds between optimizer steps
+    data_wait: FloatArray | None = None  # (len(ranks), k) data_wait_s, when measured
+
+
+@dataclass(frozen=True)
 class HealthInput:
     """What one check looks at. Arrays are read, never modified.
 
@@ -34,6 +46,7 @@ class HealthInput:
     activations: Mapping[str, Mapping[str, float]] | None = None  # module -> stats
     system: Mapping[str, FloatArray] | None = None  # recent system samples (device rules)
     gpus: Sequence[int] | None = None  # training GPU indices for the device rules
+    ranks: RankColumns | None = None  # every rank of a distributed job (the straggler rule)
 
 
 class View:
@@ -128,4 +141,4 @@ def new_from(steps: FloatArray, last: float | None) -> int:
     return max(first_new, n // 2)
 
 
-__all__ = ["HealthInput", "View", "new_from"]
+__all__ = ["HealthInput", "RankColumns", "View", "new_from"]

@@ -50,6 +50,7 @@ from nbmonitor.runs.format import (
     run_stem,
     write_json_atomic,
 )
+from nbmonitor.runs.layout import claim_rank_dir, job_meta, write_job_meta
 from nbmonitor.runs.sidecar import ChunkBuffer, write_chunk
 from nbmonitor.sinks.base import Batch, Rows
 
@@ -61,6 +62,18 @@ BACKLOG_BYTES = 64 * 2**20
 def _dir_id(path: pathlib.Path) -> tuple[int, int]:
     st = os.stat(path)
     return st.st_dev, st.st_ino
+
+
+def _claim(root: pathlib.Path, stem: str) -> pathlib.Path:
+    """``root/<stem>``, or ``<stem>-2``, ``-3``... the first that ``mkdir`` makes."""
+    path, suffix = root / stem, 1
+    while True:
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            suffix += 1
+            path = root / f"{stem}-{suffix}"
 
 
 def _error(run_dir: object, exc: OSError) -> RunDirError:
@@ -148,26 +161,31 @@ class RunLogSink:
 
     @classmethod
     def create(
-        cls, run_dir: str | os.PathLike[str], name: str | None, meta: Mapping[str, object]
+        cls,
+        run_dir: str | os.PathLike[str],
+        name: str | None,
+        meta: Mapping[str, object],
+        *,
+        job_id: str | None = None,
+        rank: int = 0,
+        world_size: int = 1,
     ) -> RunLogSink:
         """Make ``run_dir/<YYYYmmdd-HHMMSS>-<name>/`` (``-2``, ``-3``... if taken), write
         meta.json and open the record files for append.
 
+        With ``job_id`` (one rank of a distributed job) the run is ``rank<rank>/`` inside the
+        job folder all ranks share (``nbmonitor/runs/layout.py``: no race for names).
         Raises RunDirError with a one-line hint if any of that fails.
         """
         root = pathlib.Path(run_dir)
         stem = run_stem(name)
         try:
             root.mkdir(parents=True, exist_ok=True)
-            path = root / stem
-            suffix = 1
-            while True:
-                try:
-                    path.mkdir()
-                    break
-                except FileExistsError:
-                    suffix += 1
-                    path = root / f"{stem}-{suffix}"
+            if job_id is not None:
+                job, path = claim_rank_dir(root, name, job_id, rank)
+                write_job_meta(job, job_meta(name, job_id, world_size))
+            else:
+                path = _claim(root, stem)
             full: dict[str, object] = {"host": socket.gethostname(), "pid": os.getpid()}
             full.update(meta)
             full.update(format_version=FORMAT_VERSION, files=dict(FILES), sidecar=SIDECAR)

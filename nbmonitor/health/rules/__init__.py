@@ -11,6 +11,7 @@ from nbmonitor.health.rules.activations import DeadUnits
 from nbmonitor.health.rules.devices import DeviceMemory, GpuIdle, GpuTemperature, GpuThrottling
 from nbmonitor.health.rules.gradients import ExplodingGradients, VanishingGradients
 from nbmonitor.health.rules.loss import LossPlateau, LossSpike, NonFiniteLoss
+from nbmonitor.health.rules.stragglers import Stragglers
 from nbmonitor.health.rules.updates import UpdateRatioHigh, UpdateRatioLow
 
 RULES: tuple[RuleFactory, ...] = (
@@ -26,6 +27,7 @@ RULES: tuple[RuleFactory, ...] = (
     DeviceMemory,
     GpuThrottling,
     GpuIdle,
+    Stragglers,
 )
 
 __all__ = ["RULES"]
