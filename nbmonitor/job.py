@@ -214,6 +214,10 @@ class JobFollow:
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout)
 
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
     def refresh(self) -> bool:
         """Read what is new and publish a frame; True once every rank has closed."""
         tail = self.tail
