@@ -51,15 +51,18 @@ def test_torchrun_two_ranks(tmp_path: pathlib.Path) -> None:
         "NBMONITOR_JOB_ID": job_id,
         "OMP_NUM_THREADS": "1",
     }
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-           f"--log-dir={logs}", "--redirects=3", str(SCRIPT), str(runs), str(STEPS), "1", "0.03"]  # fmt: skip
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
+    args = [str(runs), str(STEPS), "1", "0.03"]  # rank 1 sleeps 30 ms before each step
+    cmd = [*launcher, f"--log-dir={logs}", "--redirects=3", str(SCRIPT), *args]
     job_dir = runs / f"{job_id}-DistributedDataParallel"
     # Followed from here while it runs, as a notebook's nbmonitor.tail(job_dir) would.
     view = Recorder()
     follow = JobFollow(job_dir, [view], interval=0.2)
     follow.start()
     try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=100, check=False)
+        proc = subprocess.run(
+            cmd, env=env, capture_output=True, text=True, timeout=100, check=False
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         deadline = time.monotonic() + 10
         while follow.running and time.monotonic() < deadline:
