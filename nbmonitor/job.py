@@ -34,6 +34,7 @@ from nbmonitor._engine.derive.ranks import (
 )
 from nbmonitor.health import Alert, Health, HealthInput, Thresholds
 from nbmonitor.health.rules.stragglers import MIN_STEPS, WINDOW, Stragglers
+from nbmonitor.health.view import RankColumns
 from nbmonitor.runs.format import write_json_atomic
 from nbmonitor.runs.job import JobFiles, JobTail, job_status
 from nbmonitor.runs.layout import SUMMARY, is_job
@@ -259,6 +260,23 @@ class JobFollow:
                 return
 
 
+class RankFollower:
+    """On the display rank, live: every rank's step columns, read from their files (the
+    sampler thread calls it at each health check), as the straggler rule's input."""
+
+    def __init__(self, job_dir: str | os.PathLike[str], max_steps: int = 4 * WINDOW) -> None:
+        self.tail = JobTail(job_dir, streams=("steps",))
+        self.state = RankState(max_steps)
+
+    def __call__(self) -> RankColumns | None:
+        for rank, streams in self.tail.poll().items():
+            if streams.get("steps"):
+                self.state.add_rows(rank, "steps", streams["steps"])
+        for rank, rank_tail in self.tail.tails.items():
+            self.state.set_meta(rank, rank_tail.meta)
+        return rank_columns(self.state)
+
+
 def write_summary(path: Path, record: dict[str, Any]) -> None:
     write_json_atomic(path / SUMMARY, record)
 
@@ -291,4 +309,4 @@ def read_summary(job_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     return loaded if isinstance(loaded, dict) else None
 
 
-__all__ = ["Job", "JobFollow", "finish", "read_summary", "straggler_alerts"]
+__all__ = ["Job", "JobFollow", "RankFollower", "finish", "read_summary", "straggler_alerts"]

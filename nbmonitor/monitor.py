@@ -142,6 +142,7 @@ class Monitor:
                 errors=errors_log,
                 status=life.status,
                 update_copy_skipped=copy_skipped,
+                ranks=self._rank_follower(),
                 clock=clock,
                 interval=self.interval,
             )
@@ -161,6 +162,14 @@ class Monitor:
         self._setup_views(opts.display)
 
     # -- construction helpers --------------------------------------------------------------
+
+    def _rank_follower(self) -> Callable[[], Any]:
+        """The display rank follows every rank's steps, for the straggler rule, live."""
+        if self.rank is None or not self.displays:
+            return lambda: None
+        from nbmonitor.job import RankFollower
+
+        return RankFollower(self._runlog.path.parent)
 
     def _setup_views(self, display: bool) -> None:
         from nbmonitor.ui.console import ConsoleView, console_logger

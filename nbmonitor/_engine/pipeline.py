@@ -35,6 +35,7 @@ from nbmonitor.backends.base import Backend
 from nbmonitor.errors import ErrorLog
 from nbmonitor.health import Health, HealthInput
 from nbmonitor.health.alert import BACKEND, Alert
+from nbmonitor.health.view import RankColumns
 from nbmonitor.records import Record
 
 # About the most of one core that the health rules and the view may take on scheduled ticks
@@ -71,6 +72,8 @@ class PipelineParts:
     errors: ErrorLog
     status: Callable[[], str]
     update_copy_skipped: Callable[[], float | None] = lambda: None
+    # Every rank's step columns (the display rank of a distributed job), for the straggler rule.
+    ranks: Callable[[], RankColumns | None] = lambda: None
     clock: Callable[[], float] = time.time
     monotonic: Callable[[], float] = time.monotonic
     interval: float = 0.5
@@ -269,6 +272,7 @@ class Pipeline:
             activations=layers.activations or None,
             system=system,
             gpus=[index] if index is not None else None,
+            ranks=parts.ranks(),
         )
         self.add_alerts(parts.health.check(inp))
         self._publish_layers()

@@ -58,10 +58,14 @@ class JobFiles:
 
 
 class JobTail:
-    """Follows every rank of the job at ``path`` (which may not exist yet)."""
+    """Follows every rank of the job at ``path`` (which may not exist yet); ``streams``
+    limits the streams followed."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], streams: tuple[str, ...] | None = None
+    ) -> None:
         self.path = pathlib.Path(path)
+        self.streams = streams  # None: every stream
         self.tails: dict[int, Tail] = {}
         self.meta: dict[str, Any] = {}
 
@@ -72,7 +76,7 @@ class JobTail:
             self.meta = meta
         for rank, folder in rank_dirs(self.path).items():
             if rank not in self.tails:
-                self.tails[rank] = Tail(folder)
+                self.tails[rank] = Tail(folder, streams=self.streams)
         out: dict[int, dict[str, list[Record]]] = {}
         for rank, tail in self.tails.items():
             new = tail.poll()

@@ -111,6 +111,11 @@ def test_torchrun_two_ranks(tmp_path: pathlib.Path) -> None:
     assert [a.subject for a in stragglers] == ["rank1"]
     assert f"Rank 1 on {host}" in stragglers[0].message
     assert f"Rank 1 on {host} is a straggler" in out[0]
+    # Rank 0 found it live too, following the other rank's steps file: in its own events.
+    events = [
+        json.loads(x) for x in (job_dir / "rank0" / "events.jsonl").read_text().split("\n") if x
+    ]
+    assert [e["subject"] for e in events if e.get("rule") == "straggler"] == ["rank1"]
     final = view.closed
     assert [a.subject for a in final.alerts if a.rule == "straggler"] == ["rank1"]  # type: ignore[attr-defined]
     assert final.ranks == (0, 1) and final.heat.shape == (2, STEPS)  # type: ignore[attr-defined]

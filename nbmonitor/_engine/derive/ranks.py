@@ -52,6 +52,7 @@ MAX_STEPS = 200_000
 
 @dataclass
 class _Rank:
+    max_steps: int = MAX_STEPS
     meta: Mapping[str, Any] = field(default_factory=dict)
     blocks: dict[str, list[dict[str, FloatArray]]] = field(default_factory=dict)
     status: str = "running"
@@ -69,7 +70,7 @@ class _Rank:
             keys = list(dict.fromkeys(k for b in blocks for k in b))
             merged = {
                 k: np.concatenate([b.get(k, np.full(_rows(b), math.nan)) for b in blocks])[
-                    -MAX_STEPS:
+                    -self.max_steps :
                 ]
                 for k in keys
             }
@@ -82,13 +83,17 @@ def _rows(block: Mapping[str, FloatArray]) -> int:
 
 
 class RankState:
-    """What the ranks of a job have written so far, by rank."""
+    """What the ranks of a job have written so far, by rank (the newest ``max_steps`` rows of
+    each stream)."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_steps: int = MAX_STEPS) -> None:
         self.ranks: dict[int, _Rank] = {}
+        self.max_steps = max_steps
 
     def _rank(self, r: int) -> _Rank:
-        return self.ranks.setdefault(r, _Rank())
+        if r not in self.ranks:
+            self.ranks[r] = _Rank(self.max_steps)
+        return self.ranks[r]
 
     def set_meta(self, r: int, meta: Mapping[str, Any], status: str | None = None) -> None:
         state = self._rank(r)
@@ -210,14 +215,14 @@ def summary(values: Mapping[int, float]) -> dict[str, float]:
     ranks = np.array([r for r, _ in items])
     x = np.array([v for _, v in items])
     return {
-        "count": float(x.size),
+        "count": x.size,
         "mean": float(x.mean()),
         "median": float(np.median(x)),
         "std": float(x.std(ddof=1)) if x.size > 1 else 0.0,
         "min": float(x.min()),
         "max": float(x.max()),
-        "min_rank": float(ranks[int(x.argmin())]),
-        "max_rank": float(ranks[int(x.argmax())]),
+        "min_rank": int(ranks[int(x.argmin())]),
+        "max_rank": int(ranks[int(x.argmax())]),
     }
 
 
