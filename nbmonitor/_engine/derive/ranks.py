@@ -252,8 +252,10 @@ def divergence(state: RankState, when: float = math.nan) -> list[Alert]:
                 step = float(steps[np.flatnonzero(bad)[0]])
                 message = f"its {key} is not finite at step {step:.0f} while other ranks' is"
             elif common.size >= (1 if key == "grad_norm" else 10):
+                # The median of every rank is the reference: a majority that agrees outvotes
+                # the one rank that does not (with two ranks, both differ from it alike).
                 values = matrix[:, common]
-                others = np.median(np.delete(values, i, axis=0), axis=0)
+                others = np.median(values, axis=0)
                 if key == "grad_norm":
                     rel = np.abs(values[i] - others) / np.maximum(np.abs(others), 1e-30)
                     off = np.flatnonzero(rel > tolerance)

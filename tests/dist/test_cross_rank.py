@@ -1,0 +1,173 @@
+"""The cross-rank figures (nbmonitor/_engine/derive/ranks.py), the straggler rule, and a job
+written rank by rank and read back (open, summary, list_runs), all without torch."""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+
+import numpy as np
+
+import nbmonitor
+from nbmonitor._engine.derive.ranks import (
+    RankState,
+    align,
+    divergence,
+    per_step,
+    rank_columns,
+    ranks_frame,
+    summary,
+)
+from nbmonitor.health import Health, HealthInput
+from nbmonitor.health.rules.stragglers import Stragglers, stragglers
+from nbmonitor.health.view import RankColumns
+from nbmonitor.job import Job, finish
+from nbmonitor.runs import list_runs
+from nbmonitor.runs.layout import claim_rank_dir, is_job, rank_dirs
+from nbmonitor.sinks import RunLogSink
+
+
+def test_oumi_style_summary_names_the_ranks_at_the_extremes() -> None:
+    out = summary({0: 1.0, 1: 4.0, 2: 2.0, 3: math.nan})
+    assert out["count"] == 3 and out["min_rank"] == 0 and out["max_rank"] == 1
+    assert out["mean"] == 7 / 3 and out["median"] == 2.0 and out["min"] == 1 and out["max"] == 4
+    assert math.isclose(out["std"], float(np.std([1.0, 4.0, 2.0], ddof=1)))
+    assert summary({5: 3.0})["std"] == 0.0
+    assert summary({}) == {"count": 0}
+
+
+def state_of(step_times: dict[int, list[float]], **extra: dict[int, list[float]]) -> RankState:
+    state = RankState()
+    for rank, times in step_times.items():
+        cols = {"step": np.arange(1.0, len(times) + 1), "step_time": np.array(times)}
+        cols.update({k: np.array(v[rank]) for k, v in extra.items()})
+        state.add_columns(rank, "steps", cols)
+        state.set_meta(rank, {"hostname": f"node{rank}", "device_index": 0})
+        state.add_columns(
+            rank,
+            "system",
+            {"step": np.arange(3.0), "gpu0_util_percent": np.array([50.0, 60.0, 70.0 + rank]),
+             "gpu1_util_percent": np.zeros(3)},
+        )  # fmt: skip
+    return state
+
+
+def test_per_step_min_median_max_and_the_slowest_rank() -> None:
+    state = state_of({0: [1.0, 1.0, 5.0], 1: [2.0, 1.5], 2: [3.0, 0.5, 1.0]})
+    steps, matrix = align(state, "step_time")
+    assert steps.tolist() == [1.0, 2.0, 3.0]
+    assert np.isnan(matrix[1, 2])  # rank 1 has no step 3 (yet)
+    table = per_step(steps, matrix, [0, 1, 2])
+    assert table["min"].tolist() == [1.0, 0.5, 1.0]
+    assert table["median"].tolist() == [2.0, 1.0, 3.0]
+    assert table["max"].tolist() == [3.0, 1.5, 5.0]
+    assert table["slowest_rank"].tolist() == [2.0, 1.0, 0.0]
+
+
+def test_rank_metrics_take_each_ranks_own_device() -> None:
+    frame = ranks_frame(state_of({0: [1.0], 1: [1.0]}), "job", "closed", 2)
+    util = [row["gpu_util_percent"] for row in frame.table]
+    assert util == [60.0, np.mean([50.0, 60.0, 71.0])]  # gpu0 (their device), not gpu1
+    assert frame.summary["gpu_util_percent"]["max_rank"] == 1
+    assert [row["host"] for row in frame.table] == ["node0", "node1"]
+
+
+def test_divergence_flags_the_rank_whose_grad_norm_differs() -> None:
+    n = 20
+    agree = {0: [1.0] * n, 1: [1.0] * n, 2: [1.0] * n}
+    grads = {0: [2.0] * n, 1: [2.0] * n, 2: [2.5] * n}
+    losses = {0: [1.0] * n, 1: [1.1] * n, 2: [0.9] * n}
+    alerts = divergence(state_of(agree, grad_norm=grads, loss=losses))
+    assert [(a.rule, a.subject) for a in alerts] == [("rank_divergence", "rank2")]
+    assert "node2" in alerts[0].message and "grad_norm" in alerts[0].message
+    far = {0: [1.0] * n, 1: [1.0] * n, 2: [5.0] * n}
+    alerts = divergence(state_of(agree, grad_norm={r: [2.0] * n for r in agree}, loss=far))
+    assert [a.subject for a in alerts] == ["rank2"] and "loss" in alerts[0].message
+    same = divergence(state_of(agree, grad_norm={r: [2.0] * n for r in agree}, loss=losses))
+    assert same == []
+
+
+def ranks(step_time: np.ndarray, wait: np.ndarray | None = None) -> RankColumns:
+    r = step_time.shape[0]
+    steps = np.arange(1.0, step_time.shape[1] + 1)
+    return RankColumns(tuple(range(r)), tuple(f"node{i}" for i in range(r)), steps, step_time, wait)
+
+
+def test_straggler_by_data_wait_when_step_times_agree() -> None:
+    rng = np.random.default_rng(0)
+    times = np.full((4, 40), 0.1) + rng.normal(0, 1e-3, (4, 40))
+    wait = np.abs(rng.normal(0.002, 5e-4, (4, 40)))
+    wait[2] += 0.03  # rank 2 comes 30 ms late to every all-reduce
+    found = stragglers(ranks(times, wait))
+    assert list(found) == [2] and found[2][0] == "data_wait_s"
+    alerts = Health(rules=(Stragglers,)).check(
+        HealthInput(step=40, time=0.0, steps={}, ranks=ranks(times, wait))
+    )
+    assert [a.subject for a in alerts] == ["rank2"] and "node2" in alerts[0].message
+
+
+def test_straggler_by_step_time_and_quiet_on_noise() -> None:
+    rng = np.random.default_rng(1)
+    times = 0.1 + rng.normal(0, 0.005, (3, 40))
+    assert stragglers(ranks(times)) == {}  # noise: nobody
+    times[0] += 0.02
+    assert list(stragglers(ranks(times))) == [0]
+    short = times[:, :5]
+    assert stragglers(ranks(short)) == {}  # too few steps to judge
+    assert stragglers(ranks(times[:1])) == {}  # one rank
+
+
+def write_job(root: pathlib.Path, slow: int | None, steps: int = 40) -> pathlib.Path:
+    """Two ranks written as attach() writes them, rank ``slow`` waiting 20 ms longer."""
+    job = None
+    for rank in (0, 1):
+        meta = {"rank": rank, "world_size": 2, "hostname": f"node{rank}", "device": "cpu"}
+        log = RunLogSink.create(root, "Net", meta, job_id="j1", rank=rank, world_size=2)
+        rows = [
+            {"step": float(s), "time": 100.0 + s, "step_time": 0.05, "loss": 1.0 / s,
+             "grad_norm": 2.0, "data_wait_s": 0.021 if rank == slow else 0.001}
+            for s in range(1, steps + 1)
+        ]  # fmt: skip
+        log.write_steps(rows)
+        log.write_samples([{"step": 1.0, "process_rss_bytes": 1e9 * (rank + 1)}])
+        log.close({"status": "closed", "end_time": "x", "steps": steps})
+        job = log.path.parent
+    assert job is not None
+    return job
+
+
+def test_a_job_on_disk(tmp_path: pathlib.Path) -> None:
+    job_dir = write_job(tmp_path / "runs", slow=1)
+    assert job_dir.name == "j1-Net" and is_job(job_dir)
+    assert sorted(rank_dirs(job_dir)) == [0, 1]
+    job = nbmonitor.open(job_dir)
+    assert isinstance(job, Job) and job.status == "closed" and job.world_size == 2
+    assert job.history(1)["data_wait_s"][0] == 0.021
+    assert [a.subject for a in job.alerts()] == ["rank1"]
+    assert job.summary()["process_rss_bytes"]["max_rank"] == 1
+    record = json.loads((job_dir / "ranks_summary.json").read_text())
+    assert record["summary"]["data_wait_s"]["max_rank"] == 1 and record["status"] == "closed"
+    text = finish(job_dir)
+    assert text is not None and "data_wait_s" in text and "Rank 1 on node1" in text
+    table = list_runs(tmp_path / "runs")
+    assert [row["name"] for row in table] == ["j1-Net"]
+    assert table[0]["steps"] == 40 and "2/2 ranks" in str(table[0]["backend"])
+    # A rank's own folder still opens as an ordinary run.
+    assert not isinstance(nbmonitor.open(job_dir / "rank0"), Job)
+    assert finish(job_dir / "rank0") is None
+
+
+def test_no_straggler_in_a_balanced_job(tmp_path: pathlib.Path) -> None:
+    job = nbmonitor.open(write_job(tmp_path / "runs", slow=None))
+    assert isinstance(job, Job) and job.alerts() == []
+    columns = rank_columns(job.state())
+    assert columns is not None and columns.data_wait is not None
+
+
+def test_claiming_rank_folders(tmp_path: pathlib.Path) -> None:
+    job, rank0 = claim_rank_dir(tmp_path, "My Net", "abc", 0)
+    assert job.name == "abc-My-Net" and rank0 == job / "rank0"
+    assert claim_rank_dir(tmp_path, "My Net", "abc", 1)[0] == job
+    again, _ = claim_rank_dir(tmp_path, "My Net", "abc", 0)  # rank 0 of a second launch
+    assert again.name == "abc-My-Net-2"
