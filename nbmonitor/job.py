@@ -301,6 +301,22 @@ def finish(job_dir: str | os.PathLike[str]) -> str | None:
     return text
 
 
+def follow_job_in_terminal(path: str | os.PathLike[str], interval: float = 1.0) -> int:
+    """The console view of a job being written, until every rank closed; the newest step."""
+    from nbmonitor.ui.console import console_logger
+    from nbmonitor.ui.ranks import RanksConsoleView
+
+    view = RanksConsoleView(console_logger(install_handler=True), every=interval)
+    follower = JobFollow(path, [view], interval)
+    try:
+        while not follower.refresh():
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        pass
+    steps, _ = align(follower.state, "step_time")
+    return int(steps[-1]) if steps.size else 0
+
+
 def read_summary(job_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     try:
         loaded = json.loads((Path(job_dir) / SUMMARY).read_text(encoding="utf-8"))
@@ -309,4 +325,12 @@ def read_summary(job_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     return loaded if isinstance(loaded, dict) else None
 
 
-__all__ = ["Job", "JobFollow", "RankFollower", "finish", "read_summary", "straggler_alerts"]
+__all__ = [
+    "Job",
+    "JobFollow",
+    "RankFollower",
+    "finish",
+    "follow_job_in_terminal",
+    "read_summary",
+    "straggler_alerts",
+]

@@ -221,7 +221,13 @@ def tail(path: str | os.PathLike[str], interval: float = 1.0) -> Any:
 
 def follow_in_terminal(path: str | os.PathLike[str], interval: float = 1.0) -> int:
     """The console view of a run being written, until it closes; the number of steps seen."""
+    from nbmonitor.runs.layout import is_job
     from nbmonitor.ui.console import ConsoleView, console_logger
+
+    if is_job(path):
+        from nbmonitor.job import follow_job_in_terminal
+
+        return follow_job_in_terminal(path, interval)
 
     view = ConsoleView(console_logger(install_handler=True), every=interval)
     follower = Follow(path, [view], interval)

@@ -10,9 +10,11 @@ also serve scripts (``summary_text``). Widget libraries are imported only when a
 from __future__ import annotations
 
 import html
+import logging
 import math
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -80,6 +82,54 @@ def text_table(rows: list[list[str]]) -> str:
 def summary_text(job: str, summary: Mapping[str, Mapping[str, float]]) -> str:
     """The cross-rank summary for a console: one line per metric."""
     return f"cross-rank summary of {job}:\n" + text_table(summary_rows(summary))
+
+
+def status_line(frame: RanksFrame) -> str:
+    """One line on a job for a console: ranks, newest step, step time across ranks, alerts."""
+    parts = [f"{frame.job}: {len(frame.ranks)}/{frame.world_size} ranks"]
+    if frame.per_step:
+        row = frame.per_step[-1]
+        ms = [fmt(row.get(k, math.nan) * 1e3) for k in ("min", "median", "max")]
+        parts += [
+            f"step {fmt(row.get('step', math.nan), 'step')}",
+            f"step time min/median/max {'/'.join(ms)} ms",
+            f"slowest rank {fmt(row.get('slowest_rank', math.nan), 'slowest_rank')}",
+        ]
+    if frame.alerts:
+        parts.append(f"{len(frame.alerts)} alert(s); latest: {frame.alerts[-1].message}")
+    if frame.status != "running":
+        parts.append(frame.status)
+    return " | ".join(parts)
+
+
+class RanksConsoleView:
+    """Logs ``status_line`` at most every ``every`` seconds, and the cross-rank summary and
+    alerts at close: a job followed from a terminal."""
+
+    wants_detail = False
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        every: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._logger, self._every, self._clock = logger, every, clock
+        self._last = -math.inf
+        self._closed = False
+
+    def publish(self, frame: RanksFrame) -> None:
+        now = self._clock()
+        if not self._closed and now - self._last >= self._every:
+            self._last = now
+            self._logger.info(status_line(frame))
+
+    def close(self, frame: RanksFrame) -> None:
+        if not self._closed:
+            self._closed = True
+            lines = [status_line(frame), summary_text(frame.job, frame.summary)]
+            lines += [f"  {a.message}" for a in frame.alerts]
+            self._logger.info("\n".join(lines))
 
 
 def _html_table(head: list[str], rows: list[list[str]], field: str) -> str:
@@ -207,4 +257,11 @@ class RanksPanel:
         return data
 
 
-__all__ = ["RanksPanel", "summary_text", "tables_html", "text_table"]
+__all__ = [
+    "RanksConsoleView",
+    "RanksPanel",
+    "status_line",
+    "summary_text",
+    "tables_html",
+    "text_table",
+]

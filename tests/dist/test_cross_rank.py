@@ -8,6 +8,7 @@ import math
 import pathlib
 
 import numpy as np
+from tests.dist.dist_helpers import write_job
 
 import nbmonitor
 from nbmonitor._engine.derive.ranks import (
@@ -25,7 +26,6 @@ from nbmonitor.health.view import RankColumns
 from nbmonitor.job import Job, finish
 from nbmonitor.runs import list_runs
 from nbmonitor.runs.layout import claim_rank_dir, is_job, rank_dirs
-from nbmonitor.sinks import RunLogSink
 
 
 def test_oumi_style_summary_names_the_ranks_at_the_extremes() -> None:
@@ -116,25 +116,6 @@ def test_straggler_by_step_time_and_quiet_on_noise() -> None:
     short = times[:, :5]
     assert stragglers(ranks(short)) == {}  # too few steps to judge
     assert stragglers(ranks(times[:1])) == {}  # one rank
-
-
-def write_job(root: pathlib.Path, slow: int | None, steps: int = 40) -> pathlib.Path:
-    """Two ranks written as attach() writes them, rank ``slow`` waiting 20 ms longer."""
-    job = None
-    for rank in (0, 1):
-        meta = {"rank": rank, "world_size": 2, "hostname": f"node{rank}", "device": "cpu"}
-        log = RunLogSink.create(root, "Net", meta, job_id="j1", rank=rank, world_size=2)
-        rows = [
-            {"step": float(s), "time": 100.0 + s, "step_time": 0.05, "loss": 1.0 / s,
-             "grad_norm": 2.0, "data_wait_s": 0.021 if rank == slow else 0.001}
-            for s in range(1, steps + 1)
-        ]  # fmt: skip
-        log.write_steps(rows)
-        log.write_samples([{"step": 1.0, "process_rss_bytes": 1e9 * (rank + 1)}])
-        log.close({"status": "closed", "end_time": "x", "steps": steps})
-        job = log.path.parent
-    assert job is not None
-    return job
 
 
 def test_a_job_on_disk(tmp_path: pathlib.Path) -> None:

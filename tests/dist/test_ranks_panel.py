@@ -1,0 +1,73 @@
+"""The ranks panel and the job's console view, fed with a job written to disk (no torch): the
+heatmap reuses the dashboard's widget with its own title, the tables carry the cross-rank view,
+and what is synced stays JSON-safe and bounded."""
+
+from __future__ import annotations
+
+import json
+import logging
+import pathlib
+
+import numpy as np
+from tests.dist.dist_helpers import write_job
+
+import nbmonitor
+from nbmonitor.job import Job
+from nbmonitor.ui.dashboard import MAX_HEATMAP_COLUMNS
+from nbmonitor.ui.ranks import RanksConsoleView, RanksPanel, status_line
+
+
+def open_job(tmp_path: pathlib.Path, steps: int = 40) -> Job:
+    job = nbmonitor.open(write_job(tmp_path / "runs", slow=1, steps=steps))
+    assert isinstance(job, Job)
+    return job
+
+
+def test_the_panel_shows_ranks_by_steps_and_the_tables(tmp_path: pathlib.Path) -> None:
+    job = open_job(tmp_path)
+    panel = job.dashboard()
+    assert isinstance(panel, RanksPanel) and panel.closed
+    state = panel._panel
+    layers = state.layers
+    assert layers["names"] == ["rank0 (node0)", "rank1 (node1)"]
+    assert layers["title"].startswith("step_time per rank") and layers["label"] == "step_time"
+    assert (layers["n_layers"], layers["n_steps"]) == (2, 40) and layers["table"] == []
+    grid = np.frombuffer(state.layers_grid, dtype=np.float32).reshape(2, 40)
+    assert np.allclose(grid, 0.05)
+    assert state.header["status"] == "closed" and state.header["step"] == 40
+    assert [a["message"][:26] for a in state.alerts] == ["Rank 1 on node1 is a strag"]
+    json.dumps([state.header, state.alerts, layers], allow_nan=False)  # NaN never synced
+    html = panel._tables.value
+    for field in ("ranks", "per_step", "summary"):
+        assert f"data-field='{field}'" in html
+    assert "data_wait_s" in html and "straggler" in html  # the summary, the rank's flags
+    bundle = panel._repr_mimebundle_()
+    assert "cross-rank summary" in bundle["text/plain"] and "<table" in bundle["text/html"]
+
+
+def test_a_long_job_is_bounded(tmp_path: pathlib.Path) -> None:
+    panel = open_job(tmp_path, steps=1000).dashboard()
+    assert panel._panel.layers["n_steps"] <= MAX_HEATMAP_COLUMNS
+    assert panel._tables.value.count("<tr>") < 40  # the newest steps only
+
+
+def test_the_console_view_of_a_job(tmp_path: pathlib.Path) -> None:
+    frame = open_job(tmp_path).frame()
+    line = status_line(frame)
+    assert "2/2 ranks" in line and "step 40" in line and "slowest rank" in line
+    records: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record.getMessage())
+
+    logger = logging.getLogger("test-ranks-console")
+    logger.addHandler(Keep())
+    logger.setLevel(logging.INFO)
+    view = RanksConsoleView(logger, every=60.0)
+    view.publish(frame)
+    view.publish(frame)  # rate-limited
+    view.close(frame)
+    view.close(frame)
+    assert len(records) == 2 and "cross-rank summary" in records[1]
+    assert "Rank 1 on node1 is a straggler" in records[1]
