@@ -163,10 +163,10 @@ class Monitor:
 
     # -- construction helpers --------------------------------------------------------------
 
-    def _rank_follower(self) -> Callable[[], Any]:
+    def _rank_follower(self) -> Callable[[], Any] | None:
         """The display rank follows every rank's steps, for the straggler rule, live."""
         if self.rank is None or not self.displays:
-            return lambda: None
+            return None
         from nbmonitor.job import RankFollower
 
         return RankFollower(self._runlog.path.parent)
@@ -311,15 +311,20 @@ class Monitor:
 
     def _finish_job(self) -> None:
         """The display rank writes ranks_summary.json from every rank's files and shows it."""
+        from nbmonitor._engine.isolated import Isolated
         from nbmonitor.job import finish
         from nbmonitor.ui.console import console_logger
 
+        # On a worker: a filesystem that hangs costs close() at most CLOSE_WAIT_S.
+        worker = Isolated("ranks-summary", "the cross-rank summary", self.errors_log, CLOSE_WAIT_S)
         try:
-            text = finish(self._runlog.path.parent)
+            text = worker.call(functools.partial(finish, self._runlog.path.parent))
         except Exception as exc:  # never from close(): the job's own files are written
             self.errors_log.add("ranks_summary", exc)
             return
-        if text:
+        finally:
+            worker.close(0.0)
+        if isinstance(text, str):
             console_logger(install_handler=self.options.display).info(text)
 
     def __enter__(self) -> Monitor:

@@ -51,6 +51,8 @@ PUBLISH_EVERY_S = 0.25
 HEALTH_WINDOW = 512
 HEALTH_WINDOW_MAX = 8192
 MAX_ALERTS = 200
+# The most a health check waits for the other ranks' steps (read from their files).
+RANKS_TIMEOUT_S = 1.0
 # A sink that failed repeatedly (a full disk) is tried again after this many seconds.
 SINK_RETRY_S = 30.0
 
@@ -72,8 +74,9 @@ class PipelineParts:
     errors: ErrorLog
     status: Callable[[], str]
     update_copy_skipped: Callable[[], float | None] = lambda: None
-    # Every rank's step columns (the display rank of a distributed job), for the straggler rule.
-    ranks: Callable[[], RankColumns | None] = lambda: None
+    # Every rank's step columns (the display rank of a distributed job), for the straggler
+    # rule: it reads files, so it runs on the run log's worker (a hung filesystem holds it).
+    ranks: Callable[[], RankColumns | None] | None = None
     clock: Callable[[], float] = time.time
     monotonic: Callable[[], float] = time.monotonic
     interval: float = 0.5
@@ -272,11 +275,17 @@ class Pipeline:
             activations=layers.activations or None,
             system=system,
             gpus=[index] if index is not None else None,
-            ranks=parts.ranks(),
+            ranks=self._ranks(),
         )
         self.add_alerts(parts.health.check(inp))
         self._publish_layers()
         self._write_layer_grads()
+
+    def _ranks(self) -> RankColumns | None:
+        if self.parts.ranks is None:
+            return None
+        got = self.sources.runlog.call(self.parts.ranks, timeout=RANKS_TIMEOUT_S)
+        return None if isinstance(got, Hung) else got
 
     def _write_layer_grads(self) -> None:
         """One run-log row of per-layer gradient norms (the largest of each layer since the last
