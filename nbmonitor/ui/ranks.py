@@ -168,6 +168,15 @@ def _heat_state(frame: RanksFrame) -> tuple[dict[str, Any], bytes, bytes]:
     heat = np.asarray(frame.heat, dtype=np.float64)
     if heat.ndim != 2 or heat.shape != (len(frame.ranks), len(frame.steps)) or not heat.size:
         return {}, b"", b""
+    label = frame.heat_metric
+    finite = heat[np.isfinite(heat)]
+    if finite.size >= 100:
+        # A few slow steps (the first, a checkpoint) would leave every other cell dark: the
+        # colours stop at the 99th percentile, and the legend says so.
+        cap = float(np.percentile(finite, 99))
+        if cap < float(finite.max()):
+            heat = np.minimum(heat, cap)  # NaN stays NaN
+            label = f"{label} (capped at the 99th percentile)"
     grid, steps = bound_heatmap(heat, np.asarray(frame.steps, dtype=np.float64))
     meta = {
         "names": [f"rank{r} ({h})" for r, h in zip(frame.ranks, frame.hosts, strict=True)],
@@ -175,7 +184,7 @@ def _heat_state(frame: RanksFrame) -> tuple[dict[str, Any], bytes, bytes]:
         "n_steps": int(grid.shape[1]),
         "table": [],
         "title": f"{frame.heat_metric} per rank (ranks \u00d7 steps)",
-        "label": frame.heat_metric,
+        "label": label,
     }
     return meta, grid.tobytes(), steps.tobytes()
 

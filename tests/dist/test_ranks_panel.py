@@ -12,6 +12,7 @@ import numpy as np
 from tests.dist.dist_helpers import write_job
 
 import nbmonitor
+from nbmonitor._engine.derive.ranks import RankState, ranks_frame
 from nbmonitor.job import Job
 from nbmonitor.ui.dashboard import MAX_HEATMAP_COLUMNS
 from nbmonitor.ui.ranks import RanksConsoleView, RanksPanel, status_line
@@ -47,7 +48,9 @@ def test_the_panel_shows_ranks_by_steps_and_the_tables(tmp_path: pathlib.Path) -
 
 def test_a_long_job_is_bounded(tmp_path: pathlib.Path) -> None:
     panel = open_job(tmp_path, steps=1000).dashboard()
-    assert panel._panel.layers["n_steps"] <= MAX_HEATMAP_COLUMNS
+    layers = panel._panel.layers
+    assert layers["n_steps"] <= MAX_HEATMAP_COLUMNS
+    assert layers["label"] == "step_time"  # equal step times: nothing to cap
     assert panel._tables.value.count("<tr>") < 40  # the newest steps only
 
 
@@ -71,3 +74,17 @@ def test_the_console_view_of_a_job(tmp_path: pathlib.Path) -> None:
     view.close(frame)
     assert len(records) == 2 and "cross-rank summary" in records[1]
     assert "Rank 1 on node1 is a straggler" in records[1]
+
+
+def test_a_slow_first_step_does_not_darken_the_heatmap() -> None:
+    state = RankState()
+    for rank in (0, 1):
+        times = np.full(200, 0.05 + 0.01 * rank)
+        times[0] = 5.0  # warm-up
+        state.add_columns(rank, "steps", {"step": np.arange(1.0, 201), "step_time": times})
+    panel = RanksPanel("job")
+    panel.close(ranks_frame(state, "job", "closed", 2))
+    layers = panel._panel.layers
+    assert "capped at the 99th percentile" in layers["label"]
+    grid = np.frombuffer(panel._panel.layers_grid, dtype=np.float32)
+    assert grid.max() < 1.0  # the warm-up step no longer sets the scale

@@ -45,7 +45,7 @@ TIME_FIELDS = {"step_time": "mean", "data_wait_s": "mean"}
 GRAD_TOLERANCE = 1e-3
 LOSS_TOLERANCE = 0.5
 AGREE_WINDOW = 50
-PER_STEP_ROWS = 20  # newest steps in the frame's per-step table
+PER_STEP_ROWS = 10  # newest steps in the frame's per-step table
 # A followed job keeps at most this many steps per rank in memory (the files keep them all).
 MAX_STEPS = 200_000
 
