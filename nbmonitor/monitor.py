@@ -73,6 +73,12 @@ class Monitor:
         self._dashboard: Any = None
         # One rank of a distributed job (torchrun), or None; read locally, never gathered.
         self.rank: RankInfo | None = rank_info()
+        if self.rank is not None and opts.display_rank >= self.rank.world_size:
+            raise ValueError(
+                f"nbmonitor.attach: display_rank={opts.display_rank} is not a rank of this job "
+                f"(world size {self.rank.world_size}); pass display_rank= from 0 to "
+                f"{self.rank.world_size - 1}."
+            )
 
         self.backend = _backends.select(model, opts.backend)
         capture = build_capture(

@@ -104,3 +104,12 @@ def test_display_rank_must_be_a_rank(bad: object) -> None:
     model = mlp()
     with pytest.raises(ValueError, match="display_rank must be an int >= 0"):
         nbmonitor.attach(model, display_rank=bad)  # type: ignore[arg-type]
+
+
+def test_display_rank_must_be_in_the_job(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    as_rank(monkeypatch, 0)
+    with pytest.raises(ValueError, match="display_rank=2 is not a rank of this job"):
+        nbmonitor.attach(mlp(), run_dir=tmp_path, display_rank=2)
+    assert not any(tmp_path.iterdir())  # checked before anything is written
