@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from nbmonitor.debug import summary
     from nbmonitor.errors import NonFiniteError, RunDirError
     from nbmonitor.health import Thresholds
+    from nbmonitor.job import Job
     from nbmonitor.monitor import Monitor, attach
     from nbmonitor.replay import Run, compare, open, tail
     from nbmonitor.runs import list_runs
@@ -29,6 +30,7 @@ _WHERE = {
     "NonFiniteError": "nbmonitor.errors",
     "RunDirError": "nbmonitor.errors",
     "Run": "nbmonitor.replay",
+    "Job": "nbmonitor.job",
     "open": "nbmonitor.replay",
     "tail": "nbmonitor.replay",
     "compare": "nbmonitor.replay",
@@ -46,6 +48,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "Job",
     "Monitor",
     "NonFiniteError",
     "Run",
