@@ -39,6 +39,9 @@ from nbmonitor.runs.format import write_json_atomic
 from nbmonitor.runs.job import JobFiles, JobTail, job_status
 from nbmonitor.runs.layout import SUMMARY, is_job
 
+# A finished job is judged at most this many times (evenly spaced), however long it ran.
+MAX_CHECKS = 500
+
 
 def straggler_alerts(state: RankState, health: Health | None = None) -> list[Alert]:
     """The straggler rule over the whole job so far, judged every half window of steps (so a
@@ -48,16 +51,21 @@ def straggler_alerts(state: RankState, health: Health | None = None) -> list[Ale
         return []
     health = health if health is not None else Health(Thresholds(), rules=(Stragglers,))
     n = columns.steps.size
-    ends = [*list(range(MIN_STEPS, n, WINDOW // 2)), n] if n >= MIN_STEPS else []
+    every = max(WINDOW // 2, n // MAX_CHECKS)
+    ends = [*range(MIN_STEPS, n, every), n] if n >= MIN_STEPS else []
     _, times = align(state, "time")
     found: list[Alert] = []
     for end in ends:
+        # The rule looks at the last WINDOW steps every rank recorded: a few windows back is
+        # plenty, and keeps a long job's checks linear in its length.
+        start = max(0, end - 4 * WINDOW)
+        wait = columns.data_wait
         part = type(columns)(
             columns.ranks,
             columns.hosts,
-            columns.steps[:end],
-            columns.step_time[:, :end],
-            None if columns.data_wait is None else columns.data_wait[:, :end],
+            columns.steps[start:end],
+            columns.step_time[:, start:end],
+            None if wait is None else wait[:, start:end],
         )
         when = times[:, end - 1] if times.shape[1] >= end else np.empty(0)
         finite = when[np.isfinite(when)]

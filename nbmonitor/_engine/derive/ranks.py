@@ -140,7 +140,10 @@ def align(state: RankState, key: str, stream: str = "steps") -> tuple[FloatArray
     order) at each; NaN where a rank has no value. A step recorded twice keeps its last."""
     per_rank = [state.columns(r, stream) for r in sorted(state.ranks)]
     found = [c["step"] for c in per_rank if "step" in c and key in c]
-    steps = np.unique(np.concatenate(found)) if found else np.empty(0)
+    if found and all(np.array_equal(found[0], f) for f in found[1:]) and _increasing(found[0]):
+        steps = found[0]  # the usual case: every rank has the same steps (no sort needed)
+    else:
+        steps = np.unique(np.concatenate(found)) if found else np.empty(0)
     steps = steps[np.isfinite(steps)]
     matrix = np.full((len(per_rank), steps.size), math.nan)
     for i, cols in enumerate(per_rank):
@@ -149,6 +152,10 @@ def align(state: RankState, key: str, stream: str = "steps") -> tuple[FloatArray
             ok = (at < steps.size) & np.isfinite(cols["step"])
             matrix[i, at[ok]] = cols[key][ok]  # later rows overwrite earlier ones
     return steps, matrix
+
+
+def _increasing(steps: FloatArray) -> bool:
+    return bool(steps.size < 2 or np.all(steps[1:] > steps[:-1]))
 
 
 def rank_columns(state: RankState) -> RankColumns | None:
