@@ -25,7 +25,9 @@ from nbmonitor.health.rules.stragglers import Stragglers, stragglers
 from nbmonitor.health.view import RankColumns
 from nbmonitor.job import Job, finish
 from nbmonitor.runs import list_runs
+from nbmonitor.runs.job import JobTail
 from nbmonitor.runs.layout import claim_rank_dir, is_job, rank_dirs
+from nbmonitor.sinks import RunLogSink
 
 
 def test_oumi_style_summary_names_the_ranks_at_the_extremes() -> None:
@@ -152,3 +154,24 @@ def test_claiming_rank_folders(tmp_path: pathlib.Path) -> None:
     assert claim_rank_dir(tmp_path, "My Net", "abc", 1)[0] == job
     again, _ = claim_rank_dir(tmp_path, "My Net", "abc", 0)  # rank 0 of a second launch
     assert again.name == "abc-My-Net-2"
+
+
+def test_following_a_job_picks_up_ranks_as_they_start(tmp_path: pathlib.Path) -> None:
+    root = tmp_path / "runs"
+    tail = JobTail(root / "j2-Net")  # before the job exists
+    assert tail.poll() == {} and not tail.closed
+    logs = {0: RunLogSink.create(root, "Net", {}, job_id="j2", rank=0, world_size=2)}
+    logs[0].write_steps([{"step": 1.0, "step_time": 0.1}])
+    logs[0].flush()
+    assert list(tail.poll()) == [0] and tail.world_size == 2
+    logs[1] = RunLogSink.create(root, "Net", {}, job_id="j2", rank=1, world_size=2)
+    logs[1].write_steps([{"step": 1.0, "step_time": 0.2}, {"step": 2.0, "step_time": 0.2}])
+    logs[1].flush()
+    new = tail.poll()
+    assert list(new) == [1] and len(new[1]["steps"]) == 2
+    logs[0].close({"status": "closed"})
+    tail.poll()
+    assert not tail.closed  # rank 1 still runs
+    logs[1].close({"status": "closed"})
+    tail.poll()
+    assert tail.closed
