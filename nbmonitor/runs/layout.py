@@ -11,8 +11,10 @@ Every rank computes the job folder's name alone from the job id all ranks share
 ``exist_ok=True`` and each rank then *claims* ``rank<r>/`` with a plain ``mkdir``, which only
 one process can win. A rank whose folder is already taken (the same job id launched again)
 moves on to ``<job>-<name>-2``, ``-3``...; the ranks of one launch all find the same folders
-taken and so all land in the same one. Shared by the writer (``sinks/runlog.py``) and the
-readers; stdlib only.
+taken and so all land in the same one; a folder where a rank of an earlier launch is found
+(its run started before this process did) is passed over too, so that a launch whose ranks
+did not all attach does not capture ranks of the next one. Shared by the writer
+(``sinks/runlog.py``) and the readers; stdlib only.
 """
 
 from __future__ import annotations
@@ -25,12 +27,16 @@ import time
 from typing import Any
 
 from nbmonitor.runs.format import FORMAT_VERSION, META, sanitize_name, write_json_atomic
+from nbmonitor.runs.status import _started_after
 
 LAYOUT = "ranks"  # meta.json "layout" of a job folder
 SUMMARY = "ranks_summary.json"
 _RANK_DIR = re.compile(r"^rank(\d+)$")
 # The folders a rank tries before giving up (a job id launched this many times over).
 MAX_ATTEMPTS = 1000
+# A rank whose run started this long before this process did is of an earlier launch (the
+# processes of one launch start within seconds of each other, across nodes too).
+SKEW_S = 60.0
 
 
 def rank_dir_name(rank: int) -> str:
@@ -54,12 +60,27 @@ def claim_rank_dir(
     for attempt in range(1, MAX_ATTEMPTS + 1):
         job = root / (stem if attempt == 1 else f"{stem}-{attempt}")
         job.mkdir(parents=True, exist_ok=True)
+        if _earlier_launch(job):
+            continue  # an earlier launch with this id, whose ranks did not all attach
         try:
             (job / rank_dir_name(rank)).mkdir()
         except FileExistsError:
             continue  # taken by an earlier launch with this job id: the next folder
         return job, job / rank_dir_name(rank)
     raise FileExistsError(f"{root / stem}: rank{rank} taken in {MAX_ATTEMPTS} folders")
+
+
+def _earlier_launch(job: pathlib.Path) -> bool:
+    """Whether a rank in ``job`` started its run well before this process was started: the
+    ranks of one launch are started together (after torchrun's rendezvous), so such a rank
+    belongs to an earlier launch with the same job id, and this rank must not join it even
+    where its own folder is free (that launch's ranks did not all attach)."""
+    for folder in rank_dirs(job).values():
+        meta = read_json(folder / META)
+        started = meta.get("start_timestamp") if isinstance(meta, dict) else None
+        if isinstance(started, (int, float)) and _started_after(os.getpid(), started + SKEW_S):
+            return True
+    return False
 
 
 def job_meta(name: str | None, job_id: str, world_size: int) -> dict[str, object]:

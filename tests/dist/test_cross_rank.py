@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import pathlib
+import time
 
 import numpy as np
 from tests.dist.dist_helpers import write_job
@@ -175,3 +176,16 @@ def test_following_a_job_picks_up_ranks_as_they_start(tmp_path: pathlib.Path) ->
     logs[1].close({"status": "closed"})
     tail.poll()
     assert tail.closed
+
+
+def test_a_folder_left_by_an_earlier_partial_launch_is_passed_over(tmp_path: pathlib.Path) -> None:
+    # An earlier launch with this id where only rank 0 attached (an hour ago): rank 1 of the new
+    # launch must not join it, or the new job would be split across two folders.
+    job, rank0 = claim_rank_dir(tmp_path, "Net", "fixed", 0)
+    (rank0 / "meta.json").write_text(json.dumps({"start_timestamp": time.time() - 3600}))
+    again, _ = claim_rank_dir(tmp_path, "Net", "fixed", 1)
+    assert again.name == "fixed-Net-2"
+    # A rank of this launch that started just now is joined.
+    job2, rank0b = claim_rank_dir(tmp_path, "Other", "fresh", 0)
+    (rank0b / "meta.json").write_text(json.dumps({"start_timestamp": time.time()}))
+    assert claim_rank_dir(tmp_path, "Other", "fresh", 1)[0] == job2
