@@ -22,16 +22,15 @@ from typing import Any
 import numpy as np
 
 from nbmonitor._engine.derive.ranks import (
-    RanksFrame,
     RankState,
     align,
     divergence,
     per_step,
     rank_columns,
     rank_metrics,
-    ranks_frame,
     ranks_summary,
 )
+from nbmonitor._engine.derive.ranks_frame import RanksFrame, ranks_frame
 from nbmonitor.health import Alert, Health, HealthInput, Thresholds
 from nbmonitor.health.rules.stragglers import MIN_STEPS, WINDOW, Stragglers
 from nbmonitor.health.view import RankColumns

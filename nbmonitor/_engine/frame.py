@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from nbmonitor._engine.derive.progress import eta_seconds
-from nbmonitor._engine.derive.ranks import RanksFrame as RanksFrame
+from nbmonitor._engine.derive.ranks_frame import RanksFrame as RanksFrame
 from nbmonitor._engine.store import Store
 
 # Alert and name_list live in nbmonitor.health; re-exported here, where views read them.

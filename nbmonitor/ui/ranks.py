@@ -1,7 +1,7 @@
 """The ranks panel: a distributed job's ranks side by side, from a ``RanksFrame``.
 
-A ranks x steps heatmap of step time (the dashboard's heatmap widget, ``_panel.Panel``), the
-cross-rank alerts (stragglers, ranks that disagree), the newest steps with step time min /
+A ranks x steps heatmap of step time (the dashboard's heatmap widget, ``_panel.Panel``), a
+gauge card per rank's GPU and the host of the lowest rank, the cross-rank alerts (stragglers, ranks that disagree), the newest steps with step time min /
 median / max and the slowest rank, one row per rank (host, device, step time, data wait,
 device metrics, last loss and grad norm, flags) and the cross-rank summary. The text tables
 also serve scripts (``summary_text``). Widget libraries are imported only when a panel is made.
@@ -189,6 +189,11 @@ def _heat_state(frame: RanksFrame) -> tuple[dict[str, Any], bytes, bytes]:
     return meta, grid.tobytes(), steps.tobytes()
 
 
+def _num(value: float) -> float | None:
+    """JSON has no NaN: a value not known is sent as null."""
+    return value if math.isfinite(value) else None
+
+
 class RanksPanel:
     """Live or final view of a job's ranks. ``publish(frame)`` / ``close(frame)`` take
     ``RanksFrame``s; safe from any thread."""
@@ -248,6 +253,11 @@ class RanksPanel:
                 "total_steps": None,
                 "step_time": medians[-1] if medians and math.isfinite(medians[-1]) else None,
             }
+            panel.system = {k: _num(v) for k, v in (frame.system or {}).items()}
+            panel.devices = [
+                {k: (v if isinstance(v, str) else _num(v)) for k, v in d.items()}
+                for d in frame.devices
+            ]
             panel.alerts = [
                 {"rule": a.rule, "severity": a.severity, "message": a.message, "step": a.step}
                 for a in frame.alerts

@@ -18,9 +18,9 @@ from nbmonitor._engine.derive.ranks import (
     divergence,
     per_step,
     rank_columns,
-    ranks_frame,
     summary,
 )
+from nbmonitor._engine.derive.ranks_frame import ranks_frame
 from nbmonitor.health import Health, HealthInput
 from nbmonitor.health.rules.stragglers import Stragglers, stragglers
 from nbmonitor.health.view import RankColumns
@@ -74,6 +74,9 @@ def test_rank_metrics_take_each_ranks_own_device() -> None:
     assert util == [60.0, np.mean([50.0, 60.0, 71.0])]  # gpu0 (their device), not gpu1
     assert frame.summary["gpu_util_percent"]["max_rank"] == 1
     assert [row["host"] for row in frame.table] == ["node0", "node1"]
+    # The gauges: each rank's own GPU, newest sample.
+    assert [d["name"] for d in frame.devices] == ["rank0 (node0)", "rank1 (node1)"]
+    assert [d["util_percent"] for d in frame.devices] == [70.0, 71.0]
 
 
 def test_divergence_flags_the_rank_whose_grad_norm_differs() -> None:

@@ -12,7 +12,8 @@ import numpy as np
 from tests.dist.dist_helpers import write_job
 
 import nbmonitor
-from nbmonitor._engine.derive.ranks import RankState, ranks_frame
+from nbmonitor._engine.derive.ranks import RankState
+from nbmonitor._engine.derive.ranks_frame import ranks_frame
 from nbmonitor.job import Job
 from nbmonitor.ui.dashboard import MAX_HEATMAP_COLUMNS
 from nbmonitor.ui.ranks import RanksConsoleView, RanksPanel, status_line
@@ -37,7 +38,9 @@ def test_the_panel_shows_ranks_by_steps_and_the_tables(tmp_path: pathlib.Path) -
     assert np.allclose(grid, 0.05)
     assert state.header["status"] == "closed" and state.header["step"] == 40
     assert [a["message"][:26] for a in state.alerts] == ["Rank 1 on node1 is a strag"]
-    json.dumps([state.header, state.alerts, layers], allow_nan=False)  # NaN never synced
+    assert state.system["process_rss_bytes"] == 1e9  # rank 0's host
+    assert state.devices == []  # CPU ranks: no GPU cards
+    json.dumps([state.header, state.alerts, layers, state.system], allow_nan=False)
     html = panel._tables.value
     for field in ("ranks", "per_step", "summary"):
         assert f"data-field='{field}'" in html
@@ -88,3 +91,19 @@ def test_a_slow_first_step_does_not_darken_the_heatmap() -> None:
     assert "capped at the 99th percentile" in layers["label"]
     grid = np.frombuffer(panel._panel.layers_grid, dtype=np.float32)
     assert grid.max() < 1.0  # the warm-up step no longer sets the scale
+
+
+def test_each_ranks_gpu_is_a_gauge_card() -> None:
+    state = RankState()
+    for rank in (0, 1):
+        state.set_meta(rank, {"hostname": "gpu-node", "device_index": rank})
+        state.add_columns(rank, "steps", {"step": np.arange(1.0, 4), "step_time": np.ones(3)})
+        util = np.array([10.0, 20.0, 90.0 + rank])
+        state.add_columns(rank, "system", {"step": np.arange(3.0), f"gpu{rank}_util_percent": util})
+    panel = RanksPanel("job")
+    panel.close(ranks_frame(state, "job", "closed", 2))
+    devices = panel._panel.devices
+    assert [d["name"] for d in devices] == ["rank0 (gpu-node)", "rank1 (gpu-node)"]
+    assert [d["util_percent"] for d in devices] == [90.0, 91.0]
+    assert devices[0]["temperature_c"] is None  # not measured: null, never NaN
+    json.dumps(devices, allow_nan=False)

@@ -30,6 +30,7 @@ from nbmonitor.health.view import RankColumns
 FloatArray = npt.NDArray[np.float64]
 
 STEP_KEYS = ("step", "time", "step_time", "data_wait_s", "loss", "grad_norm")
+SYSTEM_KEYS = ("step", "time", "cpu_percent", "ram_used_bytes", "ram_total_bytes")
 # A rank's own device metrics (``gpu<i>_<field>`` of its device), each reduced per rank as
 # given; the process's own CPU and memory stand in on CPU-only ranks.
 DEVICE_FIELDS = {
@@ -45,7 +46,6 @@ TIME_FIELDS = {"step_time": "mean", "data_wait_s": "mean"}
 GRAD_TOLERANCE = 1e-3
 LOSS_TOLERANCE = 0.5
 AGREE_WINDOW = 50
-PER_STEP_ROWS = 10  # newest steps in the frame's per-step table
 # A followed job keeps at most this many steps per rank in memory (the files keep them all).
 MAX_STEPS = 200_000
 
@@ -127,7 +127,9 @@ class RankState:
 def _kept(stream: str, key: str) -> bool:
     if stream == "steps":
         return key in STEP_KEYS
-    return stream == "system" and (key in ("step", "time") or key.startswith(("gpu", "process")))
+    if stream != "system":
+        return False
+    return key in SYSTEM_KEYS or key.startswith(("gpu", "process"))
 
 
 def _num(value: object) -> float:
@@ -297,86 +299,13 @@ def divergence(state: RankState, when: float = math.nan) -> list[Alert]:
     return alerts
 
 
-@dataclass(frozen=True)
-class RanksFrame:
-    """What the ranks panel shows of a job at one moment (built by :func:`ranks_frame`)."""
-
-    job: str
-    status: str
-    world_size: int
-    ranks: tuple[int, ...]
-    hosts: tuple[str, ...]
-    heat_metric: str  # the metric of the heatmap (``step_time`` by default)
-    steps: FloatArray  # heatmap columns
-    heat: FloatArray  # (len(ranks), len(steps)), NaN where unknown
-    per_step: tuple[dict[str, float], ...]  # newest steps: step, min, median, max, slowest_rank
-    table: tuple[dict[str, object], ...]  # one row per rank
-    summary: dict[str, dict[str, float]]
-    alerts: tuple[Alert, ...] = ()
-
-
-def ranks_frame(
-    state: RankState,
-    job: str,
-    status: str,
-    world_size: int,
-    alerts: Sequence[Alert] = (),
-    heat_metric: str = "step_time",
-) -> RanksFrame:
-    ranks = tuple(sorted(state.ranks))
-    steps, heat = align(state, heat_metric)
-    time_steps, times = align(state, "step_time")
-    stats = per_step(time_steps, times, ranks)
-    n = min(PER_STEP_ROWS, time_steps.size)
-    rows = tuple(
-        {k: float(v[j]) for k, v in stats.items()}
-        for j in range(time_steps.size - n, time_steps.size)
-    )
-    flagged: dict[str, list[str]] = {}
-    for a in alerts:
-        flagged.setdefault(a.subject, []).append(a.rule)
-    table: list[dict[str, object]] = []
-    for r in ranks:
-        cols = state.columns(r, "steps")
-        row: dict[str, object] = {
-            "rank": r,
-            "host": state.host(r),
-            "device": str(state.ranks[r].meta.get("device", "?")),
-            "status": state.ranks[r].status,
-            "steps": int(np.isfinite(cols["step"]).sum()) if "step" in cols else 0,
-        }
-        row.update(rank_metrics(state, r))
-        for key in ("loss", "grad_norm"):
-            if key in cols:
-                finite = cols[key][np.isfinite(cols[key])]
-                row[key] = float(finite[-1]) if finite.size else math.nan
-        row["flags"] = sorted(set(flagged.get(rank(r), [])))
-        table.append(row)
-    return RanksFrame(
-        job=job,
-        status=status,
-        world_size=world_size,
-        ranks=ranks,
-        hosts=tuple(state.host(r) for r in ranks),
-        heat_metric=heat_metric,
-        steps=steps,
-        heat=heat,
-        per_step=rows,
-        table=tuple(table),
-        summary=ranks_summary(state),
-        alerts=tuple(alerts),
-    )
-
-
 __all__ = [
     "RankState",
-    "RanksFrame",
     "align",
     "divergence",
     "per_step",
     "rank_columns",
     "rank_metrics",
-    "ranks_frame",
     "ranks_summary",
     "summary",
 ]
