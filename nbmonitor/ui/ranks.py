@@ -1,10 +1,11 @@
 """The ranks panel: a distributed job's ranks side by side, from a ``RanksFrame``.
 
 A ranks x steps heatmap of step time (the dashboard's heatmap widget, ``_panel.Panel``), a
-gauge card per rank's GPU and the host of the lowest rank, the cross-rank alerts (stragglers, ranks that disagree), the newest steps with step time min /
-median / max and the slowest rank, one row per rank (host, device, step time, data wait,
-device metrics, last loss and grad norm, flags) and the cross-rank summary. The text tables
-also serve scripts (``summary_text``). Widget libraries are imported only when a panel is made.
+gauge card per rank's GPU and the host of the lowest rank, the cross-rank alerts (stragglers,
+ranks that disagree), the newest steps with step time min / median / max and the slowest
+rank, one row per rank (host, device, step time, data wait, device metrics, last loss and grad
+norm, flags) and the cross-rank summary. The text tables also serve scripts
+(``summary_text``). Widget libraries are imported only when a panel is made.
 """
 
 from __future__ import annotations
@@ -189,6 +190,12 @@ def _heat_state(frame: RanksFrame) -> tuple[dict[str, Any], bytes, bytes]:
     return meta, grid.tobytes(), steps.tobytes()
 
 
+def _median(values: list[object]) -> float:
+    """The median of the numbers among ``values`` (the ranks' last losses); NaN if none."""
+    numbers = [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+    return float(np.median(numbers)) if numbers else math.nan
+
+
 def _num(value: float) -> float | None:
     """JSON has no NaN: a value not known is sent as null."""
     return value if math.isfinite(value) else None
@@ -252,6 +259,7 @@ class RanksPanel:
                 "step": int(last_step) if math.isfinite(last_step) else 0,
                 "total_steps": None,
                 "step_time": medians[-1] if medians and math.isfinite(medians[-1]) else None,
+                "loss": _num(_median([row.get("loss") for row in frame.table])),
             }
             panel.system = {k: _num(v) for k, v in (frame.system or {}).items()}
             panel.devices = [

@@ -37,6 +37,7 @@ def test_the_panel_shows_ranks_by_steps_and_the_tables(tmp_path: pathlib.Path) -
     grid = np.frombuffer(state.layers_grid, dtype=np.float32).reshape(2, 40)
     assert np.allclose(grid, 0.05)
     assert state.header["status"] == "closed" and state.header["step"] == 40
+    assert state.header["loss"] == 1 / 40  # the median of the ranks' last losses
     assert [a["message"][:26] for a in state.alerts] == ["Rank 1 on node1 is a strag"]
     assert state.system["process_rss_bytes"] == 1e9  # rank 0's host
     assert state.devices == []  # CPU ranks: no GPU cards
