@@ -23,7 +23,7 @@ import numpy.typing as npt
 import torch
 
 import nbmonitor.backends.selection as _backends
-from nbmonitor import _registry
+from nbmonitor import _ranks, _registry
 from nbmonitor._capture.capture import build_capture
 from nbmonitor._capture.dist import RankInfo, rank_info
 from nbmonitor._capture.heap import settle_heap
@@ -37,7 +37,7 @@ from nbmonitor._setup_check import check_setup
 from nbmonitor.errors import ErrorLog
 from nbmonitor.health import Alert, Health, non_finite_gradients
 from nbmonitor.options import AttachOptions, Options, WrappedOptimizer, check_model
-from nbmonitor.sinks import Batch, FanOut, RunLogSink
+from nbmonitor.sinks import Batch, FanOut
 
 # How long close() waits for a sampler tick in progress (a hung source) before it gives up on
 # the last interval rather than hang the notebook.
@@ -73,12 +73,7 @@ class Monitor:
         self._dashboard: Any = None
         # One rank of a distributed job (torchrun), or None; read locally, never gathered.
         self.rank: RankInfo | None = rank_info()
-        if self.rank is not None and opts.display_rank >= self.rank.world_size:
-            raise ValueError(
-                f"nbmonitor.attach: display_rank={opts.display_rank} is not a rank of this job "
-                f"(world size {self.rank.world_size}); pass display_rank= from 0 to "
-                f"{self.rank.world_size - 1}."
-            )
+        _ranks.check_display_rank(self.rank, opts.display_rank)
 
         self.backend = _backends.select(model, opts.backend)
         capture = build_capture(
@@ -104,19 +99,11 @@ class Monitor:
         meta = run_meta(model, optimizer, opts, self.backend, self._start)
         # The tracked parameters, so that a replay's layer table says what each layer is.
         meta["params"] = [dataclasses.asdict(p) for p in layers.params]
-        rank = self.rank
-        if rank is None:
-            self._runlog = RunLogSink.create(opts.run_dir, run_name, meta)
-            self.name = self._runlog.path.name
-        else:
-            first = next(iter(model.parameters()), None)
-            meta.update(rank.as_meta(), device=str(first.device) if first is not None else "cpu")
-            meta["device_index"] = self.backend.device_index
-            self._runlog = RunLogSink.create(
-                opts.run_dir, run_name, meta, job_id=rank.job_id, rank=rank.rank,
-                world_size=rank.world_size,
-            )  # fmt: skip
-            self.name = f"{self._runlog.path.parent.name}/{self._runlog.path.name}"
+        first = next(iter(model.parameters()), None)
+        device = str(first.device) if first is not None else "cpu"
+        self._runlog, self.name = _ranks.create_runlog(
+            opts, run_name, meta, self.rank, device, self.backend.device_index
+        )
         # Weakly: the probe holds the parameters (and their copies), which go with the model.
         update_ref = weakref.ref(capture.update_ratio) if capture.update_ratio else None
 
@@ -148,7 +135,7 @@ class Monitor:
                 errors=errors_log,
                 status=life.status,
                 update_copy_skipped=copy_skipped,
-                ranks=self._rank_follower(),
+                ranks=_ranks.rank_follower(self.rank, self.displays, self._runlog.path),
                 clock=clock,
                 interval=self.interval,
             )
@@ -168,14 +155,6 @@ class Monitor:
         self._setup_views(opts.display)
 
     # -- construction helpers --------------------------------------------------------------
-
-    def _rank_follower(self) -> Callable[[], Any] | None:
-        """The display rank follows every rank's steps, for the straggler rule, live."""
-        if self.rank is None or not self.displays:
-            return None
-        from nbmonitor.job import RankFollower
-
-        return RankFollower(self._runlog.path.parent)
 
     def _setup_views(self, display: bool) -> None:
         from nbmonitor.ui.console import ConsoleView, console_logger
@@ -312,26 +291,8 @@ class Monitor:
         closing = not self._life.closed
         self._life.close(CLOSE_WAIT_S)
         _registry.closed(self._model_ref(), self)
-        if closing and self.rank is not None and self.displays:
-            self._finish_job()
-
-    def _finish_job(self) -> None:
-        """The display rank writes ranks_summary.json from every rank's files and shows it."""
-        from nbmonitor._engine.isolated import Isolated
-        from nbmonitor.job import finish
-        from nbmonitor.ui.console import console_logger
-
-        # On a worker: a filesystem that hangs costs close() at most CLOSE_WAIT_S.
-        worker = Isolated("ranks-summary", "the cross-rank summary", self.errors_log, CLOSE_WAIT_S)
-        try:
-            text = worker.call(functools.partial(finish, self._runlog.path.parent))
-        except Exception as exc:  # never from close(): the job's own files are written
-            self.errors_log.add("ranks_summary", exc)
-            return
-        finally:
-            worker.close(0.0)
-        if isinstance(text, str):
-            console_logger(install_handler=self.options.display).info(text)
+        if closing and self.rank is not None and self.displays:  # the cross-rank summary
+            _ranks.finish_job(self.job_dir, self.errors_log, self.options.display, CLOSE_WAIT_S)
 
     def __enter__(self) -> Monitor:
         return self
