@@ -201,7 +201,9 @@ class Monitor:
 
     @property
     def status(self) -> str:
-        """``"running"``, ``"degraded"`` (something failed; see ``errors``) or ``"closed"``."""
+        """``"running"``, ``"degraded"`` (something failed; see ``errors``) or ``"closed"``;
+        while a source hangs, which and for how long: ``"degraded: run log writing hung for
+        12 s"``."""
         return self._life.status()
 
     @property
