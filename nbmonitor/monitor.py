@@ -80,6 +80,7 @@ class Monitor:
             activations=opts.activations,
             check_forward=opts.check_forward,
             on_nan=opts.on_nan,
+            flops=opts.flops,
             start_step=opts.start_step,
             wall_clock=clock,
         )

@@ -109,6 +109,8 @@ class StepRecord:
     max_norm: float = math.nan
     # The GradScaler skipped the optimizer step (inf/NaN gradients); no norms then.
     skipped: bool = False
+    # Token ids the grad-enabled forwards of this step were given (``input_ids``); 0: none.
+    tokens: int = 0
 
     def ready(self) -> bool:
         if self.norms is not None and not self.norms.ready():
@@ -138,6 +140,11 @@ MEASURED_KEYS = frozenset(
         "micro_batches",
         "samples",
         "samples_per_s",
+        "tokens",
+        "tokens_per_s",
+        "flops_per_step",
+        "tflops_per_s",
+        "mfu_percent",
         "lr",
         "grad_norm",
         "loss_smooth",
@@ -201,4 +208,27 @@ class AuxRecord:
         self.value.wait()
 
 
-Record = StepRecord | LogRecord | AuxRecord
+@dataclass(frozen=True, slots=True)
+class FlopsRecord:
+    """The FLOPs of one grad-enabled forward, counted once (``probes/flops.py``), and what it
+    was given: training FLOPs per step follow from it by the tokens (or samples) of each step.
+
+    ``dtype`` is the compute precision of the matrix products: ``"bfloat16"``, ``"float16"``
+    (autocast or half parameters), ``"tfloat32"`` (float32 with TF32 matmuls) or
+    ``"float32"``; it picks the peak that MFU is taken against.
+    """
+
+    step: int
+    forward_flops: float
+    tokens: int
+    samples: int
+    dtype: str
+
+    def ready(self) -> bool:
+        return True
+
+    def wait(self) -> None:
+        return None
+
+
+Record = StepRecord | LogRecord | AuxRecord | FlopsRecord

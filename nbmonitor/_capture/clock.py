@@ -20,7 +20,7 @@ from torch.utils.hooks import RemovableHandle
 
 from nbmonitor._capture import intercept
 from nbmonitor._capture.device_value import DeviceValue
-from nbmonitor._capture.inputs import batch_size, first_tensor, output_loss
+from nbmonitor._capture.inputs import batch_size, first_tensor, output_loss, token_count
 from nbmonitor._capture.probes.base import NO_NORMS, Probe, StepContext
 from nbmonitor._capture.recorder import Recorder, make_log_record
 from nbmonitor.errors import ErrorLog, Guard, NonFiniteError
@@ -83,6 +83,10 @@ class StepClock:
             "post_step": self._calls("post_step", lambda p: p.post_step),
         }
         self._samples = 0
+        self._tokens = 0
+        # Called with the new step number at the end of each step, after its record (the
+        # profiler's schedule); each behind its caller's guard.
+        self.step_listeners: list[Callable[[int], None]] = []
         self._step_start: float | None = None
         self._last_end: float | None = None
         self._backward_queued = False
@@ -212,7 +216,10 @@ class StepClock:
             # A micro-batch counts once its forward has run (a forward that raised is none).
             ctx = self.ctx
             ctx.micro += 1
-            self._samples += batch_size(args, kwargs)
+            samples = ctx.forward_samples = batch_size(args, kwargs)
+            tokens = ctx.forward_tokens = token_count(args, kwargs)
+            self._samples += samples
+            self._tokens += tokens
             if self._at["forward"]:
                 self._call(self._at["forward"], output)
             if self.optimizer is None:
@@ -355,14 +362,19 @@ class StepClock:
                 clip_norm=clip_total,
                 max_norm=max_norm,
                 skipped=skipped,
+                tokens=self._tokens,
             )
         )
         self._last_end = now
         self._samples = 0
+        self._tokens = 0
         ctx.micro = 0
         if not self._keep_forward_pre and self._pre_handle is not None:
             self._pre_handle.remove()
             self._pre_handle = None
+        if self.step_listeners:
+            for listener in tuple(self.step_listeners):
+                listener(ctx.step)
 
     def _lrs(self) -> tuple[float | DeviceValue, ...]:
         if self.optimizer is None:

@@ -1,5 +1,6 @@
 """What the capture side reads from the user's objects: an optimizer's parameters, a forward
-call's batch size, the first tensor of an output, a Hugging Face style output's loss."""
+call's batch size and token count, the first tensor of an output, a Hugging Face style output's
+loss."""
 
 from __future__ import annotations
 
@@ -28,6 +29,23 @@ def batch_size(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
         if found is not None:
             return int(found.shape[0]) if found.dim() > 0 else 1
     return 0
+
+
+def token_count(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
+    """Token ids a forward call was given (0 if none): the ``input_ids`` keyword, else a 2-D
+    integer tensor as the first argument (batch x sequence). The number of elements, padding
+    included, read from the shape alone: no device value is read."""
+    ids = kwargs.get("input_ids") if kwargs else None
+    if ids is None and args:
+        ids = args[0]
+        if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+            return 0
+    if isinstance(ids, torch.Tensor) and ids.dtype in _TOKEN_DTYPES:
+        return ids.numel()
+    return 0
+
+
+_TOKEN_DTYPES = frozenset({torch.int64, torch.int32})
 
 
 def first_tensor(value: object, depth: int = 0) -> torch.Tensor | None:

@@ -72,6 +72,16 @@ class PipelineParts:
     monotonic: Callable[[], float] = time.monotonic
 
 
+def device_name(backend: Backend) -> str:
+    """The name of the device the model trains on, as the MFU peak table matches it."""
+    index, devices = backend.device_index, backend.devices
+    if index is not None and 0 <= index < len(devices):
+        return devices[index]
+    if backend.name == "mps" and devices:
+        return devices[0]
+    return backend.name.upper()
+
+
 class Pipeline:
     def __init__(self, parts: PipelineParts) -> None:
         self.parts = parts
@@ -81,7 +91,8 @@ class Pipeline:
         self.lock = threading.RLock()
         self.views: tuple[View, ...] = ()
         self.published = Published()
-        self._assembler = StepAssembler()
+        self._assembler = StepAssembler(device=lambda: device_name(parts.backend))
+        self._mfu_noted = False
         self._columns = ColumnCap()
         self._alerts: list[Alert] = []
         self._layer_flags: dict[str, list[str]] = {}
@@ -170,6 +181,7 @@ class Pipeline:
         step = self.parts.current_step()
         open_rows = tuple(self._columns.filter(assembler.peek_open()))
         self._publish_state(step, open_rows=open_rows)
+        self._note_mfu(step)
         self.flow.add(blocks, aux, step)
         self._report_copy_skip(step)
         if self.flow.pending_rows:
@@ -210,6 +222,13 @@ class Pipeline:
             "are still measured every step."
         )
         self.add_alerts([Alert("update_ratio_skipped", "info", message, step, self.parts.clock())])
+
+    def _note_mfu(self, step: int) -> None:
+        flops = self._assembler.flops
+        if flops is None or not flops.note or self._mfu_noted:
+            return
+        self._mfu_noted = True
+        self.add_alerts([Alert("mfu_unknown", "info", flops.note, step, self.parts.clock())])
 
     def check_health(self) -> None:
         self.flow.take_waiting()
