@@ -48,6 +48,9 @@ class Lifetime:
         self.thread: SamplerThread | None = None
         self.sinks: FanOut | None = None
         self.backend: Backend | None = None
+        # Called first when the run closes (a profile still running stops its profiler).
+        self.on_close: list[Callable[[], None]] = []
+        self.profile: Any = None  # the latest mon.profile() (nbmonitor/_profile.py)
 
     def step(self) -> int:
         """Steps so far: the step clock's while it lives, then the last it counted."""
@@ -84,6 +87,11 @@ class Lifetime:
             return
         final: dict[str, object] | None = None
         try:
+            for stop in self.on_close:
+                try:
+                    stop()
+                except Exception as exc:
+                    self.errors.add("close", exc)
             clock = self._clock_ref()
             if clock is not None:
                 clock.remove()

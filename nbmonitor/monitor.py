@@ -252,6 +252,30 @@ class Monitor:
             self._pipeline.lock.release()
         return True
 
+    def profile(self, steps: int = 3, wait: int = 1, warmup: int = 1) -> Any:
+        """Run ``torch.profiler`` over the next steps and show its table (``nbmonitor.Profile``).
+
+        From the next step boundary it waits ``wait`` steps, warms up ``warmup`` steps and
+        records ``steps`` steps (CPU activity, and CUDA on CUDA), then shows ``key_averages``
+        in the cell (sortable by CPU time, device time and memory) and saves the Chrome trace
+        under ``<run_dir>/profiles/``. Never on unless called; one at a time.
+
+        >>> prof = mon.profile(steps=3)  # doctest: +SKIP
+        """
+        from nbmonitor._profile import start_profile
+        from nbmonitor.ui.notebook import in_notebook
+
+        return start_profile(
+            self._life,
+            self.errors_log,
+            self.run_dir,
+            cuda=self.backend.name == "cuda",
+            notebook=self.options.display and in_notebook(),
+            steps=steps,
+            wait=wait,
+            warmup=warmup,
+        )
+
     def close(self) -> None:
         """Stop monitoring: remove hooks, stop the thread, flush the run log, show the final state.
 

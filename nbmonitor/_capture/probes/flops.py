@@ -40,7 +40,7 @@ class FlopsProbe(ProbeBase):
         self.stop()  # a count left open by a forward that raised
         self._dtype = compute_dtype(self._model)
         counter = FlopCounterMode(display=False, custom_mapping=EXTRA_FORMULAS)
-        counter.__enter__()
+        counter.__enter__()  # type: ignore[no-untyped-call]
         self._counter = counter
 
     def forward(self, ctx: StepContext, output: Any) -> None:
@@ -49,7 +49,7 @@ class FlopsProbe(ProbeBase):
             return
         self._counter = None
         self.done = True
-        counter.__exit__(None, None, None)
+        counter.__exit__(None, None, None)  # type: ignore[no-untyped-call]
         ctx.recorder.put(
             FlopsRecord(
                 step=ctx.step + 1,
@@ -67,7 +67,7 @@ class FlopsProbe(ProbeBase):
         """Leave a count still open (its forward raised, or the monitor closes), dropping it."""
         counter, self._counter = self._counter, None
         if counter is not None:
-            counter.__exit__(None, None, None)
+            counter.__exit__(None, None, None)  # type: ignore[no-untyped-call]
 
 
 def _sdpa_flops(
@@ -78,7 +78,7 @@ def _sdpa_flops(
     out_shape: Any = None,
     **kwargs: Any,
 ) -> int:
-    return int(sdpa_flop_count(query_shape, key_shape, value_shape))
+    return int(sdpa_flop_count(query_shape, key_shape, value_shape))  # type: ignore[no-untyped-call]
 
 
 # Operators torch's counter has no formula for: the CPU kernel of scaled_dot_product_attention
