@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from nbmonitor.errors import ErrorLog
@@ -115,6 +116,9 @@ class ProfileRun:
                 self._fail(f"profile failed at step {step}: {type(exc).__name__}: {exc}", exc)
 
     def _start(self, step: int) -> None:
+        if torch.autograd._profiler_enabled():
+            # Ours would stop the user's own profiler as it ends.
+            raise RuntimeError("another torch profiler is running; stop it first")
         activities = [ProfilerActivity.CPU]
         if self.cuda:
             activities.append(ProfilerActivity.CUDA)
@@ -168,7 +172,12 @@ class ProfileRun:
 
     def join(self, timeout: float | None = None) -> bool:
         """Wait until the result is there (or the profile failed); whether it is."""
-        return self.finished.wait(timeout)
+        if not self.finished.wait(timeout):
+            return False
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)  # it ends right after the result is set
+        return True
 
     def _fail(self, message: str, exc: Exception) -> None:
         self._errors.add("profile", exc)
