@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
+from torch._C._autograd import _profiler_enabled
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from nbmonitor.errors import ErrorLog
@@ -116,7 +116,7 @@ class ProfileRun:
                 self._fail(f"profile failed at step {step}: {type(exc).__name__}: {exc}", exc)
 
     def _start(self, step: int) -> None:
-        if torch.autograd._profiler_enabled():
+        if _profiler_enabled():
             # Ours would stop the user's own profiler as it ends.
             raise RuntimeError("another torch profiler is running; stop it first")
         activities = [ProfilerActivity.CPU]
