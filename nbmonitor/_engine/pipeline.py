@@ -92,7 +92,6 @@ class Pipeline:
         self.views: tuple[View, ...] = ()
         self.published = Published()
         self._assembler = StepAssembler(device=lambda: device_name(parts.backend))
-        self._mfu_noted = False
         self._columns = ColumnCap()
         self._alerts: list[Alert] = []
         self._layer_flags: dict[str, list[str]] = {}
@@ -181,7 +180,6 @@ class Pipeline:
         step = self.parts.current_step()
         open_rows = tuple(self._columns.filter(assembler.peek_open()))
         self._publish_state(step, open_rows=open_rows)
-        self._note_mfu(step)
         self.flow.add(blocks, aux, step)
         self._report_copy_skip(step)
         if self.flow.pending_rows:
@@ -222,13 +220,6 @@ class Pipeline:
             "are still measured every step."
         )
         self.add_alerts([Alert("update_ratio_skipped", "info", message, step, self.parts.clock())])
-
-    def _note_mfu(self, step: int) -> None:
-        flops = self._assembler.flops
-        if flops is None or not flops.note or self._mfu_noted:
-            return
-        self._mfu_noted = True
-        self.add_alerts([Alert("mfu_unknown", "info", flops.note, step, self.parts.clock())])
 
     def check_health(self) -> None:
         self.flow.take_waiting()
@@ -328,6 +319,10 @@ class Pipeline:
 
     # -- frames ------------------------------------------------------------------------------
 
+    def _notes(self) -> dict[str, str]:
+        flops = self._assembler.flops
+        return {"mfu": flops.note} if flops is not None and flops.note else {}
+
     def frame(self, detail: bool = True) -> Frame:
         """A snapshot of everything the views show (on the sampler, or under ``lock``); with
         ``detail`` it takes the per-layer norms waiting for a reader."""
@@ -353,5 +348,6 @@ class Pipeline:
             devices=tuple(parts.backend.device_gauges(self._last_sample)),
             extra_latest=extra,
             layers=layer_frame,
+            notes=self._notes(),
         )
         return self.frames.build(state, detail=detail)

@@ -95,6 +95,8 @@ def summary_text(frame: Frame) -> str:
         f"{', '.join(throughput(latest))}, "
         f"{_num(latest.get('step_time', math.nan) * 1e3, '.1f')} ms/step",
     ]
+    if "mfu" in frame.notes:
+        lines.append(f"  {frame.notes['mfu']}")
     if frame.alerts:
         lines.append(f"  {len(frame.alerts)} alert(s); latest: {frame.alerts[-1].message}")
     if frame.errors:

@@ -313,7 +313,7 @@ class Dashboard:
         }
         for key in _HEADER_KEYS:
             header[key] = _num(latest.get(key))
-        header["mfu_note"] = mfu_note(frame)
+        header["mfu_note"] = frame.notes.get("mfu")  # why MFU is missing, if it is
         panel.header = header
         panel.system = {key: _num(latest.get(key)) for key in _SYSTEM_KEYS}
         panel.devices = [_json(d) for d in frame.devices]
@@ -346,14 +346,6 @@ def _throughput_cells(latest: Mapping[str, float]) -> list[tuple[str, str]]:
         cells.append(("TFLOP/s", _fmt(tflops, 3)))
         cells.append(("MFU", f"{mfu:.1f}%" if math.isfinite(mfu) else "–"))
     return cells
-
-
-def mfu_note(frame: Frame) -> str | None:
-    """Why MFU is not shown (the ``mfu_unknown`` alert's message), or None."""
-    for alert in reversed(frame.alerts):
-        if alert.rule == "mfu_unknown":
-            return alert.message
-    return None
 
 
 def _with_status(frame: Frame, status: str) -> Frame:

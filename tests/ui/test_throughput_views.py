@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from nbmonitor._engine.frame import Alert, Frame
+from nbmonitor._engine.frame import Frame
 from nbmonitor.ui import Dashboard
 from nbmonitor.ui.console import status_line, summary_text
 from nbmonitor.ui.profile import ProfileView
@@ -14,7 +14,7 @@ from nbmonitor.ui.profile import ProfileView
 NOTE = "MFU is not shown: nbmonitor has no peak FLOP/s for CPU (TFLOP/s is still measured)."
 
 
-def frame(alerts: tuple[Alert, ...] = (), **latest: float) -> Frame:
+def frame(notes: dict[str, str] | None = None, **latest: float) -> Frame:
     values = {"loss": 0.5, "samples_per_s": 128.0, "step_time": 0.25, "process_cpu_percent": 150.0}
     values.update(latest)
     return Frame(
@@ -26,7 +26,7 @@ def frame(alerts: tuple[Alert, ...] = (), **latest: float) -> Frame:
         elapsed_s=3.0,
         eta_s=math.nan,
         latest=values,
-        alerts=alerts,
+        notes=notes or {},
     )
 
 
@@ -45,12 +45,13 @@ def test_console_shows_tokens_tflops_and_mfu() -> None:
     assert "51,200 tokens/s, 312 TFLOP/s, MFU 31.6%" in summary_text(
         frame(tokens_per_s=51200.0, tflops_per_s=312.5, mfu_percent=31.58)
     )
+    closing = summary_text(frame({"mfu": NOTE}, tflops_per_s=0.004, mfu_percent=math.nan))
+    assert NOTE in closing.splitlines()[2]
 
 
 def test_dashboard_header_carries_throughput_and_the_mfu_note() -> None:
     dash = Dashboard("r", "cpu", None)
-    alert = Alert("mfu_unknown", "info", NOTE, 1, 0.0)
-    dash.publish(frame((alert,), tokens_per_s=512.0, tflops_per_s=0.002, mfu_percent=math.nan))
+    dash.publish(frame({"mfu": NOTE}, tokens_per_s=512.0, tflops_per_s=0.002, mfu_percent=math.nan))
     header: dict[str, Any] = dash._panel.header
     assert header["tokens_per_s"] == 512.0
     assert header["tflops_per_s"] == 0.002
