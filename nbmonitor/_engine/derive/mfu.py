@@ -47,7 +47,7 @@ PEAK_FLOPS: dict[str, dict[str, float]] = {
     "Apple M1": {"float32": 2.6 * T},
     "Apple M1 Pro": {"float32": 5.2 * T},
     "Apple M1 Max": {"float32": 10.4 * T},
-    "Apple M1 Ultra": {"float32": 21.2 * T},
+    "Apple M1 Ultra": {"float32": 21 * T},
     "Apple M2": {"float32": 3.6 * T},
     "Apple M2 Pro": {"float32": 6.8 * T},
     "Apple M2 Max": {"float32": 13.6 * T},
