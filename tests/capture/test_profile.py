@@ -138,3 +138,31 @@ def test_in_a_script_the_result_goes_to_the_log(
         lm_step(model, opt)
         assert prof.wait(60)
     assert f"profile of steps 2-2: trace {prof.trace_path}" in caplog.text
+
+
+def test_in_a_notebook_the_table_shows_at_the_call_and_fills_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nbmonitor.ui.profile import ProfileView
+
+    shown: list[ProfileView] = []
+    monkeypatch.setattr("nbmonitor.ui.notebook.in_notebook", lambda: True)
+    monkeypatch.setattr(ProfileView, "display", lambda self: shown.append(self))
+    model = TinyLM()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with nbmonitor.attach(model, opt, run_dir=tmp_path, interval=60, display=False) as mon:
+        assert shown == []  # display=False: no profile table either
+    with nbmonitor.attach(model, opt, run_dir=tmp_path, interval=60) as mon:
+        prof = mon.profile(steps=1, wait=0, warmup=1)
+        [view] = shown
+        assert view.widget.status.startswith("torch.profiler: waiting for the next step")
+        assert view.widget.rows == []
+        for _ in range(3):
+            lm_step(model, opt)
+        assert prof.wait(60)
+        assert view.widget.status == "" and view.widget.title == "torch.profiler, steps 3-3"
+        assert len(view.widget.rows) == len(prof.rows)
+        assert view.widget.trace_path == str(prof.trace_path)
+        bundle = prof._repr_mimebundle_()
+        assert "application/vnd.jupyter.widget-view+json" in bundle
+        assert "aten::" in bundle["text/html"]

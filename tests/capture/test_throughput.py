@@ -189,3 +189,24 @@ def test_compute_dtype_follows_autocast_and_parameters() -> None:
         assert compute_dtype(model) == "bfloat16"
     assert compute_dtype(model.half()) == "float16"
     assert compute_dtype(torch.nn.ReLU()) == "float32"  # no parameters
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+def test_a_compiled_model_is_counted_like_the_eager_one(tmp_path: Path) -> None:
+    model = TinyLM()
+    eager = full_step_flops(TinyLM(), batch=4, seq=16)
+    compiled = torch.compile(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with nbmonitor.attach(model, opt, run_dir=tmp_path, display=False) as mon:
+        for _ in range(2):
+            ids = torch.randint(0, 64, (4, 16))
+            logits = compiled(input_ids=ids)
+            F.cross_entropy(logits.reshape(-1, 64), ids.reshape(-1)).backward()
+            opt.step()
+            opt.zero_grad()
+        mon.flush()
+        h = mon.history()
+        assert mon.errors == []
+    assert h["flops_per_step"][0] == pytest.approx(eager, rel=0.05)
+    assert torch._C._len_torch_dispatch_stack() == 0
