@@ -16,7 +16,7 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Unpack
+from typing import TYPE_CHECKING, Any, Unpack
 
 import numpy as np
 import numpy.typing as npt
@@ -37,6 +37,9 @@ from nbmonitor.errors import ErrorLog
 from nbmonitor.health import Alert, Health, non_finite_gradients
 from nbmonitor.options import AttachOptions, Options, WrappedOptimizer, check_model
 from nbmonitor.sinks import Batch, FanOut, RunLogSink
+
+if TYPE_CHECKING:
+    from nbmonitor._profile import Profile
 
 # How long close() waits for a sampler tick in progress (a hung source) before it gives up on
 # the last interval rather than hang the notebook.
@@ -252,7 +255,7 @@ class Monitor:
             self._pipeline.lock.release()
         return True
 
-    def profile(self, steps: int = 3, wait: int = 1, warmup: int = 1) -> Any:
+    def profile(self, steps: int = 3, wait: int = 1, warmup: int = 1) -> Profile:
         """Run ``torch.profiler`` over the next steps and show its table (``nbmonitor.Profile``).
 
         From the next step boundary it waits ``wait`` steps, warms up ``warmup`` steps and
