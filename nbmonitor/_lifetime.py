@@ -87,7 +87,7 @@ class Lifetime:
             return
         final: dict[str, object] | None = None
         try:
-            for stop in self.on_close:
+            for stop in tuple(self.on_close):
                 try:
                     stop()
                 except Exception as exc:
