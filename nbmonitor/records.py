@@ -109,6 +109,9 @@ class StepRecord:
     max_norm: float = math.nan
     # The GradScaler skipped the optimizer step (inf/NaN gradients); no norms then.
     skipped: bool = False
+    # Param groups added to the optimizer since the previous step: (index, parameters in it,
+    # of which not in the attached model).
+    groups_added: tuple[tuple[int, int, int], ...] = ()
     # Token ids the grad-enabled forwards of this step were given (``input_ids``); 0: none.
     tokens: int = 0
 
