@@ -11,6 +11,7 @@ The counted forward runs slower (every operator goes through Python once).
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -26,7 +27,8 @@ class FlopsProbe(ProbeBase):
 
     def __init__(self, guard: Guard, model: torch.nn.Module) -> None:
         super().__init__(guard)
-        self._model = model
+        # Weakly: the model's hooks hold the probes, and it must be freed as soon as dropped.
+        self._model = weakref.ref(model)
         self._counter: FlopCounterMode | None = None
         self._dtype = "float32"
         self.done = False
@@ -38,7 +40,10 @@ class FlopsProbe(ProbeBase):
         if self.done:
             return
         self.stop()  # a count left open by a forward that raised
-        self._dtype = compute_dtype(self._model)
+        model = self._model()
+        if model is None:
+            return
+        self._dtype = compute_dtype(model)
         counter = FlopCounterMode(display=False, custom_mapping=EXTRA_FORMULAS)
         counter.__enter__()  # type: ignore[no-untyped-call]
         self._counter = counter
