@@ -13,7 +13,7 @@ from tests.tiny_lm import TinyLM, lm_step
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count
 
 import nbmonitor
-from nbmonitor._capture.inputs import token_count
+from nbmonitor._capture.inputs import batch_tokens, token_count
 from nbmonitor._capture.probes.flops import EXTRA_FORMULAS, compute_dtype
 from nbmonitor._engine.derive.mfu import transformer_flops_per_token
 
@@ -44,6 +44,15 @@ def test_token_count_reads_input_ids_and_2d_integer_inputs() -> None:
     assert token_count((torch.randint(0, 9, (2, 3, 4)),), {}) == 0  # images of ints
     assert token_count((), {"input_ids": torch.randn(4, 16)}) == 0
     assert token_count((), {"x": ids}) == 0
+
+
+def test_batch_tokens_reads_a_framework_batch() -> None:
+    ids = torch.randint(0, 10, (2, 8))
+    assert batch_tokens({"input_ids": ids, "labels": ids}) == 16
+    assert batch_tokens((ids, torch.randn(2))) == 16
+    assert batch_tokens(ids) == 16
+    assert batch_tokens((torch.randn(2, 8), ids)) == 0
+    assert batch_tokens([]) == 0 and batch_tokens(None) == 0
 
 
 def test_tokens_per_s_from_a_token_id_model(tmp_path: Path) -> None:
