@@ -13,6 +13,7 @@ from nbmonitor._capture.profiler import (
     ProfileRun,
     check_profile_args,
     profile_dir,
+    profiler_enabled,
 )
 from nbmonitor._lifetime import Lifetime
 from nbmonitor.errors import ErrorLog
@@ -115,6 +116,10 @@ def start_profile(
     warmup: int,
 ) -> Profile:
     check_profile_args(steps, wait, warmup)
+    if profiler_enabled():
+        raise RuntimeError(
+            "nbmonitor: another torch profiler is running; stop it before mon.profile()."
+        )
     clock = life.clock()
     if life.closed or clock is None:
         raise RuntimeError("nbmonitor: profile() on a closed monitor; attach again first.")

@@ -43,6 +43,10 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
 )
 
 
+class ProfilerBusy(RuntimeError):
+    """Another torch profiler runs: ours would stop it as it ends. Not nbmonitor's failure."""
+
+
 def check_profile_args(steps: object, wait: object, warmup: object) -> None:
     """One-line errors for ``mon.profile()``'s arguments."""
     for name, value, low in (("steps", steps, 1), ("wait", wait, 0), ("warmup", warmup, 0)):
@@ -116,9 +120,8 @@ class ProfileRun:
                 self._fail(f"profile failed at step {step}: {type(exc).__name__}: {exc}", exc)
 
     def _start(self, step: int) -> None:
-        if _profiler_enabled():
-            # Ours would stop the user's own profiler as it ends.
-            raise RuntimeError("another torch profiler is running; stop it first")
+        if profiler_enabled():
+            raise ProfilerBusy("another torch profiler is running; stop it first")
         activities = [ProfilerActivity.CPU]
         if self.cuda:
             activities.append(ProfilerActivity.CUDA)
@@ -180,7 +183,8 @@ class ProfileRun:
         return True
 
     def _fail(self, message: str, exc: Exception) -> None:
-        self._errors.add("profile", exc)
+        if not isinstance(exc, ProfilerBusy):
+            self._errors.add("profile", exc)
         prof, self._prof = self._prof, None
         self.state = "processing"
         self._detach(self)
@@ -253,6 +257,11 @@ def table_rows(events: Any, device: bool) -> list[dict[str, Any]]:
 def _us(event: Any, name: str) -> float:
     value = getattr(event, name, 0.0)
     return float(value) if value is not None else 0.0
+
+
+def profiler_enabled() -> bool:
+    """Whether a torch profiler records now (the user's own, or one of ours)."""
+    return bool(_profiler_enabled())
 
 
 def profile_dir(run_dir: Path) -> Path:
