@@ -15,6 +15,7 @@ from nbmonitor._lazy import lazy_names
 from nbmonitor._version import __version__
 
 if TYPE_CHECKING:
+    from nbmonitor._profile import Profile
     from nbmonitor.debug import summary
     from nbmonitor.errors import NonFiniteError, RunDirError
     from nbmonitor.health import Thresholds
@@ -37,6 +38,7 @@ _WHERE = {
     "list_runs": "nbmonitor.runs",
     "summary": "nbmonitor.debug",
     "Thresholds": "nbmonitor.health",
+    "Profile": "nbmonitor._profile",
 }
 
 
@@ -51,6 +53,7 @@ __all__ = [
     "Job",
     "Monitor",
     "NonFiniteError",
+    "Profile",
     "Run",
     "RunDirError",
     "Thresholds",

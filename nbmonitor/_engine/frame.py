@@ -64,6 +64,7 @@ class Frame:
     ``series`` maps a chart line name (the metric key, plus ``loss_smooth``) to its decimated
     points; system series are drawn against the training step current when they were sampled.
     ``devices`` lists one dict per accelerator with its gauge values (empty on CPU).
+    ``notes`` says why a figure is missing, by figure (``"mfu"``: no peak known).
     """
 
     run: str
@@ -79,6 +80,7 @@ class Frame:
     alerts: tuple[Alert, ...] = ()
     errors: tuple[str, ...] = ()
     layers: LayerFrame | None = None
+    notes: Mapping[str, str] = field(default_factory=dict)
 
 
 # Chart lines sent to views: bounded so that one publish stays small however long the run.
@@ -114,6 +116,7 @@ class FrameState:
     devices: tuple[dict[str, float | str], ...] = ()
     extra_latest: Mapping[str, float] = field(default_factory=dict)
     layers: Callable[[], LayerFrame | None] | None = None
+    notes: Mapping[str, str] = field(default_factory=dict)
 
 
 class FrameBuilder:
@@ -160,6 +163,7 @@ class FrameBuilder:
             alerts=tuple(state.alerts[-ALERTS_SHOWN:]),
             errors=tuple(state.errors[-ERRORS_SHOWN:]),
             layers=state.layers() if detail and state.layers is not None else None,
+            notes=dict(state.notes),
         )
 
 

@@ -87,6 +87,16 @@ class PipelineParts:
 MAX_WAITING_ROWS = 100_000
 
 
+def device_name(backend: Backend) -> str:
+    """The name of the device the model trains on, as the MFU peak table matches it."""
+    index, devices = backend.device_index, backend.devices
+    if index is not None and 0 <= index < len(devices):
+        return devices[index]
+    if backend.name == "mps" and devices:
+        return devices[0]
+    return backend.name.upper()
+
+
 class Pipeline:
     def __init__(self, parts: PipelineParts) -> None:
         self.parts = parts
@@ -96,7 +106,7 @@ class Pipeline:
         self.lock = threading.RLock()
         self.views: tuple[View, ...] = ()
         self.published = Published()
-        self._assembler = StepAssembler()
+        self._assembler = StepAssembler(device=lambda: device_name(parts.backend))
         self._columns = ColumnCap()
         self._alerts: list[Alert] = []
         self._layer_flags: dict[str, list[str]] = {}
@@ -386,6 +396,10 @@ class Pipeline:
 
     # -- frames ------------------------------------------------------------------------------
 
+    def _notes(self) -> dict[str, str]:
+        flops = self._assembler.flops
+        return {"mfu": flops.note} if flops is not None and flops.note else {}
+
     def frame(self, detail: bool = True) -> Frame:
         """A snapshot of everything the views show (on the sampler, or under ``lock``); with
         ``detail`` it takes the per-layer norms waiting for a reader."""
@@ -412,5 +426,6 @@ class Pipeline:
             devices=tuple(parts.backend.device_gauges(self._last_sample)),
             extra_latest=extra,
             layers=layer_frame,
+            notes=self._notes(),
         )
         return self.frames.build(state, detail=detail)
