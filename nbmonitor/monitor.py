@@ -26,6 +26,7 @@ import nbmonitor.backends.selection as _backends
 from nbmonitor import _registry
 from nbmonitor._capture.capture import build_capture
 from nbmonitor._capture.heap import settle_heap
+from nbmonitor._capture.probes.spans import Span, SpanTimer, check_span_name
 from nbmonitor._engine.frame import Frame, RunInfo, View
 from nbmonitor._engine.pipeline import Pipeline, PipelineParts
 from nbmonitor._engine.published import history
@@ -33,7 +34,7 @@ from nbmonitor._engine.sampler import SamplerThread
 from nbmonitor._lifetime import Lifetime, flush_tick
 from nbmonitor._parts import layer_stats, run_meta
 from nbmonitor._setup_check import check_setup
-from nbmonitor.errors import ErrorLog
+from nbmonitor.errors import ErrorLog, Guard
 from nbmonitor.health import Alert, Health, non_finite_gradients
 from nbmonitor.options import AttachOptions, Options, WrappedOptimizer, check_model
 from nbmonitor.sinks import Batch, FanOut, RunLogSink
@@ -49,7 +50,8 @@ class Monitor:
 
     The training thread only records; a background thread (``nbmonitor-sampler``) samples the
     system, assembles per-step rows, writes the run log and refreshes the views. ``clock`` (the
-    wall clock, seconds since the epoch) can be replaced, e.g. in tests.
+    wall clock, seconds since the epoch) and ``timer`` (the host clock that times steps, phases
+    and spans) can be replaced, e.g. in tests.
     """
 
     def __init__(
@@ -58,6 +60,7 @@ class Monitor:
         optimizer: torch.optim.Optimizer | WrappedOptimizer | None = None,
         *,
         clock: Callable[[], float] = time.time,
+        timer: Callable[[], float] = time.perf_counter,
         **options: Unpack[AttachOptions],
     ) -> None:
         optimizer = check_model(model, optimizer)
@@ -81,12 +84,17 @@ class Monitor:
             check_forward=opts.check_forward,
             on_nan=opts.on_nan,
             start_step=opts.start_step,
+            phases=opts.phases,
+            clock=timer,
             wall_clock=clock,
         )
         # Held until start(); then the model's hooks hold the step clock and this only weakly.
         self._capture: Any = capture
         self._recorder = capture.recorder
         life = self._life = Lifetime(capture.clock, errors_log, clock)
+        self._spans = SpanTimer(
+            capture.clock.ctx, Guard("probe:spans", errors_log), life, timer, clock
+        )
         # A model collected (dropped by the user) closes its run; see _lifetime.py.
         self._model_ref = weakref.ref(model, life.release_soon)
         layers = layer_stats(capture.params, capture.param_names, optimizer, opts.layer_group)
@@ -230,6 +238,23 @@ class Monitor:
         if self._life.closed or clock is None:
             return
         clock.log(scalars)  # TypeError for a non-numeric value: a user bug
+
+    def span(self, name: str) -> Span:
+        """A named span of time: ``with mon.span("data"): ...`` or ``@mon.span("eval")``.
+
+        Nested spans nest; each records its name, the step in progress, its start and its
+        duration on the host clock (a few microseconds, never a device sync) to spans.jsonl,
+        the timeline panel and ``export_trace``.
+        """
+        return Span(check_span_name(name), self._spans)
+
+    def export_trace(self, path: str | Path) -> Path:
+        """Write this run's steps, phases and spans (every rank) as a Chrome/Perfetto trace
+        JSON file at ``path`` (open it in https://ui.perfetto.dev); flushes first."""
+        from nbmonitor.runs.trace import write_trace
+
+        self.flush()
+        return write_trace(self.run_dir, path)
 
     def flush(self, timeout: float = FLUSH_TIMEOUT_S) -> bool:
         """Have the sampler take, check and write everything recorded so far, now.

@@ -11,6 +11,7 @@ import torch
 
 from nbmonitor._capture.clock import StepClock
 from nbmonitor._capture.inputs import optimizer_parameters
+from nbmonitor._capture.phases import PhaseTimer
 from nbmonitor._capture.probes.activations import ActivationsProbe
 from nbmonitor._capture.probes.base import Probe
 from nbmonitor._capture.probes.forward_check import ForwardCheckProbe
@@ -42,6 +43,8 @@ def build_capture(
     check_forward: bool,
     on_nan: str,
     start_step: int = 0,
+    phases: bool = True,
+    clock: Callable[[], float] = time.perf_counter,
     wall_clock: Callable[[], float] = time.time,
 ) -> Capture:
     names = {id(p): n for n, p in model.named_parameters()}
@@ -74,14 +77,21 @@ def build_capture(
         )
         probes.append(update)
     recorder = Recorder()
-    clock = StepClock(
+    timer = None
+    if phases:
+        # CUDA events time the device's phases; elsewhere the host clock does.
+        first = next(iter(model.parameters()), None)
+        timer = PhaseTimer(guard("phases"), clock, cuda=first is not None and first.is_cuda)
+    step_clock = StepClock(
         model,
         optimizer,
         recorder,
         errors,
         probes,
-        keep_forward_pre=activations,
+        phases=timer,
+        keep_forward_pre=activations or phases,  # every forward's start is a phase mark
         start_step=start_step,
+        clock=clock,
         wall_clock=wall_clock,
     )
-    return Capture(recorder, clock, params, param_names, n_optimized, grad, update)
+    return Capture(recorder, step_clock, params, param_names, n_optimized, grad, update)

@@ -21,6 +21,7 @@ from torch.utils.hooks import RemovableHandle
 from nbmonitor._capture import intercept
 from nbmonitor._capture.device_value import DeviceValue
 from nbmonitor._capture.inputs import batch_size, first_tensor, output_loss
+from nbmonitor._capture.phases import FORWARD_END, FORWARD_START, OPTIMIZER_START, PhaseTimer
 from nbmonitor._capture.probes.base import NO_NORMS, Probe, StepContext
 from nbmonitor._capture.recorder import Recorder, make_log_record
 from nbmonitor.errors import ErrorLog, Guard, NonFiniteError
@@ -47,6 +48,7 @@ class StepClock:
         errors: ErrorLog,
         probes: Sequence[Probe] = (),
         *,
+        phases: PhaseTimer | None = None,
         keep_forward_pre: bool = False,
         start_step: int = 0,
         clock: Callable[[], float] = time.perf_counter,
@@ -56,6 +58,7 @@ class StepClock:
         self.optimizer = optimizer
         self.recorder = recorder
         self.probes = tuple(probes)
+        self.phases = phases
         # Steps done before (a resumed run): numbering goes on from there.
         self.ctx = StepContext(recorder, step=start_step)
         self._clock = clock
@@ -190,6 +193,8 @@ class StepClock:
         if not torch.is_grad_enabled() or not guard.on:
             return None
         try:
+            if self.phases is not None:
+                self.phases.mark(FORWARD_START)
             if self._step_start is None:
                 self._step_start = self._clock()
             if self._at["forward_pre"] and self.ctx.micro == 0:
@@ -209,15 +214,22 @@ class StepClock:
         if not torch.is_grad_enabled() or not guard.on:
             return None
         try:
+            phases = self.phases
+            if phases is not None:
+                phases.mark(FORWARD_END)
             # A micro-batch counts once its forward has run (a forward that raised is none).
             ctx = self.ctx
             ctx.micro += 1
             self._samples += batch_size(args, kwargs)
             if self._at["forward"]:
                 self._call(self._at["forward"], output)
-            if self.optimizer is None:
+            if self.optimizer is None or phases is not None:
                 loss = output_loss(output)
-                self._watch_backward(loss if loss is not None else first_tensor(output))
+                tensor = loss if loss is not None else first_tensor(output)
+                if self.optimizer is None:
+                    self._watch_backward(tensor)
+                elif phases is not None:
+                    phases.watch_backward(tensor)
             if guard.in_a_row:
                 guard.ok()
         except NonFiniteError:
@@ -318,6 +330,8 @@ class StepClock:
 
     def _pre_step(self) -> None:
         self._call(self._at["pre_step"])
+        if self.phases is not None:  # after the probes: their work is "other", not optimizer
+            self.phases.mark(OPTIMIZER_START)
 
     def _step_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._stepped = True  # even with this hook's guard off: the scaler did not skip
@@ -341,6 +355,10 @@ class StepClock:
         clip_total = None if skipped else ctx.clip_total
         max_norm = ctx.max_norm
         ctx.clips, ctx.clip_total, ctx.max_norm = 0, None, math.nan
+        if self.phases is not None:
+            phase_record = self.phases.step_end(ctx.step, now)
+            if phase_record is not None:
+                self.recorder.put(phase_record)
         self.recorder.put(
             StepRecord(
                 step=ctx.step,

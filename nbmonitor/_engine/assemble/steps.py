@@ -12,10 +12,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from nbmonitor._engine.assemble.spans import phase_columns
 from nbmonitor.records import (
     AuxRecord,
     LogRecord,
     Pending,
+    PhaseRecord,
     Record,
     StepRecord,
     squared_norms,
@@ -100,6 +102,8 @@ class StepAssembler:
                     self.aux.append((record, record.value.values()))
                 elif isinstance(record, LogRecord):
                     self._add_logged(record)
+                elif isinstance(record, PhaseRecord):
+                    self._open.setdefault(record.step, _Row()).values.update(phase_columns(record))
             except Exception as exc:
                 self.failures.append((f"records:{type(record).__name__}", exc))
         self._add_norms(with_norms)

@@ -11,6 +11,7 @@ from nbmonitor.health.rules.activations import DeadUnits
 from nbmonitor.health.rules.devices import DeviceMemory, GpuIdle, GpuTemperature, GpuThrottling
 from nbmonitor.health.rules.gradients import ExplodingGradients, VanishingGradients
 from nbmonitor.health.rules.loss import LossPlateau, LossSpike, NonFiniteLoss
+from nbmonitor.health.rules.time import InputBound, OptimizerShare, StepTimeRegression
 from nbmonitor.health.rules.updates import UpdateRatioHigh, UpdateRatioLow
 
 RULES: tuple[RuleFactory, ...] = (
@@ -26,6 +27,9 @@ RULES: tuple[RuleFactory, ...] = (
     DeviceMemory,
     GpuThrottling,
     GpuIdle,
+    InputBound,
+    OptimizerShare,
+    StepTimeRegression,
 )
 
 __all__ = ["RULES"]

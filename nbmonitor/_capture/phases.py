@@ -1,0 +1,170 @@
+"""Step phases: where each step's time went (data wait, forward, backward, other, optimizer),
+from the moments the step clock already sees.
+
+The clock calls ``PhaseTimer.mark`` at each moment (a forward starts, a forward ends, the
+backward pass ends, the optimizer starts, the step ends); the time between two marks goes to
+the phase the pair of moments says (``_PHASE``), and at the step's end the sums go out as one
+``PhaseRecord``. On the host (CPU, MPS) a mark reads the clock; on CUDA it records a timing
+event on the current stream, and the sampler reads the intervals once the step's last event
+has completed (``EventIntervals``): no synchronisation on the training thread, and the phases
+are the device's time, not the time it took to queue the work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from nbmonitor.errors import Guard
+from nbmonitor.records import PHASES, Pending, PhaseRecord
+
+# autograd's engine queues a callback for the end of the backward pass (as DDP's reducer does).
+_autograd_engine = vars(torch.autograd.Variable)["_execution_engine"]
+
+DATA, FORWARD, BACKWARD, OTHER, OPTIMIZER = range(len(PHASES))
+
+# The moments a step is marked at.
+END, FORWARD_START, FORWARD_END, BACKWARD_END, OPTIMIZER_START = range(5)
+
+# _PHASE[previous mark][this mark]: the phase of the time between them. Pairs that a plain
+# loop never makes (a forward end with no start) count as "other". A forward end followed by
+# the optimizer (or the next forward) is a backward whose end was not seen.
+_PHASE: tuple[tuple[int, ...], ...] = (
+    # to: END       FORWARD_START FORWARD_END BACKWARD_END OPTIMIZER_START
+    (OTHER, DATA, OTHER, BACKWARD, OTHER),  # from END
+    (OTHER, FORWARD, FORWARD, BACKWARD, OTHER),  # from FORWARD_START
+    (BACKWARD, BACKWARD, OTHER, BACKWARD, BACKWARD),  # from FORWARD_END
+    (OTHER, DATA, OTHER, BACKWARD, OTHER),  # from BACKWARD_END
+    (OPTIMIZER, OTHER, OTHER, OTHER, OTHER),  # from OPTIMIZER_START
+)
+
+
+class EventIntervals:
+    """The phases of one step on a CUDA device: timing events, and the phase of each interval
+    between consecutive ones; a ``Pending`` whose values are the seconds per phase."""
+
+    __slots__ = ("_events", "_phases")
+
+    def __init__(self, events: Sequence[Any], phases: Sequence[int]) -> None:
+        self._events = events
+        self._phases = phases
+
+    def ready(self) -> bool:
+        return bool(self._events[-1].query())
+
+    def wait(self) -> None:
+        self._events[-1].synchronize()
+
+    def values(self) -> list[float]:
+        sums = [0.0] * len(PHASES)
+        events = self._events
+        for i, phase in enumerate(self._phases):
+            sums[phase] += events[i].elapsed_time(events[i + 1]) / 1000.0
+        return sums
+
+    def floats(self) -> npt.NDArray[np.floating[Any]]:
+        return self.array()
+
+    def array(self) -> npt.NDArray[np.float64]:
+        return np.array(self.values(), dtype=np.float64)
+
+    def stack_alike(
+        self, values: Sequence[Pending]
+    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.floating[Any]] | None] | None:
+        return None
+
+
+class PhaseTimer:
+    """Sums the time between the marks of one step by phase (training thread only).
+
+    Behind its own Guard (``probe:phases``): a failure here stops the phases, never the step
+    clock. ``cuda`` times with CUDA events instead of ``clock``.
+    """
+
+    def __init__(self, guard: Guard, clock: Callable[[], float], cuda: bool = False) -> None:
+        self.guard = guard
+        self._clock = clock
+        self._cuda = cuda
+        self._last = -1  # the previous mark; -1 before the first forward
+        self._t = 0.0
+        self._sums = [0.0] * len(PHASES)
+        self._events: list[Any] = []
+        self._phases: list[int] = []
+        self._backward_queued = False
+
+    def mark(self, kind: int, now: float | None = None) -> None:
+        """The moment ``kind`` happens now (``now``: a clock reading the caller took)."""
+        if not self.guard.on:
+            return
+        try:
+            if self._cuda:
+                self._mark_event(kind)
+            else:
+                t = self._clock() if now is None else now
+                if self._last >= 0:
+                    self._sums[_PHASE[self._last][kind]] += t - self._t
+                self._t = t
+            self._last = kind
+        except Exception as exc:
+            self.guard.failed(exc)
+
+    def watch_backward(self, tensor: torch.Tensor | None) -> None:
+        """Mark the end of the backward pass through ``tensor`` (a forward's output): a hook on
+        its gradient queues a callback autograd runs once the whole pass has finished."""
+        if not self.guard.on or tensor is None or not tensor.requires_grad:
+            return
+        try:
+            tensor.register_hook(self._output_grad)  # type: ignore[no-untyped-call]
+        except Exception as exc:
+            self.guard.failed(exc)
+
+    def _output_grad(self, grad: torch.Tensor) -> None:
+        # Inside the user's backward pass: nothing may raise from here.
+        try:
+            if not self._backward_queued:
+                self._backward_queued = True
+                _autograd_engine.queue_callback(self._backward_end)
+        except Exception as exc:
+            self.guard.failed(exc)
+        return None
+
+    def _backward_end(self) -> None:
+        self._backward_queued = False
+        self.mark(BACKWARD_END)
+
+    def _mark_event(self, kind: int) -> None:
+        event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        event.record()
+        if self._last >= 0:
+            self._phases.append(_PHASE[self._last][kind])
+        self._events.append(event)
+
+    def step_end(self, step: int, now: float) -> PhaseRecord | None:
+        """Mark the step's end; the record of its phases (None before any forward)."""
+        started = self._last >= 0
+        self.mark(END, now)
+        if not started or not self.guard.on:
+            return None
+        if self._cuda:
+            events, phases = self._events, self._phases
+            # The step's last event is where the next step's first interval starts.
+            self._events, self._phases = events[-1:], []
+            return PhaseRecord(step, EventIntervals(events, phases))
+        sums = self._sums
+        self._sums = [0.0] * len(PHASES)
+        return PhaseRecord(step, tuple(sums))
+
+
+__all__ = [
+    "BACKWARD_END",
+    "END",
+    "FORWARD_END",
+    "FORWARD_START",
+    "OPTIMIZER_START",
+    "EventIntervals",
+    "PhaseTimer",
+]
