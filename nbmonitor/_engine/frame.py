@@ -86,7 +86,7 @@ class TimelineSource(Protocol):
 
     def gantt(self) -> tuple[GanttBar, ...]: ...
 
-    def summary(self) -> tuple[dict[str, object], ...]: ...
+    def summary(self, open_s: float = 0.0) -> tuple[dict[str, object], ...]: ...
 
 
 @dataclass(frozen=True)
@@ -188,7 +188,8 @@ class FrameBuilder:
         timeline = None
         if detail:
             series.update((k, Series(*xy)) for k, xy in step_time_band(steps).items())
-            timeline = _timeline(steps, state.spans)
+            open_s = sum(r.get("step_time", 0.0) for r in state.open_rows)
+            timeline = _timeline(steps, state.spans, open_s if math.isfinite(open_s) else 0.0)
         return Frame(
             run=self.info.run,
             backend=self.info.backend,
@@ -207,10 +208,10 @@ class FrameBuilder:
         )
 
 
-def _timeline(steps: Store, spans: TimelineSource | None) -> TimelineFrame | None:
+def _timeline(steps: Store, spans: TimelineSource | None, open_s: float) -> TimelineFrame | None:
     stack = phase_stack(steps)
     gantt = spans.gantt() if spans is not None else ()
-    summary = spans.summary() if spans is not None else ()
+    summary = spans.summary(open_s) if spans is not None else ()
     if stack is None and not summary:
         return None
     names, x, seconds = stack if stack is not None else ((), np.zeros(0), np.zeros((0, 0)))

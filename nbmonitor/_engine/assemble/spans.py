@@ -149,10 +149,11 @@ class SpanLog:
             stats = self._stats[key] = _Stats(kind)
         return stats
 
-    def summary(self) -> tuple[dict[str, object], ...]:
-        """One row per phase, then per span name (by total time): Oumi's columns."""
+    def summary(self, open_s: float = 0.0) -> tuple[dict[str, object], ...]:
+        """One row per phase, then per span name (by total time): Oumi's columns. ``open_s``:
+        the step time of rows still open (not added yet), part of the run's time."""
         rows = [
-            stats.row(key.split(":", 1)[1], self._run_time)
+            stats.row(key.split(":", 1)[1], self._run_time + open_s)
             for key, stats in self._stats.items()
             if stats.count
         ]

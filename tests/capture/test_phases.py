@@ -1,0 +1,160 @@
+"""Step phases with a fake host clock: each phase gets exactly the time spent in it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import nbmonitor
+from nbmonitor.monitor import Monitor
+from nbmonitor.records import PHASE_KEYS
+
+DATA, FORWARD, BACKWARD, OTHER, OPTIMIZER = 0.020, 0.010, 0.030, 0.002, 0.005
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, dt: float) -> None:
+        self.t += dt
+
+
+class _SlowBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, clock: FakeClock) -> torch.Tensor:  # type: ignore[override]
+        ctx.clock = clock
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        ctx.clock.advance(BACKWARD)
+        return grad, None
+
+
+class Timed(torch.nn.Module):
+    """A model whose forward and backward each take a known time on the fake clock."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__()
+        self.clock = clock
+        self.lin = torch.nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.clock.advance(FORWARD)
+        return _SlowBackward.apply(self.lin(x), self.clock)  # type: ignore[no-any-return]
+
+
+class TimedSGD(torch.optim.SGD):
+    def __init__(self, params: Any, clock: FakeClock) -> None:
+        super().__init__(params, lr=0.01)
+        self.clock = clock
+
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        self.clock.advance(OPTIMIZER)
+        return super().step(closure)
+
+
+def run(tmp_path: Path, steps: int, micro: int = 1, optimizer: bool = True, **kw: Any) -> Any:
+    clock = FakeClock()
+    model = Timed(clock)
+    opt = TimedSGD(model.parameters(), clock) if optimizer else None
+    mon = Monitor(model, opt, run_dir=tmp_path, display=False, interval=60, timer=clock, **kw)
+    mon.start()
+    try:
+        for _ in range(steps):
+            for _ in range(micro):
+                clock.advance(DATA)
+                model(torch.randn(2, 4)).pow(2).mean().backward()
+            if opt is not None:
+                clock.advance(OTHER)
+                opt.step()
+                opt.zero_grad()
+        mon.flush()
+        return mon.history()
+    finally:
+        mon.close()
+
+
+def test_each_phase_gets_the_time_spent_in_it(tmp_path: Path) -> None:
+    h = run(tmp_path, 4)
+    expected = [DATA, FORWARD, BACKWARD, OTHER, OPTIMIZER]
+    for key, value in zip(PHASE_KEYS, expected, strict=True):
+        # Step 1 starts at its forward: it has no wait for data.
+        want = [0.0 if key == "phase_data_s" else value] + [value] * 3
+        assert h[key] == pytest.approx(want, abs=1e-9), key
+    # The phases add up to the step time.
+    total = sum(h[key] for key in PHASE_KEYS)
+    np.testing.assert_allclose(total, h["step_time"], atol=1e-9)
+    assert h["step_time"][1:] == pytest.approx([sum(expected)] * 3)
+
+
+def test_micro_batches_add_up(tmp_path: Path) -> None:
+    h = run(tmp_path, 3, micro=2)
+    assert h["phase_data_s"][1:] == pytest.approx([2 * DATA] * 2)
+    # The first step's second micro-batch waited for its data too.
+    assert h["phase_data_s"][0] == pytest.approx(DATA)
+    assert h["phase_forward_s"] == pytest.approx([2 * FORWARD] * 3)
+    assert h["phase_backward_s"] == pytest.approx([2 * BACKWARD] * 3)
+    assert h["phase_other_s"] == pytest.approx([OTHER] * 3)
+    assert h["phase_optimizer_s"] == pytest.approx([OPTIMIZER] * 3)
+
+
+def test_without_an_optimizer_a_step_ends_with_its_backward(tmp_path: Path) -> None:
+    h = run(tmp_path, 3, optimizer=False)
+    assert h["phase_data_s"][1:] == pytest.approx([DATA] * 2)
+    assert h["phase_forward_s"] == pytest.approx([FORWARD] * 3)
+    assert h["phase_backward_s"] == pytest.approx([BACKWARD] * 3)
+    assert h["phase_optimizer_s"] == pytest.approx([0.0] * 3)
+
+
+def test_phases_off_records_none(tmp_path: Path) -> None:
+    h = run(tmp_path, 2, phases=False)
+    assert not any(key in h for key in PHASE_KEYS)
+    assert len(h["step"]) == 2
+
+
+def test_phase_columns_cannot_be_logged_over(tmp_path: Path) -> None:
+    model = torch.nn.Linear(4, 1)
+    with (
+        nbmonitor.attach(model, None, run_dir=tmp_path, display=False) as mon,
+        pytest.raises(TypeError, match="phase_data_s"),
+    ):
+        mon.log(phase_data_s=1.0)
+
+
+def test_a_failing_phase_timer_costs_only_the_phases(tmp_path: Path, monkeypatch: Any) -> None:
+    from nbmonitor._capture.phases import PhaseTimer
+
+    def broken(self: PhaseTimer, kind: int) -> None:
+        raise RuntimeError("no events today")
+
+    monkeypatch.setattr(PhaseTimer, "_mark_event", broken)
+    monkeypatch.setattr(PhaseTimer, "__init__", _init_cuda(PhaseTimer.__init__))
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with nbmonitor.attach(model, opt, run_dir=tmp_path, display=False, interval=60) as mon:
+        for _ in range(3):
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        mon.flush()
+        h = mon.history()
+        errors = mon.errors
+    assert h["step"].tolist() == [1.0, 2.0, 3.0]
+    assert not any(key in h for key in PHASE_KEYS)
+    assert any("probe:phases" in e and "no events today" in e for e in errors)
+
+
+def _init_cuda(init: Any) -> Any:
+    def patched(self: Any, guard: Any, clock: Any, cuda: bool = False) -> None:
+        init(self, guard, clock, cuda=True)
+
+    return patched
