@@ -125,6 +125,8 @@ class StepClock:
         # hands the step to the probes.
         for probe in self.probes:
             self.handles.extend(probe.install(m))
+        if self.phases is not None and self.optimizer is not None:
+            self.handles.append(self.phases.install(m))
         # The pre-hook only times the first step's start (later steps start when the previous
         # one ended) and lets probes open per-step sampling; unless a probe needs it, it goes
         # after step 1.

@@ -12,12 +12,14 @@ are the device's time, not the time it took to queue the work.
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import torch
+from torch.utils.hooks import RemovableHandle
 
 from nbmonitor.errors import Guard
 from nbmonitor.records import PHASES, Pending, PhaseRecord
@@ -78,6 +80,17 @@ class EventIntervals:
         return None
 
 
+class _AllHooks(RemovableHandle):
+    """The handle of every hook a PhaseTimer installed, and of those it will install."""
+
+    def __init__(self, timer: PhaseTimer) -> None:
+        super().__init__(collections.OrderedDict())
+        self._timer = timer
+
+    def remove(self) -> None:
+        self._timer.remove()
+
+
 class PhaseTimer:
     """Sums the time between the marks of one step by phase (training thread only).
 
@@ -95,6 +108,15 @@ class PhaseTimer:
         self._events: list[Any] = []
         self._phases: list[int] = []
         self._backward_queued = False
+        # The backward's end: until one full backward has been seen, a hook on each forward's
+        # output queues a callback for the end of the pass (~8 us a step); meanwhile every
+        # trainable parameter says when its gradient lands, and the one that lands last takes
+        # over, with one call a backward and nothing per forward (see install()).
+        self._params: dict[int, torch.nn.Parameter] = {}
+        self._last_param: int | None = None
+        self._learning: list[RemovableHandle] = []
+        self._handles: list[RemovableHandle] = []
+        self._learned = False
 
     def mark(self, kind: int, now: float | None = None) -> None:
         """The moment ``kind`` happens now (``now``: a clock reading the caller took)."""
@@ -112,10 +134,48 @@ class PhaseTimer:
         except Exception as exc:
             self.guard.failed(exc)
 
+    def install(self, model: torch.nn.Module) -> RemovableHandle:
+        """Hooks on the trainable parameters to learn which gradient lands last; the one
+        handle removes every hook of this timer."""
+        for p in model.parameters():
+            if p.requires_grad and id(p) not in self._params:
+                self._params[id(p)] = p
+                hook = p.register_post_accumulate_grad_hook(self._landed)  # type: ignore[no-untyped-call]
+                self._learning.append(hook)
+        return _AllHooks(self)
+
+    def remove(self) -> None:
+        for h in self._learning + self._handles:
+            h.remove()
+        self._learning.clear()
+        self._handles.clear()
+
+    def _landed(self, param: torch.Tensor) -> None:
+        self._last_param = id(param)
+
+    def _learn(self) -> None:
+        # After the first full backward: the parameter whose gradient landed last marks the
+        # backward's end from now on.
+        self._learned = True
+        for h in self._learning:
+            h.remove()
+        self._learning.clear()
+        last = self._params.get(self._last_param) if self._last_param is not None else None
+        self._params.clear()
+        if last is None:  # no gradient landed: keep watching each forward's output
+            self._learned = False
+            return
+        hook = last.register_post_accumulate_grad_hook(self._param_landed)  # type: ignore[no-untyped-call]
+        self._handles.append(hook)
+
+    def _param_landed(self, param: torch.Tensor) -> None:
+        self.mark(BACKWARD_END)
+
     def watch_backward(self, tensor: torch.Tensor | None) -> None:
         """Mark the end of the backward pass through ``tensor`` (a forward's output): a hook on
-        its gradient queues a callback autograd runs once the whole pass has finished."""
-        if not self.guard.on or tensor is None or not tensor.requires_grad:
+        its gradient queues a callback autograd runs once the whole pass has finished (until
+        the last parameter to get its gradient is known)."""
+        if self._learned or not self.guard.on or tensor is None or not tensor.requires_grad:
             return
         try:
             tensor.register_hook(self._output_grad)  # type: ignore[no-untyped-call]
@@ -135,6 +195,11 @@ class PhaseTimer:
     def _backward_end(self) -> None:
         self._backward_queued = False
         self.mark(BACKWARD_END)
+        if not self._learned:
+            try:
+                self._learn()
+            except Exception as exc:
+                self.guard.failed(exc)
 
     def _mark_event(self, kind: int) -> None:
         event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]

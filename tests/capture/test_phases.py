@@ -153,3 +153,27 @@ def _init_cuda(init: Any) -> Any:
         init(self, guard, clock, cuda=True)
 
     return patched
+
+
+def _accumulate_hooks(model: torch.nn.Module) -> int:
+    return sum(len(p._post_accumulate_grad_hooks or {}) for p in model.parameters())
+
+
+def test_after_one_backward_one_parameter_marks_its_end_and_close_removes_it(
+    tmp_path: Path,
+) -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with nbmonitor.attach(model, opt, run_dir=tmp_path, display=False, interval=60) as mon:
+        assert _accumulate_hooks(model) == 4  # learning which gradient lands last
+        for _ in range(3):
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        # The first layer's gradients land last; one of them now marks the backward's end.
+        assert _accumulate_hooks(model) == 1
+        assert _accumulate_hooks(model[0]) == 1
+        mon.flush()
+        h = mon.history()
+    assert _accumulate_hooks(model) == 0
+    assert np.all(h["phase_backward_s"] > 0) and np.all(h["phase_other_s"] > 0)
