@@ -23,7 +23,7 @@ from nbmonitor._engine.frame import GanttBar
 from nbmonitor.records import PHASE_KEYS, PHASES, PhaseRecord, Record, SpanRecord
 
 # Durations kept per name for the median (the other statistics cover every value).
-MEDIAN_WINDOW = 4096
+MEDIAN_WINDOW = 1024
 # Spans and step rows kept for the gantt of the last steps.
 RECENT_SPANS = 4096
 RECENT_STEPS = 64
