@@ -13,6 +13,7 @@ are the device's time, not the time it took to queue the work.
 from __future__ import annotations
 
 import collections
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -49,11 +50,12 @@ class EventIntervals:
     """The phases of one step on a CUDA device: timing events, and the phase of each interval
     between consecutive ones; a ``Pending`` whose values are the seconds per phase."""
 
-    __slots__ = ("_events", "_phases")
+    __slots__ = ("_events", "_first", "_phases")
 
-    def __init__(self, events: Sequence[Any], phases: Sequence[int]) -> None:
+    def __init__(self, events: Sequence[Any], phases: Sequence[int], first: bool = False) -> None:
         self._events = events
         self._phases = phases
+        self._first = first  # the run's first step: no wait for data was seen
 
     def ready(self) -> bool:
         return bool(self._events[-1].query())
@@ -66,6 +68,8 @@ class EventIntervals:
         events = self._events
         for i, phase in enumerate(self._phases):
             sums[phase] += events[i].elapsed_time(events[i + 1]) / 1000.0
+        if self._first:
+            sums[DATA] = math.nan
         return sums
 
     def floats(self) -> npt.NDArray[np.floating[Any]]:
@@ -108,6 +112,7 @@ class PhaseTimer:
         self._events: list[Any] = []
         self._phases: list[int] = []
         self._backward_queued = False
+        self._ended = False  # a step has ended (before, the first step's data wait is unknown)
         # The backward's end: until one full backward has been seen, a hook on each forward's
         # output queues a callback for the end of the pass (~8 us a step); meanwhile every
         # trainable parameter says when its gradient lands, and the one that lands last takes
@@ -214,13 +219,16 @@ class PhaseTimer:
         self.mark(END, now)
         if not started or not self.guard.on:
             return None
+        first, self._ended = not self._ended, True
         if self._cuda:
             events, phases = self._events, self._phases
             # The step's last event is where the next step's first interval starts.
             self._events, self._phases = events[-1:], []
-            return PhaseRecord(step, EventIntervals(events, phases))
+            return PhaseRecord(step, EventIntervals(events, phases, first))
         sums = self._sums
         self._sums = [0.0] * len(PHASES)
+        if first:  # the first step starts at its forward: what it waited for is unknown
+            sums[DATA] = math.nan
         return PhaseRecord(step, tuple(sums))
 
 

@@ -231,7 +231,7 @@ class Curves:
         # Read as people read it: the rolling median, and the band its windows' extremes span,
         # so that the spikes of a noisy machine do not drown the line.
         lines, y_scale, y_axis = self._make(
-            "step_time", "", [("step_time_median", "median", _BLUE, None)], "linear"
+            "step_time", "", [("step_time_median", "median (band: min-max)", _BLUE, None)], "linear"
         )
         band = _Band(
             "step_time_min",
@@ -245,8 +245,7 @@ class Curves:
                 fill_colors=[_LIGHT_BLUE],
                 fill_opacities=[0.5],
                 stroke_width=0.5,
-                labels=["min-max"],
-                display_legend=True,
+                display_legend=False,
             ),
         )
         lines[0].mark.display_legend = True

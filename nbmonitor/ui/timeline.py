@@ -217,7 +217,7 @@ class Timeline:
             self._bars.colors = [span_color(b.name) for b in bars] or ["#1f77b4"]
         span = float(ends.max() - starts.min()) if bars else 1.0
         # Names where the bar is wide enough to hold one; the track names at the left.
-        wide = [i for i, b in enumerate(bars) if b.duration_s * 1e3 > span / 12]
+        wide = [i for i, b in enumerate(bars) if b.duration_s * 1e3 > span / 6]
         with self._names.hold_sync():
             self._names.x = [float(starts[i]) for i in wide]
             self._names.y = [float(ys[i]) + 0.35 for i in wide]
