@@ -28,7 +28,7 @@ from nbmonitor._capture.capture import build_capture
 from nbmonitor._capture.heap import settle_heap
 from nbmonitor._capture.probes.spans import Span, SpanTimer, check_span_name
 from nbmonitor._engine.frame import Frame, RunInfo, View
-from nbmonitor._engine.pipeline import Pipeline, PipelineParts
+from nbmonitor._engine.pipeline import SINK_RETRY_S, Pipeline, PipelineParts
 from nbmonitor._engine.published import history
 from nbmonitor._engine.sampler import SamplerThread
 from nbmonitor._lifetime import Lifetime, flush_tick
@@ -112,9 +112,7 @@ class Monitor:
             return update.copy_max_bytes if update is not None and update.copy_skipped else None
 
         # The sinks every tick's rows go to: the run log first; exporters join here.
-        sinks = life.sinks = FanOut(
-            [self._runlog], lambda name, exc: errors_log.add(f"sink:{name}", exc)
-        )
+        sinks = life.sinks = FanOut([self._runlog], errors_log, retry_after=SINK_RETRY_S)
         life.backend = self.backend
 
         def write(streams: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:
@@ -138,6 +136,7 @@ class Monitor:
                 status=life.status,
                 update_copy_skipped=copy_skipped,
                 clock=clock,
+                interval=self.interval,
             )
         )
         self._pipeline.add_alerts(
@@ -255,6 +254,14 @@ class Monitor:
 
         self.flush()
         return write_trace(self.run_dir, path)
+
+    def batch_started(self, batch: object) -> None:
+        """For framework adapters: a training micro-batch starts; it counts (samples: the first
+        tensor's leading dimension) whatever the training step calls, and values logged from now
+        belong to the step in progress. From then on the model's forwards count no batches."""
+        clock = self._life.clock()
+        if not self._life.closed and clock is not None:
+            clock.batch_started(batch)
 
     def flush(self, timeout: float = FLUSH_TIMEOUT_S) -> bool:
         """Have the sampler take, check and write everything recorded so far, now.
@@ -393,7 +400,8 @@ def attach(
 
     Args:
         model: the ``torch.nn.Module`` being trained.
-        optimizer: the optimizer whose ``step()`` ends a training step; without one, each
+        optimizer: the optimizer whose ``step()`` ends a training step; without one, the
+            first optimizer that steps the model's parameters is adopted, and until then each
             backward pass counts as a step. A framework's wrapper of one (Accelerate's
             ``AcceleratedOptimizer``, Lightning's ``LightningOptimizer``) is unwrapped.
         **options: see ``nbmonitor.options.AttachOptions`` (listed below).

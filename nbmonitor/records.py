@@ -109,6 +109,9 @@ class StepRecord:
     max_norm: float = math.nan
     # The GradScaler skipped the optimizer step (inf/NaN gradients); no norms then.
     skipped: bool = False
+    # Param groups added to the optimizer since the previous step: (index, parameters in it,
+    # of which not in the attached model).
+    groups_added: tuple[tuple[int, int, int], ...] = ()
 
     def ready(self) -> bool:
         if self.norms is not None and not self.norms.ready():

@@ -25,9 +25,13 @@ WHERE = "import nbmonitor; print('nbmonitor from', nbmonitor.__file__)"
 def test_notebook_runs(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A copy, so runs/ lands in tmp_path and the kernel imports this checkout whether or not it
     # is installed (or, with NBMONITOR_TEST_INSTALLED, the installed package only).
+    if path.name.startswith("04-"):
+        pytest.importorskip("transformers")
+        pytest.importorskip("accelerate")
     work = tmp_path / path.name
     shutil.copy(path, work)
     monkeypatch.setenv("NBMONITOR_QUICKSTART_STEPS", "200")
+    monkeypatch.setenv("NBMONITOR_FRAMEWORKS_STEPS", "20")
     if not INSTALLED:
         monkeypatch.setenv(
             "PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
@@ -74,3 +78,17 @@ def test_notebook_runs(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPat
             "[dead_units]",
         ):
             assert expected in text, expected
+    if path.name.startswith("04-"):
+        # The Trainer's notebook progress table and the nbmonitor dashboard both showed, and
+        # nbmonitor's steps are the Trainer's.
+        displays = [out for out in outputs if out.output_type == "display_data"]
+        assert any(
+            WIDGET_VIEW in out.data and "nbmonitor" in out.data["text/html"] for out in displays
+        )
+        assert any(
+            "<progress" in out.data.get("text/html", "")
+            and "Training Loss" in out.data.get("text/html", "")
+            for out in displays
+        )
+        text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
+        assert "nbmonitor: 20 steps; Trainer: global_step 20" in text

@@ -77,11 +77,10 @@ def build_capture(
         )
         probes.append(update)
     recorder = Recorder()
-    timer = None
-    if phases:
-        # CUDA events time the device's phases; elsewhere the host clock does.
-        first = next(iter(model.parameters()), None)
-        timer = PhaseTimer(guard("phases"), clock, cuda=first is not None and first.is_cuda)
+    # CUDA events time the device's phases; elsewhere the host clock does.
+    first = next(iter(model.parameters()), None)
+    cuda = first is not None and first.is_cuda
+    timer = PhaseTimer(guard("phases"), clock, cuda=cuda, enabled=phases)
     step_clock = StepClock(
         model,
         optimizer,

@@ -1,5 +1,6 @@
-"""What the capture side reads from the user's objects: an optimizer's parameters, a forward
-call's batch size, the first tensor of an output, a Hugging Face style output's loss."""
+"""What the capture side reads from the user's objects: an optimizer's parameters and learning
+rates, a forward call's batch size, the first tensor of an output, a Hugging Face style output's
+loss."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+
+from nbmonitor._capture.device_value import DeviceValue
 
 
 def optimizer_parameters(optimizer: torch.optim.Optimizer) -> list[torch.nn.Parameter]:
@@ -19,6 +22,30 @@ def optimizer_parameters(optimizer: torch.optim.Optimizer) -> list[torch.nn.Para
                 seen.add(id(p))
                 out.append(p)
     return out
+
+
+def learning_rates(optimizer: torch.optim.Optimizer | None) -> tuple[float | DeviceValue, ...]:
+    """Each parameter group's learning rate (a tensor one stays on its device)."""
+    if optimizer is None:
+        return ()
+    out: list[float | DeviceValue] = []
+    for group in optimizer.param_groups:
+        lr = group.get("lr", float("nan"))
+        out.append(DeviceValue(lr) if isinstance(lr, torch.Tensor) else float(lr))
+    return tuple(out)
+
+
+def groups_added(
+    optimizer: torch.optim.Optimizer | None, seen: int, known: frozenset[int]
+) -> tuple[tuple[int, int, int], ...]:
+    """The param groups after the first ``seen``: (index, parameters in it, of which not in
+    ``known``, the ids of the attached model's parameters). One ``len()`` when none."""
+    if optimizer is None or len(optimizer.param_groups) == seen:
+        return ()
+    return tuple(
+        (i, len(g["params"]), sum(id(p) not in known for p in g["params"]))
+        for i, g in enumerate(optimizer.param_groups[seen:], start=seen)
+    )
 
 
 def batch_size(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:

@@ -22,6 +22,7 @@ import numpy.typing as npt
 import torch
 from torch.utils.hooks import RemovableHandle
 
+from nbmonitor._capture.inputs import first_tensor, output_loss
 from nbmonitor.errors import Guard
 from nbmonitor.records import PHASES, Pending, PhaseRecord
 
@@ -102,8 +103,11 @@ class PhaseTimer:
     clock. ``cuda`` times with CUDA events instead of ``clock``.
     """
 
-    def __init__(self, guard: Guard, clock: Callable[[], float], cuda: bool = False) -> None:
+    def __init__(
+        self, guard: Guard, clock: Callable[[], float], cuda: bool = False, enabled: bool = True
+    ) -> None:
         self.guard = guard
+        self.enabled = enabled  # off: every call returns at once (attach(phases=False))
         self._clock = clock
         self._cuda = cuda
         self._last = -1  # the previous mark; -1 before the first forward
@@ -125,7 +129,7 @@ class PhaseTimer:
 
     def mark(self, kind: int, now: float | None = None) -> None:
         """The moment ``kind`` happens now (``now``: a clock reading the caller took)."""
-        if not self.guard.on:
+        if not self.enabled or not self.guard.on:
             return
         try:
             if self._cuda:
@@ -139,15 +143,17 @@ class PhaseTimer:
         except Exception as exc:
             self.guard.failed(exc)
 
-    def install(self, model: torch.nn.Module) -> RemovableHandle:
+    def install(self, model: torch.nn.Module | None) -> list[RemovableHandle]:
         """Hooks on the trainable parameters to learn which gradient lands last; the one
-        handle removes every hook of this timer."""
+        handle returned removes every hook of this timer."""
+        if not self.enabled or model is None:
+            return []
         for p in model.parameters():
             if p.requires_grad and id(p) not in self._params:
                 self._params[id(p)] = p
                 hook = p.register_post_accumulate_grad_hook(self._landed)  # type: ignore[no-untyped-call]
                 self._learning.append(hook)
-        return _AllHooks(self)
+        return [_AllHooks(self)]
 
     def remove(self) -> None:
         for h in self._learning + self._handles:
@@ -175,6 +181,14 @@ class PhaseTimer:
 
     def _param_landed(self, param: torch.Tensor) -> None:
         self.mark(BACKWARD_END)
+
+    def forward_ended(self, output: Any, watch: bool) -> None:
+        """Mark a forward's end; with ``watch``, watch its output for the backward's end (until
+        the parameter that marks it is known)."""
+        self.mark(FORWARD_END)
+        if watch and self.enabled and not self._learned and self.guard.on:
+            loss = output_loss(output)
+            self.watch_backward(loss if loss is not None else first_tensor(output))
 
     def watch_backward(self, tensor: torch.Tensor | None) -> None:
         """Mark the end of the backward pass through ``tensor`` (a forward's output): a hook on
@@ -213,12 +227,15 @@ class PhaseTimer:
             self._phases.append(_PHASE[self._last][kind])
         self._events.append(event)
 
-    def step_end(self, step: int, now: float) -> PhaseRecord | None:
-        """Mark the step's end; the record of its phases (None before any forward)."""
+    def step_end(self, step: int, now: float, put: Callable[[PhaseRecord], None]) -> None:
+        """Mark the step's end and ``put`` the record of its phases (none before a forward)."""
         started = self._last >= 0
         self.mark(END, now)
-        if not started or not self.guard.on:
-            return None
+        if not started or not self.enabled or not self.guard.on:
+            return
+        put(self._record(step))
+
+    def _record(self, step: int) -> PhaseRecord:
         first, self._ended = not self._ended, True
         if self._cuda:
             events, phases = self._events, self._phases

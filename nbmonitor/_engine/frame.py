@@ -221,7 +221,8 @@ def _timeline(steps: Store, spans: TimelineSource | None, open_s: float) -> Time
 class View(Protocol):
     """Something that shows Frames: the notebook dashboard, the console line, a user's own.
 
-    Called from the sampler thread only (a replay calls it from the caller's thread); never
+    Called from one thread at a time: the sampler's view worker (a replay calls it from the
+    caller's thread); never
     raises on purpose. ``publish`` shows the newest frame; ``close`` shows the final one
     (status "closed") and releases the view's feed. Neither may call ``display()`` or
     ``print()``. ``wants_detail = False`` asks for frames without chart series or the

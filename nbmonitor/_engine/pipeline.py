@@ -21,11 +21,14 @@ import numpy as np
 
 from nbmonitor._engine.assemble.layer_flow import LayerFlow, NonFiniteReport
 from nbmonitor._engine.assemble.layers import LayerStats
+from nbmonitor._engine.assemble.param_groups import groups_added_notes
 from nbmonitor._engine.assemble.spans import SpanLog, span_rows
 from nbmonitor._engine.assemble.steps import StepAssembler
 from nbmonitor._engine.column_cap import ColumnCap
+from nbmonitor._engine.derive.clipping import clip_share
 from nbmonitor._engine.derive.energy import energy_rates
 from nbmonitor._engine.frame import Frame, FrameBuilder, FrameState, RunInfo, View
+from nbmonitor._engine.isolated import Hung, Sources
 from nbmonitor._engine.published import Published
 from nbmonitor._engine.sampler import Stage
 from nbmonitor._engine.store import FloatArray, Store
@@ -71,6 +74,12 @@ class PipelineParts:
     update_copy_skipped: Callable[[], float | None] = lambda: None
     clock: Callable[[], float] = time.time
     monotonic: Callable[[], float] = time.monotonic
+    interval: float = 0.5
+
+
+# While the run log hangs, at most this many rows per stream wait for it; older ones are
+# dropped (and counted in the errors) rather than pile up without bound.
+MAX_WAITING_ROWS = 100_000
 
 
 class Pipeline:
@@ -111,12 +120,27 @@ class Pipeline:
         self._start = parts.monotonic()
         errors = parts.errors
         clock = parts.monotonic
+        # Backend, sinks and views are called through workers: one that hangs holds up itself.
+        self.sources = Sources(errors, parts.interval, clock)
+        view_worker = self.sources.view
+
+        def view_cpu() -> float:  # the view stage's cost is on its worker too
+            return time.thread_time() + view_worker.cpu_used
+
         self.stages = (
             Stage("sample", self.sample, errors, clock=clock),
             Stage("records", self.collect, errors, clock=clock),
             health := Stage("health", self.check_health, errors, share=HEALTH_SHARE, clock=clock),
             Stage("runlog", self.persist, errors, clock=clock, retry_after=SINK_RETRY_S),
-            Stage("view", self.publish, errors, share=VIEW_SHARE, max_gap=2.0, clock=clock),
+            Stage(
+                "view",
+                self.publish,
+                errors,
+                share=VIEW_SHARE,
+                max_gap=2.0,
+                clock=clock,
+                cpu_clock=view_cpu,
+            ),
         )
         self._health_stage = health
 
@@ -133,7 +157,7 @@ class Pipeline:
             self.collect(wait=True, everything=True)
             # Unpaced, behind the health stage's own guard: a rule switched off stays off.
             self._health_stage()
-            self.persist()
+            self.persist(final=True)
 
     # -- stages ------------------------------------------------------------------------------
 
@@ -147,7 +171,10 @@ class Pipeline:
             self.add_alerts(
                 Alert("backend", "info", str(n), step, now, subject=BACKEND) for n in new
             )
-        sample = parts.backend.sample()
+        sampled = self.sources.sample.call(parts.backend.sample)
+        sample = (
+            dict.fromkeys(parts.backend.keys, math.nan) if isinstance(sampled, Hung) else sampled
+        )
         row = {"time": parts.clock(), "step": float(parts.current_step()), **sample}
         self._last_sample = row
         self.system.append(row)
@@ -163,6 +190,9 @@ class Pipeline:
             self._pending["spans"].extend(spans)
         self._report_failures(assembler.failures)
         assembler.failures = []
+        if assembler.groups_added:
+            self.add_alerts(groups_added_notes(assembler.groups_added))
+            assembler.groups_added = []
         rows = assembler.take_final(everything=everything)
         # The rows are stored before anything else here can fail: they have left the
         # assembler and exist nowhere else.
@@ -272,12 +302,40 @@ class Pipeline:
         )
         self._pending["layers"].append(row)
 
-    def persist(self) -> None:
+    def persist(self, final: bool = False) -> None:
+        """Hand the rows of this tick to the run log's worker. While it hangs they wait here
+        (bounded); at the final tick they are left to it, written once it answers."""
+        writer = self.sources.runlog
+        busy = writer.busy
+        if busy and not final:
+            self._bound_waiting()
+            return
         pending = {k: v for k, v in self._pending.items() if v}
         self._pending = {k: [] for k in self._pending}
-        if pending:
-            self.parts.write(pending)
-        self.parts.flush_sinks()
+        write, flush = self.parts.write, self.parts.flush_sinks
+
+        def write_and_flush() -> None:
+            if pending:
+                write(pending)
+            flush()
+
+        if busy:  # final: after the call in progress
+            writer.defer(write_and_flush)
+        else:  # HUNG: the worker holds the rows and writes them when the file system answers
+            writer.call(write_and_flush)
+
+    def _bound_waiting(self) -> None:
+        for stream, rows in self._pending.items():
+            if len(rows) > MAX_WAITING_ROWS:
+                dropped = len(rows) - MAX_WAITING_ROWS
+                del rows[:dropped]
+                self.parts.errors.add(
+                    "runlog",
+                    OverflowError(
+                        f"{dropped} {stream} rows dropped: the run log is hung and at most "
+                        f"{MAX_WAITING_ROWS} rows per stream wait for it"
+                    ),
+                )
 
     def publish(self) -> None:
         now = self.parts.monotonic()
@@ -285,9 +343,15 @@ class Pipeline:
             return
         self._last_publish = now
         views = self.views
+        if self.sources.view.hung_for() is not None:
+            return
         frame = self.frame(detail=any(v.wants_detail for v in views))
-        for view in views:
-            view.publish(frame)
+
+        def publish_all() -> None:
+            for view in views:
+                view.publish(frame)
+
+        self.sources.view.call(publish_all)
 
     # -- alerts and published state ------------------------------------------------------------
 
@@ -324,6 +388,7 @@ class Pipeline:
         parts = self.parts
         extra = {"best_loss": self._best_loss}
         extra.update(energy_rates(self.system, self.steps, parts.backend.device_index))
+        extra.update(clip_share(self.steps))
         layers = parts.layers
 
         def layer_frame() -> Any:

@@ -11,6 +11,7 @@ import numpy as np
 
 from nbmonitor._engine.assemble.layers import LayerStats, ParamInfo
 from nbmonitor._engine.assemble.spans import SpanLog
+from nbmonitor._engine.derive.clipping import clip_share
 from nbmonitor._engine.frame import Frame, FrameBuilder, FrameState, RunInfo
 from nbmonitor._engine.store import Store
 from nbmonitor.health.alert import Alert
@@ -200,7 +201,7 @@ class RunState:
             elapsed_s=elapsed if math.isfinite(elapsed) else 0.0,
             latest_sample=self._last_sample,
             alerts=self.alerts,
-            extra_latest={"best_loss": self._best_loss},
+            extra_latest={"best_loss": self._best_loss, **clip_share(self.steps)},
             layers=(lambda: layers.frame(self._flags)) if layers is not None else None,
             spans=self.spans,
         )

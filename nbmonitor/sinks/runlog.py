@@ -29,6 +29,7 @@ retry quietly.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import pathlib
@@ -55,6 +56,11 @@ from nbmonitor.sinks.base import Batch, Rows
 # Rows that could not be written yet wait in memory up to this many bytes (a few minutes of a
 # busy run at ~100 kB per tick: long enough for a cleanup, bounded for a disk that stays full).
 BACKLOG_BYTES = 64 * 2**20
+
+
+def _dir_id(path: pathlib.Path) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
 
 
 def _error(run_dir: object, exc: OSError) -> RunDirError:
@@ -84,19 +90,61 @@ class RunLogSink:
         self._failing = False  # in a spell of failed writes (reported once)
         self._last_error: OSError = OSError()
         self._losing = False  # dropping rows in this spell (reported once)
-        try:
-            for stream, fname in FILES.items():
-                # Unbuffered: see "The disk comes back" above.
-                self._files[stream] = open(path / fname, "ab", buffering=0)  # noqa: SIM115
-        except OSError:
-            for f in self._files.values():
-                f.close()
-            raise
+        self._open_files()
+        self._dir_id = _dir_id(path)  # to see the directory deleted (or replaced) mid-run
+        self._dir_lost = False  # deleted and not made again yet (reported once)
         self._chunks = {
             name: ChunkBuffer(self._files[name].tell())
             for name, s in STREAMS.items()
             if s.sidecar and meta.get("sidecar") == SIDECAR
         }
+
+    def _open_files(self) -> None:
+        files: dict[str, IO[bytes]] = {}
+        try:
+            for stream, fname in FILES.items():
+                # Unbuffered: see "The disk comes back" above.
+                files[stream] = open(self._path / fname, "ab", buffering=0)  # noqa: SIM115
+        except OSError:
+            for f in files.values():
+                f.close()
+            raise
+        self._files = files
+
+    def _check_dir(self) -> None:
+        """Under the lock. A run directory deleted mid-run (by hand, by a cleanup job) would
+        take every later row into unlinked files without a word: make it again, with meta.json
+        and new record files, and raise once to say so."""
+        try:
+            if _dir_id(self._path) == self._dir_id:
+                return
+        except OSError:
+            pass
+        for f in self._files.values():
+            with contextlib.suppress(OSError):
+                f.close()
+        self._chunks.clear()  # the sidecar went with it; readers parse the new text
+        try:
+            self._path.mkdir(parents=True, exist_ok=True)
+            self._meta["recreated"] = True
+            write_json_atomic(self._path / META, self._meta)
+            self._open_files()
+            self._dir_id = _dir_id(self._path)
+        except OSError as exc:
+            if self._dir_lost:
+                return  # reported; tried again every flush
+            self._dir_lost = True
+            raise RunDirError(
+                f"nbmonitor: the run directory {self._path} was deleted while the run was "
+                f"writing to it, and it cannot be made again ({exc.strerror or exc}); "
+                "rows wait in memory until it can"
+            ) from None
+        self._dir_lost = False
+        raise RunDirError(
+            f"nbmonitor: the run directory {self._path} was deleted while the run was writing "
+            "to it; it was made again and rows from now on are written there (earlier ones "
+            "went with it)"
+        )
 
     @classmethod
     def create(
@@ -201,8 +249,8 @@ class RunLogSink:
                 if not n:
                     raise OSError(errno.EIO, "write() took no bytes")
                 done += n
-        except OSError as exc:
-            self._last_error = exc
+        except (OSError, ValueError) as exc:  # ValueError: its directory went, file closed
+            self._last_error = exc if isinstance(exc, OSError) else OSError(errno.EIO, str(exc))
             rest = bytearray(buffer[done:])
             self._backlog[stream] = rest
             self._backlog_bytes += len(rest)
@@ -234,6 +282,7 @@ class RunLogSink:
         with self._lock:
             if self._closed:
                 return
+            self._check_dir()
             if self._backlog and not self._retry():
                 return self._failed()
             for f in self._files.values():

@@ -6,7 +6,7 @@ import logging
 import math
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from nbmonitor._engine.frame import Frame
 
@@ -42,6 +42,17 @@ def _duration(seconds: float) -> str:
     return f"{whole // 3600}:{whole // 60 % 60:02d}:{whole % 60:02d}"
 
 
+def clip_summary(latest: Mapping[str, float]) -> str | None:
+    """How much the gradient clip acts ("clipped on 63% of recent steps, coef 0.13"), or None
+    in a loop that does not clip."""
+    share = latest.get("grad_clipped_fraction", math.nan)
+    if not math.isfinite(share):
+        return None
+    text = f"clipped on {share:.0%} of recent steps"
+    coef = latest.get("grad_clip_coef", math.nan)
+    return text + (f", coef {coef:.3g}" if math.isfinite(coef) and coef < 1 else "")
+
+
 def status_line(frame: Frame) -> str:
     """One line with the numbers a person glances at; NaN shows as n/a."""
     latest = frame.latest
@@ -50,7 +61,10 @@ def status_line(frame: Frame) -> str:
     if "lr" in latest:
         parts.append(f"lr {_num(latest.get('lr'), '.2e')}")
     if "grad_norm" in latest:
-        parts.append(f"grad {_num(latest.get('grad_norm'), '.3g')}")
+        clip = clip_summary(latest)
+        parts.append(
+            f"grad {_num(latest.get('grad_norm'), '.3g')}" + (f" ({clip})" if clip else "")
+        )
     step_time = latest.get("step_time", math.nan)
     parts.append(f"{_num(step_time * 1e3, '.1f')} ms/step")
     parts.append(f"{_num(latest.get('samples_per_s'), ',.0f')} samples/s")
@@ -79,6 +93,9 @@ def summary_text(frame: Frame) -> str:
         f"{_num(latest.get('samples_per_s'), ',.0f')} samples/s, "
         f"{_num(latest.get('step_time', math.nan) * 1e3, '.1f')} ms/step",
     ]
+    clip = clip_summary(latest)
+    if clip:
+        lines.append(f"  gradient norm {clip}")
     if frame.alerts:
         lines.append(f"  {len(frame.alerts)} alert(s); latest: {frame.alerts[-1].message}")
     if frame.errors:

@@ -23,6 +23,7 @@ import numpy.typing as npt
 
 from nbmonitor._engine.frame import Alert, Frame, LayerFrame
 from nbmonitor.ui._panel import Panel
+from nbmonitor.ui.console import clip_summary
 from nbmonitor.ui.figures import Curves
 from nbmonitor.ui.timeline import Timeline
 
@@ -267,6 +268,9 @@ class Dashboard:
                 ("step time (s)", _fmt(frame.latest.get("step_time"), 3)),
                 ("elapsed (s)", _fmt(frame.elapsed_s, 3)),
             ]
+            clip = clip_summary(frame.latest)
+            if clip:
+                cells.append(("gradient norm", clip))
             if frame.alerts:
                 cells.append(("alerts", "; ".join(a.message for a in frame.alerts[-3:])))
         row = "".join(

@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from nbmonitor._engine.frame import Series
+from nbmonitor.ui.console import clip_summary
 
 # bqscales (bqplot's scales) passes trait metadata the pre-traitlets-4.1 way; the resulting
 # DeprecationWarning at import is theirs, not the user's, and would fail warnings-as-errors test
@@ -32,6 +33,7 @@ F32 = npt.NDArray[np.float32]
 Transform = Callable[[npt.NDArray[np.float64], Mapping[str, float]], npt.NDArray[np.float64]]
 
 GIB = float(2**30)
+GRAD_TITLE = "Gradient norm"
 _MARGIN = {"top": 36, "bottom": 32, "left": 56, "right": 16}
 _LAYOUT = {"height": "220px", "width": "auto", "min_width": "300px"}
 _BLUE, _LIGHT_BLUE, _ORANGE, _GREEN, _GREY, _PURPLE = (
@@ -136,7 +138,7 @@ class Curves:
         )
         self._add_figure("lr", "Learning rate", [("lr", "lr", _GREEN, None)])
         self._add_figure(
-            "grad_norm", "Gradient norm", [("grad_norm", "grad norm", _PURPLE, None)], mode="log"
+            "grad_norm", GRAD_TITLE, [("grad_norm", "grad norm", _PURPLE, None)], mode="log"
         )
         self._add_step_time_figure()
         self._add_figure("throughput", "Samples/s", [("samples_per_s", "samples/s", _ORANGE, None)])
@@ -304,6 +306,9 @@ class Curves:
                 visible.append(fig.figure)
         if list(self.grid.children) != visible:
             self.grid.children = visible
+        clip = clip_summary(latest)
+        # A trait set to its value sends nothing.
+        self.figures["grad_norm"].figure.title = f"Gradient norm: {clip}" if clip else GRAD_TITLE
         return changed
 
     def set_mode(self, key: str, mode: str) -> None:

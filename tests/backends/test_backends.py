@@ -388,15 +388,17 @@ def test_memory_v2_missing_in_driver_falls_back_to_v1(
     assert backend.notes == []
 
 
-def test_peak_memory_is_reset_per_sample_unless_disabled(
+def test_peak_memory_counter_is_never_reset_unless_asked(
     make_backend: Callable[..., CudaBackend], cuda: FakeCuda
 ) -> None:
+    # The counter is process-wide: the user's max_memory_allocated() must keep its meaning.
     backend = make_backend(0)
     backend.sample()
     backend.sample()
-    assert cuda.resets == 2
-    keep = make_backend(0, reset_peak=False)
-    keep.sample()
+    assert cuda.resets == 0
+    windows = make_backend(0, reset_peak=True)
+    windows.sample()
+    windows.sample()
     assert cuda.resets == 2
 
 

@@ -150,8 +150,10 @@ def test_a_failing_phase_timer_costs_only_the_phases(tmp_path: Path, monkeypatch
 
 
 def _init_cuda(init: Any) -> Any:
-    def patched(self: Any, guard: Any, clock: Any, cuda: bool = False) -> None:
-        init(self, guard, clock, cuda=True)
+    def patched(
+        self: Any, guard: Any, clock: Any, cuda: bool = False, enabled: bool = True
+    ) -> None:
+        init(self, guard, clock, cuda=True, enabled=enabled)
 
     return patched
 

@@ -99,7 +99,7 @@ def test_summary_has_oumis_columns(tmp_path: Path) -> None:
 
 def test_a_span_lets_the_callers_exception_through_and_still_records(tmp_path: Path) -> None:
     clock = FakeClock()
-    mon, _, _ = monitor(tmp_path, clock)
+    mon, _model, _opt = monitor(tmp_path, clock)  # the model kept: a dropped one closes its run
     try:
         with pytest.raises(KeyError), mon.span("lookup"):
             clock.advance(0.1)
@@ -113,7 +113,7 @@ def test_a_span_lets_the_callers_exception_through_and_still_records(tmp_path: P
 
 def test_spans_from_another_thread_nest_on_their_own(tmp_path: Path) -> None:
     clock = FakeClock()
-    mon, _, _ = monitor(tmp_path, clock)
+    mon, _model, _opt = monitor(tmp_path, clock)  # the model kept: a dropped one closes its run
     try:
         with mon.span("main"):
             worker = threading.Thread(target=lambda: mon.span("worker").__enter__().__exit__(
@@ -131,7 +131,7 @@ def test_spans_from_another_thread_nest_on_their_own(tmp_path: Path) -> None:
 
 def test_spans_after_close_record_nothing(tmp_path: Path) -> None:
     clock = FakeClock()
-    mon, _, _ = monitor(tmp_path, clock)
+    mon, _model, _opt = monitor(tmp_path, clock)  # the model kept: a dropped one closes its run
     span = mon.span("late")
     mon.close()
     recorder = mon._recorder

@@ -45,6 +45,19 @@ class StepContext:
     clip_total: DeviceValue | None = None
     max_norm: float = math.nan
 
+    def clip_ended(self, total: torch.Tensor, max_norm: object) -> None:
+        """After a clip of the step's parameters; ``total`` is what it returned."""
+        if self.clips == 1:
+            from nbmonitor._capture.device_value import DeviceValue
+
+            self.clip_total = DeviceValue(total.detach().reshape(1))
+            # A tensor max_norm would cost a sync to read: no clip coefficient then.
+            self.max_norm = float(max_norm) if isinstance(max_norm, (int, float)) else math.nan
+        else:
+            # Several clips in one step (parameter groups clipped apart, or twice): the total
+            # comes from the per-parameter norms taken before the first.
+            self.clip_total = None
+
     @property
     def log_step(self) -> int:
         """The step a value recorded now belongs to (see ``StepClock.log_step``)."""

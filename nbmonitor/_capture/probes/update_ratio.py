@@ -11,6 +11,7 @@ from torch import _foreach_mul, _foreach_norm, _foreach_sub_
 
 from nbmonitor._capture.device_value import DeviceValue
 from nbmonitor._capture.probes.base import ProbeBase, StepContext
+from nbmonitor._capture.probes.grad_norms import norm_dtype
 from nbmonitor.errors import Guard
 from nbmonitor.records import AuxRecord
 
@@ -46,7 +47,7 @@ class UpdateRatioProbe(ProbeBase):
         if size > self.copy_max_bytes:
             self.copy_skipped = True
             return
-        norms = _foreach_norm(params, 2, dtype=torch.float32)
+        norms = _foreach_norm(params, 2, dtype=norm_dtype(params))
         self._before_norms = torch.stack([n.to(norms[0].device) for n in norms])
         self._before = list(_foreach_mul(params, 1.0))
 
@@ -57,6 +58,6 @@ class UpdateRatioProbe(ProbeBase):
             return
         params = [p.detach() for p in self.params]
         _foreach_sub_(before, params)  # before - after: the update, in place
-        delta = _foreach_norm(before, 2, dtype=torch.float32)
+        delta = _foreach_norm(before, 2, dtype=norm_dtype(before))
         packed = torch.cat([norms, torch.stack([d.to(norms.device) for d in delta])])
         ctx.recorder.put(AuxRecord(ctx.step + 1, "update", self.names, DeviceValue(packed)))

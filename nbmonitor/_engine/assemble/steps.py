@@ -86,6 +86,8 @@ class StepAssembler:
         # What could not be read since the caller last took it: (source, error), e.g.
         # ("log:acc", ValueError(...)). The rest of each record, and every other record, is kept.
         self.failures: list[tuple[str, Exception]] = []
+        # Param groups added mid-run, for the caller to report: (step, time, groups_added).
+        self.groups_added: list[tuple[int, float, tuple[tuple[int, int, int], ...]]] = []
 
     def add(self, records: list[Record]) -> None:
         with_norms: list[StepRecord] = []
@@ -98,6 +100,8 @@ class StepAssembler:
                         with_norms.append(record)
                     if record.clip_norm is not None:
                         clipped.append(record)
+                    if record.groups_added:
+                        self.groups_added.append((record.step, record.time, record.groups_added))
                 elif isinstance(record, AuxRecord):
                     self.aux.append((record, record.value.values()))
                 elif isinstance(record, LogRecord):
