@@ -180,3 +180,28 @@ def test_after_one_backward_one_parameter_marks_its_end_and_close_removes_it(
         h = mon.history()
     assert _accumulate_hooks(model) == 0
     assert np.all(h["phase_backward_s"] > 0) and np.all(h["phase_other_s"] > 0)
+
+
+class _FakeEvent:
+    def __init__(self, t_ms: float, done: bool = True) -> None:
+        self.t_ms, self.done = t_ms, done
+
+    def query(self) -> bool:
+        return self.done
+
+    def elapsed_time(self, end: _FakeEvent) -> float:
+        return end.t_ms - self.t_ms
+
+
+def test_cuda_intervals_sum_by_phase_once_the_last_event_completed() -> None:
+    from nbmonitor._capture.phases import DATA, FORWARD, OPTIMIZER, OTHER, EventIntervals
+
+    events = [_FakeEvent(t) for t in (0.0, 20.0, 30.0, 50.0, 60.0)]
+    phases = [DATA, FORWARD, OTHER, OPTIMIZER]
+    pending = EventIntervals(events, phases)
+    assert pending.ready()
+    assert pending.values() == pytest.approx([0.020, 0.010, 0.0, 0.020, 0.010])
+    events[-1].done = False
+    assert not pending.ready()  # the sampler leaves the step's record for a later tick
+    first = EventIntervals(events, phases, first=True)
+    assert math.isnan(first.values()[0]) and first.values()[1] == pytest.approx(0.010)

@@ -97,3 +97,22 @@ def test_the_frame_carries_the_timeline_live_and_replayed(tmp_path: Path) -> Non
     assert {b.track for b in replayed.gantt} == {"phases", "spans"}
     series = nbmonitor.open(mon.run_dir).frame().series
     assert {"step_time_median", "step_time_min", "step_time_max"} <= set(series)
+
+
+def test_a_tailed_run_feeds_the_timeline_record_by_record() -> None:
+    from nbmonitor._engine.run_state import RunState
+
+    state = RunState({}, "tailed")
+    steps = [
+        {"step": float(s), "time": 10.0 * s, "step_time": 0.5, "phase_data_s": 0.25}
+        for s in range(1, 5)
+    ]
+    spans = [{"name": "eval", "step": 4, "start": 39.0, "dur": 0.2, "depth": 0, "thread": 0}]
+    state.add_rows({"steps": steps, "spans": spans})
+    timeline = state.frame("running").timeline
+    assert timeline is not None
+    rows = {(r["kind"], r["name"]): r for r in timeline.summary}
+    assert rows[("phase", "data")]["count"] == 4
+    assert rows[("phase", "data")]["percent"] == pytest.approx(50.0)
+    assert rows[("span", "eval")]["total_s"] == pytest.approx(0.2)
+    assert timeline.phases == ("data",)
