@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import math
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,14 +23,15 @@ import numpy.typing as npt
 import torch
 from torch.utils.hooks import RemovableHandle
 
+from nbmonitor._capture.backward_end import BackwardEnd
 from nbmonitor._capture.inputs import first_tensor, output_loss
 from nbmonitor.errors import Guard
 from nbmonitor.records import PHASES, Pending, PhaseRecord
 
-# autograd's engine queues a callback for the end of the backward pass (as DDP's reducer does).
-_autograd_engine = vars(torch.autograd.Variable)["_execution_engine"]
-
 DATA, FORWARD, BACKWARD, OTHER, OPTIMIZER = range(len(PHASES))
+
+# The most CUDA events one step keeps (a step has about five per micro-batch).
+MAX_EVENTS = 1024
 
 # The moments a step is marked at.
 END, FORWARD_START, FORWARD_END, BACKWARD_END, OPTIMIZER_START = range(5)
@@ -115,13 +117,16 @@ class PhaseTimer:
         self._sums = [0.0] * len(PHASES)
         self._events: list[Any] = []
         self._phases: list[int] = []
-        self._backward_queued = False
+        self._backward = BackwardEnd(self._backward_end, guard)
         self._ended = False  # a step has ended (before, the first step's data wait is unknown)
         # The backward's end: until one full backward has been seen, a hook on each forward's
         # output queues a callback for the end of the pass (~8 us a step); meanwhile every
         # trainable parameter says when its gradient lands, and the one that lands last takes
         # over, with one call a backward and nothing per forward (see install()).
-        self._params: dict[int, torch.nn.Parameter] = {}
+        # Weakly: a model dropped before its first backward is freed at once.
+        self._params: weakref.WeakValueDictionary[int, torch.nn.Parameter] = (
+            weakref.WeakValueDictionary()
+        )
         self._last_param: int | None = None
         self._learning: list[RemovableHandle] = []
         self._handles: list[RemovableHandle] = []
@@ -187,32 +192,13 @@ class PhaseTimer:
         the parameter that marks it is known)."""
         self.mark(FORWARD_END)
         if watch and self.enabled and not self._learned and self.guard.on:
-            loss = output_loss(output)
-            self.watch_backward(loss if loss is not None else first_tensor(output))
-
-    def watch_backward(self, tensor: torch.Tensor | None) -> None:
-        """Mark the end of the backward pass through ``tensor`` (a forward's output): a hook on
-        its gradient queues a callback autograd runs once the whole pass has finished (until
-        the last parameter to get its gradient is known)."""
-        if self._learned or not self.guard.on or tensor is None or not tensor.requires_grad:
-            return
-        try:
-            tensor.register_hook(self._output_grad)  # type: ignore[no-untyped-call]
-        except Exception as exc:
-            self.guard.failed(exc)
-
-    def _output_grad(self, grad: torch.Tensor) -> None:
-        # Inside the user's backward pass: nothing may raise from here.
-        try:
-            if not self._backward_queued:
-                self._backward_queued = True
-                _autograd_engine.queue_callback(self._backward_end)
-        except Exception as exc:
-            self.guard.failed(exc)
-        return None
+            try:
+                loss = output_loss(output)
+                self._backward.watch(loss if loss is not None else first_tensor(output))
+            except Exception as exc:
+                self.guard.failed(exc)
 
     def _backward_end(self) -> None:
-        self._backward_queued = False
         self.mark(BACKWARD_END)
         if not self._learned:
             try:
@@ -223,9 +209,14 @@ class PhaseTimer:
     def _mark_event(self, kind: int) -> None:
         event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         event.record()
-        if self._last >= 0:
+        if self._last < 0:
+            self._events.append(event)
+        elif len(self._events) < MAX_EVENTS:
             self._phases.append(_PHASE[self._last][kind])
-        self._events.append(event)
+            self._events.append(event)
+        else:  # forwards without a step (grad-enabled evaluation): bounded, the rest "other"
+            self._phases[-1] = OTHER
+            self._events[-1] = event
 
     def step_end(self, step: int, now: float, put: Callable[[PhaseRecord], None]) -> None:
         """Mark the step's end and ``put`` the record of its phases (none before a forward)."""
