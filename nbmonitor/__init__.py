@@ -15,6 +15,7 @@ from nbmonitor._lazy import lazy_names
 from nbmonitor._version import __version__
 
 if TYPE_CHECKING:
+    from nbmonitor._profile import Profile
     from nbmonitor.debug import summary
     from nbmonitor.errors import NonFiniteError, RunDirError
     from nbmonitor.health import Thresholds
@@ -35,6 +36,7 @@ _WHERE = {
     "list_runs": "nbmonitor.runs",
     "summary": "nbmonitor.debug",
     "Thresholds": "nbmonitor.health",
+    "Profile": "nbmonitor._profile",
 }
 
 
@@ -48,6 +50,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "Monitor",
     "NonFiniteError",
+    "Profile",
     "Run",
     "RunDirError",
     "Thresholds",

@@ -55,6 +55,9 @@ class Lifetime:
         self.thread: SamplerThread | None = None
         self.sinks: FanOut | None = None
         self.backend: Backend | None = None
+        # Called first when the run closes (a profile still running stops its profiler).
+        self.on_close: list[Callable[[], None]] = []
+        self.profile: Any = None  # the latest mon.profile() (nbmonitor/_profile.py)
 
     def step(self) -> int:
         """Steps so far: the step clock's while it lives, then the last it counted."""
@@ -104,6 +107,13 @@ class Lifetime:
     def _close_parts(self, wait: float) -> None:
         done = self._closed_parts
         try:
+            if "profile" not in done:
+                done.add("profile")  # a profile still running stops its profiler, once
+                for stop in tuple(self.on_close):
+                    try:
+                        stop()
+                    except Exception as exc:
+                        self.errors.add("close", exc)
             if "hooks" not in done:
                 clock = self._clock_ref()
                 if clock is not None:

@@ -16,7 +16,7 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Unpack
+from typing import TYPE_CHECKING, Any, Unpack
 
 import numpy as np
 import numpy.typing as npt
@@ -38,6 +38,9 @@ from nbmonitor.errors import ErrorLog, Guard
 from nbmonitor.health import Alert, Health, non_finite_gradients
 from nbmonitor.options import AttachOptions, Options, WrappedOptimizer, check_model
 from nbmonitor.sinks import Batch, FanOut, RunLogSink
+
+if TYPE_CHECKING:
+    from nbmonitor._profile import Profile
 
 # How long close() waits for a sampler tick in progress (a hung source) before it gives up on
 # the last interval rather than hang the notebook.
@@ -83,6 +86,7 @@ class Monitor:
             activations=opts.activations,
             check_forward=opts.check_forward,
             on_nan=opts.on_nan,
+            flops=opts.flops,
             start_step=opts.start_step,
             phases=opts.phases,
             clock=timer,
@@ -209,7 +213,9 @@ class Monitor:
 
     @property
     def status(self) -> str:
-        """``"running"``, ``"degraded"`` (something failed; see ``errors``) or ``"closed"``."""
+        """``"running"``, ``"degraded"`` (something failed; see ``errors``) or ``"closed"``;
+        while a source hangs, which and for how long: ``"degraded: run log writing hung for
+        12 s"``."""
         return self._life.status()
 
     @property
@@ -282,6 +288,30 @@ class Monitor:
         finally:
             self._pipeline.lock.release()
         return True
+
+    def profile(self, steps: int = 3, wait: int = 1, warmup: int = 1) -> Profile:
+        """Run ``torch.profiler`` over the next steps and show its table (``nbmonitor.Profile``).
+
+        From the next step boundary it waits ``wait`` steps, warms up ``warmup`` steps and
+        records ``steps`` steps (CPU activity, and CUDA on CUDA), then shows ``key_averages``
+        in the cell (sortable by CPU time, device time and memory) and saves the Chrome trace
+        under ``<run_dir>/profiles/``. Never on unless called; one at a time.
+
+        >>> prof = mon.profile(steps=3)  # doctest: +SKIP
+        """
+        from nbmonitor._profile import start_profile
+        from nbmonitor.ui.notebook import in_notebook
+
+        return start_profile(
+            self._life,
+            self.errors_log,
+            self.run_dir,
+            cuda=self.backend.name == "cuda",
+            notebook=self.options.display and in_notebook(),
+            steps=steps,
+            wait=wait,
+            warmup=warmup,
+        )
 
     def close(self) -> None:
         """Stop monitoring: remove hooks, stop the thread, flush the run log, show the final state.

@@ -56,6 +56,8 @@ class AttachOptions(TypedDict, total=False):
         checkpoint): the first step recorded is ``start_step + 1`` (default 0).
     phases: time each step's phases (data wait, forward, backward, other, optimizer) as
         ``phase_<name>_s`` columns; CUDA events on a GPU, never a sync (default True).
+    flops: count the model's FLOPs once, in the first training forward, for TFLOP/s and
+        MFU (default True; that one forward runs slower).
 
     """
 
@@ -73,6 +75,7 @@ class AttachOptions(TypedDict, total=False):
     thresholds: Thresholds | Mapping[str, float] | None
     start_step: int
     phases: bool
+    flops: bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +96,7 @@ class Options:
     thresholds: Thresholds = dataclasses.field(default_factory=Thresholds)
     start_step: int = 0
     phases: bool = True
+    flops: bool = True
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any]) -> Options:
@@ -188,7 +192,7 @@ def check_options(options: Options) -> None:
             f"names the run folder), got {len(name.encode())} bytes; pass a shorter name=."
         )
     check_run_dir(options.run_dir)
-    for flag in ("display", "activations", "check_forward", "phases"):
+    for flag in ("display", "activations", "check_forward", "phases", "flops"):
         value = getattr(options, flag)
         if not isinstance(value, bool):
             raise TypeError(f"nbmonitor.attach: {flag} must be True or False, got {value!r}.")

@@ -112,6 +112,8 @@ class StepRecord:
     # Param groups added to the optimizer since the previous step: (index, parameters in it,
     # of which not in the attached model).
     groups_added: tuple[tuple[int, int, int], ...] = ()
+    # Token ids the grad-enabled forwards of this step were given (``input_ids``); 0: none.
+    tokens: int = 0
 
     def ready(self) -> bool:
         if self.norms is not None and not self.norms.ready():
@@ -141,6 +143,11 @@ MEASURED_KEYS = frozenset(
         "micro_batches",
         "samples",
         "samples_per_s",
+        "tokens",
+        "tokens_per_s",
+        "flops_per_step",
+        "tflops_per_s",
+        "mfu_percent",
         "lr",
         "grad_norm",
         "loss_smooth",
@@ -252,4 +259,27 @@ class SpanRecord:
         return None
 
 
-Record = StepRecord | LogRecord | AuxRecord | PhaseRecord | SpanRecord
+@dataclass(frozen=True, slots=True)
+class FlopsRecord:
+    """The FLOPs of one grad-enabled forward, counted once (``probes/flops.py``), and what it
+    was given: training FLOPs per step follow from it by the tokens (or samples) of each step.
+
+    ``dtype`` is the compute precision of the matrix products: ``"bfloat16"``, ``"float16"``
+    (autocast or half parameters), ``"tfloat32"`` (float32 with TF32 matmuls) or
+    ``"float32"``; it picks the peak that MFU is taken against.
+    """
+
+    step: int
+    forward_flops: float
+    tokens: int
+    samples: int
+    dtype: str
+
+    def ready(self) -> bool:
+        return True
+
+    def wait(self) -> None:
+        return None
+
+
+Record = StepRecord | LogRecord | AuxRecord | FlopsRecord | PhaseRecord | SpanRecord

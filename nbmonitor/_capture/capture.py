@@ -14,6 +14,7 @@ from nbmonitor._capture.inputs import optimizer_parameters
 from nbmonitor._capture.phases import PhaseTimer
 from nbmonitor._capture.probes.activations import ActivationsProbe
 from nbmonitor._capture.probes.base import Probe
+from nbmonitor._capture.probes.flops import FlopsProbe
 from nbmonitor._capture.probes.forward_check import ForwardCheckProbe
 from nbmonitor._capture.probes.grad_norms import GradNormProbe
 from nbmonitor._capture.probes.hf_loss import OutputLossProbe
@@ -42,6 +43,7 @@ def build_capture(
     activations: bool,
     check_forward: bool,
     on_nan: str,
+    flops: bool = False,
     start_step: int = 0,
     phases: bool = True,
     clock: Callable[[], float] = time.perf_counter,
@@ -63,6 +65,8 @@ def build_capture(
     # Order matters: per-forward probes hand over before the output's loss is recorded, and
     # the gradient norms (and their non-finite check) come before the update's copy.
     probes: list[Probe] = []
+    if flops:  # first: its count ends before the other probes' work on the output
+        probes.append(FlopsProbe(guard("flops"), model))
     if check_forward:
         probes.append(ForwardCheckProbe(guard("check_forward"), model, raise_non_finite))
     if activations:

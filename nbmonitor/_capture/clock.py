@@ -21,7 +21,14 @@ from torch.utils.hooks import RemovableHandle
 from nbmonitor._capture import adopt, inputs, intercept
 from nbmonitor._capture.backward_end import BackwardEnd
 from nbmonitor._capture.closure import after_closure
-from nbmonitor._capture.inputs import batch_size, first_tensor, learning_rates, output_loss
+from nbmonitor._capture.inputs import (
+    batch_size,
+    batch_tokens,
+    first_tensor,
+    learning_rates,
+    output_loss,
+    token_count,
+)
 from nbmonitor._capture.phases import FORWARD_START, OPTIMIZER_START, PhaseTimer
 from nbmonitor._capture.probes.base import NO_NORMS, Probe, StepContext
 from nbmonitor._capture.recorder import Recorder, make_log_record
@@ -80,6 +87,10 @@ class StepClock:
             "post_step": self._calls("post_step", lambda p: p.post_step),
         }
         self._samples = 0
+        self._tokens = 0
+        # Called with the new step number at the end of each step, after its record (the
+        # profiler's schedule); each behind its caller's guard.
+        self.step_listeners: list[Callable[[int], None]] = []
         self._step_start: float | None = None
         self._last_end: float | None = None
         self._backward = BackwardEnd(self._backward_end, self._guards["backward"])
@@ -244,9 +255,12 @@ class StepClock:
             ctx = self.ctx
             self._forwarded = True
             self._backward_ended = False
+            samples = ctx.forward_samples = batch_size(args, kwargs)
+            tokens = ctx.forward_tokens = token_count(args, kwargs)
             if not self._batches_counted:
                 ctx.micro += 1
-                self._samples += batch_size(args, kwargs)
+                self._samples += samples
+                self._tokens += tokens
             if self._at["forward"]:
                 self._call(self._at["forward"], output)
             if self.optimizer is None:
@@ -297,6 +311,7 @@ class StepClock:
                 self._step_start = self._clock()
             self.ctx.micro += 1
             self._samples += batch_size((inputs,), {})
+            self._tokens += batch_tokens(inputs)
 
         self._guarded("forward", work)
 
@@ -392,12 +407,17 @@ class StepClock:
                 max_norm=max_norm,
                 skipped=skipped,
                 groups_added=added,
+                tokens=self._tokens,
             )
         )
         self._last_end = now
         self._samples = 0
+        self._tokens = 0
         ctx.micro = 0
         self._forwarded = False
         if not self._keep_forward_pre and self._pre_handle is not None:
             self._pre_handle.remove()
             self._pre_handle = None
+        if self.step_listeners:
+            for listener in tuple(self.step_listeners):
+                listener(ctx.step)

@@ -1,6 +1,6 @@
 """What the capture side reads from the user's objects: an optimizer's parameters and learning
-rates, a forward call's batch size, the first tensor of an output, a Hugging Face style output's
-loss."""
+rates, a forward call's batch size and token count, the first tensor of an output, a Hugging
+Face style output's loss."""
 
 from __future__ import annotations
 
@@ -55,6 +55,33 @@ def batch_size(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
         if found is not None:
             return int(found.shape[0]) if found.dim() > 0 else 1
     return 0
+
+
+def token_count(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
+    """Token ids a forward call was given (0 if none): the ``input_ids`` keyword, else a 2-D
+    integer tensor as the first argument (batch x sequence). The number of elements, padding
+    included, read from the shape alone: no device value is read."""
+    ids = kwargs.get("input_ids") if kwargs else None
+    if ids is None and args:
+        ids = args[0]
+        if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+            return 0
+    if isinstance(ids, torch.Tensor) and ids.dtype in _TOKEN_DTYPES:
+        return ids.numel()
+    return 0
+
+
+_TOKEN_DTYPES = frozenset({torch.int64, torch.int32})
+
+
+def batch_tokens(batch: object) -> int:
+    """Token ids in a batch as a framework hands it over (``Monitor.batch_started``): a mapping
+    with ``input_ids``, a 2-D integer tensor, or a tuple/list that starts with one."""
+    if isinstance(batch, Mapping):
+        return token_count((), batch)
+    if isinstance(batch, (tuple, list)):
+        return token_count((batch[0],), {}) if batch else 0
+    return token_count((batch,), {})
 
 
 def first_tensor(value: object, depth: int = 0) -> torch.Tensor | None:

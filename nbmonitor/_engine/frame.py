@@ -101,6 +101,7 @@ class Frame:
     ``devices`` lists one dict per accelerator with its gauge values (empty on CPU).
     ``step_time_median``, ``step_time_min`` and ``step_time_max`` are the step time's rolling
     median and the band of its windows' extremes (``_engine/derive/timeline.py``).
+    ``notes`` says why a figure is missing, by figure (``"mfu"``: no peak known).
     """
 
     run: str
@@ -117,10 +118,19 @@ class Frame:
     errors: tuple[str, ...] = ()
     layers: LayerFrame | None = None
     timeline: TimelineFrame | None = None
+    notes: Mapping[str, str] = field(default_factory=dict)
 
 
 # Chart lines sent to views: bounded so that one publish stays small however long the run.
-STEP_SERIES = ("loss", "loss_smooth", "lr", "grad_norm", "step_time", "samples_per_s")
+STEP_SERIES = (
+    "loss",
+    "loss_smooth",
+    "lr",
+    "grad_norm",
+    "step_time",
+    "samples_per_s",
+    "tokens_per_s",
+)
 SYSTEM_SERIES = ("cpu_percent", "process_cpu_percent", "ram_used_bytes", "process_rss_bytes")
 DEVICE_SERIES = ("util_percent", "mem_used_bytes", "temperature_c", "power_w")
 MAX_POINTS = 2000
@@ -153,6 +163,7 @@ class FrameState:
     extra_latest: Mapping[str, float] = field(default_factory=dict)
     layers: Callable[[], LayerFrame | None] | None = None
     spans: TimelineSource | None = None
+    notes: Mapping[str, str] = field(default_factory=dict)
 
 
 class FrameBuilder:
@@ -205,6 +216,7 @@ class FrameBuilder:
             errors=tuple(state.errors[-ERRORS_SHOWN:]),
             layers=state.layers() if detail and state.layers is not None else None,
             timeline=timeline,
+            notes=dict(state.notes),
         )
 
 

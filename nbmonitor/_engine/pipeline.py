@@ -82,6 +82,16 @@ class PipelineParts:
 MAX_WAITING_ROWS = 100_000
 
 
+def device_name(backend: Backend) -> str:
+    """The name of the device the model trains on, as the MFU peak table matches it."""
+    index, devices = backend.device_index, backend.devices
+    if index is not None and 0 <= index < len(devices):
+        return devices[index]
+    if backend.name == "mps" and devices:
+        return devices[0]
+    return backend.name.upper()
+
+
 class Pipeline:
     def __init__(self, parts: PipelineParts) -> None:
         self.parts = parts
@@ -91,7 +101,7 @@ class Pipeline:
         self.lock = threading.RLock()
         self.views: tuple[View, ...] = ()
         self.published = Published()
-        self._assembler = StepAssembler()
+        self._assembler = StepAssembler(device=lambda: device_name(parts.backend))
         self.spans = SpanLog()
         self._columns = ColumnCap()
         self._alerts: list[Alert] = []
@@ -382,6 +392,10 @@ class Pipeline:
 
     # -- frames ------------------------------------------------------------------------------
 
+    def _notes(self) -> dict[str, str]:
+        flops = self._assembler.flops
+        return {"mfu": flops.note} if flops is not None and flops.note else {}
+
     def frame(self, detail: bool = True) -> Frame:
         """A snapshot of everything the views show (on the sampler, or under ``lock``); with
         ``detail`` it takes the per-layer norms waiting for a reader."""
@@ -409,5 +423,6 @@ class Pipeline:
             extra_latest=extra,
             layers=layer_frame,
             spans=self.spans,
+            notes=self._notes(),
         )
         return self.frames.build(state, detail=detail)

@@ -53,6 +53,21 @@ def clip_summary(latest: Mapping[str, float]) -> str | None:
     return text + (f", coef {coef:.3g}" if math.isfinite(coef) and coef < 1 else "")
 
 
+def throughput(latest: Mapping[str, float]) -> list[str]:
+    """tokens/s (samples/s without token ids); TFLOP/s and MFU once the FLOPs are counted."""
+    tokens = latest.get("tokens_per_s", math.nan)
+    if math.isfinite(tokens):
+        parts = [f"{_num(tokens, ',.0f')} tokens/s"]
+    else:
+        parts = [f"{_num(latest.get('samples_per_s'), ',.0f')} samples/s"]
+    tflops = latest.get("tflops_per_s", math.nan)
+    if math.isfinite(tflops):
+        parts.append(f"{_num(tflops, '.3g')} TFLOP/s")
+        mfu = latest.get("mfu_percent", math.nan)
+        parts.append(f"MFU {mfu:.1f}%" if math.isfinite(mfu) else "MFU n/a")
+    return parts
+
+
 def status_line(frame: Frame) -> str:
     """One line with the numbers a person glances at; NaN shows as n/a."""
     latest = frame.latest
@@ -67,8 +82,9 @@ def status_line(frame: Frame) -> str:
         )
     step_time = latest.get("step_time", math.nan)
     parts.append(f"{_num(step_time * 1e3, '.1f')} ms/step")
-    parts.append(f"{_num(latest.get('samples_per_s'), ',.0f')} samples/s")
-    parts.append(f"CPU {_num(latest.get('process_cpu_percent'), '.0f')}%")
+    parts.extend(throughput(latest))
+    # The process's CPU is a share of one core (top's way): several busy cores exceed 100%.
+    parts.append(f"CPU {_num(latest.get('process_cpu_percent'), '.0f')}% of a core")
     ram = latest.get("process_rss_bytes", math.nan) / 2**30
     parts.append(f"RSS {_num(ram, '.2f')} GiB")
     for i, device in enumerate(frame.devices):
@@ -90,9 +106,11 @@ def summary_text(frame: Frame) -> str:
         f"{_duration(frame.elapsed_s)}",
         f"  last loss {_num(latest.get('loss'), '.4g')}, "
         f"best loss {_num(latest.get('best_loss'), '.4g')}, "
-        f"{_num(latest.get('samples_per_s'), ',.0f')} samples/s, "
+        f"{', '.join(throughput(latest))}, "
         f"{_num(latest.get('step_time', math.nan) * 1e3, '.1f')} ms/step",
     ]
+    if "mfu" in frame.notes:
+        lines.append(f"  {frame.notes['mfu']}")
     clip = clip_summary(latest)
     if clip:
         lines.append(f"  gradient norm {clip}")

@@ -32,7 +32,15 @@ from nbmonitor.ui.timeline import Timeline
 MAX_HEATMAP_CELLS = 65_536
 MAX_HEATMAP_COLUMNS = 240
 
-_HEADER_KEYS = ("loss", "best_loss", "samples_per_s", "step_time")
+_HEADER_KEYS = (
+    "loss",
+    "best_loss",
+    "samples_per_s",
+    "step_time",
+    "tokens_per_s",
+    "tflops_per_s",
+    "mfu_percent",
+)
 _SYSTEM_KEYS = (
     "cpu_percent",
     "process_cpu_percent",
@@ -246,11 +254,10 @@ class Dashboard:
         if frame is None:
             return f"nbmonitor dashboard: {self.run} ({self.backend}), no data yet"
         total = f"/{frame.total_steps}" if frame.total_steps else ""
+        rates = "".join(f" · {value} {label}" for label, value in _throughput_cells(frame.latest))
         return (
             f"nbmonitor {frame.run} [{frame.status}] step {frame.step}{total}"
-            f" · loss {_fmt(frame.latest.get('loss'))}"
-            f" · {_fmt(frame.latest.get('samples_per_s'), 3)} samples/s"
-            f" · {_fmt(frame.elapsed_s, 3)} s"
+            f" · loss {_fmt(frame.latest.get('loss'))}{rates} · {_fmt(frame.elapsed_s, 3)} s"
         )
 
     def summary_html(self) -> str:
@@ -264,7 +271,7 @@ class Dashboard:
                 ("status", frame.status),
                 ("step", f"{frame.step}{total}"),
                 ("loss", _fmt(frame.latest.get("loss"))),
-                ("samples/s", _fmt(frame.latest.get("samples_per_s"), 3)),
+                *_throughput_cells(frame.latest),
                 ("step time (s)", _fmt(frame.latest.get("step_time"), 3)),
                 ("elapsed (s)", _fmt(frame.elapsed_s, 3)),
             ]
@@ -315,6 +322,7 @@ class Dashboard:
         }
         for key in _HEADER_KEYS:
             header[key] = _num(latest.get(key))
+        header["mfu_note"] = frame.notes.get("mfu")  # why MFU is missing, if it is
         panel.header = header
         panel.system = {key: _num(latest.get(key)) for key in _SYSTEM_KEYS}
         panel.devices = [_json(d) for d in frame.devices]
@@ -332,6 +340,21 @@ class Dashboard:
     def _on_reset(self) -> None:
         with self._lock:
             self._curves.reset_zoom()
+
+
+def _throughput_cells(latest: Mapping[str, float]) -> list[tuple[str, str]]:
+    """tokens/s (or samples/s without token ids), and TFLOP/s and MFU once FLOPs are counted."""
+    tokens = latest.get("tokens_per_s", math.nan)
+    if math.isfinite(tokens):
+        cells = [("tokens/s", _fmt(tokens, 3))]
+    else:
+        cells = [("samples/s", _fmt(latest.get("samples_per_s"), 3))]
+    tflops = latest.get("tflops_per_s", math.nan)
+    if math.isfinite(tflops):
+        mfu = latest.get("mfu_percent", math.nan)
+        cells.append(("TFLOP/s", _fmt(tflops, 3)))
+        cells.append(("MFU", f"{mfu:.1f}%" if math.isfinite(mfu) else "–"))
+    return cells
 
 
 def _with_status(frame: Frame, status: str) -> Frame:

@@ -142,6 +142,7 @@ class Curves:
         )
         self._add_step_time_figure()
         self._add_figure("throughput", "Samples/s", [("samples_per_s", "samples/s", _ORANGE, None)])
+        self._add_figure("tokens", "Tokens/s", [("tokens_per_s", "tokens/s", _ORANGE, None)])
         self._add_figure(
             "cpu",
             "CPU %",

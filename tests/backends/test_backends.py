@@ -567,3 +567,26 @@ def test_mps_backend_missing_or_failing_calls_are_nan(monkeypatch: pytest.Monkey
     assert nan(out["mps_allocated_bytes"])
     assert nan(out["mps_recommended_max_bytes"])
     assert out["mps_driver_allocated_bytes"] == 4_000.0
+
+
+def test_mps_names_its_chip_for_the_mfu_peak(monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+
+    from nbmonitor.backends import mps
+
+    monkeypatch.setattr(mps.sys, "platform", "darwin")
+
+    def run(args: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+        assert args == ["sysctl", "-n", "machdep.cpu.brand_string"]
+        return subprocess.CompletedProcess(args, 0, stdout="Apple M2 Pro\n")
+
+    monkeypatch.setattr(mps.subprocess, "run", run)
+    assert MpsBackend().devices == ("Apple M2 Pro GPU (MPS)",)
+
+    def fails(args: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+        raise FileNotFoundError("sysctl")
+
+    monkeypatch.setattr(mps.subprocess, "run", fails)
+    assert MpsBackend().devices == ("Apple GPU (MPS)",)
+    monkeypatch.setattr(mps.sys, "platform", "linux")
+    assert mps.chip_name() == "Apple"

@@ -80,3 +80,7 @@ def test_step_time_is_a_median_with_a_band_and_throughput_has_its_own_chart(
     assert figures["step_time"].figure.title == "Step time (s)"
     shown = {k for k, f in figures.items() if f.figure in dash._curves.grid.children}
     assert {"step_time", "throughput"} <= shown
+    assert "tokens" not in shown  # inputs that are not token ids: no tokens/s chart
+    series["tokens_per_s"] = Series(x, np.full(50, 8e4))
+    dash.publish(make_frame(61, series=series))
+    assert dash._curves.figures["tokens"].figure in dash._curves.grid.children

@@ -37,6 +37,9 @@ class StepContext:
     recorder: Recorder
     step: int = 0  # optimizer steps completed
     micro: int = 0  # grad-enabled forwards in the step in progress
+    # What the forward that just ran was given (set before the ``forward`` probes run).
+    forward_samples: int = 0
+    forward_tokens: int = 0
     # Set by the gradient-norm probe before the step; the clock puts it in the step's record.
     norms: PendingNorms = NO_NORMS
     # clip_grad_norm_ calls in the step in progress (``_capture/intercept.py``); the first
