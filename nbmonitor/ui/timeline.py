@@ -222,6 +222,7 @@ class Timeline:
             self._names.x = [float(starts[i]) for i in wide]
             self._names.y = [float(ys[i]) + 0.35 for i in wide]
             self._names.text = [bars[i].name for i in wide]
+            self._names.colors = [span_color(bars[i].name) for i in wide] or ["black"]
         with self._tracks.hold_sync():
             self._tracks.x = [float(starts.min()) if bars else 0.0] * len(tracks)
             self._tracks.y = [i - 0.3 for i in range(len(tracks))]
