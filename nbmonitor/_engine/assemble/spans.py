@@ -14,7 +14,7 @@ from __future__ import annotations
 import collections
 import math
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -64,16 +64,18 @@ class _Stats:
         default_factory=lambda: collections.deque(maxlen=MEDIAN_WINDOW)
     )
 
-    def add(self, values: Iterable[float]) -> None:
-        for v in values:
-            if not math.isfinite(v):
-                continue
-            self.count += 1
-            self.total += v
-            self.squares += v * v
-            self.low = min(self.low, v)
-            self.high = max(self.high, v)
-            self.recent.append(v)
+    def add(self, values: Iterable[float] | np.ndarray) -> None:
+        # One numpy pass per batch of values: a tick brings hundreds of steps.
+        v = np.asarray(values, dtype=np.float64)
+        v = v[np.isfinite(v)]
+        if not v.size:
+            return
+        self.count += int(v.size)
+        self.total += float(v.sum())
+        self.squares += float(np.dot(v, v))
+        self.low = min(self.low, float(v.min()))
+        self.high = max(self.high, float(v.max()))
+        self.recent.extend(v[-MEDIAN_WINDOW:].tolist())
 
     def row(self, name: str, run_time: float) -> dict[str, object]:
         n = self.count
@@ -106,16 +108,16 @@ class SpanLog:
             maxlen=RECENT_SPANS
         )
 
-    def add_steps(self, rows: Iterable[Mapping[str, float]]) -> None:
-        for row in rows:
-            step_time = row.get("step_time", math.nan)
-            if math.isfinite(step_time):
-                self._run_time += step_time
-            if any(key in row for key in PHASE_KEYS):
-                self._steps.append(row)
-                for name, key in zip(PHASES, PHASE_KEYS, strict=True):
-                    if key in row:
-                        self._stat(name, "phase").add((row[key],))
+    def add_steps(self, rows: Sequence[Mapping[str, float]]) -> None:
+        if not rows:
+            return
+        nan = math.nan
+        times = np.array([row.get("step_time", nan) for row in rows], dtype=np.float64)
+        self._run_time += float(times[np.isfinite(times)].sum())
+        for name, key in zip(PHASES, PHASE_KEYS, strict=True):
+            if key in rows[-1] or key in rows[0]:
+                self._stat(name, "phase").add([row.get(key, nan) for row in rows])
+        self._steps.extend(r for r in rows[-RECENT_STEPS:] if PHASE_KEYS[1] in r)
 
     def add_step_columns(self, columns: Mapping[str, np.ndarray]) -> None:
         """A whole steps stream read at once (a replay): the same as its rows."""
