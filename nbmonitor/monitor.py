@@ -27,6 +27,7 @@ from nbmonitor import _ranks, _registry
 from nbmonitor._capture.capture import build_capture
 from nbmonitor._capture.dist import RankInfo, rank_info
 from nbmonitor._capture.heap import settle_heap
+from nbmonitor._capture.probes.spans import Span, SpanTimer, check_span_name
 from nbmonitor._engine.frame import Frame, RunInfo, View
 from nbmonitor._engine.pipeline import SINK_RETRY_S, Pipeline, PipelineParts
 from nbmonitor._engine.published import history
@@ -34,7 +35,7 @@ from nbmonitor._engine.sampler import SamplerThread
 from nbmonitor._lifetime import Lifetime, flush_tick
 from nbmonitor._parts import layer_stats, run_meta
 from nbmonitor._setup_check import check_setup
-from nbmonitor.errors import ErrorLog
+from nbmonitor.errors import ErrorLog, Guard
 from nbmonitor.health import Alert, Health, non_finite_gradients
 from nbmonitor.options import AttachOptions, Options, WrappedOptimizer, check_model
 from nbmonitor.sinks import Batch, FanOut
@@ -53,7 +54,8 @@ class Monitor:
 
     The training thread only records; a background thread (``nbmonitor-sampler``) samples the
     system, assembles per-step rows, writes the run log and refreshes the views. ``clock`` (the
-    wall clock, seconds since the epoch) can be replaced, e.g. in tests.
+    wall clock, seconds since the epoch) and ``timer`` (the host clock that times steps, phases
+    and spans) can be replaced, e.g. in tests.
     """
 
     def __init__(
@@ -62,6 +64,7 @@ class Monitor:
         optimizer: torch.optim.Optimizer | WrappedOptimizer | None = None,
         *,
         clock: Callable[[], float] = time.time,
+        timer: Callable[[], float] = time.perf_counter,
         **options: Unpack[AttachOptions],
     ) -> None:
         optimizer = check_model(model, optimizer)
@@ -89,6 +92,8 @@ class Monitor:
             on_nan=opts.on_nan,
             flops=opts.flops,
             start_step=opts.start_step,
+            phases=opts.phases,
+            clock=timer,
             wall_clock=clock,
             data_wait=self.rank is not None,  # names stragglers (health/rules/stragglers.py)
         )
@@ -96,6 +101,9 @@ class Monitor:
         self._capture: Any = capture
         self._recorder = capture.recorder
         life = self._life = Lifetime(capture.clock, errors_log, clock)
+        self._spans = SpanTimer(
+            capture.clock.ctx, Guard("probe:spans", errors_log), life, timer, clock
+        )
         # A model collected (dropped by the user) closes its run; see _lifetime.py.
         self._model_ref = weakref.ref(model, life.release_soon)
         layers = layer_stats(capture.params, capture.param_names, optimizer, opts.layer_group)
@@ -258,6 +266,23 @@ class Monitor:
         if self._life.closed or clock is None:
             return
         clock.log(scalars)  # TypeError for a non-numeric value: a user bug
+
+    def span(self, name: str) -> Span:
+        """A named span of time: ``with mon.span("data"): ...`` or ``@mon.span("eval")``.
+
+        Nested spans nest; each records its name, the step in progress, its start and its
+        duration on the host clock (a few microseconds, never a device sync) to spans.jsonl,
+        the timeline panel and ``export_trace``.
+        """
+        return Span(check_span_name(name), self._spans)
+
+    def export_trace(self, path: str | Path) -> Path:
+        """Write this run's steps, phases and spans (every rank) as a Chrome/Perfetto trace
+        JSON file at ``path`` (open it in https://ui.perfetto.dev); flushes first."""
+        from nbmonitor.runs.trace import write_trace
+
+        self.flush()
+        return write_trace(self.run_dir, path)
 
     def batch_started(self, batch: object) -> None:
         """For framework adapters: a training micro-batch starts; it counts (samples: the first

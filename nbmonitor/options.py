@@ -54,6 +54,8 @@ class AttachOptions(TypedDict, total=False):
     thresholds: health-rule thresholds, as ``nbmonitor.Thresholds`` or a dict of its fields.
     start_step: the optimizer steps already done before this run (resuming from a
         checkpoint): the first step recorded is ``start_step + 1`` (default 0).
+    phases: time each step's phases (data wait, forward, backward, other, optimizer) as
+        ``phase_<name>_s`` columns; CUDA events on a GPU, never a sync (default True).
     flops: count the model's FLOPs once, in the first training forward, for TFLOP/s and
         MFU (default True; that one forward runs slower).
     display_rank: in a distributed job (``torchrun``), the rank that shows the dashboard or
@@ -75,6 +77,7 @@ class AttachOptions(TypedDict, total=False):
     on_nan: str
     thresholds: Thresholds | Mapping[str, float] | None
     start_step: int
+    phases: bool
     flops: bool
     display_rank: int
 
@@ -96,6 +99,7 @@ class Options:
     on_nan: str = "warn"
     thresholds: Thresholds = dataclasses.field(default_factory=Thresholds)
     start_step: int = 0
+    phases: bool = True
     flops: bool = True
     display_rank: int = 0
 
@@ -193,7 +197,7 @@ def check_options(options: Options) -> None:
             f"names the run folder), got {len(name.encode())} bytes; pass a shorter name=."
         )
     check_run_dir(options.run_dir)
-    for flag in ("display", "activations", "check_forward", "flops"):
+    for flag in ("display", "activations", "check_forward", "phases", "flops"):
         value = getattr(options, flag)
         if not isinstance(value, bool):
             raise TypeError(f"nbmonitor.attach: {flag} must be True or False, got {value!r}.")

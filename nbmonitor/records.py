@@ -155,6 +155,14 @@ MEASURED_KEYS = frozenset(
 )
 MEASURED_PREFIX = "lr_group"
 
+# The phases of a step, in the order they happen: the wait for data (from the previous step's
+# end, or a micro-batch's backward, to the next forward), forward, backward, other (between
+# the backward and the optimizer: clipping, unscaling, nbmonitor's own norms) and the optimizer
+# step. Their sum is the step's time; each is a column ``phase_<name>_s`` of the step's row.
+PHASES = ("data", "forward", "backward", "other", "optimizer")
+PHASE_KEYS = tuple(f"phase_{name}_s" for name in PHASES)
+MEASURED_KEYS = MEASURED_KEYS | frozenset(PHASE_KEYS)
+
 
 @dataclass(slots=True)
 class LogRecord:
@@ -211,6 +219,46 @@ class AuxRecord:
         self.value.wait()
 
 
+@dataclass(slots=True)
+class PhaseRecord:
+    """How long each of ``PHASES`` took in one step, in seconds: read already (the host
+    clock), or on its way from the device (CUDA events, read once the last has completed)."""
+
+    step: int
+    durations: tuple[float, ...] | Pending
+
+    def ready(self) -> bool:
+        return isinstance(self.durations, tuple) or self.durations.ready()
+
+    def wait(self) -> None:
+        if not isinstance(self.durations, tuple):
+            self.durations.wait()
+
+    def values(self) -> list[float]:
+        durations = self.durations
+        return list(durations) if isinstance(durations, tuple) else durations.values()
+
+
+@dataclass(slots=True)
+class SpanRecord:
+    """One ``mon.span(name)`` that ended: when it started (wall clock, seconds since the
+    epoch), how long it took (seconds, host clock), how deep it was nested, on which thread,
+    and the step in progress when it started (completed steps + 1)."""
+
+    name: str
+    step: int
+    start: float
+    duration: float
+    depth: int = 0
+    thread: int = 0
+
+    def ready(self) -> bool:
+        return True
+
+    def wait(self) -> None:
+        return None
+
+
 @dataclass(frozen=True, slots=True)
 class FlopsRecord:
     """The FLOPs of one grad-enabled forward, counted once (``probes/flops.py``), and what it
@@ -234,4 +282,4 @@ class FlopsRecord:
         return None
 
 
-Record = StepRecord | LogRecord | AuxRecord | FlopsRecord
+Record = StepRecord | LogRecord | AuxRecord | FlopsRecord | PhaseRecord | SpanRecord

@@ -54,7 +54,15 @@ class Run(RunFiles):
         state.add_columns("system", self.system())
         state.add_columns("layers", self.layers())
         state.add_events(self.events())
+        state.spans.add_spans(self.records("spans"))
         return state
+
+    def export_trace(self, path: str | os.PathLike[str]) -> Path:
+        """Write this run's steps, phases and spans (every rank) as a Chrome/Perfetto trace
+        JSON file at ``path``."""
+        from nbmonitor.runs.trace import write_trace
+
+        return write_trace(self.path, path)
 
     def frame(self, detail: bool = True) -> Frame:
         """What the dashboard shows of this run now."""

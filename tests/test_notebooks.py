@@ -57,6 +57,13 @@ def test_notebook_runs(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPat
             o.text for o in outputs if o.output_type == "stream" and o.name == "stderr"
         )
         assert "Traceback" not in stderr
+    if path.name.startswith("05-"):
+        # The slow loader is named, the loader that has its data ready is not.
+        text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
+        assert "[input_bound] Input-bound:" in text
+        assert "waits for data" in text and "num_workers" in text
+        assert "data (span)" in text and "eval (span)" in text
+        assert text.rstrip().endswith("ms") and "\nFalse\n" in text
     if path.name.startswith("02-"):
         # Each section's bug is caught and named.
         text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")

@@ -11,6 +11,7 @@ import torch
 
 from nbmonitor._capture.clock import StepClock
 from nbmonitor._capture.inputs import optimizer_parameters
+from nbmonitor._capture.phases import PhaseTimer
 from nbmonitor._capture.probes.activations import ActivationsProbe
 from nbmonitor._capture.probes.base import Probe
 from nbmonitor._capture.probes.data_wait import DataWaitProbe
@@ -45,6 +46,8 @@ def build_capture(
     on_nan: str,
     flops: bool = False,
     start_step: int = 0,
+    phases: bool = True,
+    clock: Callable[[], float] = time.perf_counter,
     wall_clock: Callable[[], float] = time.time,
     data_wait: bool = False,
 ) -> Capture:
@@ -82,14 +85,20 @@ def build_capture(
     if data_wait:  # last: the time it stamps at a step's end follows the other probes' work
         probes.append(DataWaitProbe(guard("data_wait")))
     recorder = Recorder()
-    clock = StepClock(
+    # CUDA events time the device's phases; elsewhere the host clock does.
+    first = next(iter(model.parameters()), None)
+    cuda = first is not None and first.is_cuda
+    timer = PhaseTimer(guard("phases"), clock, cuda=cuda, enabled=phases)
+    step_clock = StepClock(
         model,
         optimizer,
         recorder,
         errors,
         probes,
-        keep_forward_pre=activations,
+        phases=timer,
+        keep_forward_pre=activations or phases,  # every forward's start is a phase mark
         start_step=start_step,
+        clock=clock,
         wall_clock=wall_clock,
     )
-    return Capture(recorder, clock, params, param_names, n_optimized, grad, update)
+    return Capture(recorder, step_clock, params, param_names, n_optimized, grad, update)

@@ -29,6 +29,7 @@ from nbmonitor._capture.inputs import (
     output_loss,
     token_count,
 )
+from nbmonitor._capture.phases import FORWARD_START, OPTIMIZER_START, PhaseTimer
 from nbmonitor._capture.probes.base import NO_NORMS, Probe, StepContext
 from nbmonitor._capture.recorder import Recorder, make_log_record
 from nbmonitor.errors import ErrorLog, Guard, NonFiniteError
@@ -57,6 +58,7 @@ class StepClock:
         errors: ErrorLog,
         probes: Sequence[Probe] = (),
         *,
+        phases: PhaseTimer | None = None,
         keep_forward_pre: bool = False,
         start_step: int = 0,
         clock: Callable[[], float] = time.perf_counter,
@@ -68,6 +70,7 @@ class StepClock:
         self.optimizer = optimizer
         self.recorder = recorder
         self.probes = tuple(probes)
+        self.phases = phases or PhaseTimer(Guard("probe:phases", errors), clock, enabled=False)
         # Steps done before (a resumed run): numbering goes on from there.
         self.ctx = StepContext(recorder, step=start_step)
         self._clock = clock
@@ -158,6 +161,7 @@ class StepClock:
         self.handles.append(optimizer.register_step_pre_hook(self._step_pre))
         self.handles.append(optimizer.register_step_post_hook(self._step_post))
         self._unlisten = intercept.listen(self)
+        self.handles.extend(self.phases.install(self._model_ref()))  # the backward's end
 
     def adopt(self, optimizer: torch.optim.Optimizer) -> bool:
         """Make ``optimizer`` this clock's if it steps the model, from this step on (adopt.py)."""
@@ -225,6 +229,7 @@ class StepClock:
         if not torch.is_grad_enabled() or not guard.on:
             return None
         try:
+            self.phases.mark(FORWARD_START)
             if self._step_start is None:
                 self._step_start = self._clock()
             if self._at["forward_pre"] and not self._forwarded:
@@ -244,6 +249,8 @@ class StepClock:
         if not torch.is_grad_enabled() or not guard.on:
             return None
         try:
+            # Without an optimizer the step ends with the backward: _backward marks it.
+            self.phases.forward_ended(output, watch=self.optimizer is not None)
             # A micro-batch counts once its forward has run (a forward that raised is none).
             ctx = self.ctx
             self._forwarded = True
@@ -355,6 +362,7 @@ class StepClock:
 
     def _pre_step(self) -> None:
         self._guarded("optimizer_pre_step", lambda: self._call(self._at["pre_step"]))
+        self.phases.mark(OPTIMIZER_START)  # after the probes: their work is "other"
 
     def _step_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._stepped = True  # even with this hook's guard off: the scaler did not skip
@@ -381,6 +389,7 @@ class StepClock:
         clip_total = None if skipped else ctx.clip_total
         max_norm = ctx.max_norm
         ctx.clips, ctx.clip_total, ctx.max_norm = 0, None, math.nan
+        self.phases.step_end(ctx.step, now, self.recorder.put)
         added = inputs.groups_added(self.optimizer, self._n_groups, self._param_ids)
         self._n_groups += len(added)
         self.recorder.put(

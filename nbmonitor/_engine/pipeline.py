@@ -22,6 +22,7 @@ import numpy as np
 from nbmonitor._engine.assemble.layer_flow import LayerFlow, NonFiniteReport
 from nbmonitor._engine.assemble.layers import LayerStats
 from nbmonitor._engine.assemble.param_groups import groups_added_notes
+from nbmonitor._engine.assemble.spans import SpanLog, span_rows
 from nbmonitor._engine.assemble.steps import StepAssembler
 from nbmonitor._engine.column_cap import ColumnCap
 from nbmonitor._engine.derive.clipping import clip_share
@@ -36,7 +37,7 @@ from nbmonitor.errors import ErrorLog
 from nbmonitor.health import Health, HealthInput
 from nbmonitor.health.alert import BACKEND, Alert
 from nbmonitor.health.view import RankColumns
-from nbmonitor.records import Record
+from nbmonitor.records import PHASE_KEYS, Record
 
 # About the most of one core that the health rules and the view may take on scheduled ticks
 # (see Stage): the rules cost ~1 ms for 50 layers and a dashboard frame 2-20 ms, which at
@@ -107,6 +108,7 @@ class Pipeline:
         self.views: tuple[View, ...] = ()
         self.published = Published()
         self._assembler = StepAssembler(device=lambda: device_name(parts.backend))
+        self.spans = SpanLog()
         self._columns = ColumnCap()
         self._alerts: list[Alert] = []
         self._layer_flags: dict[str, list[str]] = {}
@@ -122,6 +124,7 @@ class Pipeline:
             "system": [],
             "events": [],
             "layers": [],
+            "spans": [],
         }
         self._last_sample: dict[str, float] = {}
         self._notes_seen = 0
@@ -195,7 +198,12 @@ class Pipeline:
 
     def collect(self, wait: bool = False, everything: bool = False) -> None:
         assembler = self._assembler
-        assembler.add(self.parts.drain(wait))
+        records = self.parts.drain(wait)
+        assembler.add(records)
+        spans = span_rows(records)
+        if spans:
+            self.spans.add_spans(spans)
+            self._pending["spans"].extend(spans)
         self._report_failures(assembler.failures)
         assembler.failures = []
         if assembler.groups_added:
@@ -211,6 +219,7 @@ class Pipeline:
                     self._best_loss = loss
             self.steps.extend(self._cap_columns(rows))
             self._pending["steps"].extend(rows)
+            self.spans.add_steps(rows)
         blocks, aux = assembler.layer_norms, assembler.aux
         assembler.layer_norms, assembler.aux = [], []
         step = self.parts.current_step()
@@ -266,7 +275,7 @@ class Pipeline:
         self._health_step = step
         columns: dict[str, FloatArray] = {
             key: steps.tail(key, window)
-            for key in ("step", "loss", "grad_norm")
+            for key in ("step", "loss", "grad_norm", "step_time", *PHASE_KEYS)
             if key in steps.columns
         }
         layers = parts.layers
@@ -426,6 +435,7 @@ class Pipeline:
             devices=tuple(parts.backend.device_gauges(self._last_sample)),
             extra_latest=extra,
             layers=layer_frame,
+            spans=self.spans,
             notes=self._notes(),
         )
         return self.frames.build(state, detail=detail)

@@ -25,6 +25,7 @@ from nbmonitor._engine.frame import Alert, Frame, LayerFrame
 from nbmonitor.ui._panel import Panel
 from nbmonitor.ui.console import clip_summary
 from nbmonitor.ui.figures import Curves
+from nbmonitor.ui.timeline import Timeline
 
 # The heatmap is the one payload that grows with the model: cap its cells (float32) so a publish
 # stays small; columns (steps) are merged by max so a spike survives, rows (layers) are kept.
@@ -156,6 +157,7 @@ class Dashboard:
             layers={},
         )
         self._curves = Curves()
+        self._timeline = Timeline(self._curves.x_scale)
         self._scale_toggles: dict[str, widgets.ToggleButtons] = {}
         controls: list[widgets.Widget] = []
         for key, label in (("loss", "loss"), ("grad_norm", "grad norm")):
@@ -181,7 +183,8 @@ class Dashboard:
             controls, layout=widgets.Layout(flex_flow="row wrap", align_items="center")
         )
         self._box = widgets.VBox(
-            [self._panel, self._controls, self._curves.grid], layout=widgets.Layout(width="100%")
+            [self._panel, self._controls, self._curves.grid, self._timeline.box],
+            layout=widgets.Layout(width="100%"),
         )
 
     # -- View -----------------------------------------------------------------------------------
@@ -291,6 +294,7 @@ class Dashboard:
     def _widgets(self) -> Iterable[widgets.Widget]:
         yield self._panel
         yield from self._curves.all_widgets()
+        yield from self._timeline.widgets()
 
     def _apply(self, frame: Frame) -> None:
         # GPU figures are created first, so the hold below covers their first data too.
@@ -300,6 +304,7 @@ class Dashboard:
                 stack.enter_context(w.hold_sync())
             self._apply_panel(frame)
             self._curves.update(frame.series, frame.latest)
+            self._timeline.update(frame.timeline)
         self._last = frame
         self.publishes += 1
 

@@ -142,6 +142,14 @@ def every_alert() -> list[Alert]:
     }
     alerts += health.check(run.input())
     alerts += Health().check(HealthInput(step=30, time=0.0, steps={}, ranks=straggling()))
+    # Time: input-bound, the optimizer's share, then the steps get 4x slower.
+    steps = np.arange(1.0, 121.0)
+    step_time = np.where(steps > 60, 0.2, 0.05)
+    timing = {"step": steps, "step_time": step_time}
+    timing |= {"phase_data_s": 0.5 * step_time, "phase_optimizer_s": 0.45 * step_time}
+    health = Health()
+    for n, when in ((60, 0.0), (100, 10.0), (120, 60.0)):  # slower for 50 s from step 100
+        alerts += health.check(HealthInput(n, when, {k: v[:n] for k, v in timing.items()}))
     alerts.append(non_finite_gradients(5, 0.0, ["fc1.weight"]))
     alerts.append(non_finite_gradients(5, 0.0, []))
     return alerts

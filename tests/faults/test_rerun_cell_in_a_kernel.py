@@ -72,8 +72,10 @@ def test_rerunning_the_attach_cell_leaves_one_monitor(tmp_path, monkeypatch):
         # A replaced run closes on a thread of its own: give the latest ones a moment.
         deadline = time.monotonic() + 15
         while True:
-            runs = sorted((tmp_path / "runs").iterdir())
-            statuses = [json.loads((r / "meta.json").read_text()).get("status") for r in runs]
+            runs = list((tmp_path / "runs").iterdir())
+            metas = [json.loads((r / "meta.json").read_text()) for r in runs]
+            # In the order they started: names (-2, -10, ...) do not sort that way.
+            statuses = [m.get("status") for m in sorted(metas, key=lambda m: m["start_timestamp"])]
             if statuses.count("closed") >= RERUNS - 1 or time.monotonic() > deadline:
                 break
             time.sleep(0.2)

@@ -61,7 +61,7 @@ def _free_port() -> int:
 
 @contextlib.contextmanager
 def jupyter_server(
-    tmp_path: Path, app: str = "lab", notebook: str = NOTEBOOK
+    tmp_path: Path, app: str = "lab", notebook: str = NOTEBOOK, steps: int = STEPS
 ) -> Iterator[tuple[str, str, Path]]:
     """`jupyter {app}` ("lab" or "notebook") on a copy of the notebook, with a random port and
     token and private Jupyter dirs; yields (base url, token, log path)."""
@@ -92,7 +92,7 @@ def jupyter_server(
     if not INSTALLED:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     check_package(env, notebooks)
-    env["NBMONITOR_QUICKSTART_STEPS"] = str(STEPS)
+    env["NBMONITOR_QUICKSTART_STEPS"] = str(steps)
     # No network here: no news feed, no update check (Notebook 7 has neither).
     no_network = {
         "lab": [

@@ -13,12 +13,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from nbmonitor._engine.assemble.spans import phase_columns
 from nbmonitor._engine.derive.mfu import StepFlops
 from nbmonitor.records import (
     AuxRecord,
     FlopsRecord,
     LogRecord,
     Pending,
+    PhaseRecord,
     Record,
     StepRecord,
     squared_norms,
@@ -113,6 +115,8 @@ class StepAssembler:
                     self.aux.append((record, record.value.values()))
                 elif isinstance(record, LogRecord):
                     self._add_logged(record)
+                elif isinstance(record, PhaseRecord):
+                    self._open.setdefault(record.step, _Row()).values.update(phase_columns(record))
                 elif isinstance(record, FlopsRecord):
                     self.flops = StepFlops.from_count(
                         record.forward_flops,
