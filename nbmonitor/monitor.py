@@ -10,16 +10,13 @@ the sampler published. A monitor closes itself once its model is collected (_lif
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Unpack
 
-import numpy as np
-import numpy.typing as npt
 import torch
 
 import nbmonitor.backends.selection as _backends
@@ -28,17 +25,15 @@ from nbmonitor._capture.capture import build_capture
 from nbmonitor._capture.dist import RankInfo, rank_info
 from nbmonitor._capture.heap import settle_heap
 from nbmonitor._capture.probes.spans import Span, SpanTimer, check_span_name
-from nbmonitor._engine.frame import Frame, RunInfo, View
-from nbmonitor._engine.pipeline import SINK_RETRY_S, Pipeline, PipelineParts
-from nbmonitor._engine.published import history
-from nbmonitor._engine.sampler import SamplerThread
+from nbmonitor._engine.frame import RunInfo, View
 from nbmonitor._lifetime import Lifetime, flush_tick
+from nbmonitor._monitor_reads import FLUSH_TIMEOUT_S, MonitorReads
 from nbmonitor._parts import layer_stats, run_meta
 from nbmonitor._setup_check import check_setup
+from nbmonitor._wiring import SamplerParts, build_sampler
 from nbmonitor.errors import ErrorLog, Guard
-from nbmonitor.health import Alert, Health, non_finite_gradients
+from nbmonitor.health import Health
 from nbmonitor.options import AttachOptions, Options, WrappedOptimizer, check_model
-from nbmonitor.sinks import Batch, FanOut
 
 if TYPE_CHECKING:
     from nbmonitor._profile import Profile
@@ -46,10 +41,9 @@ if TYPE_CHECKING:
 # How long close() waits for a sampler tick in progress (a hung source) before it gives up on
 # the last interval rather than hang the notebook.
 CLOSE_WAIT_S = 5.0
-FLUSH_TIMEOUT_S = 5.0
 
 
-class Monitor:
+class Monitor(MonitorReads):
     """A live monitor of one model's training. Create it with :func:`nbmonitor.attach`.
 
     The training thread only records; a background thread (``nbmonitor-sampler``) samples the
@@ -116,37 +110,19 @@ class Monitor:
         self._runlog, self.name = _ranks.create_runlog(
             opts, run_name, meta, self.rank, device, self.backend.device_index
         )
-        # Weakly: the probe holds the parameters (and their copies), which go with the model.
-        update_ref = weakref.ref(capture.update_ratio) if capture.update_ratio else None
-
-        def copy_skipped() -> float | None:
-            update = update_ref() if update_ref is not None else None
-            return update.copy_max_bytes if update is not None and update.copy_skipped else None
-
-        # The sinks every tick's rows go to: the run log first; exporters join here.
-        sinks = life.sinks = FanOut([self._runlog], errors_log, retry_after=SINK_RETRY_S)
-        life.backend = self.backend
-
-        def write(streams: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:
-            sinks.write(Batch(streams))
-
-        self._pipeline = Pipeline(
-            PipelineParts(
+        self._pipeline, self._thread = build_sampler(
+            SamplerParts(
                 info=RunInfo(
                     self.name, self.backend.name, self.total_steps, len(self.backend.devices)
                 ),
                 backend=self.backend,
-                drain=capture.recorder.drain,
-                current_step=life.step,
+                capture=capture,
+                life=life,
                 layers=layers,
                 health=Health(opts.thresholds),
-                non_finite_report=non_finite_gradients,
                 forward_checked=opts.check_forward,
-                write=write,
-                flush_sinks=sinks.flush,
+                runlog=self._runlog,
                 errors=errors_log,
-                status=life.status,
-                update_copy_skipped=copy_skipped,
                 ranks=_ranks.rank_follower(self.rank, self.displays, self._runlog.path),
                 clock=clock,
                 interval=self.interval,
@@ -154,13 +130,6 @@ class Monitor:
         )
         self._pipeline.add_alerts(
             check_setup(model, optimizer, step=opts.start_step, time=self._start)
-        )
-        life.pipeline = self._pipeline
-        # Nothing here may hold the Monitor: the thread would keep it, and its model, alive.
-        self._thread = life.thread = SamplerThread(
-            functools.partial(self._pipeline.tick, paced=True),
-            self.interval,
-            flush=functools.partial(flush_tick, self._pipeline),
         )
         self._finalizer = weakref.finalize(self, life.release_soon)
         self._finalizer.atexit = False  # at exit _signal_all only signals
@@ -359,59 +328,6 @@ class Monitor:
         tb: TracebackType | None,
     ) -> None:
         self.close()
-
-    def history(self) -> dict[str, npt.NDArray[np.float64]]:
-        """Per-step columns (step, time, loss, lr, grad_norm, step_time, samples_per_s, ...).
-
-        As of the sampler's last tick (call ``flush()`` first for every step up to now). Long
-        runs keep recent steps at full resolution and older ones as bucket means; the run log
-        on disk keeps every step.
-        """
-        pipeline = self._pipeline
-        return history(pipeline.steps, pipeline.published)
-
-    def system(self) -> dict[str, npt.NDArray[np.float64]]:
-        """System samples (time, step, cpu_percent, ram_used_bytes, ...), one row per tick."""
-        return self._pipeline.system.history()
-
-    def events(self) -> list[Alert]:
-        """Alerts raised so far, oldest first (as of the sampler's last tick)."""
-        return list(self._pipeline.published.alerts)
-
-    def layers(self, as_dataframe: bool = False) -> Any:
-        """One row per layer: name, shape, numel, dtype, device, requires_grad, in_optimizer,
-        latest grad_norm, param_norm, update_ratio and flags (the alert rules that named it).
-
-        As of the last health check or flush (call ``flush()`` first for the newest). Returns
-        a list of dicts, or a pandas DataFrame with ``as_dataframe=True``.
-        """
-        rows = [dict(row) for row in self._pipeline.published.layer_table]
-        if as_dataframe:
-            try:
-                import pandas as pd
-            except ImportError as exc:
-                raise ImportError(
-                    "nbmonitor: layers(as_dataframe=True) needs pandas; pip install pandas."
-                ) from exc
-            return pd.DataFrame(rows)
-        return rows
-
-    def frame(self, detail: bool = True) -> Frame:
-        """The snapshot the views show now (see ``nbmonitor._engine.frame.Frame``).
-
-        Built between two sampler ticks: it waits for a tick in progress at most
-        ``FLUSH_TIMEOUT_S`` and then raises ``TimeoutError`` (a source is hung) rather than
-        hang the caller.
-        """
-        pipeline = self._pipeline
-        if not pipeline.lock.acquire(timeout=FLUSH_TIMEOUT_S):
-            raise TimeoutError(
-                "nbmonitor: the sampler is stuck in a source (see mon.errors); no frame now."
-            )
-        try:
-            return pipeline.frame(detail)
-        finally:
-            pipeline.lock.release()
 
     @property
     def views(self) -> tuple[View, ...]:

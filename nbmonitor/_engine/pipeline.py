@@ -13,31 +13,28 @@ import dataclasses
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from nbmonitor._engine.assemble.layer_flow import LayerFlow, NonFiniteReport
-from nbmonitor._engine.assemble.layers import LayerStats
+from nbmonitor._engine.assemble.layer_flow import LayerFlow
 from nbmonitor._engine.assemble.param_groups import groups_added_notes
 from nbmonitor._engine.assemble.spans import SpanLog, span_rows
 from nbmonitor._engine.assemble.steps import StepAssembler
 from nbmonitor._engine.column_cap import ColumnCap
 from nbmonitor._engine.derive.clipping import clip_share
 from nbmonitor._engine.derive.energy import energy_rates
-from nbmonitor._engine.frame import Frame, FrameBuilder, FrameState, RunInfo, View
-from nbmonitor._engine.isolated import Hung, Sources
+from nbmonitor._engine.frame import Frame, FrameBuilder, FrameState, View
+from nbmonitor._engine.isolated import Hung, Sources, bound_waiting
+from nbmonitor._engine.pipeline_parts import PipelineParts, device_name
 from nbmonitor._engine.published import Published
 from nbmonitor._engine.sampler import Stage
 from nbmonitor._engine.store import FloatArray, Store
-from nbmonitor.backends.base import Backend
-from nbmonitor.errors import ErrorLog
-from nbmonitor.health import Health, HealthInput
+from nbmonitor.health import HealthInput
 from nbmonitor.health.alert import BACKEND, Alert
 from nbmonitor.health.view import RankColumns
-from nbmonitor.records import PHASE_KEYS, Record
+from nbmonitor.records import PHASE_KEYS
 
 # About the most of one core that the health rules and the view may take on scheduled ticks
 # (see Stage): the rules cost ~1 ms for 50 layers and a dashboard frame 2-20 ms, which at
@@ -56,46 +53,6 @@ MAX_ALERTS = 200
 RANKS_TIMEOUT_S = 1.0
 # A sink that failed repeatedly (a full disk) is tried again after this many seconds.
 SINK_RETRY_S = 30.0
-
-
-@dataclass
-class PipelineParts:
-    """What the composition root hands the pipeline."""
-
-    info: RunInfo
-    backend: Backend
-    drain: Callable[[bool], list[Record]]  # the recorder's; True waits for device values
-    current_step: Callable[[], int]
-    layers: LayerStats
-    health: Health
-    non_finite_report: NonFiniteReport
-    forward_checked: bool
-    write: Callable[[Mapping[str, Sequence[Mapping[str, object]]]], None]  # the sinks
-    flush_sinks: Callable[[], None]
-    errors: ErrorLog
-    status: Callable[[], str]
-    update_copy_skipped: Callable[[], float | None] = lambda: None
-    # Every rank's step columns (the display rank of a distributed job), for the straggler
-    # rule: it reads files, so it runs on the run log's worker (a hung filesystem holds it).
-    ranks: Callable[[], RankColumns | None] | None = None
-    clock: Callable[[], float] = time.time
-    monotonic: Callable[[], float] = time.monotonic
-    interval: float = 0.5
-
-
-# While the run log hangs, at most this many rows per stream wait for it; older ones are
-# dropped (and counted in the errors) rather than pile up without bound.
-MAX_WAITING_ROWS = 100_000
-
-
-def device_name(backend: Backend) -> str:
-    """The name of the device the model trains on, as the MFU peak table matches it."""
-    index, devices = backend.device_index, backend.devices
-    if index is not None and 0 <= index < len(devices):
-        return devices[index]
-    if backend.name == "mps" and devices:
-        return devices[0]
-    return backend.name.upper()
 
 
 class Pipeline:
@@ -331,7 +288,7 @@ class Pipeline:
         writer = self.sources.runlog
         busy = writer.busy
         if busy and not final:
-            self._bound_waiting()
+            bound_waiting(self._pending, self.parts.errors)
             return
         pending = {k: v for k, v in self._pending.items() if v}
         self._pending = {k: [] for k in self._pending}
@@ -346,19 +303,6 @@ class Pipeline:
             writer.defer(write_and_flush)
         else:  # HUNG: the worker holds the rows and writes them when the file system answers
             writer.call(write_and_flush)
-
-    def _bound_waiting(self) -> None:
-        for stream, rows in self._pending.items():
-            if len(rows) > MAX_WAITING_ROWS:
-                dropped = len(rows) - MAX_WAITING_ROWS
-                del rows[:dropped]
-                self.parts.errors.add(
-                    "runlog",
-                    OverflowError(
-                        f"{dropped} {stream} rows dropped: the run log is hung and at most "
-                        f"{MAX_WAITING_ROWS} rows per stream wait for it"
-                    ),
-                )
 
     def publish(self) -> None:
         now = self.parts.monotonic()

@@ -1,0 +1,55 @@
+"""What the composition root hands the pipeline (``PipelineParts``), and the name of the
+device the run trains on, as the MFU peak table matches it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from nbmonitor._engine.assemble.layer_flow import NonFiniteReport
+from nbmonitor._engine.assemble.layers import LayerStats
+from nbmonitor._engine.frame import RunInfo
+from nbmonitor.backends.base import Backend
+from nbmonitor.errors import ErrorLog
+from nbmonitor.health import Health
+from nbmonitor.health.view import RankColumns
+from nbmonitor.records import Record
+
+
+@dataclass
+class PipelineParts:
+    """What the composition root hands the pipeline."""
+
+    info: RunInfo
+    backend: Backend
+    drain: Callable[[bool], list[Record]]  # the recorder's; True waits for device values
+    current_step: Callable[[], int]
+    layers: LayerStats
+    health: Health
+    non_finite_report: NonFiniteReport
+    forward_checked: bool
+    write: Callable[[Mapping[str, Sequence[Mapping[str, object]]]], None]  # the sinks
+    flush_sinks: Callable[[], None]
+    errors: ErrorLog
+    status: Callable[[], str]
+    update_copy_skipped: Callable[[], float | None] = lambda: None
+    # Every rank's step columns (the display rank of a distributed job), for the straggler
+    # rule: it reads files, so it runs on the run log's worker (a hung filesystem holds it).
+    ranks: Callable[[], RankColumns | None] | None = None
+    clock: Callable[[], float] = time.time
+    monotonic: Callable[[], float] = time.monotonic
+    interval: float = 0.5
+
+
+def device_name(backend: Backend) -> str:
+    """The name of the device the model trains on, as the MFU peak table matches it."""
+    index, devices = backend.device_index, backend.devices
+    if index is not None and 0 <= index < len(devices):
+        return devices[index]
+    if backend.name == "mps" and devices:
+        return devices[0]
+    return backend.name.upper()
+
+
+__all__ = ["PipelineParts", "device_name"]
