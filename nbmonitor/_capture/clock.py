@@ -109,6 +109,7 @@ class StepClock:
         # Inside GradScaler.step for our optimizer, and whether the optimizer stepped there.
         self._in_scaler_step = False
         self._stepped = False
+        self._step_depth = 0  # optimizer.step() calls under way (see _step_pre)
 
     @property
     def step(self) -> int:
@@ -351,6 +352,10 @@ class StepClock:
         self._end_step(skipped=True)
 
     def _step_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
+        self._step_depth += 1
+        if self._step_depth > 1 and inputs.nested_step(optimizer):
+            return None  # a subclass's step() calling super().step(): one step, hooks twice
+        self._step_depth = 1  # (an earlier step that raised never reached its post hook)
         if self._absorb:
             return None
         # step(closure) runs forward and backward inside (Lightning, LBFGS): the gradients
@@ -365,6 +370,9 @@ class StepClock:
         self.phases.mark(OPTIMIZER_START)  # after the probes: their work is "other"
 
     def _step_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self._step_depth -= 1
+        if self._step_depth > 0:
+            return
         self._stepped = True  # even with this hook's guard off: the scaler did not skip
         if self._absorb:
             self._absorb = False

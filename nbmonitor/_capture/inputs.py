@@ -4,6 +4,8 @@ Face style output's loss."""
 
 from __future__ import annotations
 
+import inspect
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -48,6 +50,24 @@ def groups_added(
     )
 
 
+def nested_step(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether an outer ``optimizer.step()`` of the same optimizer is still running: torch
+    patches each Optimizer class's ``step`` to run the step hooks, so a subclass whose step
+    calls ``super().step()`` runs them twice for one step. Walks the stack (only then)."""
+    frame = inspect.currentframe()
+    outer = 0
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "wrapper" and code.co_filename.endswith(_OPTIMIZER_FILE):
+            args = frame.f_locals.get("args")
+            if isinstance(args, tuple) and args and args[0] is optimizer:
+                outer += 1
+                if outer > 1:
+                    return True
+        frame = frame.f_back
+    return False
+
+
 def batch_size(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
     """Leading dimension of the first tensor among a forward call's inputs (0 if none)."""
     for value in (*args, *kwargs.values()):
@@ -71,6 +91,7 @@ def token_count(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
     return 0
 
 
+_OPTIMIZER_FILE = os.path.join("torch", "optim", "optimizer.py")
 _TOKEN_DTYPES = frozenset({torch.int64, torch.int32})
 
 
