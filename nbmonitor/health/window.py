@@ -70,6 +70,15 @@ def sustained(a: FloatArray, start: int, m: int) -> tuple[FloatArray, IntArray]:
     return value, where + lo
 
 
+def trailing_counts(hits: BoolArray, window: int) -> tuple[IntArray, IntArray]:
+    """For each position, how many ``hits`` the trailing ``window`` positions (itself
+    included) hold, and how many positions that window has (fewer at the start)."""
+    cum = np.concatenate((np.zeros(1, dtype=np.intp), np.cumsum(hits, dtype=np.intp)))
+    index = np.arange(hits.size)
+    low = np.maximum(0, index + 1 - window)
+    return cum[index + 1] - cum[low], index + 1 - low
+
+
 def dense(values: FloatArray) -> bool:
     """Whether a column is filled (finite or infinite, not NaN) on nearly every row."""
     return values.size >= DENSE_MIN_ROWS and bool(np.mean(~np.isnan(values)) >= DENSE_FRACTION)
@@ -84,4 +93,5 @@ __all__ = [
     "row_max",
     "row_medians",
     "sustained",
+    "trailing_counts",
 ]

@@ -7,7 +7,7 @@ Subjects: ``"layers"`` when an alert lists layers, ``"grad_norm"`` for the total
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -24,7 +24,7 @@ from nbmonitor.health.window import (
     row_medians,
     sustained,
 )
-from nbmonitor.health.wording import name_list, num
+from nbmonitor.health.wording import SATURATING, kinds_of, layer_list, name_list, num
 
 TOTAL = "<total>"  # held subject of the total grad norm in exploding_gradients (not a layer)
 
@@ -44,6 +44,11 @@ class ExplodingGradients(Base):
         # Run-wide maxima: an explosion is a new maximum.
         self._total_max = -math.inf
         self._layer_max: FloatArray | None = None
+        # The run's starting scale (median of its first min_history values): an explosion
+        # also rises above where the run began, so a norm that decayed 1000x while the model
+        # converged and then jitters 10x is not one.
+        self._total_start = math.nan
+        self._layer_start: FloatArray | None = None
 
     def check(self, view: View) -> Outcome:
         rule = self.name
@@ -61,8 +66,10 @@ class ExplodingGradients(Base):
             seen = finite_or_nan(total[: max(0, view.new_from - t.sustain_steps + 1)])
             if np.isfinite(seen).any():
                 self._total_max = max(self._total_max, float(np.nanmax(seen)))
-            at = view.step_col[where] if view.step_col.size else np.zeros(1)
-            verdict = self._explodes(ref, value, np.array([self._total_max]), at)
+            if not math.isfinite(self._total_start):
+                self._total_start = float(self._start_level(total[None, :])[0])
+            start = np.array([self._total_start])
+            verdict = self._explodes(ref, value, np.array([self._total_max]), start)
             if verdict is not None:
                 is_judged, is_held, ratio = verdict
                 judged_total = bool(is_judged[0])
@@ -78,11 +85,18 @@ class ExplodingGradients(Base):
             value, where = sustained(grads, view.layer_new_from, t.sustain_steps)
             if self._layer_max is None or self._layer_max.shape[0] != grads.shape[0]:
                 self._layer_max = np.full(grads.shape[0], -np.inf)
+                self._layer_start = np.full(grads.shape[0], np.nan)
+            assert self._layer_start is not None
+            unknown = np.isnan(self._layer_start)
+            if unknown.any():
+                self._layer_start = np.where(
+                    unknown, self._start_level(grads), self._layer_start
+                )
             old = finite_or_nan(grads[:, : max(0, view.layer_new_from - t.sustain_steps + 1)])
             if old.shape[1]:
                 seen_max, _ = row_max(old)
                 self._layer_max = np.fmax(self._layer_max, seen_max)
-            verdict = self._explodes(ref, value, self._layer_max, view.layer_step_col[where])
+            verdict = self._explodes(ref, value, self._layer_max, self._layer_start)
             if verdict is not None:
                 is_judged, is_held, ratio = verdict
                 layer_judged = view.layer_judged(is_judged)
@@ -105,7 +119,8 @@ class ExplodingGradients(Base):
                 else f"above the limit {num(t.explode_abs or math.nan)}"
             )
             what = (
-                f"Gradients exploding in {name_list(layers)} (grad norm {num(value)}, {how})"
+                f"Gradients exploding in {layer_list(layers, view.inp.module_kinds)} "
+                f"(grad norm {num(value)}, {how})"
                 if layers
                 else f"Total gradient norm exploding ({num(value)}, {how})"
             )
@@ -124,27 +139,40 @@ class ExplodingGradients(Base):
 
         return Outcome(rule, held, judged, make)
 
+    def _start_level(self, rows: FloatArray) -> FloatArray:
+        """Per row, the median of its first ``min_history`` finite values; NaN until it has
+        that many."""
+        need = self.thresholds.min_history
+        clean = finite_or_nan(rows)
+        ok = np.isfinite(clean)
+        # The first `need` finite values of each row, the rest NaN.
+        first = np.where(ok & (np.cumsum(ok, axis=1) <= need), clean, np.nan)
+        median, count = row_medians(first)
+        return np.where(count >= need, median, np.nan)
+
     def _explodes(
-        self, ref: FloatArray, value: FloatArray, run_max: FloatArray, step: FloatArray
+        self, ref: FloatArray, value: FloatArray, run_max: FloatArray, start: FloatArray
     ) -> tuple[BoolArray, BoolArray, FloatArray] | None:
         """Which rows were judged, which rows' newest maximum is an explosion, and by what
         factor of their running median.
 
         Relative to the median alone, gradients that rise during learning-rate warm-up, or
         fluctuate around a converged minimum, read as explosions; a real explosion also
-        beats everything the layer has seen, and starts once the run is a full window old
-        (``step`` is where each row's sustained window begins).
+        beats everything the row has seen and rises above the run's starting scale
+        (``start``), so it is large in absolute terms too, not only against a small recent
+        median.
         """
         t = self.thresholds
         median, count = row_medians(ref)
-        enough = (count >= t.min_history) & (step >= t.window)
+        enough = (count >= t.min_history) & np.isfinite(start)
         record = value > run_max
         if not enough.any() and t.explode_abs is None:
             return None
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = np.where(enough & (median > 0), value / median, np.nan)
+            large = value > np.nan_to_num(start, nan=np.inf)
         finite = np.isfinite(value)
-        held = finite & record & (np.nan_to_num(ratio, nan=0.0) > t.explode_factor)
+        held = finite & record & large & (np.nan_to_num(ratio, nan=0.0) > t.explode_factor)
         judged = finite & enough
         if t.explode_abs is not None:
             held |= finite & (value > t.explode_abs)
@@ -153,7 +181,11 @@ class ExplodingGradients(Base):
 
 
 class VanishingGradients(Base):
-    """A layer's grad norm / param norm below ``vanish_ratio`` for ``vanish_steps`` steps."""
+    """A layer's grad norm / param norm below ``vanish_ratio`` for ``vanish_steps`` steps.
+
+    Gradients that are exactly zero are not vanishing but cut: with activation statistics
+    showing dead units, those layers are left to ``dead_units``; without, the message says
+    that nothing flows back rather than that little does."""
 
     name = "vanishing_gradients"
 
@@ -173,23 +205,37 @@ class VanishingGradients(Base):
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = recent / params[:, None]
         judged_mask = np.isfinite(recent).all(axis=1) & np.isfinite(params) & (params > 0)
+        zero = (recent == 0).all(axis=1)
+        if _dead_modules(view, t.dead_fraction):
+            judged_mask &= ~zero  # dead units explain them: dead_units names the modules
         held_mask = judged_mask & (ratio < t.vanish_ratio).all(axis=1)
         held = [view.layer_names[i] for i in np.flatnonzero(held_mask)]
         step = float(view.layer_step_col[-1])
         worst = np.where(held_mask, ratio.max(axis=1, initial=-np.inf), np.nan)
+        kinds = view.inp.module_kinds
 
         def make(new: list[str]) -> list[Alert]:
             index = view.layer_index()
             peak = max(float(worst[index[name]]) for name in new)
+            where = layer_list(new, kinds)
+            if all(zero[index[name]] for name in new):
+                message = (
+                    f"Gradients are exactly zero in {where} for {t.vanish_steps} steps (from "
+                    f"step {int(step) - t.vanish_steps + 1}): nothing flows back to them. The "
+                    "units after them may be dead (all-zero ReLU outputs: attach(..., "
+                    "activations=True) names them), or the path to the loss is cut."
+                )
+            else:
+                message = (
+                    f"Gradients vanishing in {where} (grad norm / param norm below "
+                    f"{num(t.vanish_ratio)} for {t.vanish_steps} steps, at most {num(peak)}) at "
+                    f"step {int(step)}. These layers barely learn: {_vanishing_advice(kinds)}"
+                )
             return [
                 Alert(
                     rule,
                     "warning",
-                    f"Gradients vanishing in {name_list(new)} (grad norm / param norm below "
-                    f"{num(t.vanish_ratio)} for {t.vanish_steps} steps, at most {num(peak)}) at "
-                    f"step {int(step)}. These layers barely learn: use ReLU-family activations "
-                    "instead of deep sigmoid/tanh stacks, add normalisation or residual "
-                    "connections, or check the initialisation.",
+                    message,
                     int(step),
                     view.time_at(step),
                     tuple(new),
@@ -198,6 +244,21 @@ class VanishingGradients(Base):
             ]
 
         return Outcome(rule, held, view.layer_judged(judged_mask), make)
+
+
+def _dead_modules(view: View, fraction: float) -> bool:
+    stats = view.inp.activations or {}
+    return any(s.get("zero_frac", 0.0) >= fraction for s in stats.values())
+
+
+def _vanishing_advice(kinds: Mapping[str, str] | None) -> str:
+    """What to try, fitted to the model: replacing sigmoid/tanh only where it has some."""
+    saturating = sorted(kinds_of(list(kinds or {}), kinds) & SATURATING)
+    tips = ["add normalisation (LayerNorm/BatchNorm) or residual connections"]
+    if saturating:
+        tips.insert(0, f"replace the deep {'/'.join(saturating)} stack with ReLU/GELU")
+    tips.append("check the initialisation scale (too small a scale starves the first layers)")
+    return ", ".join(tips[:-1]) + f", or {tips[-1]}."
 
 
 def non_finite_gradients(
