@@ -47,6 +47,8 @@ PUBLISH_EVERY_S = 0.25
 HEALTH_WINDOW = 512
 HEALTH_WINDOW_MAX = 8192
 MAX_ALERTS = 200
+# The step columns the health rules read.
+HEALTH_COLUMNS = ("step", "time", "loss", "grad_norm", "grad_clip_coef", "step_skipped")
 # A sink that failed repeatedly (a full disk) is tried again after this many seconds.
 SINK_RETRY_S = 30.0
 
@@ -220,11 +222,12 @@ class Pipeline:
         self._health_step = step
         columns: dict[str, FloatArray] = {
             key: steps.tail(key, window)
-            for key in ("step", "loss", "grad_norm")
+            for key in HEALTH_COLUMNS
             if key in steps.columns
         }
         layers = parts.layers
         layer_steps, layer_norms = layers.recent()
+        update_steps, update_series = layers.update_history()
         system = {key: self.system.tail(key, 120) for key in self.system.columns}
         index = parts.backend.device_index
         inp = HealthInput(
@@ -236,6 +239,9 @@ class Pipeline:
             layer_grad_norms=layer_norms,
             param_norms=layers.param_norm,
             update_ratios=layers.update_ratio,
+            update_steps=update_steps,
+            update_series=update_series,
+            module_kinds=layers.module_kinds,
             activations=layers.activations or None,
             system=system,
             gpus=[index] if index is not None else None,

@@ -1,4 +1,5 @@
-"""Parameter norms and update norms (||dw|| / ||w||) every ``layer_every`` steps.
+"""Parameter norms and update norms (||dw|| / ||w||) every ``layer_every`` steps, and early in
+the run more often (``base.due``: every one of the first 30 steps, every 10th up to 100).
 
 A copy of the optimizer's parameters is taken before ``optimizer.step()`` and subtracted from
 them after it; the copy is the costly part, hence the sampling (docs/performance.md).
@@ -10,7 +11,8 @@ import torch
 from torch import _foreach_mul, _foreach_norm, _foreach_sub_
 
 from nbmonitor._capture.device_value import DeviceValue
-from nbmonitor._capture.probes.base import ProbeBase, StepContext
+from nbmonitor._capture.probes.grad_norms import norm_dtype
+from nbmonitor._capture.probes.base import ProbeBase, StepContext, due
 from nbmonitor.errors import Guard
 from nbmonitor.records import AuxRecord
 
@@ -37,7 +39,7 @@ class UpdateRatioProbe(ProbeBase):
         return ("pre_step", "post_step")
 
     def pre_step(self, ctx: StepContext) -> None:
-        if (ctx.step + 1) % self.every:
+        if not due(ctx.step + 1, self.every):
             return
         params = [p.detach() for p in self.params]
         if not params:
@@ -46,7 +48,7 @@ class UpdateRatioProbe(ProbeBase):
         if size > self.copy_max_bytes:
             self.copy_skipped = True
             return
-        norms = _foreach_norm(params, 2, dtype=torch.float32)
+        norms = _foreach_norm(params, 2, dtype=norm_dtype(params))
         self._before_norms = torch.stack([n.to(norms[0].device) for n in norms])
         self._before = list(_foreach_mul(params, 1.0))
 
@@ -57,6 +59,6 @@ class UpdateRatioProbe(ProbeBase):
             return
         params = [p.detach() for p in self.params]
         _foreach_sub_(before, params)  # before - after: the update, in place
-        delta = _foreach_norm(before, 2, dtype=torch.float32)
+        delta = _foreach_norm(before, 2, dtype=norms.dtype)
         packed = torch.cat([norms, torch.stack([d.to(norms.device) for d in delta])])
         ctx.recorder.put(AuxRecord(ctx.step + 1, "update", self.names, DeviceValue(packed)))

@@ -120,7 +120,7 @@ class LayerFlow:
     def _take_aux(self, record: AuxRecord, values: list[float]) -> None:
         layers = self.layers
         if record.kind == "update":
-            layers.add_update(values)
+            layers.add_update(values, record.step)
             row = {"step": float(record.step)}
             for name, pn, ur in zip(
                 layers.names, layers.param_norm, layers.update_ratio, strict=True

@@ -83,6 +83,10 @@ class _UpdateRatio(Base):
         # subject -> (step it started to hold, ratio then)
         found: dict[str, tuple[int, float]] = {}
         for step, ratios in seen:
+            # The first steps move far by design (Adam's first update is lr per weight;
+            # zero-initialised parts start from nothing): judged from min_history on.
+            if step < t.min_history:
+                continue
             judged = self._judged(view, ratios)
             self._streak = np.where(judged & self._beyond(ratios), self._streak + 1, 0)
             for i in np.flatnonzero(self._streak >= t.sustain_steps):
