@@ -122,13 +122,15 @@ class Pipeline:
     # -- a tick ------------------------------------------------------------------------------
 
     def tick(self, paced: bool) -> None:
-        with self.lock:
+        # Overflow in a statistic of non-finite training values is expected (they are
+        # reported as alerts); numpy must not print a RuntimeWarning into the user's cell.
+        with self.lock, np.errstate(all="ignore"):
             for stage in self.stages:
                 stage(paced)
 
     def final_tick(self) -> None:
         """Everything recorded, taken and written (close): waits for device values."""
-        with self.lock:
+        with self.lock, np.errstate(all="ignore"):
             self.collect(wait=True, everything=True)
             # Unpaced, behind the health stage's own guard: a rule switched off stays off.
             self._health_stage()
@@ -221,9 +223,7 @@ class Pipeline:
         window = min(HEALTH_WINDOW + step - self._health_step, HEALTH_WINDOW_MAX)
         self._health_step = step
         columns: dict[str, FloatArray] = {
-            key: steps.tail(key, window)
-            for key in HEALTH_COLUMNS
-            if key in steps.columns
+            key: steps.tail(key, window) for key in HEALTH_COLUMNS if key in steps.columns
         }
         layers = parts.layers
         layer_steps, layer_norms = layers.recent()

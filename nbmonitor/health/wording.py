@@ -24,7 +24,7 @@ def label(name: str, kinds: Mapping[str, str] | None = None) -> str:
     """A module or parameter name as a message writes it: a layer of a ``Sequential`` is
     ``layer 3 (Linear)``, not a bare ``3``; a parameter of one is ``3.weight (Linear)``."""
     kinds = kinds or {}
-    module, _, leaf = name.rpartition(".")
+    module = name.rpartition(".")[0]
     if name in kinds or not module:  # a module (or a top-level name)
         kind = kinds.get(name)
         last = name.rpartition(".")[2]

@@ -11,8 +11,8 @@ import torch
 from torch import _foreach_mul, _foreach_norm, _foreach_sub_
 
 from nbmonitor._capture.device_value import DeviceValue
-from nbmonitor._capture.probes.grad_norms import norm_dtype
 from nbmonitor._capture.probes.base import ProbeBase, StepContext, due
+from nbmonitor._capture.probes.grad_norms import norm_dtype
 from nbmonitor.errors import Guard
 from nbmonitor.records import AuxRecord
 
@@ -48,7 +48,7 @@ class UpdateRatioProbe(ProbeBase):
         if size > self.copy_max_bytes:
             self.copy_skipped = True
             return
-        norms = _foreach_norm(params, 2, dtype=norm_dtype(params))
+        norms = _foreach_norm(params, 2, dtype=norm_dtype(self.params))
         self._before_norms = torch.stack([n.to(norms[0].device) for n in norms])
         self._before = list(_foreach_mul(params, 1.0))
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import numpy.typing as npt
 
-from nbmonitor._engine.assemble.flow_alerts import first_non_finite, grads_never_arrived
+from nbmonitor._engine.assemble.flow_alerts import first_non_finite, grads_never_arrived, stopped
 from nbmonitor._engine.assemble.layers import LayerStats
 from nbmonitor._engine.assemble.steps import LayerNorms
 from nbmonitor.health.alert import Alert
@@ -132,6 +132,12 @@ class LayerFlow:
             layers.add_forward(record.step, record.names, values)
         elif record.kind == "activations":
             layers.add_activations(record.names, values)
+        elif record.kind == "stopped":
+            forward = bool(values and values[0] == 1.0)
+            alert = stopped(
+                record.step, self._clock(), record.names, forward=forward, kinds=layers.module_kinds
+            )
+            self._add_alerts([alert])
 
     def _take_non_finite(
         self, step: int, norms: npt.NDArray[np.float64], index: tuple[int, ...] | None

@@ -49,9 +49,11 @@ class ClippingActive(Base):
         grads = view.column("grad_norm")
         norm = float(row_medians(grads[None, rows])[0][0]) if grads is not None else np.nan
         # clip_grad_norm_ scales by max_norm / (norm + 1e-6): max_norm back from the two.
-        limit = float(row_medians((coef[rows] * (grads[rows] + 1e-6))[None, :])[0][0]) if (
-            grads is not None
-        ) else np.nan
+        limit = (
+            float(row_medians((coef[rows] * (grads[rows] + 1e-6))[None, :])[0][0])
+            if (grads is not None)
+            else np.nan
+        )
 
         def make(_new: list[str]) -> list[Alert]:
             return [

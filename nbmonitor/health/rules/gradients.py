@@ -89,9 +89,7 @@ class ExplodingGradients(Base):
             assert self._layer_start is not None
             unknown = np.isnan(self._layer_start)
             if unknown.any():
-                self._layer_start = np.where(
-                    unknown, self._start_level(grads), self._layer_start
-                )
+                self._layer_start = np.where(unknown, self._start_level(grads), self._layer_start)
             old = finite_or_nan(grads[:, : max(0, view.layer_new_from - t.sustain_steps + 1)])
             if old.shape[1]:
                 seen_max, _ = row_max(old)

@@ -51,9 +51,14 @@ class _UpdateRatio(Base):
         """The new measured steps and their ratios, oldest first."""
         inp = view.inp
         steps, series = inp.update_steps, inp.update_series
-        if steps is not None and series is not None and series.shape == (
-            len(view.layer_names),
-            steps.size,
+        if (
+            steps is not None
+            and series is not None
+            and series.shape
+            == (
+                len(view.layer_names),
+                steps.size,
+            )
         ):
             fresh = np.flatnonzero(steps > self._last_seen)
             if fresh.size:
