@@ -24,8 +24,8 @@ MAX_SLICES = 16
 
 def slices(inp: HealthInput, last_step: float | None) -> list[HealthInput]:
     """``inp`` cut at step boundaries into inputs that end after each slice, oldest first;
-    the last is ``inp`` itself. Snapshots without a step of their own (activations, system
-    samples) go with the last slice only."""
+    the last is ``inp`` itself. System samples go with the last slice only; the activation
+    statistics, a snapshot of a lasting condition (dead units), with every slice."""
     col = inp.steps.get("step")
     if col is None:
         return [inp]
@@ -64,7 +64,6 @@ def _until(inp: HealthInput, steps: FloatArray, end: int) -> HealthInput:
         update_steps=update_steps,
         update_series=series,
         update_ratios=ratios,
-        activations=None,
         system=None,
     )
 

@@ -52,9 +52,13 @@ def row_max(a: FloatArray) -> tuple[FloatArray, IntArray]:
     return np.where(finite.any(axis=1), value, np.nan), where
 
 
-def sustained(a: FloatArray, start: int, m: int) -> tuple[FloatArray, IntArray]:
+def sustained(
+    a: FloatArray, start: int, m: int, above: float | None = None
+) -> tuple[FloatArray, IntArray]:
     """Per row, the largest level held for ``m`` consecutive columns among windows that end at
-    or after column ``start``, and the column where that window begins.
+    or after column ``start``, and the column where that window begins. With ``above``: per
+    row, the column where the first such window held above ``above`` begins (-1: none), in
+    both results.
 
     Small batches give heavy-tailed per-step losses and gradient norms (one batch 20x the
     median is normal with batch size 4): a single step says little, a run of steps does.
@@ -66,6 +70,10 @@ def sustained(a: FloatArray, start: int, m: int) -> tuple[FloatArray, IntArray]:
     if seg.shape[1] < m:
         return np.full(rows, np.nan), np.zeros(rows, dtype=np.intp)
     mins = np.lib.stride_tricks.sliding_window_view(seg, m, axis=1).min(axis=2)
+    if above is not None:
+        hit = mins > above
+        first = np.where(hit.any(axis=1), np.argmax(hit, axis=1) + lo, -1)
+        return first.astype(np.float64), first
     value, where = row_max(mins)
     return value, where + lo
 

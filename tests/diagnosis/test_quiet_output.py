@@ -75,17 +75,19 @@ def test_on_nan_raise_stop_is_an_event_in_the_run_log(tmp_path) -> None:
 def test_check_forward_raise_stop_names_the_module_in_the_run_log(tmp_path) -> None:
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    with pytest.raises(nbmonitor.NonFiniteError):
-        with nbmonitor.attach(
+    with (
+        pytest.raises(nbmonitor.NonFiniteError),
+        nbmonitor.attach(
             model, opt, run_dir=tmp_path, display=False, on_nan="raise", check_forward=True
-        ):
-            for i in range(10):
-                x = torch.randn(8, 16)
-                if i == 5:
-                    x[0, 3] = float("nan")  # a bad input batch
-                model(x).pow(2).mean().backward()
-                opt.step()
-                opt.zero_grad()
+        ),
+    ):
+        for i in range(10):
+            x = torch.randn(8, 16)
+            if i == 5:
+                x[0, 3] = float("nan")  # a bad input batch
+            model(x).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
     events = nbmonitor.open(tmp_path / next(p.name for p in tmp_path.iterdir())).events()
     stop = next(e for e in events if e["rule"] == "stopped_non_finite")
     assert "layer 0 (Linear)" in str(stop["message"]) and stop["step"] == 6

@@ -31,7 +31,8 @@ TOTAL = "<total>"  # held subject of the total grad norm in exploding_gradients 
 
 class ExplodingGradients(Base):
     """A layer's (or the total) gradient norm held above ``explode_factor`` x its running
-    median for ``sustain_steps`` steps, beating everything it has seen (or above
+    median for ``sustain_steps`` steps, beating everything it has seen, above the run's
+    starting scale and, for a layer, above the total norm's recent median (or above
     ``explode_abs``)."""
 
     name = "exploding_gradients"
@@ -94,7 +95,14 @@ class ExplodingGradients(Base):
             if old.shape[1]:
                 seen_max, _ = row_max(old)
                 self._layer_max = np.fmax(self._layer_max, seen_max)
-            verdict = self._explodes(ref, value, self._layer_max, self._layer_start)
+            # A layer's explosion also stands out in the whole model's gradient: it rises above
+            # the total norm's recent median (a LayerNorm gain whose small gradient grows while
+            # the model learns is not one).
+            floor = self._layer_start
+            if total is not None:
+                typical = row_medians(total[None, view.ref_from : view.new_from])[0]
+                floor = np.fmax(floor, typical[0])
+            verdict = self._explodes(ref, value, self._layer_max, floor)
             if verdict is not None:
                 is_judged, is_held, ratio = verdict
                 layer_judged = view.layer_judged(is_judged)
