@@ -57,14 +57,14 @@ def test_on_nan_raise_stop_is_an_event_in_the_run_log(tmp_path) -> None:
     torch.manual_seed(0)
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=3.0)
-    with pytest.raises(nbmonitor.NonFiniteError):
-        with nbmonitor.attach(model, opt, run_dir=tmp_path, display=False, on_nan="raise") as mon:
-            for _ in range(60):
-                x = torch.randn(32, 16) * 3
-                loss = (model(x) - x.sum(1, keepdim=True)).pow(2).mean()
-                loss.backward()
-                opt.step()
-                opt.zero_grad()
+    mon = nbmonitor.attach(model, opt, run_dir=tmp_path, display=False, on_nan="raise")
+    with pytest.raises(nbmonitor.NonFiniteError), mon:
+        for _ in range(60):
+            x = torch.randn(32, 16) * 3
+            loss = (model(x) - x.sum(1, keepdim=True)).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
     events = nbmonitor.open(mon.run_dir).events()
     stops = [e for e in events if e["rule"] == "stopped_non_finite"]
     assert len(stops) == 1, events
