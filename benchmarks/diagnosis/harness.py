@@ -134,7 +134,8 @@ def run(scenario: Scenario, fast: bool = True, **extra: Any) -> Score:
     alerts = mon.events()
     loss = mon.history().get("loss")
     final = float(loss[-1]) if loss is not None and loss.size else math.nan
-    hit = next((a for a in alerts if matches(a, scenario)), None)
+    hits = [a for a in alerts if matches(a, scenario)]
+    hit = min(hits, key=lambda a: a.step) if hits else None
     return Score(scenario, steps, seconds, final, alerts, hit)
 
 

@@ -48,7 +48,7 @@ HEALTH_WINDOW = 512
 HEALTH_WINDOW_MAX = 8192
 MAX_ALERTS = 200
 # The step columns the health rules read.
-HEALTH_COLUMNS = ("step", "time", "loss", "grad_norm", "grad_clip_coef", "step_skipped")
+HEALTH_COLUMNS = ("step", "time", "loss", "grad_norm", "lr", "grad_clip_coef", "step_skipped")
 # A sink that failed repeatedly (a full disk) is tried again after this many seconds.
 SINK_RETRY_S = 30.0
 
@@ -227,7 +227,7 @@ class Pipeline:
         }
         layers = parts.layers
         layer_steps, layer_norms = layers.recent()
-        update_steps, update_series = layers.update_history()
+        update_steps, update_series, param_series = layers.update_history()
         system = {key: self.system.tail(key, 120) for key in self.system.columns}
         index = parts.backend.device_index
         inp = HealthInput(
@@ -241,6 +241,7 @@ class Pipeline:
             update_ratios=layers.update_ratio,
             update_steps=update_steps,
             update_series=update_series,
+            param_series=param_series,
             module_kinds=layers.module_kinds,
             activations=layers.activations or None,
             system=system,

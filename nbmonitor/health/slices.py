@@ -50,10 +50,15 @@ def _until(inp: HealthInput, steps: FloatArray, end: int) -> HealthInput:
         keep = int(np.searchsorted(layer_steps, last, side="right"))
         layer_steps, grads = layer_steps[:keep], grads[:, :keep]
     update_steps, series, ratios = inp.update_steps, inp.update_series, inp.update_ratios
+    params, norms = inp.param_series, inp.param_norms
     if update_steps is not None and series is not None and series.shape[-1] == update_steps.size:
         keep = int(np.searchsorted(update_steps, last, side="right"))
         update_steps, series = update_steps[:keep], series[:, :keep]
         ratios = series[:, -1] if keep else None
+        if params is not None and params.shape[-1] >= max(keep, 1):
+            # The parameter norms as they were then (a later explosion changes them).
+            norms = params[:, keep - 1] if keep else params[:, 0]
+            params = params[:, :keep]
     return dataclasses.replace(
         inp,
         step=int(last),
@@ -64,6 +69,8 @@ def _until(inp: HealthInput, steps: FloatArray, end: int) -> HealthInput:
         update_steps=update_steps,
         update_series=series,
         update_ratios=ratios,
+        param_series=params,
+        param_norms=norms,
         system=None,
     )
 

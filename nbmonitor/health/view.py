@@ -38,6 +38,7 @@ class HealthInput:
     # (len(layer_names), k) ratios; ``update_ratios`` is their newest column.
     update_steps: FloatArray | None = None
     update_series: FloatArray | None = None
+    param_series: FloatArray | None = None  # the parameter norms at those steps, alike
     # What each module is (``"3" -> "Linear"``), for naming layers in messages and fitting
     # the advice to the model; parameter names map through their module.
     module_kinds: Mapping[str, str] | None = None

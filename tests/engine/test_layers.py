@@ -163,7 +163,7 @@ def test_check_forward_names_the_first_module_with_nan_output(tmp_path):
         train(model, opt, mon, 1, width=4)
         mon.flush()
         alert = next(a for a in mon.events() if a.rule == "grad_non_finite")
-    assert "first module with a non-finite output was '4'" in alert.message
+    assert "first module with a non-finite output was layer 4 (Linear)" in alert.message
 
 
 def test_on_nan_raise_stops_before_the_bad_update(tmp_path):
@@ -482,5 +482,5 @@ def test_second_nan_episode_names_its_own_first_module(tmp_path):
         mon.flush()
         reports = [a for a in mon.events() if a.rule == "grad_non_finite"]
     assert [a.step for a in reports] == [3, 8]
-    assert "non-finite output was '4'" in reports[0].message
-    assert "non-finite output was '2'" in reports[1].message
+    assert "non-finite output was layer 4 (Linear)" in reports[0].message
+    assert "non-finite output was layer 2 (Linear)" in reports[1].message

@@ -19,6 +19,7 @@ from nbmonitor._engine.assemble.flow_alerts import first_non_finite, grads_never
 from nbmonitor._engine.assemble.layers import LayerStats
 from nbmonitor._engine.assemble.steps import LayerNorms
 from nbmonitor.health.alert import Alert
+from nbmonitor.health.wording import label
 from nbmonitor.records import AuxRecord
 
 # Finite per-layer gradient norms wait for their readers, but never more than this many values.
@@ -153,6 +154,8 @@ class LayerFlow:
             forward = layers.first_bad_forward
             if forward is not None and forward[0] > step:
                 forward = None
+            if forward is not None:  # named as a layer: "layer 4 (Linear)", not "4"
+                forward = (forward[0], label(forward[1], layers.module_kinds), forward[2])
             self._add_alerts(
                 [self._report(step, self._clock(), bad, forward, self._forward_checked)]
             )

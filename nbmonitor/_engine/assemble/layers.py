@@ -88,6 +88,7 @@ class LayerStats:
         # The update ratios of the last UPDATE_HISTORY measured steps, for the health rules.
         self._update_steps = np.full(UPDATE_HISTORY, np.nan)
         self._update_ratios = np.full((n_layers, UPDATE_HISTORY), np.nan)
+        self._update_params = np.full((n_layers, UPDATE_HISTORY), np.nan)
         self._updates = 0
         # The first module with a non-finite output since gradients were last finite: the one
         # a non-finite gradient report names. One entry, so a long NaN run stays bounded.
@@ -190,13 +191,19 @@ class LayerStats:
             slot = self._updates % UPDATE_HISTORY
             self._update_steps[slot] = step
             self._update_ratios[:, slot] = self.update_ratio
+            self._update_params[:, slot] = self.param_norm
             self._updates += 1
 
-    def update_history(self) -> tuple[FloatArray, FloatArray]:
-        """(steps, layers x steps update ratios) of the recent measured steps, oldest first."""
+    def update_history(self) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """(steps, layers x steps update ratios, layers x steps parameter norms) of the recent
+        measured steps, oldest first."""
         n = min(self._updates, UPDATE_HISTORY)
         order = (self._updates - n + np.arange(n)) % UPDATE_HISTORY
-        return self._update_steps[order], self._update_ratios[:, order]
+        return (
+            self._update_steps[order],
+            self._update_ratios[:, order],
+            self._update_params[:, order],
+        )
 
     def add_forward(self, step: int, names: Sequence[str], values: Sequence[float]) -> None:
         rows = np.asarray(values, dtype=np.float64).reshape(len(names), 4)

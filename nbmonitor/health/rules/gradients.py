@@ -120,7 +120,7 @@ class ExplodingGradients(Base):
             worst = max(new, key=lambda s: (detail[s][1], detail[s][0]))
             value, ratio, step = detail[worst]
             how = (
-                f"{ratio:.0f}x its recent median"
+                f"{num(ratio)}x its recent median"
                 if math.isfinite(ratio) and ratio > t.explode_factor
                 else f"above the limit {num(t.explode_abs or math.nan)}"
             )
@@ -285,7 +285,7 @@ def non_finite_gradients(
     if forward is not None:
         f_step, module, (mean, std, maxabs) = forward
         message += (
-            f" The first module with a non-finite output was {module!r} at step {f_step} "
+            f" The first module with a non-finite output was {module} at step {f_step} "
             f"(input mean {mean:.3g}, std {std:.3g}, max |x| {maxabs:.3g})."
         )
     elif forward_checked:

@@ -133,7 +133,7 @@ class LossSpike(Base):
 
         def make(_new: list[str]) -> list[Alert]:
             what = "the first losses' median" if early else "the recent median"
-            how = f"{value / median:.0f}x {what}" if median > 0 else what
+            how = f"{num(value / median)}x {what}" if median > 0 else what
             return [
                 Alert(
                     rule,

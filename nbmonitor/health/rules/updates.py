@@ -35,7 +35,7 @@ class _UpdateRatio(Base):
         self._last_seen = -np.inf  # step of the newest observation judged
         self._streak = np.zeros(0, dtype=np.intp)
 
-    def _judged(self, view: View, ratios: FloatArray) -> BoolArray:
+    def _judged(self, view: View, ratios: FloatArray, step: int) -> BoolArray:
         raise NotImplementedError
 
     def _beyond(self, ratios: FloatArray) -> BoolArray:
@@ -92,7 +92,7 @@ class _UpdateRatio(Base):
             # zero-initialised parts start from nothing): judged from min_history on.
             if step < t.min_history:
                 continue
-            judged = self._judged(view, ratios)
+            judged = self._judged(view, ratios, step)
             self._streak = np.where(judged & self._beyond(ratios), self._streak + 1, 0)
             for i in np.flatnonzero(self._streak >= t.sustain_steps):
                 found.setdefault(names[i], (step, float(ratios[i])))
@@ -116,10 +116,14 @@ class _UpdateRatio(Base):
         return Outcome(rule, held, view.layer_judged(judged), make)
 
 
+# A learning rate below this fraction of the run's largest is a schedule's decay, not a bug.
+DECAYED_LR = 0.01
+
+
 class UpdateRatioHigh(_UpdateRatio):
     name = "update_ratio_high"
 
-    def _judged(self, view: View, ratios: FloatArray) -> BoolArray:
+    def _judged(self, view: View, ratios: FloatArray, step: int) -> BoolArray:
         # Biases are often initialised to zero and stay near it, so ||w|| ~ 0 makes the ratio
         # large while nothing is wrong; the hint is about weights.
         weights = np.array([not name.endswith("bias") for name in view.layer_names], dtype=bool)
@@ -142,10 +146,24 @@ class UpdateRatioHigh(_UpdateRatio):
 class UpdateRatioLow(_UpdateRatio):
     name = "update_ratio_low"
 
-    def _judged(self, view: View, ratios: FloatArray) -> BoolArray:
+    def reset(self) -> None:
+        super().reset()
+        self._lr_max = 0.0
+
+    def _judged(self, view: View, ratios: FloatArray, step: int) -> BoolArray:
         # An update of exactly 0 is no gradient, a frozen parameter or lr == 0: the static
         # checks (debug.check_setup, gradient_not_flowing) name those, so skip them here.
         judged = np.isfinite(ratios) & (ratios > 0)
+        # A schedule that has decayed the learning rate far below its peak (the end of a
+        # cosine decay) makes tiny updates on purpose.
+        lr = view.column("lr")
+        if lr is not None:
+            seen = lr[view.step_col <= step]
+            seen = seen[np.isfinite(seen)]
+            if seen.size:
+                self._lr_max = max(self._lr_max, float(seen.max()))
+                if seen[-1] < DECAYED_LR * self._lr_max:
+                    return np.zeros_like(judged)
         if view.grads is not None and view.grads.shape[1]:
             latest = view.grads[:, -1]
             judged &= np.isfinite(latest) & (latest > 0)
