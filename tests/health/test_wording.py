@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 from tests.health.synthetic import Run, only
 
@@ -64,7 +66,7 @@ def test_many_new_steps_are_cut_into_bounded_slices() -> None:
     parts = slices(run.input(window=1000), None)
     assert len(parts) <= MAX_SLICES + 1 and parts[-1].step == 1000
     ends = [p.step for p in parts]
-    assert ends == sorted(ends) and all(b - a >= SLICE_STEPS for a, b in zip(ends, ends[1:]))
+    assert ends == sorted(ends) and all(b - a >= SLICE_STEPS for a, b in itertools.pairwise(ends))
     assert all(p.steps["step"][-1] == p.step for p in parts)
     assert parts[0].layer_grad_norms is not None
     assert parts[0].layer_grad_norms.shape[1] == parts[0].steps["step"].size
