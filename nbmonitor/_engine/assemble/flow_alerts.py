@@ -15,12 +15,18 @@ from nbmonitor.health.wording import MAX_NAMED, label, name_list
 
 
 def grads_never_arrived(
-    names: Sequence[str], seen: npt.NDArray[np.bool_], *, step: int, time: float
+    names: Sequence[str],
+    seen: npt.NDArray[np.bool_],
+    *,
+    step: int,
+    time: float,
+    at: int | None = None,
 ) -> Alert | None:
     """A ``gradient_not_flowing`` alert for the parameters whose gradient never arrived.
 
     ``seen[i]`` says whether ``names[i]`` (trainable, parameter order) ever had a gradient in
-    the ``step`` steps so far; None when every one did.
+    the ``step`` steps so far; None when every one did. The alert is stamped at step ``at``
+    (default ``step``).
     """
     seen = np.asarray(seen, dtype=bool)
     if seen.shape != (len(names),):
@@ -36,7 +42,7 @@ def grads_never_arrived(
         f"Parameters that never received a gradient after {step} steps: {name_list(missing)} "
         "(detached branch or unused module?). Check for .detach(), torch.no_grad() or .data "
         "in the forward pass, and modules that are defined but never called.",
-        step,
+        step if at is None else at,
         time,
         tuple(missing),
         subject=subjects.LAYERS,

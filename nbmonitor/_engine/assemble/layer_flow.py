@@ -52,6 +52,7 @@ class LayerFlow:
         self._deferred_values = 0
         self._nonfinite_reported = False
         self._no_grad_checked = False
+        self._first_step: int | None = None  # the first step with gradient norms
         # Per-layer rows (parameter norms, update ratios) not yet handed to the sinks.
         self.pending_rows: list[dict[str, float]] = []
 
@@ -64,6 +65,8 @@ class LayerFlow:
         self, blocks: list[LayerNorms], aux: list[tuple[AuxRecord, list[float]]], step: int
     ) -> None:
         """Take one tick's gradient-norm blocks and per-layer records; ``step`` is the newest."""
+        if self._first_step is None and blocks and blocks[0].steps:
+            self._first_step = blocks[0].steps[0]
         if not aux and all(block.finite.all() for block in blocks):
             for block in blocks:
                 self._defer(block)
@@ -76,7 +79,11 @@ class LayerFlow:
             trainable = [p.requires_grad for p in layers.params]
             names = [p.name for p, t in zip(layers.params, trainable, strict=True) if t]
             seen = layers.seen[np.asarray(trainable, dtype=bool)]
-            alert = grads_never_arrived(names, seen, step=step, time=self._clock())
+            # Stamped where it became known (NO_GRAD_AFTER_STEPS steps in), not at the tick
+            # that checked it, which depends on how fast the loop ran.
+            first = self._first_step if self._first_step is not None else 1
+            at = min(step, first + NO_GRAD_AFTER_STEPS - 1)
+            alert = grads_never_arrived(names, seen, step=step, time=self._clock(), at=at)
             if alert is not None:
                 self._add_alerts([alert])
 
