@@ -55,6 +55,8 @@ def test_detached_branch_is_reported_by_name(tmp_path):
         mon.flush()
         found = rules(mon)
     assert found["gradient_not_flowing"] == ("side.weight", "side.bias")
+    # Stamped where it became known, 10 steps in, however late the sampler checked it.
+    assert [a.step for a in mon.events() if a.rule == "gradient_not_flowing"] == [10]
     mon.flush()
     table = {r["name"]: r for r in mon.layers()}
     assert "gradient_not_flowing" in table["side.weight"]["flags"]
