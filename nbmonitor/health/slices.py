@@ -16,10 +16,13 @@ import numpy as np
 from nbmonitor.health.view import HealthInput, new_from
 from nbmonitor.health.window import FloatArray
 
-# A check with more new steps than this is judged in slices of this many steps or more ...
-SLICE_STEPS = 32
-# ... and in at most this many slices (the rules' cost grows with the number of slices).
-MAX_SLICES = 16
+# A check with more new steps than this is judged in slices: a first one of this many steps
+# (the reference the next ones are judged against, for a run that arrives in one check) ...
+FIRST_SLICE = 32
+# ... then slices of this many steps or more ...
+SLICE_STEPS = 64
+# ... at most this many of them (each slice costs a pass of every rule).
+MAX_SLICES = 6
 
 
 def slices(inp: HealthInput, last_step: float | None) -> list[HealthInput]:
@@ -32,10 +35,10 @@ def slices(inp: HealthInput, last_step: float | None) -> list[HealthInput]:
     steps = np.asarray(col, dtype=np.float64)
     first = new_from(steps, last_step)
     fresh = steps.size - first
-    if fresh <= SLICE_STEPS:
+    if fresh <= FIRST_SLICE:
         return [inp]
-    size = max(SLICE_STEPS, math.ceil(fresh / MAX_SLICES))
-    ends = range(first + size, steps.size, size)
+    size = max(SLICE_STEPS, math.ceil((fresh - FIRST_SLICE) / MAX_SLICES))
+    ends = range(first + FIRST_SLICE, steps.size, size)
     return [_until(inp, steps, end) for end in ends] + [inp]
 
 
@@ -75,4 +78,4 @@ def _until(inp: HealthInput, steps: FloatArray, end: int) -> HealthInput:
     )
 
 
-__all__ = ["MAX_SLICES", "SLICE_STEPS", "slices"]
+__all__ = ["FIRST_SLICE", "MAX_SLICES", "SLICE_STEPS", "slices"]

@@ -78,6 +78,28 @@ def sustained(
     return value, where + lo
 
 
+def abrupt(
+    a: FloatArray, start: int, m: int, before: int, factor: float
+) -> tuple[FloatArray, IntArray]:
+    """Like ``sustained``, among only the windows held above ``factor`` x the median of the
+    ``before`` columns just before them (a rise that is abrupt, not one over tens of steps):
+    per row the largest such level (NaN if none) and the column where its window begins."""
+    rows, cols = a.shape
+    lo = max(start - (m - 1), before)
+    if cols - lo < m:
+        return np.full(rows, np.nan), np.zeros(rows, dtype=np.intp)
+    view = np.lib.stride_tricks.sliding_window_view
+    mins = view(a[:, lo:], m, axis=1).min(axis=2)  # windows starting at lo, lo + 1, ...
+    prior = np.sort(view(a[:, lo - before : cols - m], before, axis=1), axis=2)
+    # The median of each prior block (NaN sorts last: a block with NaN reads high, so a
+    # missing value never makes a rise look abrupt).
+    mid = 0.5 * (prior[..., (before - 1) // 2] + prior[..., before // 2])
+    with np.errstate(invalid="ignore"):
+        steep = mins > factor * np.where(np.isnan(mid), np.inf, mid)
+    value, where = row_max(np.where(steep, mins, np.nan))
+    return value, where + lo
+
+
 def trailing_counts(hits: BoolArray, window: int) -> tuple[IntArray, IntArray]:
     """For each position, how many ``hits`` the trailing ``window`` positions (itself
     included) hold, and how many positions that window has (fewer at the start)."""
@@ -96,6 +118,7 @@ __all__ = [
     "BoolArray",
     "FloatArray",
     "IntArray",
+    "abrupt",
     "dense",
     "finite_or_nan",
     "row_max",

@@ -19,6 +19,8 @@ from nbmonitor.health.view import View
 from nbmonitor.health.window import (
     BoolArray,
     FloatArray,
+    IntArray,
+    abrupt,
     finite_or_nan,
     row_max,
     row_medians,
@@ -27,12 +29,17 @@ from nbmonitor.health.window import (
 from nbmonitor.health.wording import SATURATING, kinds_of, layer_list, name_list, num
 
 TOTAL = "<total>"  # held subject of the total grad norm in exploding_gradients (not a layer)
+# An explosion is abrupt: it also beats the median of the NEAR_STEPS steps just before it
+# by explode_factor. A warm-up, or a model leaving its initialisation, lifts the norms over
+# tens of steps, and the steps just before are already high.
+NEAR_STEPS = 10
 
 
 class ExplodingGradients(Base):
     """A layer's (or the total) gradient norm held above ``explode_factor`` x its running
     median for ``sustain_steps`` steps, beating everything it has seen, above the run's
-    starting scale and, for a layer, above the total norm's recent median (or above
+    starting scale, ``explode_factor`` x the median of its last ``NEAR_STEPS`` steps (it is
+    abrupt) and, for a layer, above the total norm's recent median (or above
     ``explode_abs``)."""
 
     name = "exploding_gradients"
@@ -45,6 +52,9 @@ class ExplodingGradients(Base):
         # Run-wide maxima: an explosion is a new maximum.
         self._total_max = -math.inf
         self._layer_max: FloatArray | None = None
+        # The last step each maximum includes.
+        self._total_max_step = -math.inf
+        self._layer_max_step = -math.inf
         # The run's starting scale (median of its first min_history values): an explosion
         # also rises above where the run began, so a norm that decayed 1000x while the model
         # converged and then jitters 10x is not one.
@@ -62,15 +72,19 @@ class ExplodingGradients(Base):
         total = view.column("grad_norm")
         if total is not None and view.has_new_rows:
             ref = total[None, view.ref_from : view.new_from]
-            value, where = sustained(total[None, :], view.new_from, t.sustain_steps)
+            value, where, seen_rows = self._levels(total[None, :], view.new_from)
             # The run's maximum before the sustained window that is being judged.
-            seen = finite_or_nan(total[: max(0, view.new_from - t.sustain_steps + 1)])
+            cut = max(0, view.new_from - t.sustain_steps + 1)
+            fresh = int(np.searchsorted(view.step_col[:cut], self._total_max_step, "right"))
+            seen = finite_or_nan(total[fresh:cut])
             if np.isfinite(seen).any():
                 self._total_max = max(self._total_max, float(np.nanmax(seen)))
+            if fresh < cut:
+                self._total_max_step = float(view.step_col[cut - 1])
             if not math.isfinite(self._total_start):
                 self._total_start = float(self._start_level(total[None, :])[0])
             start = np.array([self._total_start])
-            verdict = self._explodes(ref, value, np.array([self._total_max]), start)
+            verdict = self._explodes(ref, value, np.array([self._total_max]), start, seen_rows)
             if verdict is not None:
                 is_judged, is_held, ratio = verdict
                 judged_total = bool(is_judged[0])
@@ -83,18 +97,23 @@ class ExplodingGradients(Base):
         grads = view.grads
         if grads is not None and view.has_new_layers:
             ref = grads[:, view.layer_ref_from : view.layer_new_from]
-            value, where = sustained(grads, view.layer_new_from, t.sustain_steps)
+            value, where, seen_rows = self._levels(grads, view.layer_new_from)
             if self._layer_max is None or self._layer_max.shape[0] != grads.shape[0]:
                 self._layer_max = np.full(grads.shape[0], -np.inf)
+                self._layer_max_step = -math.inf
                 self._layer_start = np.full(grads.shape[0], np.nan)
             assert self._layer_start is not None
-            unknown = np.isnan(self._layer_start)
-            if unknown.any():
-                self._layer_start = np.where(unknown, self._start_level(grads), self._layer_start)
-            old = finite_or_nan(grads[:, : max(0, view.layer_new_from - t.sustain_steps + 1)])
-            if old.shape[1]:
-                seen_max, _ = row_max(old)
+            unknown = np.flatnonzero(np.isnan(self._layer_start))
+            if unknown.size:
+                self._layer_start[unknown] = self._start_level(grads[unknown])
+            # The run's maximum grows by the columns not yet in it (one pass per column in all,
+            # not one per check over the whole window).
+            cut = max(0, view.layer_new_from - t.sustain_steps + 1)
+            fresh = int(np.searchsorted(view.layer_step_col[:cut], self._layer_max_step, "right"))
+            if fresh < cut:
+                seen_max, _ = row_max(finite_or_nan(grads[:, fresh:cut]))
                 self._layer_max = np.fmax(self._layer_max, seen_max)
+                self._layer_max_step = float(view.layer_step_col[cut - 1])
             # A layer's explosion also stands out in the whole model's gradient: it rises above
             # the total norm's recent median (a LayerNorm gain whose small gradient grows while
             # the model learns is not one).
@@ -102,7 +121,7 @@ class ExplodingGradients(Base):
             if total is not None:
                 typical = row_medians(total[None, view.ref_from : view.new_from])[0]
                 floor = np.fmax(floor, typical[0])
-            verdict = self._explodes(ref, value, self._layer_max, floor)
+            verdict = self._explodes(ref, value, self._layer_max, floor, seen_rows)
             if verdict is not None:
                 is_judged, is_held, ratio = verdict
                 layer_judged = view.layer_judged(is_judged)
@@ -145,6 +164,19 @@ class ExplodingGradients(Base):
 
         return Outcome(rule, held, judged, make)
 
+    def _levels(self, rows: FloatArray, start: int) -> tuple[FloatArray, IntArray, BoolArray]:
+        """Per row, the largest abrupt sustained level from column ``start`` on and where its
+        window begins (with ``explode_abs``, any sustained level above it too), and whether
+        the row had a sustained level at all (judged, held or clear)."""
+        t = self.thresholds
+        value, where = abrupt(rows, start, t.sustain_steps, NEAR_STEPS, t.explode_factor)
+        plain, at = sustained(rows, start, t.sustain_steps)
+        if t.explode_abs is not None:
+            over = plain > t.explode_abs
+            value, where = np.where(over, plain, value), np.where(over, at, where)
+        seen: BoolArray = np.isfinite(plain)
+        return value, where, seen
+
     def _start_level(self, rows: FloatArray) -> FloatArray:
         """Per row, the median of its first ``min_history`` finite values; NaN until it has
         that many."""
@@ -157,7 +189,12 @@ class ExplodingGradients(Base):
         return np.where(count >= need, median, np.nan)
 
     def _explodes(
-        self, ref: FloatArray, value: FloatArray, run_max: FloatArray, start: FloatArray
+        self,
+        ref: FloatArray,
+        value: FloatArray,
+        run_max: FloatArray,
+        start: FloatArray,
+        seen: BoolArray,
     ) -> tuple[BoolArray, BoolArray, FloatArray] | None:
         """Which rows were judged, which rows' newest maximum is an explosion, and by what
         factor of their running median.
@@ -179,10 +216,10 @@ class ExplodingGradients(Base):
             large = value > np.nan_to_num(start, nan=np.inf)
         finite = np.isfinite(value)
         held = finite & record & large & (np.nan_to_num(ratio, nan=0.0) > t.explode_factor)
-        judged = finite & enough
+        judged = seen & enough
         if t.explode_abs is not None:
             held |= finite & (value > t.explode_abs)
-            judged = finite
+            judged = seen
         return judged, held, ratio
 
 
