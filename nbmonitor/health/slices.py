@@ -22,7 +22,7 @@ FIRST_SLICE = 32
 # ... then slices of this many steps or more ...
 SLICE_STEPS = 64
 # ... at most this many of them (each slice costs a pass of every rule).
-MAX_SLICES = 6
+MAX_SLICES = 4
 
 
 def slices(inp: HealthInput, last_step: float | None) -> list[HealthInput]:

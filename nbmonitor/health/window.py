@@ -79,23 +79,28 @@ def sustained(
 
 
 def abrupt(
-    a: FloatArray, start: int, m: int, before: int, factor: float
+    a: FloatArray, start: int, m: int, before: int, factor: float, floor: FloatArray
 ) -> tuple[FloatArray, IntArray]:
-    """Like ``sustained``, among only the windows held above ``factor`` x the median of the
-    ``before`` columns just before them (a rise that is abrupt, not one over tens of steps):
-    per row the largest such level (NaN if none) and the column where its window begins."""
+    """Like ``sustained``, among only the windows held above ``floor`` (per row) and above
+    ``factor`` x the median of the ``before`` columns just before them (a rise that is
+    abrupt, not one over tens of steps): per row the largest such level (NaN if none) and the
+    column where its window begins. The medians are taken for the windows above ``floor``
+    only, so a quiet check costs one pass of window minima."""
     rows, cols = a.shape
     lo = max(start - (m - 1), before)
     if cols - lo < m:
         return np.full(rows, np.nan), np.zeros(rows, dtype=np.intp)
-    view = np.lib.stride_tricks.sliding_window_view
-    mins = view(a[:, lo:], m, axis=1).min(axis=2)  # windows starting at lo, lo + 1, ...
-    prior = np.sort(view(a[:, lo - before : cols - m], before, axis=1), axis=2)
-    # The median of each prior block (NaN sorts last: a block with NaN reads high, so a
-    # missing value never makes a rise look abrupt).
-    mid = 0.5 * (prior[..., (before - 1) // 2] + prior[..., before // 2])
+    mins = np.lib.stride_tricks.sliding_window_view(a[:, lo:], m, axis=1).min(axis=2)
     with np.errstate(invalid="ignore"):
-        steep = mins > factor * np.where(np.isnan(mid), np.inf, mid)
+        r, c = np.nonzero(mins > np.where(np.isnan(floor), np.inf, floor)[:, None])
+    steep = np.zeros(mins.shape, dtype=bool)
+    if r.size:
+        first = c + lo - before  # each candidate window's prior block starts here
+        prior = np.sort(a[r[:, None], first[:, None] + np.arange(before)], axis=1)
+        # NaN sorts last: a block with NaN reads high, so a gap never makes a rise abrupt.
+        mid = 0.5 * (prior[:, (before - 1) // 2] + prior[:, before // 2])
+        with np.errstate(invalid="ignore"):
+            steep[r, c] = mins[r, c] > factor * np.where(np.isnan(mid), np.inf, mid)
     value, where = row_max(np.where(steep, mins, np.nan))
     return value, where + lo
 

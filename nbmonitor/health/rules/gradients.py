@@ -72,7 +72,6 @@ class ExplodingGradients(Base):
         total = view.column("grad_norm")
         if total is not None and view.has_new_rows:
             ref = total[None, view.ref_from : view.new_from]
-            value, where, seen_rows = self._levels(total[None, :], view.new_from)
             # The run's maximum before the sustained window that is being judged.
             cut = max(0, view.new_from - t.sustain_steps + 1)
             fresh = int(np.searchsorted(view.step_col[:cut], self._total_max_step, "right"))
@@ -84,7 +83,11 @@ class ExplodingGradients(Base):
             if not math.isfinite(self._total_start):
                 self._total_start = float(self._start_level(total[None, :])[0])
             start = np.array([self._total_start])
-            verdict = self._explodes(ref, value, np.array([self._total_max]), start, seen_rows)
+            run_max = np.array([self._total_max])
+            value, where, seen_rows = self._levels(
+                total[None, :], view.new_from, ref, np.fmax(run_max, start)
+            )
+            verdict = self._explodes(ref, value, run_max, start, seen_rows)
             if verdict is not None:
                 is_judged, is_held, ratio = verdict
                 judged_total = bool(is_judged[0])
@@ -97,7 +100,6 @@ class ExplodingGradients(Base):
         grads = view.grads
         if grads is not None and view.has_new_layers:
             ref = grads[:, view.layer_ref_from : view.layer_new_from]
-            value, where, seen_rows = self._levels(grads, view.layer_new_from)
             if self._layer_max is None or self._layer_max.shape[0] != grads.shape[0]:
                 self._layer_max = np.full(grads.shape[0], -np.inf)
                 self._layer_max_step = -math.inf
@@ -121,6 +123,9 @@ class ExplodingGradients(Base):
             if total is not None:
                 typical = row_medians(total[None, view.ref_from : view.new_from])[0]
                 floor = np.fmax(floor, typical[0])
+            value, where, seen_rows = self._levels(
+                grads, view.layer_new_from, ref, np.fmax(self._layer_max, floor)
+            )
             verdict = self._explodes(ref, value, self._layer_max, floor, seen_rows)
             if verdict is not None:
                 is_judged, is_held, ratio = verdict
@@ -164,12 +169,17 @@ class ExplodingGradients(Base):
 
         return Outcome(rule, held, judged, make)
 
-    def _levels(self, rows: FloatArray, start: int) -> tuple[FloatArray, IntArray, BoolArray]:
-        """Per row, the largest abrupt sustained level from column ``start`` on and where its
-        window begins (with ``explode_abs``, any sustained level above it too), and whether
-        the row had a sustained level at all (judged, held or clear)."""
+    def _levels(
+        self, rows: FloatArray, start: int, ref: FloatArray, floor: FloatArray
+    ) -> tuple[FloatArray, IntArray, BoolArray]:
+        """Per row, the largest abrupt sustained level from column ``start`` on that could be
+        an explosion (above ``explode_factor`` x the median of ``ref`` and above ``floor``)
+        and where its window begins (with ``explode_abs``, any sustained level above it too),
+        and whether the row had a sustained level at all (judged, held or clear)."""
         t = self.thresholds
-        value, where = abrupt(rows, start, t.sustain_steps, NEAR_STEPS, t.explode_factor)
+        median, _ = row_medians(ref)
+        bar = np.fmax(t.explode_factor * median, floor)
+        value, where = abrupt(rows, start, t.sustain_steps, NEAR_STEPS, t.explode_factor, bar)
         plain, at = sustained(rows, start, t.sustain_steps)
         if t.explode_abs is not None:
             over = plain > t.explode_abs
