@@ -109,7 +109,9 @@ def test_warmup_rise_is_not_an_explosion_but_an_early_one_is() -> None:
                 i = run.step
                 rise = 0.02 * 20 ** min(1.0, max(0.0, (i - 30) / 40))
                 noise = run.rng.lognormal(0, 0.2, len(LAYERS))
-                run.add(1, **{n.replace(".", "_"): rise * v for n, v in zip(LAYERS, noise)})
+                run.add(
+                    1, **{n.replace(".", "_"): rise * v for n, v in zip(LAYERS, noise, strict=True)}
+                )
             assert health.check(run.input()) == [], every
     # A 50x jump shortly after the start (step 31 of a run that arrives in one check) is one.
     early, fresh = Health(), Run()
