@@ -9,8 +9,12 @@ const outdir = path.join(here, "..", "nbmonitor", "static");
 const watch = process.argv.includes("--watch");
 
 const options = {
-  // Two entry points, one output each: widget.js and widget.css.
-  entryPoints: [path.join(here, "src", "widget.js"), path.join(here, "src", "widget.css")],
+  // One output per entry point: widget.js, widget.css and profile.js (the profile table).
+  entryPoints: [
+    path.join(here, "src", "widget.js"),
+    path.join(here, "src", "widget.css"),
+    path.join(here, "src", "profile.js"),
+  ],
   outdir,
   bundle: true,
   format: "esm",

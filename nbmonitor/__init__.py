@@ -15,9 +15,11 @@ from nbmonitor._lazy import lazy_names
 from nbmonitor._version import __version__
 
 if TYPE_CHECKING:
+    from nbmonitor._profile import Profile
     from nbmonitor.debug import summary
     from nbmonitor.errors import NonFiniteError, RunDirError
     from nbmonitor.health import Thresholds
+    from nbmonitor.job import Job
     from nbmonitor.monitor import Monitor, attach
     from nbmonitor.replay import Run, compare, open, tail
     from nbmonitor.runs import list_runs
@@ -29,12 +31,14 @@ _WHERE = {
     "NonFiniteError": "nbmonitor.errors",
     "RunDirError": "nbmonitor.errors",
     "Run": "nbmonitor.replay",
+    "Job": "nbmonitor.job",
     "open": "nbmonitor.replay",
     "tail": "nbmonitor.replay",
     "compare": "nbmonitor.replay",
     "list_runs": "nbmonitor.runs",
     "summary": "nbmonitor.debug",
     "Thresholds": "nbmonitor.health",
+    "Profile": "nbmonitor._profile",
 }
 
 
@@ -46,8 +50,10 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "Job",
     "Monitor",
     "NonFiniteError",
+    "Profile",
     "Run",
     "RunDirError",
     "Thresholds",

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from nbmonitor._capture.clock import StepClock
+from nbmonitor._engine.isolated import Hung
 from nbmonitor._engine.pipeline import Pipeline
 from nbmonitor._engine.sampler import SamplerThread
 from nbmonitor.backends.base import Backend
@@ -40,16 +41,25 @@ class Lifetime:
         self._ctx = clock.ctx
         self._last_step = clock.step
         self._last_ctx_step = clock.ctx.step
+        # The clock's hook handles (they hold no model): a global one (adopt.py) outlives it.
+        self._handles = clock.handles
         self.errors = errors
         self._wall_clock = wall_clock
         self._lock = threading.Lock()
+        self._closing = threading.Lock()
+        # The parts of closing done so far ("hooks", "thread", "final", "sinks", ...), and the
+        # final meta the final tick made: a close() interrupted goes on from there.
+        self._closed_parts: set[str] = set()
+        self._final: dict[str, object] | None = None
         self.closed = False
-        self._done = threading.Event()
         # Set by the composition root once built.
         self.pipeline: Pipeline | None = None
         self.thread: SamplerThread | None = None
         self.sinks: FanOut | None = None
         self.backend: Backend | None = None
+        # Called first when the run closes (a profile still running stops its profiler).
+        self.on_close: list[Callable[[], None]] = []
+        self.profile: Any = None  # the latest mon.profile() (nbmonitor/_profile.py)
 
     def step(self) -> int:
         """Steps so far: the step clock's while it lives, then the last it counted."""
@@ -65,6 +75,10 @@ class Lifetime:
     def status(self) -> str:
         if self.closed:
             return "closed"
+        hung = self.pipeline.sources.hung() if self.pipeline is not None else {}
+        if hung:
+            what = "; ".join(f"{source} hung for {s:.0f} s" for source, s in hung.items())
+            return f"degraded: {what}"
         return "degraded" if len(self.errors) else "running"
 
     def release_soon(self, *_: Any) -> None:
@@ -77,29 +91,51 @@ class Lifetime:
     def close(self, wait: float = 5.0) -> None:
         """Remove the hooks, stop the sampler, take and write the last records, close the
         views, sinks and backend. Idempotent, never raises; waits at most ``wait`` seconds on
-        a tick stuck in a source."""
+        a source that hangs.
+
+        Interruptible: a KeyboardInterrupt while it waits leaves the parts not yet done for the
+        next ``close()``, which goes on from there, so the run is still finalised.
+        """
         with self._lock:
-            closing = self.closed
             self.closed = True
-        if closing:  # another thread is closing (the model went): done once it has
-            self._done.wait(2 * wait)
+        # One closer at a time; another thread closing (the model went) is waited for.
+        if not self._closing.acquire(timeout=2 * wait):
             return
-        final: dict[str, object] | None = None
         try:
-            clock = self._clock_ref()
-            if clock is not None:
-                clock.remove()
-            if self.thread is not None:
-                self.thread.stop(wait)
-            if self.pipeline is not None:
-                final = self._final_tick(self.pipeline, wait)
+            self._close_parts(wait)
+        finally:
+            self._closing.release()
+
+    def _close_parts(self, wait: float) -> None:
+        done = self._closed_parts
+        try:
+            if "profile" not in done:
+                done.add("profile")  # a profile still running stops its profiler, once
+                for stop in tuple(self.on_close):
+                    try:
+                        stop()
+                    except Exception as exc:
+                        self.errors.add("close", exc)
+            if "hooks" not in done:
+                clock = self._clock_ref()
+                if clock is not None:
+                    clock.remove()
+                for handle in self._handles:
+                    handle.remove()
+                done.add("hooks")
+            if "thread" not in done:
+                if self.thread is not None:
+                    self.thread.stop(wait)
+                done.add("thread")
+            if "final" not in done:
+                if self.pipeline is not None:
+                    self._final = self._final_tick(self.pipeline, wait)
+                done.add("final")
         except Exception as exc:
             self.errors.add("close", exc)
-        finally:
-            try:
-                self._release(final)
-            finally:
-                self._done.set()
+            done.update(("hooks", "thread", "final"))  # what failed is reported, not retried
+        # A KeyboardInterrupt above skips this: the files stay open for the next close().
+        self._release(self._final, wait)
 
     def _final_tick(self, pipeline: Pipeline, wait: float) -> dict[str, object]:
         if not pipeline.lock.acquire(timeout=wait):
@@ -110,11 +146,16 @@ class Lifetime:
             pipeline.final_tick()
             pipeline.refresh_layers()
             frame = pipeline.frame()
-            for view in pipeline.views:
-                try:
-                    view.close(frame)
-                except Exception as exc:
-                    self.errors.add("view", exc)
+            views, errors = pipeline.views, self.errors
+
+            def close_views() -> None:
+                for view in views:
+                    try:
+                        view.close(frame)
+                    except Exception as exc:
+                        errors.add("view", exc)
+
+            pipeline.sources.view.call(close_views, timeout=wait, wait_if_busy=True)
             return self.final_meta("degraded" if len(self.errors) else "closed")
         finally:
             pipeline.lock.release()
@@ -127,16 +168,46 @@ class Lifetime:
             "errors": [str(e) for e in self.errors.entries()],
         }
 
-    def _release(self, final: dict[str, object] | None) -> None:
+    def _release(self, final: dict[str, object] | None, wait: float) -> None:
         # After the final tick; a close that gave up on a hung tick still closes the files,
-        # with status "degraded" and what failed.
-        if self.sinks is not None:
-            self.sinks.close(final or self.final_meta("degraded"))
-        if self.backend is not None:
+        # with status "degraded" and what failed. Sinks and backend are closed on their
+        # workers: one that hangs costs close() at most ``wait`` seconds.
+        sinks, backend, done = self.sinks, self.backend, self._closed_parts
+        sources = self.pipeline.sources if self.pipeline is not None else None
+        if sinks is not None and "sinks" not in done:
+            done.add("sinks")  # handed over: a close interrupted while it runs is not redone
+            meta = final or self.final_meta("degraded")
+            if sources is None:
+                sinks.close(meta)
+            elif sources.runlog.busy:
+                self.errors.add(
+                    "close",
+                    TimeoutError(
+                        "the run log is hung: its last rows and meta.json are written when "
+                        "the file system answers"
+                    ),
+                )
+                hung_meta = {**meta, "status": "degraded", "errors": self.final_meta("")["errors"]}
+                sources.runlog.defer(lambda: sinks.close(hung_meta))
+            elif isinstance(
+                sources.runlog.call(lambda: sinks.close(meta), timeout=wait, wait_if_busy=True),
+                Hung,
+            ):
+                self.errors.add(
+                    "close",
+                    TimeoutError("the run log hung while closing; meta.json may not be final"),
+                )
+        if backend is not None and "backend" not in done:
+            done.add("backend")
             try:
-                self.backend.close()
+                if sources is None:
+                    backend.close()
+                else:
+                    sources.sample.call(backend.close, timeout=wait, wait_if_busy=True)
             except Exception as exc:
                 self.errors.add("close", exc)
+        if sources is not None:
+            sources.close(wait)
 
 
 def flush_tick(pipeline: Pipeline) -> None:

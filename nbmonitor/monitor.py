@@ -16,27 +16,32 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Unpack
+from typing import TYPE_CHECKING, Any, Unpack
 
 import numpy as np
 import numpy.typing as npt
 import torch
 
 import nbmonitor.backends.selection as _backends
-from nbmonitor import _registry
+from nbmonitor import _ranks, _registry
 from nbmonitor._capture.capture import build_capture
+from nbmonitor._capture.dist import RankInfo, rank_info
 from nbmonitor._capture.heap import settle_heap
+from nbmonitor._capture.probes.spans import Span, SpanTimer, check_span_name
 from nbmonitor._engine.frame import Frame, RunInfo, View
-from nbmonitor._engine.pipeline import Pipeline, PipelineParts
+from nbmonitor._engine.pipeline import SINK_RETRY_S, Pipeline, PipelineParts
 from nbmonitor._engine.published import history
 from nbmonitor._engine.sampler import SamplerThread
 from nbmonitor._lifetime import Lifetime, flush_tick
 from nbmonitor._parts import layer_stats, run_meta
 from nbmonitor._setup_check import check_setup
-from nbmonitor.errors import ErrorLog
+from nbmonitor.errors import ErrorLog, Guard
 from nbmonitor.health import Alert, Health, non_finite_gradients
 from nbmonitor.options import AttachOptions, Options, WrappedOptimizer, check_model
-from nbmonitor.sinks import Batch, FanOut, RunLogSink
+from nbmonitor.sinks import Batch, FanOut
+
+if TYPE_CHECKING:
+    from nbmonitor._profile import Profile
 
 # How long close() waits for a sampler tick in progress (a hung source) before it gives up on
 # the last interval rather than hang the notebook.
@@ -49,7 +54,8 @@ class Monitor:
 
     The training thread only records; a background thread (``nbmonitor-sampler``) samples the
     system, assembles per-step rows, writes the run log and refreshes the views. ``clock`` (the
-    wall clock, seconds since the epoch) can be replaced, e.g. in tests.
+    wall clock, seconds since the epoch) and ``timer`` (the host clock that times steps, phases
+    and spans) can be replaced, e.g. in tests.
     """
 
     def __init__(
@@ -58,6 +64,7 @@ class Monitor:
         optimizer: torch.optim.Optimizer | WrappedOptimizer | None = None,
         *,
         clock: Callable[[], float] = time.time,
+        timer: Callable[[], float] = time.perf_counter,
         **options: Unpack[AttachOptions],
     ) -> None:
         optimizer = check_model(model, optimizer)
@@ -70,6 +77,9 @@ class Monitor:
         self._clock = clock
         self._start = clock()
         self._dashboard: Any = None
+        # One rank of a distributed job (torchrun), or None; read locally, never gathered.
+        self.rank: RankInfo | None = rank_info()
+        _ranks.check_display_rank(self.rank, opts.display_rank)
 
         self.backend = _backends.select(model, opts.backend)
         capture = build_capture(
@@ -80,13 +90,20 @@ class Monitor:
             activations=opts.activations,
             check_forward=opts.check_forward,
             on_nan=opts.on_nan,
+            flops=opts.flops,
             start_step=opts.start_step,
+            phases=opts.phases,
+            clock=timer,
             wall_clock=clock,
+            data_wait=self.rank is not None,  # names stragglers (health/rules/stragglers.py)
         )
         # Held until start(); then the model's hooks hold the step clock and this only weakly.
         self._capture: Any = capture
         self._recorder = capture.recorder
         life = self._life = Lifetime(capture.clock, errors_log, clock)
+        self._spans = SpanTimer(
+            capture.clock.ctx, Guard("probe:spans", errors_log), life, timer, clock
+        )
         # A model collected (dropped by the user) closes its run; see _lifetime.py.
         self._model_ref = weakref.ref(model, life.release_soon)
         layers = layer_stats(capture.params, capture.param_names, optimizer, opts.layer_group)
@@ -95,8 +112,11 @@ class Monitor:
         meta = run_meta(model, optimizer, opts, self.backend, self._start)
         # The tracked parameters, so that a replay's layer table says what each layer is.
         meta["params"] = [dataclasses.asdict(p) for p in layers.params]
-        self._runlog = RunLogSink.create(opts.run_dir, run_name, meta)
-        self.name = self._runlog.path.name
+        first = next(iter(model.parameters()), None)
+        device = str(first.device) if first is not None else "cpu"
+        self._runlog, self.name = _ranks.create_runlog(
+            opts, run_name, meta, self.rank, device, self.backend.device_index
+        )
         # Weakly: the probe holds the parameters (and their copies), which go with the model.
         update_ref = weakref.ref(capture.update_ratio) if capture.update_ratio else None
 
@@ -105,9 +125,7 @@ class Monitor:
             return update.copy_max_bytes if update is not None and update.copy_skipped else None
 
         # The sinks every tick's rows go to: the run log first; exporters join here.
-        sinks = life.sinks = FanOut(
-            [self._runlog], lambda name, exc: errors_log.add(f"sink:{name}", exc)
-        )
+        sinks = life.sinks = FanOut([self._runlog], errors_log, retry_after=SINK_RETRY_S)
         life.backend = self.backend
 
         def write(streams: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:
@@ -130,7 +148,9 @@ class Monitor:
                 errors=errors_log,
                 status=life.status,
                 update_copy_skipped=copy_skipped,
+                ranks=_ranks.rank_follower(self.rank, self.displays, self._runlog.path),
                 clock=clock,
+                interval=self.interval,
             )
         )
         self._pipeline.add_alerts(
@@ -153,6 +173,8 @@ class Monitor:
         from nbmonitor.ui.console import ConsoleView, console_logger
         from nbmonitor.ui.notebook import in_notebook
 
+        if not self.displays:
+            return  # another rank of the job shows it; this one records silently
         if in_notebook():
             if display:
                 self._pipeline.views = (self._make_dashboard(),)
@@ -198,12 +220,26 @@ class Monitor:
 
     @property
     def run_dir(self) -> Path:
-        """This run's directory on disk."""
+        """This run's directory on disk (in a distributed job: this rank's, ``rank<r>/``)."""
         return self._runlog.path
 
     @property
+    def job_dir(self) -> Path | None:
+        """In a distributed job, the folder all its ranks write in (``nbmonitor.open`` it for
+        the cross-rank view); None for a single-process run."""
+        return self._runlog.path.parent if self.rank is not None else None
+
+    @property
+    def displays(self) -> bool:
+        """Whether this process shows the views: always, but in a distributed job only on
+        ``display_rank``."""
+        return self.rank is None or self.rank.rank == self.options.display_rank
+
+    @property
     def status(self) -> str:
-        """``"running"``, ``"degraded"`` (something failed; see ``errors``) or ``"closed"``."""
+        """``"running"``, ``"degraded"`` (something failed; see ``errors``) or ``"closed"``;
+        while a source hangs, which and for how long: ``"degraded: run log writing hung for
+        12 s"``."""
         return self._life.status()
 
     @property
@@ -232,6 +268,31 @@ class Monitor:
             return
         clock.log(scalars)  # TypeError for a non-numeric value: a user bug
 
+    def span(self, name: str) -> Span:
+        """A named span of time: ``with mon.span("data"): ...`` or ``@mon.span("eval")``.
+
+        Nested spans nest; each records its name, the step in progress, its start and its
+        duration on the host clock (a few microseconds, never a device sync) to spans.jsonl,
+        the timeline panel and ``export_trace``.
+        """
+        return Span(check_span_name(name), self._spans)
+
+    def export_trace(self, path: str | Path) -> Path:
+        """Write this run's steps, phases and spans (every rank) as a Chrome/Perfetto trace
+        JSON file at ``path`` (open it in https://ui.perfetto.dev); flushes first."""
+        from nbmonitor.runs.trace import write_trace
+
+        self.flush()
+        return write_trace(self.run_dir, path)
+
+    def batch_started(self, batch: object) -> None:
+        """For framework adapters: a training micro-batch starts; it counts (samples: the first
+        tensor's leading dimension) whatever the training step calls, and values logged from now
+        belong to the step in progress. From then on the model's forwards count no batches."""
+        clock = self._life.clock()
+        if not self._life.closed and clock is not None:
+            clock.batch_started(batch)
+
     def flush(self, timeout: float = FLUSH_TIMEOUT_S) -> bool:
         """Have the sampler take, check and write everything recorded so far, now.
 
@@ -252,6 +313,30 @@ class Monitor:
             self._pipeline.lock.release()
         return True
 
+    def profile(self, steps: int = 3, wait: int = 1, warmup: int = 1) -> Profile:
+        """Run ``torch.profiler`` over the next steps and show its table (``nbmonitor.Profile``).
+
+        From the next step boundary it waits ``wait`` steps, warms up ``warmup`` steps and
+        records ``steps`` steps (CPU activity, and CUDA on CUDA), then shows ``key_averages``
+        in the cell (sortable by CPU time, device time and memory) and saves the Chrome trace
+        under ``<run_dir>/profiles/``. Never on unless called; one at a time.
+
+        >>> prof = mon.profile(steps=3)  # doctest: +SKIP
+        """
+        from nbmonitor._profile import start_profile
+        from nbmonitor.ui.notebook import in_notebook
+
+        return start_profile(
+            self._life,
+            self.errors_log,
+            self.run_dir,
+            cuda=self.backend.name == "cuda",
+            notebook=self.options.display and in_notebook(),
+            steps=steps,
+            wait=wait,
+            warmup=warmup,
+        )
+
     def close(self) -> None:
         """Stop monitoring: remove hooks, stop the thread, flush the run log, show the final state.
 
@@ -259,8 +344,11 @@ class Monitor:
         (what it could not take then is reported in ``errors``).
         """
         self._finalizer.detach()
+        closing = not self._life.closed
         self._life.close(CLOSE_WAIT_S)
         _registry.closed(self._model_ref(), self)
+        if closing and self.rank is not None and self.displays:  # the cross-rank summary
+            _ranks.finish_job(self.job_dir, self.errors_log, self.options.display, CLOSE_WAIT_S)
 
     def __enter__(self) -> Monitor:
         return self
@@ -369,7 +457,8 @@ def attach(
 
     Args:
         model: the ``torch.nn.Module`` being trained.
-        optimizer: the optimizer whose ``step()`` ends a training step; without one, each
+        optimizer: the optimizer whose ``step()`` ends a training step; without one, the
+            first optimizer that steps the model's parameters is adopted, and until then each
             backward pass counts as a step. A framework's wrapper of one (Accelerate's
             ``AcceleratedOptimizer``, Lightning's ``LightningOptimizer``) is unwrapped.
         **options: see ``nbmonitor.options.AttachOptions`` (listed below).

@@ -55,6 +55,13 @@ class AttachOptions(TypedDict, total=False):
     thresholds: health-rule thresholds, as ``nbmonitor.Thresholds`` or a dict of its fields.
     start_step: the optimizer steps already done before this run (resuming from a
         checkpoint): the first step recorded is ``start_step + 1`` (default 0).
+    phases: time each step's phases (data wait, forward, backward, other, optimizer) as
+        ``phase_<name>_s`` columns; CUDA events on a GPU, never a sync (default True).
+    flops: count the model's FLOPs once, in the first training forward, for TFLOP/s and
+        MFU (default True; that one forward runs slower).
+    display_rank: in a distributed job (``torchrun``), the rank that shows the dashboard or
+        status lines and writes the cross-rank summary at close; the others record
+        silently (default 0).
 
     """
 
@@ -71,6 +78,9 @@ class AttachOptions(TypedDict, total=False):
     on_nan: str
     thresholds: Thresholds | Mapping[str, float] | None
     start_step: int
+    phases: bool
+    flops: bool
+    display_rank: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +100,9 @@ class Options:
     on_nan: str = "warn"
     thresholds: Thresholds = dataclasses.field(default_factory=Thresholds)
     start_step: int = 0
+    phases: bool = True
+    flops: bool = True
+    display_rank: int = 0
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any]) -> Options:
@@ -185,7 +198,7 @@ def check_options(options: Options) -> None:
             f"names the run folder), got {len(name.encode())} bytes; pass a shorter name=."
         )
     check_run_dir(options.run_dir)
-    for flag in ("display", "activations", "check_forward"):
+    for flag in ("display", "activations", "check_forward", "phases", "flops"):
         value = getattr(options, flag)
         if not isinstance(value, bool):
             raise TypeError(f"nbmonitor.attach: {flag} must be True or False, got {value!r}.")
@@ -208,6 +221,12 @@ def check_options(options: Options) -> None:
         raise ValueError(
             f"nbmonitor.attach: start_step must be an int >= 0 (the steps done before, e.g. "
             f"the checkpoint's iteration), got {start_step!r}."
+        )
+    display_rank = options.display_rank
+    if isinstance(display_rank, bool) or not isinstance(display_rank, int) or display_rank < 0:
+        raise ValueError(
+            f"nbmonitor.attach: display_rank must be an int >= 0 (the rank that shows the "
+            f"dashboard), got {display_rank!r}."
         )
     if on_nan not in ON_NAN:
         raise ValueError(f"nbmonitor.attach: on_nan must be 'warn' or 'raise', got {on_nan!r}.")

@@ -120,6 +120,11 @@ class StepRecord:
     max_norm: float = math.nan
     # The GradScaler skipped the optimizer step (inf/NaN gradients); no norms then.
     skipped: bool = False
+    # Param groups added to the optimizer since the previous step: (index, parameters in it,
+    # of which not in the attached model).
+    groups_added: tuple[tuple[int, int, int], ...] = ()
+    # Token ids the grad-enabled forwards of this step were given (``input_ids``); 0: none.
+    tokens: int = 0
 
     def ready(self) -> bool:
         if self.norms is not None and not self.norms.ready():
@@ -149,12 +154,25 @@ MEASURED_KEYS = frozenset(
         "micro_batches",
         "samples",
         "samples_per_s",
+        "tokens",
+        "tokens_per_s",
+        "flops_per_step",
+        "tflops_per_s",
+        "mfu_percent",
         "lr",
         "grad_norm",
         "loss_smooth",
     }
 )
 MEASURED_PREFIX = "lr_group"
+
+# The phases of a step, in the order they happen: the wait for data (from the previous step's
+# end, or a micro-batch's backward, to the next forward), forward, backward, other (between
+# the backward and the optimizer: clipping, unscaling, nbmonitor's own norms) and the optimizer
+# step. Their sum is the step's time; each is a column ``phase_<name>_s`` of the step's row.
+PHASES = ("data", "forward", "backward", "other", "optimizer")
+PHASE_KEYS = tuple(f"phase_{name}_s" for name in PHASES)
+MEASURED_KEYS = MEASURED_KEYS | frozenset(PHASE_KEYS)
 
 
 @dataclass(slots=True)
@@ -214,4 +232,67 @@ class AuxRecord:
         self.value.wait()
 
 
-Record = StepRecord | LogRecord | AuxRecord
+@dataclass(slots=True)
+class PhaseRecord:
+    """How long each of ``PHASES`` took in one step, in seconds: read already (the host
+    clock), or on its way from the device (CUDA events, read once the last has completed)."""
+
+    step: int
+    durations: tuple[float, ...] | Pending
+
+    def ready(self) -> bool:
+        return isinstance(self.durations, tuple) or self.durations.ready()
+
+    def wait(self) -> None:
+        if not isinstance(self.durations, tuple):
+            self.durations.wait()
+
+    def values(self) -> list[float]:
+        durations = self.durations
+        return list(durations) if isinstance(durations, tuple) else durations.values()
+
+
+@dataclass(slots=True)
+class SpanRecord:
+    """One ``mon.span(name)`` that ended: when it started (wall clock, seconds since the
+    epoch), how long it took (seconds, host clock), how deep it was nested, on which thread,
+    and the step in progress when it started (completed steps + 1)."""
+
+    name: str
+    step: int
+    start: float
+    duration: float
+    depth: int = 0
+    thread: int = 0
+
+    def ready(self) -> bool:
+        return True
+
+    def wait(self) -> None:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class FlopsRecord:
+    """The FLOPs of one grad-enabled forward, counted once (``probes/flops.py``), and what it
+    was given: training FLOPs per step follow from it by the tokens (or samples) of each step.
+
+    ``dtype`` is the compute precision of the matrix products: ``"bfloat16"``, ``"float16"``
+    (autocast or half parameters), ``"tfloat32"`` (float32 with TF32 matmuls) or
+    ``"float32"``; it picks the peak that MFU is taken against.
+    """
+
+    step: int
+    forward_flops: float
+    tokens: int
+    samples: int
+    dtype: str
+
+    def ready(self) -> bool:
+        return True
+
+    def wait(self) -> None:
+        return None
+
+
+Record = StepRecord | LogRecord | AuxRecord | FlopsRecord | PhaseRecord | SpanRecord

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nbmonitor._engine.frame import (
     MAX_POINTS,
@@ -25,6 +25,9 @@ from nbmonitor._engine.run_state import RunState
 from nbmonitor._engine.store import Store
 from nbmonitor.runs import Run as RunFiles
 from nbmonitor.runs import Tail, list_runs
+
+if TYPE_CHECKING:
+    from nbmonitor.job import Job
 
 
 class Run(RunFiles):
@@ -51,7 +54,15 @@ class Run(RunFiles):
         state.add_columns("system", self.system())
         state.add_columns("layers", self.layers())
         state.add_events(self.events())
+        state.spans.add_spans(self.records("spans"))
         return state
+
+    def export_trace(self, path: str | os.PathLike[str]) -> Path:
+        """Write this run's steps, phases and spans (every rank) as a Chrome/Perfetto trace
+        JSON file at ``path``."""
+        from nbmonitor.runs.trace import write_trace
+
+        return write_trace(self.path, path)
 
     def frame(self, detail: bool = True) -> Frame:
         """What the dashboard shows of this run now."""
@@ -187,8 +198,15 @@ def compare(
     return compare_figure(lines, metric, log=log)
 
 
-def open(path: str | os.PathLike[str]) -> Run:
-    """Open a run directory (finished, or being written by another process)."""
+def open(path: str | os.PathLike[str]) -> Run | Job:
+    """Open a run directory (finished, or being written by another process); a job folder of
+    several ranks opens as a ``nbmonitor.job.Job`` (its ranks, the cross-rank view)."""
+    from nbmonitor.runs.layout import is_job
+
+    if isinstance(path, (str, os.PathLike)) and is_job(os.fspath(path)):
+        from nbmonitor.job import Job
+
+        return Job(path)
     return Run(path)
 
 
@@ -200,16 +218,24 @@ def tail(path: str | os.PathLike[str], interval: float = 1.0) -> Any:
     every ``interval`` seconds and returns the number of steps once the run closes (as
     ``python -m nbmonitor tail RUN`` does).
     """
+    from nbmonitor.runs.layout import is_job
     from nbmonitor.ui.notebook import in_notebook
 
     if in_notebook():
-        return Run(path).dashboard(live=True, interval=interval)
+        run = open(path) if is_job(path) else Run(path)
+        return run.dashboard(live=True, interval=interval)
     return follow_in_terminal(path, interval)
 
 
 def follow_in_terminal(path: str | os.PathLike[str], interval: float = 1.0) -> int:
     """The console view of a run being written, until it closes; the number of steps seen."""
+    from nbmonitor.runs.layout import is_job
     from nbmonitor.ui.console import ConsoleView, console_logger
+
+    if is_job(path):
+        from nbmonitor.job import follow_job_in_terminal
+
+        return follow_job_in_terminal(path, interval)
 
     view = ConsoleView(console_logger(install_handler=True), every=interval)
     follower = Follow(path, [view], interval)

@@ -70,3 +70,36 @@ def test_trainer_steps_loss_grad_norm_and_lr_match_its_log(tmp_path: Path) -> No
     np.testing.assert_allclose(h["lr"], [e["learning_rate"] for e in logged], rtol=1e-6)
     assert (h["grad_clip_coef"] < 1).any()
     assert h["micro_batches"].tolist() == [2] * 6
+
+
+@pytest.mark.timeout(300)
+def test_attach_before_train_adopts_the_optimizer_the_trainer_builds(tmp_path: Path) -> None:
+    # The Trainer builds its optimizer inside train(): attach(model) before it adopts that
+    # optimizer at its first step, so steps are the Trainer's, and grad_norm its clip's.
+    import nbmonitor
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2)
+    model = transformers.GPT2LMHeadModel(config)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        max_steps=5,
+        per_device_train_batch_size=4,
+        learning_rate=5e-2,
+        max_grad_norm=0.5,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=Tokens(48, 1))
+    with nbmonitor.attach(model, run_dir=tmp_path / "runs", display=False) as mon:
+        trainer.train()
+        assert mon.flush()
+        h = mon.history()
+    logged = [e for e in trainer.state.log_history if "grad_norm" in e]
+    assert mon.step == trainer.state.global_step == 5
+    assert h["step"].tolist() == [1, 2, 3, 4, 5]
+    np.testing.assert_allclose(h["grad_norm"], [e["grad_norm"] for e in logged], rtol=1e-4)
+    np.testing.assert_allclose(h["lr"][1:], [e["learning_rate"] for e in logged][1:], rtol=1e-6)

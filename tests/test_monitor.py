@@ -80,7 +80,7 @@ def test_gradient_accumulation_counts_optimizer_steps(model, tmp_path):
 
 def test_forward_pre_hook_times_the_first_step_then_goes(model, tmp_path, monkeypatch):
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    with attach(model, opt, tmp_path) as mon:
+    with attach(model, opt, tmp_path, phases=False) as mon:
         assert len(model._forward_pre_hooks) == 1
         time.sleep(0.2)  # attached long before training: not part of step 1
         train(model, opt, mon, 3)
@@ -88,6 +88,9 @@ def test_forward_pre_hook_times_the_first_step_then_goes(model, tmp_path, monkey
         mon.flush()
         h = mon.history()
     assert np.all(np.isfinite(h["step_time"])) and h["step_time"][0] < 0.2
+    with attach(model, opt, tmp_path) as mon:
+        train(model, opt, mon, 3)
+        assert len(model._forward_pre_hooks) == 1  # each forward's start is a phase mark
     with attach(model, opt, tmp_path, activations=True, layer_every=2) as mon:
         taken: list[int] = []
         add = LayerStats.add_activations
@@ -516,7 +519,9 @@ def test_demo_command(tmp_path):
     assert "nbmonitor: step" in out.stderr  # the console status line
     run_dirs = list(tmp_path.iterdir())
     assert len(run_dirs) == 1
-    assert len(nbmonitor.open(run_dirs[0]).history()["step"]) > 10
+    assert (
+        len(nbmonitor.open(run_dirs[0]).history()["step"]) > 3
+    )  # steps recorded (a loaded machine runs few)
 
 
 def test_energy_per_step_and_sample_from_gpu_counter(model, tmp_path):

@@ -25,9 +25,13 @@ WHERE = "import nbmonitor; print('nbmonitor from', nbmonitor.__file__)"
 def test_notebook_runs(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A copy, so runs/ lands in tmp_path and the kernel imports this checkout whether or not it
     # is installed (or, with NBMONITOR_TEST_INSTALLED, the installed package only).
+    if path.name.startswith("04-"):
+        pytest.importorskip("transformers")
+        pytest.importorskip("accelerate")
     work = tmp_path / path.name
     shutil.copy(path, work)
     monkeypatch.setenv("NBMONITOR_QUICKSTART_STEPS", "200")
+    monkeypatch.setenv("NBMONITOR_FRAMEWORKS_STEPS", "20")
     if not INSTALLED:
         monkeypatch.setenv(
             "PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
@@ -53,6 +57,13 @@ def test_notebook_runs(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPat
             o.text for o in outputs if o.output_type == "stream" and o.name == "stderr"
         )
         assert "Traceback" not in stderr
+    if path.name.startswith("05-"):
+        # The slow loader is named, the loader that has its data ready is not.
+        text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
+        assert "[input_bound] Input-bound:" in text
+        assert "waits for data" in text and "num_workers" in text
+        assert "data (span)" in text and "eval (span)" in text
+        assert text.rstrip().endswith("ms") and "\nFalse\n" in text
     if path.name.startswith("02-"):
         # Each section's bug is caught and named.
         text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
@@ -74,3 +85,17 @@ def test_notebook_runs(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPat
             o.text for o in outputs if o.output_type == "stream" and o.name == "stderr"
         )
         assert "Warning" not in stderr, stderr
+    if path.name.startswith("04-"):
+        # The Trainer's notebook progress table and the nbmonitor dashboard both showed, and
+        # nbmonitor's steps are the Trainer's.
+        displays = [out for out in outputs if out.output_type == "display_data"]
+        assert any(
+            WIDGET_VIEW in out.data and "nbmonitor" in out.data["text/html"] for out in displays
+        )
+        assert any(
+            "<progress" in out.data.get("text/html", "")
+            and "Training Loss" in out.data.get("text/html", "")
+            for out in displays
+        )
+        text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
+        assert "nbmonitor: 20 steps; Trainer: global_step 20" in text

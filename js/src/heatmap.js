@@ -77,7 +77,7 @@ export class Heatmap {
   }
 
   /**
-   * @param {{values: Float32Array, rows: number, cols: number, names: string[], steps: Float64Array}} data
+   * @param {{values: Float32Array, rows: number, cols: number, names: string[], steps: Float64Array, label?: string}} data
    */
   draw(data) {
     this.data = data;
@@ -90,8 +90,9 @@ export class Heatmap {
     const steps = data.steps;
     const span =
       steps.length > 1 && isNum(steps[0]) ? `, steps ${Math.round(steps[0])}\u2013${Math.round(steps[steps.length - 1])}` : "";
+    const label = data.label ?? "log10 grad norm";
     this.legend.textContent =
-      rows && cols ? `log10 grad norm: ${fmtNumber(lo, 3)} (dark) \u2026 ${fmtNumber(hi, 3)} (bright)${span}` : "";
+      rows && cols ? `${label}: ${fmtNumber(lo, 3)} (dark) \u2026 ${fmtNumber(hi, 3)} (bright)${span}` : "";
     const labelled = rows > 0 && rowPx >= 10;
     this.labels.hidden = !labelled;
     this.labels.replaceChildren(
@@ -124,8 +125,9 @@ export class Heatmap {
     if (c < 0 || r < 0) return;
     const v = values[r * cols + c];
     const step = steps[c];
+    const shown = this.data.label ? `${this.data.label} ${fmtNumber(v, 3)}` : `grad norm 1e${fmtNumber(v, 3)}`;
     this.canvas.title = `${names[r] ?? r} @ step ${isNum(step) ? Math.round(step) : "?"}: ${
-      Number.isFinite(v) ? `grad norm 1e${fmtNumber(v, 3)}` : "unknown"
+      Number.isFinite(v) ? shown : "unknown"
     }`;
   }
 

@@ -1,7 +1,7 @@
 // Sortable per-layer table. Sorting is front-end state: it survives data updates but is not
 // synced back to Python (nothing there needs it).
 
-import { DASH, fmtInt, fmtNumber, isNum } from "./format.js";
+import { DASH, fmtBytes, fmtInt, fmtNumber, isNum } from "./format.js";
 
 export const COLUMNS = [
   { key: "name", label: "layer", kind: "text" },
@@ -55,9 +55,11 @@ export function sortRows(rows, key, dir) {
     .map((x) => x.row);
 }
 
+/** A sortable table; `columns` default to the per-layer ones ({key, label, kind} each). */
 export class LayerTable {
-  /** @param {HTMLElement} parent */
-  constructor(parent) {
+  /** @param {HTMLElement} parent @param {{key: string, label: string, kind: string}[]} [columns] */
+  constructor(parent, columns = COLUMNS) {
+    this.columns = columns;
     this.table = document.createElement("table");
     this.table.className = "nbm-table";
     this.head = document.createElement("thead");
@@ -70,7 +72,7 @@ export class LayerTable {
     /** @type {Record<string, unknown>[]} */
     this.rows = [];
     const tr = document.createElement("tr");
-    for (const col of COLUMNS) {
+    for (const col of this.columns) {
       const th = document.createElement("th");
       th.textContent = col.label;
       th.dataset.key = col.key;
@@ -84,7 +86,7 @@ export class LayerTable {
       if (this.sortKey === th.dataset.key) this.sortDir = -this.sortDir;
       else {
         this.sortKey = th.dataset.key;
-        this.sortDir = th.dataset.key === "name" ? 1 : -1;
+        this.sortDir = th.classList.contains("nbm-col-text") ? 1 : -1;
       }
       this.render();
     };
@@ -108,7 +110,7 @@ export class LayerTable {
       const tr = document.createElement("tr");
       const flags = flagList(row.flags);
       if (flags.length) tr.className = "nbm-flagged";
-      for (const col of COLUMNS) {
+      for (const col of this.columns) {
         const td = document.createElement("td");
         td.className = `nbm-col-${col.kind}`;
         const v = row[col.key];
@@ -120,6 +122,7 @@ export class LayerTable {
             td.append(chip);
           }
         } else if (col.kind === "int") td.textContent = fmtInt(v);
+        else if (col.kind === "bytes") td.textContent = isNum(v) ? fmtBytes(v) : DASH;
         else if (col.kind === "num") td.textContent = isNum(v) ? fmtNumber(v, 3) : DASH;
         else td.textContent = Array.isArray(v) ? `(${v.join(", ")})` : v == null ? DASH : String(v);
         tr.append(td);

@@ -52,6 +52,11 @@ function stat(parent, field, label) {
   return value;
 }
 
+/** Hide or show a header stat (its labelled box). @param {HTMLElement} value @param {boolean} on */
+function show(value, on) {
+  if (value.parentElement) value.parentElement.hidden = !on;
+}
+
 /** @param {number | null | undefined} fraction in [0, 1] */
 function bar(fraction, level) {
   const outer = h("div", "nbm-bar");
@@ -87,12 +92,16 @@ const ratio = (a, b) => (isNum(a) && isNum(b) && b > 0 ? a / b : null);
 export function systemCards(system) {
   const cards = [];
   const cpu = card("CPU", "cpu");
-  cpu.append(
-    gauge("system", isNum(system.cpu_percent) ? system.cpu_percent / 100 : null, fmtPercent(system.cpu_percent), "cpu"),
-  );
+  // The gauge is the share of the whole machine (all cores); the process's figure is of one
+  // core, as top shows it, so a process on several cores exceeds 100%.
+  const machine = gauge("machine", isNum(system.cpu_percent) ? system.cpu_percent / 100 : null, fmtPercent(system.cpu_percent), "cpu");
+  machine.title = "CPU use of the whole machine, all cores together";
+  cpu.append(machine);
   if (isNum(system.process_cpu_percent)) {
-    // A process can use several cores: its share is of one core, so it may exceed 100%.
-    cpu.append(h("div", "nbm-note", `this process ${fmtPercent(system.process_cpu_percent)}`));
+    const note = h("div", "nbm-note", `this process ${fmtPercent(system.process_cpu_percent)} of one core`);
+    note.dataset.field = "process_cpu";
+    note.title = "100% is one core busy; a process using several cores shows more";
+    cpu.append(note);
   }
   cards.push(cpu);
   const ram = card("RAM", "ram");
@@ -141,6 +150,7 @@ export function deviceCard(d, index) {
 }
 
 const MAX_LAYER_NAMES = 4;
+const LAYERS_TITLE = "Per-layer gradients (log10 norm, layers \u00d7 steps)";
 // The strip shows the newest few alerts; older ones stay in mon.events() and the run log.
 export const MAX_ALERTS_SHOWN = 3;
 
@@ -182,6 +192,9 @@ class Dashboard {
     this.loss = stat(stats, "loss", "loss");
     this.best = stat(stats, "best_loss", "best loss");
     this.throughput = stat(stats, "samples_per_s", "samples/s");
+    this.tokens = stat(stats, "tokens_per_s", "tokens/s");
+    this.tflops = stat(stats, "tflops_per_s", "TFLOP/s");
+    this.mfu = stat(stats, "mfu_percent", "MFU");
     this.stepTime = stat(stats, "step_time", "step time");
     this.elapsed = stat(stats, "elapsed", "elapsed");
     this.eta = stat(stats, "eta", "ETA");
@@ -190,7 +203,7 @@ class Dashboard {
     this.gauges = h("div", "nbm-gauges");
     this.alerts = h("ul", "nbm-alerts");
     this.layers = h("div", "nbm-layers");
-    this.layersTitle = h("div", "nbm-section-title", "Per-layer gradients (log10 norm, layers \u00d7 steps)");
+    this.layersTitle = h("div", "nbm-section-title", LAYERS_TITLE);
     this.layers.append(this.layersTitle);
     this.heatmap = new Heatmap(this.layers);
     this.table = new LayerTable(this.layers);
@@ -212,6 +225,17 @@ class Dashboard {
     this.loss.textContent = fmtNumber(s.loss);
     this.best.textContent = fmtNumber(s.best_loss);
     this.throughput.textContent = fmtNumber(s.samples_per_s, 3);
+    // Token ids in the inputs: tokens/s replaces samples/s; FLOPs counted: TFLOP/s and MFU.
+    const tokens = isNum(s.tokens_per_s);
+    this.tokens.textContent = fmtNumber(s.tokens_per_s, 3);
+    show(this.tokens, tokens);
+    show(this.throughput, !tokens);
+    const flops = isNum(s.tflops_per_s);
+    this.tflops.textContent = fmtNumber(s.tflops_per_s, 3);
+    this.mfu.textContent = isNum(s.mfu_percent) ? fmtPercent(s.mfu_percent) : DASH;
+    this.mfu.title = isNum(s.mfu_percent) ? "achieved FLOP/s over the device's peak" : (s.mfu_note ?? "");
+    show(this.tflops, flops);
+    show(this.mfu, flops);
     this.stepTime.textContent = fmtStepTime(s.step_time);
     this.elapsed.textContent = fmtDuration(s.elapsed_s);
     this.eta.textContent = status === "closed" ? DASH : fmtDuration(s.eta_s);
@@ -242,14 +266,19 @@ class Dashboard {
     if (this.layers.hidden) return;
     const values = toTypedArray(grid, "float32");
     const complete = values.length === rows * cols;
+    // Other panels (the ranks panel) reuse the heatmap with their own title and value label.
+    this.layersTitle.textContent = typeof meta.title === "string" ? meta.title : LAYERS_TITLE;
     this.heatmap.draw({
       values: complete ? values : new Float32Array(0),
       rows: complete ? rows : 0,
       cols: complete ? cols : 0,
       names: meta.names,
       steps: toTypedArray(steps, "float64"),
+      label: typeof meta.label === "string" ? meta.label : undefined,
     });
-    this.table.update(Array.isArray(meta.table) ? meta.table : []);
+    const table = Array.isArray(meta.table) ? meta.table : [];
+    this.table.table.hidden = table.length === 0;
+    this.table.update(table);
   }
 
   destroy() {

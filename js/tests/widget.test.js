@@ -41,6 +41,40 @@ describe("render", () => {
     expect(el.querySelector(".nbm-layers").hidden).toBe(true);
   });
 
+  it("labels the CPU gauge as the machine's and the process's figure as of one core", () => {
+    render({ model: new FakeModel(baseState()), el });
+    const card = el.querySelector(".nbm-card-cpu");
+    expect(card.querySelector(".nbm-gauge-label").textContent).toBe("machine");
+    expect(field(el, "process_cpu")).toBe("this process 180% of one core");
+  });
+
+  it("shows samples/s without token ids and hides TFLOP/s and MFU without a FLOP count", () => {
+    render({ model: new FakeModel(baseState()), el });
+    const box = (name) => el.querySelector(`[data-field="${name}"]`).parentElement;
+    expect(box("samples_per_s").hidden).toBe(false);
+    expect(box("tokens_per_s").hidden).toBe(true);
+    expect(box("tflops_per_s").hidden).toBe(true);
+    expect(box("mfu_percent").hidden).toBe(true);
+  });
+
+  it("shows tokens/s, TFLOP/s and MFU, and says why MFU is missing", () => {
+    const state = baseState();
+    state.header = { ...state.header, tokens_per_s: 51200, tflops_per_s: 312.5, mfu_percent: 31.6 };
+    const model = new FakeModel(state);
+    render({ model, el });
+    const box = (name) => el.querySelector(`[data-field="${name}"]`).parentElement;
+    expect(box("samples_per_s").hidden).toBe(true);
+    expect(field(el, "tokens_per_s")).toBe("51,200");
+    expect(field(el, "tflops_per_s")).toBe("313");
+    expect(field(el, "mfu_percent")).toBe("32%");
+    const cpu = baseState();
+    cpu.header = { ...cpu.header, tflops_per_s: 0.002, mfu_percent: null, mfu_note: "no peak for CPU" };
+    el.replaceChildren();
+    render({ model: new FakeModel(cpu), el });
+    expect(field(el, "mfu_percent")).toBe("\u2013");
+    expect(el.querySelector('[data-field="mfu_percent"]').title).toBe("no peak for CPU");
+  });
+
   it("shows a dash for null (NaN on the Python side) values", () => {
     const state = baseState();
     state.header = { ...state.header, loss: null, total_steps: null, eta_s: null };

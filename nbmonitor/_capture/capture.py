@@ -11,8 +11,11 @@ import torch
 
 from nbmonitor._capture.clock import StepClock
 from nbmonitor._capture.inputs import optimizer_parameters
+from nbmonitor._capture.phases import PhaseTimer
 from nbmonitor._capture.probes.activations import ActivationsProbe
 from nbmonitor._capture.probes.base import Probe
+from nbmonitor._capture.probes.data_wait import DataWaitProbe
+from nbmonitor._capture.probes.flops import FlopsProbe
 from nbmonitor._capture.probes.forward_check import ForwardCheckProbe
 from nbmonitor._capture.probes.grad_norms import GradNormProbe
 from nbmonitor._capture.probes.hf_loss import OutputLossProbe
@@ -41,8 +44,12 @@ def build_capture(
     activations: bool,
     check_forward: bool,
     on_nan: str,
+    flops: bool = False,
     start_step: int = 0,
+    phases: bool = True,
+    clock: Callable[[], float] = time.perf_counter,
     wall_clock: Callable[[], float] = time.time,
+    data_wait: bool = False,
 ) -> Capture:
     names = {id(p): n for n, p in model.named_parameters()}
     params = optimizer_parameters(optimizer) if optimizer is not None else []
@@ -60,6 +67,8 @@ def build_capture(
     # Order matters: per-forward probes hand over before the output's loss is recorded, and
     # the gradient norms (and their non-finite check) come before the update's copy.
     probes: list[Probe] = []
+    if flops:  # first: its count ends before the other probes' work on the output
+        probes.append(FlopsProbe(guard("flops"), model))
     if check_forward:
         probes.append(ForwardCheckProbe(guard("check_forward"), model, raise_non_finite))
     if activations:
@@ -73,15 +82,23 @@ def build_capture(
             guard("update_ratio"), params[:n_optimized], param_names[:n_optimized], layer_every
         )
         probes.append(update)
+    if data_wait:  # last: the time it stamps at a step's end follows the other probes' work
+        probes.append(DataWaitProbe(guard("data_wait")))
     recorder = Recorder()
-    clock = StepClock(
+    # CUDA events time the device's phases; elsewhere the host clock does.
+    first = next(iter(model.parameters()), None)
+    cuda = first is not None and first.is_cuda
+    timer = PhaseTimer(guard("phases"), clock, cuda=cuda, enabled=phases)
+    step_clock = StepClock(
         model,
         optimizer,
         recorder,
         errors,
         probes,
-        keep_forward_pre=activations,
+        phases=timer,
+        keep_forward_pre=activations or phases,  # every forward's start is a phase mark
         start_step=start_step,
+        clock=clock,
         wall_clock=wall_clock,
     )
-    return Capture(recorder, clock, params, param_names, n_optimized, grad, update)
+    return Capture(recorder, step_clock, params, param_names, n_optimized, grad, update)

@@ -11,25 +11,36 @@ from __future__ import annotations
 
 import math
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
-from torch.autograd.variable import Variable
 from torch.utils.hooks import RemovableHandle
 
-from nbmonitor._capture import intercept
-from nbmonitor._capture.device_value import DeviceValue
-from nbmonitor._capture.inputs import batch_size, first_tensor, output_loss
+from nbmonitor._capture import adopt, inputs, intercept
+from nbmonitor._capture.backward_end import BackwardEnd
+from nbmonitor._capture.closure import after_closure
+from nbmonitor._capture.inputs import (
+    batch_size,
+    batch_tokens,
+    first_tensor,
+    learning_rates,
+    output_loss,
+    token_count,
+)
+from nbmonitor._capture.phases import FORWARD_START, OPTIMIZER_START, PhaseTimer
 from nbmonitor._capture.probes.base import NO_NORMS, Probe, StepContext
 from nbmonitor._capture.recorder import Recorder, make_log_record
 from nbmonitor.errors import ErrorLog, Guard, NonFiniteError
 from nbmonitor.records import StepRecord
 
-# autograd's engine queues a callback for the end of the backward pass (as DDP's reducer does).
-_autograd_engine = vars(Variable)["_execution_engine"]
 # A hook that torch.compile runs as it is, untraced (torch.compiler.disable, typed here).
 _eager: Callable[[Callable[..., None]], Callable[..., None]] = torch.compiler.disable
+
+
+# One Guard each ("forward" guards an adapter's batch_started too; "optimizer_pre_step" adoption).
+_HOOKS = "forward_pre forward backward optimizer_pre_step optimizer_post_step clip scaler_step"
 
 
 class StepClock:
@@ -47,32 +58,25 @@ class StepClock:
         errors: ErrorLog,
         probes: Sequence[Probe] = (),
         *,
+        phases: PhaseTimer | None = None,
         keep_forward_pre: bool = False,
         start_step: int = 0,
         clock: Callable[[], float] = time.perf_counter,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
-        self.model = model
+        # Weakly: the model's hooks hold this clock, so a strong reference back would make a
+        # cycle that keeps a dropped model (and its GPU memory) until a full garbage collection.
+        self._model_ref = weakref.ref(model)
         self.optimizer = optimizer
         self.recorder = recorder
         self.probes = tuple(probes)
+        self.phases = phases or PhaseTimer(Guard("probe:phases", errors), clock, enabled=False)
         # Steps done before (a resumed run): numbering goes on from there.
         self.ctx = StepContext(recorder, step=start_step)
         self._clock = clock
         self._wall_clock = wall_clock
         self._keep_forward_pre = keep_forward_pre
-        self._guards = {
-            name: Guard(f"hook:{name}", errors)
-            for name in (
-                "forward_pre",
-                "forward",
-                "backward",
-                "optimizer_pre_step",
-                "optimizer_post_step",
-                "clip",
-                "scaler_step",
-            )
-        }
+        self._guards = {name: Guard(f"hook:{name}", errors) for name in _HOOKS.split()}
         self._log_guard = Guard("log", errors)
         # Per moment, the (guard, bound method) of each probe that acts then, in order.
         self._at: dict[str, tuple[tuple[Guard, Callable[..., None]], ...]] = {
@@ -83,13 +87,25 @@ class StepClock:
             "post_step": self._calls("post_step", lambda p: p.post_step),
         }
         self._samples = 0
+        self._tokens = 0
+        # Called with the new step number at the end of each step, after its record (the
+        # profiler's schedule); each behind its caller's guard.
+        self.step_listeners: list[Callable[[int], None]] = []
         self._step_start: float | None = None
         self._last_end: float | None = None
-        self._backward_queued = False
+        self._backward = BackwardEnd(self._backward_end, self._guards["backward"])
+        self._forwarded = False  # a grad-enabled forward ran in the step in progress
+        # The last step was a backward pass with no forward since; an optimizer adopted now
+        # (adopt.py) absorbs its first step into it.
+        self._backward_ended = False
+        self._absorb = False
+        # An adapter counts micro-batches and samples (batch_started); forwards then do not.
+        self._batches_counted = False
         self.handles: list[RemovableHandle] = []
         self._pre_handle: RemovableHandle | None = None
         self._unlisten: Callable[[], None] | None = None
         self._param_ids: frozenset[int] = frozenset()
+        self._n_groups = len(optimizer.param_groups) if optimizer is not None else 0
         # Inside GradScaler.step for our optimizer, and whether the optimizer stepped there.
         self._in_scaler_step = False
         self._stepped = False
@@ -117,7 +133,9 @@ class StepClock:
             raise
 
     def _install(self) -> None:
-        m = self.model
+        m = self._model_ref()
+        if m is None:
+            raise RuntimeError("the model was deleted before its monitor started")
         # Probes' own per-module hooks go first so that they have run when the root's own hook
         # hands the step to the probes.
         for probe in self.probes:
@@ -131,12 +149,33 @@ class StepClock:
         self.handles.append(self._pre_handle)
         forward = _eager(self._forward)
         self.handles.append(m.register_forward_hook(forward, with_kwargs=True))
+        self._param_ids = frozenset(id(p) for p in m.parameters())
         if self.optimizer is not None:
-            self.handles.append(self.optimizer.register_step_pre_hook(self._step_pre))
-            self.handles.append(self.optimizer.register_step_post_hook(self._step_post))
-            # Without an optimizer a step ends with backward, before any clip: nothing to watch.
-            self._param_ids = frozenset(id(p) for p in m.parameters())
-            self._unlisten = intercept.listen(self)
+            self._watch_optimizer(self.optimizer)
+        else:
+            # Backward passes are steps (ending before any clip) until an optimizer steps the
+            # model's parameters: that one is adopted (adopt.py).
+            self.handles.extend(adopt.watch_optimizers(self))
+
+    def _watch_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        self.handles.append(optimizer.register_step_pre_hook(self._step_pre))
+        self.handles.append(optimizer.register_step_post_hook(self._step_post))
+        self._unlisten = intercept.listen(self)
+        self.handles.extend(self.phases.install(self._model_ref()))  # the backward's end
+
+    def adopt(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Make ``optimizer`` this clock's if it steps the model, from this step on (adopt.py)."""
+
+        def work() -> None:
+            if adopt.steps_any(optimizer, self._param_ids):
+                self.optimizer = optimizer
+                self._n_groups = len(optimizer.param_groups)
+                # The backward pass just counted as a step was this optimizer step's.
+                self._absorb = self._backward_ended
+                self._watch_optimizer(optimizer)
+
+        self._guarded("optimizer_pre_step", work)
+        return self.optimizer is optimizer
 
     def remove(self) -> None:
         for handle in self.handles:
@@ -190,9 +229,10 @@ class StepClock:
         if not torch.is_grad_enabled() or not guard.on:
             return None
         try:
+            self.phases.mark(FORWARD_START)
             if self._step_start is None:
                 self._step_start = self._clock()
-            if self._at["forward_pre"] and self.ctx.micro == 0:
+            if self._at["forward_pre"] and not self._forwarded:
                 self._call(self._at["forward_pre"])
         except Exception as exc:
             guard.failed(exc)
@@ -209,37 +249,30 @@ class StepClock:
         if not torch.is_grad_enabled() or not guard.on:
             return None
         try:
+            # Without an optimizer the step ends with the backward: _backward marks it.
+            self.phases.forward_ended(output, watch=self.optimizer is not None)
             # A micro-batch counts once its forward has run (a forward that raised is none).
             ctx = self.ctx
-            ctx.micro += 1
-            self._samples += batch_size(args, kwargs)
+            self._forwarded = True
+            self._backward_ended = False
+            samples = ctx.forward_samples = batch_size(args, kwargs)
+            tokens = ctx.forward_tokens = token_count(args, kwargs)
+            if not self._batches_counted:
+                ctx.micro += 1
+                self._samples += samples
+                self._tokens += tokens
             if self._at["forward"]:
                 self._call(self._at["forward"], output)
             if self.optimizer is None:
                 loss = output_loss(output)
-                self._watch_backward(loss if loss is not None else first_tensor(output))
+                # Without an optimizer a step is a backward pass through the output.
+                self._backward.watch(loss if loss is not None else first_tensor(output))
             if guard.in_a_row:
                 guard.ok()
         except NonFiniteError:
             raise
         except Exception as exc:
             guard.failed(exc)
-        return None
-
-    def _watch_backward(self, tensor: torch.Tensor | None) -> None:
-        # Without an optimizer a step is a backward pass. A hook on the output's gradient queues a
-        # callback that autograd runs once the whole backward pass has finished (as DDP does).
-        if tensor is not None and tensor.requires_grad:
-            tensor.register_hook(self._output_grad)  # type: ignore[no-untyped-call]
-
-    def _output_grad(self, grad: torch.Tensor) -> None:
-        try:
-            if not self._backward_queued:
-                self._backward_queued = True
-                engine = _autograd_engine
-                engine.queue_callback(self._backward_end)
-        except Exception as exc:
-            self._guards["backward"].failed(exc)
         return None
 
     def _guarded(self, hook: str, work: Callable[[], None]) -> None:
@@ -260,12 +293,27 @@ class StepClock:
             guard.failed(exc)
 
     def _backward_end(self) -> None:
-        self._backward_queued = False
         self._guarded("backward", self._end_backward_step)
 
     def _end_backward_step(self) -> None:
+        if self.optimizer is not None:
+            return  # adopted since this pass's forward: the optimizer's step ends the step
         self._call(self._at["pre_step"])
         self._end_step()
+        self._backward_ended = True
+
+    def batch_started(self, inputs: object) -> None:
+        """An adapter's micro-batch starts (``Monitor.batch_started``): forwards no longer count."""
+
+        def work() -> None:
+            self._batches_counted = True
+            if self._step_start is None:
+                self._step_start = self._clock()
+            self.ctx.micro += 1
+            self._samples += batch_size((inputs,), {})
+            self._tokens += batch_tokens(inputs)
+
+        self._guarded("forward", work)
 
     # -- watched torch calls (intercept.py) ---------------------------------------------------
 
@@ -282,18 +330,7 @@ class StepClock:
 
     def clip_done(self, params: list[torch.Tensor], total: torch.Tensor, max_norm: object) -> None:
         if params and id(params[0]) in self._param_ids:
-            self._guarded("clip", lambda: self._clip_end(total, max_norm))
-
-    def _clip_end(self, total: torch.Tensor, max_norm: object) -> None:
-        ctx = self.ctx
-        if ctx.clips == 1:
-            ctx.clip_total = DeviceValue(total.detach().reshape(1))
-            # A tensor max_norm would cost a sync to read: no clip coefficient then.
-            ctx.max_norm = float(max_norm) if isinstance(max_norm, (int, float)) else math.nan
-        else:
-            # Several clips in one step (parameter groups clipped apart, or twice): the total
-            # comes from the per-parameter norms taken before the first.
-            ctx.clip_total = None
+            self._guarded("clip", lambda: self.ctx.clip_ended(total, max_norm))
 
     def scaler_step_started(self, optimizer: object) -> None:
         if optimizer is self.optimizer:
@@ -308,19 +345,30 @@ class StepClock:
             self._guarded("scaler_step", self._end_skipped_step)
 
     def _end_skipped_step(self) -> None:
-        # The scaler found inf/NaN and did not step: the step counts (as the user's loop and
-        # HF's global_step count it), marked skipped, without norms of gradients not used.
+        # inf/NaN, no step: it counts (as loops and HF's global_step do), marked skipped, without
+        # norms of gradients not used.
         self.ctx.norms = NO_NORMS
         self._end_step(skipped=True)
 
-    def _step_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        self._guarded("optimizer_pre_step", self._pre_step)
+    def _step_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
+        if self._absorb:
+            return None
+        # step(closure) runs forward and backward inside (Lightning, LBFGS): the gradients
+        # are final once the closure returns, not now.
+        wrapped = after_closure(args, kwargs, self._pre_step)
+        if wrapped is None:
+            self._pre_step()
+        return wrapped
 
     def _pre_step(self) -> None:
-        self._call(self._at["pre_step"])
+        self._guarded("optimizer_pre_step", lambda: self._call(self._at["pre_step"]))
+        self.phases.mark(OPTIMIZER_START)  # after the probes: their work is "other"
 
     def _step_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._stepped = True  # even with this hook's guard off: the scaler did not skip
+        if self._absorb:
+            self._absorb = False
+            return
         self._guarded("optimizer_post_step", self._post_step)
 
     def _post_step(self) -> None:
@@ -341,6 +389,9 @@ class StepClock:
         clip_total = None if skipped else ctx.clip_total
         max_norm = ctx.max_norm
         ctx.clips, ctx.clip_total, ctx.max_norm = 0, None, math.nan
+        self.phases.step_end(ctx.step, now, self.recorder.put)
+        added = inputs.groups_added(self.optimizer, self._n_groups, self._param_ids)
+        self._n_groups += len(added)
         self.recorder.put(
             StepRecord(
                 step=ctx.step,
@@ -348,30 +399,25 @@ class StepClock:
                 step_time=step_time,
                 samples=self._samples,
                 micro_batches=ctx.micro,
-                lrs=self._lrs(),
+                lrs=learning_rates(self.optimizer),
                 norms=norms,
                 norm_index=which,
                 norms_layout=layout,
                 clip_norm=clip_total,
                 max_norm=max_norm,
                 skipped=skipped,
+                groups_added=added,
+                tokens=self._tokens,
             )
         )
         self._last_end = now
         self._samples = 0
+        self._tokens = 0
         ctx.micro = 0
+        self._forwarded = False
         if not self._keep_forward_pre and self._pre_handle is not None:
             self._pre_handle.remove()
             self._pre_handle = None
-
-    def _lrs(self) -> tuple[float | DeviceValue, ...]:
-        if self.optimizer is None:
-            return ()
-        out: list[float | DeviceValue] = []
-        for group in self.optimizer.param_groups:
-            lr = group.get("lr", float("nan"))
-            if isinstance(lr, torch.Tensor):
-                out.append(DeviceValue(lr))
-            else:
-                out.append(float(lr))
-        return tuple(out)
+        if self.step_listeners:
+            for listener in tuple(self.step_listeners):
+                listener(ctx.step)

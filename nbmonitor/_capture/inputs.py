@@ -1,5 +1,6 @@
-"""What the capture side reads from the user's objects: an optimizer's parameters, a forward
-call's batch size, the first tensor of an output, a Hugging Face style output's loss."""
+"""What the capture side reads from the user's objects: an optimizer's parameters and learning
+rates, a forward call's batch size and token count, the first tensor of an output, a Hugging
+Face style output's loss."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+
+from nbmonitor._capture.device_value import DeviceValue
 
 
 def optimizer_parameters(optimizer: torch.optim.Optimizer) -> list[torch.nn.Parameter]:
@@ -21,6 +24,30 @@ def optimizer_parameters(optimizer: torch.optim.Optimizer) -> list[torch.nn.Para
     return out
 
 
+def learning_rates(optimizer: torch.optim.Optimizer | None) -> tuple[float | DeviceValue, ...]:
+    """Each parameter group's learning rate (a tensor one stays on its device)."""
+    if optimizer is None:
+        return ()
+    out: list[float | DeviceValue] = []
+    for group in optimizer.param_groups:
+        lr = group.get("lr", float("nan"))
+        out.append(DeviceValue(lr) if isinstance(lr, torch.Tensor) else float(lr))
+    return tuple(out)
+
+
+def groups_added(
+    optimizer: torch.optim.Optimizer | None, seen: int, known: frozenset[int]
+) -> tuple[tuple[int, int, int], ...]:
+    """The param groups after the first ``seen``: (index, parameters in it, of which not in
+    ``known``, the ids of the attached model's parameters). One ``len()`` when none."""
+    if optimizer is None or len(optimizer.param_groups) == seen:
+        return ()
+    return tuple(
+        (i, len(g["params"]), sum(id(p) not in known for p in g["params"]))
+        for i, g in enumerate(optimizer.param_groups[seen:], start=seen)
+    )
+
+
 def batch_size(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
     """Leading dimension of the first tensor among a forward call's inputs (0 if none)."""
     for value in (*args, *kwargs.values()):
@@ -28,6 +55,33 @@ def batch_size(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
         if found is not None:
             return int(found.shape[0]) if found.dim() > 0 else 1
     return 0
+
+
+def token_count(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
+    """Token ids a forward call was given (0 if none): the ``input_ids`` keyword, else a 2-D
+    integer tensor as the first argument (batch x sequence). The number of elements, padding
+    included, read from the shape alone: no device value is read."""
+    ids = kwargs.get("input_ids") if kwargs else None
+    if ids is None and args:
+        ids = args[0]
+        if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+            return 0
+    if isinstance(ids, torch.Tensor) and ids.dtype in _TOKEN_DTYPES:
+        return ids.numel()
+    return 0
+
+
+_TOKEN_DTYPES = frozenset({torch.int64, torch.int32})
+
+
+def batch_tokens(batch: object) -> int:
+    """Token ids in a batch as a framework hands it over (``Monitor.batch_started``): a mapping
+    with ``input_ids``, a 2-D integer tensor, or a tuple/list that starts with one."""
+    if isinstance(batch, Mapping):
+        return token_count((), batch)
+    if isinstance(batch, (tuple, list)):
+        return token_count((batch[0],), {}) if batch else 0
+    return token_count((batch,), {})
 
 
 def first_tensor(value: object, depth: int = 0) -> torch.Tensor | None:

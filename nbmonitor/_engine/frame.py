@@ -17,6 +17,8 @@ import numpy as np
 import numpy.typing as npt
 
 from nbmonitor._engine.derive.progress import eta_seconds
+from nbmonitor._engine.derive.ranks_frame import RanksFrame as RanksFrame
+from nbmonitor._engine.derive.timeline import phase_stack, step_time_band
 from nbmonitor._engine.store import Store
 
 # Alert and name_list live in nbmonitor.health; re-exported here, where views read them.
@@ -54,6 +56,41 @@ class LayerFrame:
 
 
 @dataclass(frozen=True)
+class GanttBar:
+    """One bar of the timeline's gantt: a phase or a span of one of the last steps, on a track
+    (``"phases"``, ``"spans"``, ``"spans depth 1"``, ...), ``start_s`` seconds after the first
+    bar shown."""
+
+    track: str
+    name: str
+    step: int
+    start_s: float
+    duration_s: float
+
+
+@dataclass(frozen=True)
+class TimelineFrame:
+    """Where the time goes: the phases' mean seconds per step over bins of steps (``phases`` x
+    ``steps``, stackable: they sum to the step time), a gantt of the last steps, and one
+    telemetry summary row per phase and span name (name, kind, count, mean_s, median_s, std_s,
+    min_s, max_s, total_s, percent of the time the steps took)."""
+
+    phases: tuple[str, ...] = ()
+    steps: FloatArray = field(default_factory=lambda: np.zeros(0))
+    seconds: FloatArray = field(default_factory=lambda: np.zeros((0, 0)))
+    gantt: tuple[GanttBar, ...] = ()
+    summary: tuple[dict[str, object], ...] = ()
+
+
+class TimelineSource(Protocol):
+    """What keeps the spans and phases of a run (``_engine/assemble/spans.SpanLog``)."""
+
+    def gantt(self) -> tuple[GanttBar, ...]: ...
+
+    def summary(self, open_s: float = 0.0) -> tuple[dict[str, object], ...]: ...
+
+
+@dataclass(frozen=True)
 class Frame:
     """Everything a view shows at one moment.
 
@@ -63,6 +100,9 @@ class Frame:
     ``series`` maps a chart line name (the metric key, plus ``loss_smooth``) to its decimated
     points; system series are drawn against the training step current when they were sampled.
     ``devices`` lists one dict per accelerator with its gauge values (empty on CPU).
+    ``step_time_median``, ``step_time_min`` and ``step_time_max`` are the step time's rolling
+    median and the band of its windows' extremes (``_engine/derive/timeline.py``).
+    ``notes`` says why a figure is missing, by figure (``"mfu"``: no peak known).
     """
 
     run: str
@@ -78,10 +118,20 @@ class Frame:
     alerts: tuple[Alert, ...] = ()
     errors: tuple[str, ...] = ()
     layers: LayerFrame | None = None
+    timeline: TimelineFrame | None = None
+    notes: Mapping[str, str] = field(default_factory=dict)
 
 
 # Chart lines sent to views: bounded so that one publish stays small however long the run.
-STEP_SERIES = ("loss", "loss_smooth", "lr", "grad_norm", "step_time", "samples_per_s")
+STEP_SERIES = (
+    "loss",
+    "loss_smooth",
+    "lr",
+    "grad_norm",
+    "step_time",
+    "samples_per_s",
+    "tokens_per_s",
+)
 SYSTEM_SERIES = ("cpu_percent", "process_cpu_percent", "ram_used_bytes", "process_rss_bytes")
 DEVICE_SERIES = ("util_percent", "mem_used_bytes", "temperature_c", "power_w")
 MAX_POINTS = 2000
@@ -113,6 +163,8 @@ class FrameState:
     devices: tuple[dict[str, float | str], ...] = ()
     extra_latest: Mapping[str, float] = field(default_factory=dict)
     layers: Callable[[], LayerFrame | None] | None = None
+    spans: TimelineSource | None = None
+    notes: Mapping[str, str] = field(default_factory=dict)
 
 
 class FrameBuilder:
@@ -145,6 +197,11 @@ class FrameBuilder:
             if name in store.columns:
                 x, y = store.series(name, MAX_POINTS)
                 series[name] = Series(x, y)
+        timeline = None
+        if detail:
+            series.update((k, Series(*xy)) for k, xy in step_time_band(steps).items())
+            open_s = sum(r.get("step_time", 0.0) for r in state.open_rows)
+            timeline = _timeline(steps, state.spans, open_s if math.isfinite(open_s) else 0.0)
         return Frame(
             run=self.info.run,
             backend=self.info.backend,
@@ -159,13 +216,26 @@ class FrameBuilder:
             alerts=tuple(state.alerts[-ALERTS_SHOWN:]),
             errors=tuple(state.errors[-ERRORS_SHOWN:]),
             layers=state.layers() if detail and state.layers is not None else None,
+            timeline=timeline,
+            notes=dict(state.notes),
         )
+
+
+def _timeline(steps: Store, spans: TimelineSource | None, open_s: float) -> TimelineFrame | None:
+    stack = phase_stack(steps)
+    gantt = spans.gantt() if spans is not None else ()
+    summary = spans.summary(open_s) if spans is not None else ()
+    if stack is None and not summary:
+        return None
+    names, x, seconds = stack if stack is not None else ((), np.zeros(0), np.zeros((0, 0)))
+    return TimelineFrame(names, x, seconds, gantt, summary)
 
 
 class View(Protocol):
     """Something that shows Frames: the notebook dashboard, the console line, a user's own.
 
-    Called from the sampler thread only (a replay calls it from the caller's thread); never
+    Called from one thread at a time: the sampler's view worker (a replay calls it from the
+    caller's thread); never
     raises on purpose. ``publish`` shows the newest frame; ``close`` shows the final one
     (status "closed") and releases the view's feed. Neither may call ``display()`` or
     ``print()``. ``wants_detail = False`` asks for frames without chart series or the

@@ -21,10 +21,14 @@ import numpy as np
 
 from nbmonitor._engine.assemble.layer_flow import LayerFlow, NonFiniteReport
 from nbmonitor._engine.assemble.layers import LayerStats
+from nbmonitor._engine.assemble.param_groups import groups_added_notes
+from nbmonitor._engine.assemble.spans import SpanLog, span_rows
 from nbmonitor._engine.assemble.steps import StepAssembler
 from nbmonitor._engine.column_cap import ColumnCap
+from nbmonitor._engine.derive.clipping import clip_share
 from nbmonitor._engine.derive.energy import energy_rates
 from nbmonitor._engine.frame import Frame, FrameBuilder, FrameState, RunInfo, View
+from nbmonitor._engine.isolated import Hung, Sources
 from nbmonitor._engine.published import Published
 from nbmonitor._engine.sampler import Stage
 from nbmonitor._engine.store import FloatArray, Store
@@ -32,7 +36,8 @@ from nbmonitor.backends.base import Backend
 from nbmonitor.errors import ErrorLog
 from nbmonitor.health import Health, HealthInput
 from nbmonitor.health.alert import BACKEND, Alert
-from nbmonitor.records import Record
+from nbmonitor.health.view import RankColumns
+from nbmonitor.records import PHASE_KEYS, Record
 
 # About the most of one core that the health rules and the view may take on scheduled ticks
 # (see Stage): the rules cost ~1 ms for 50 layers and a dashboard frame 2-20 ms, which at
@@ -49,6 +54,8 @@ HEALTH_WINDOW_MAX = 8192
 MAX_ALERTS = 200
 # The step columns the health rules read.
 HEALTH_COLUMNS = ("step", "time", "loss", "grad_norm", "lr", "grad_clip_coef", "step_skipped")
+# The most a health check waits for the other ranks' steps (read from their files).
+RANKS_TIMEOUT_S = 1.0
 # A sink that failed repeatedly (a full disk) is tried again after this many seconds.
 SINK_RETRY_S = 30.0
 
@@ -70,8 +77,27 @@ class PipelineParts:
     errors: ErrorLog
     status: Callable[[], str]
     update_copy_skipped: Callable[[], float | None] = lambda: None
+    # Every rank's step columns (the display rank of a distributed job), for the straggler
+    # rule: it reads files, so it runs on the run log's worker (a hung filesystem holds it).
+    ranks: Callable[[], RankColumns | None] | None = None
     clock: Callable[[], float] = time.time
     monotonic: Callable[[], float] = time.monotonic
+    interval: float = 0.5
+
+
+# While the run log hangs, at most this many rows per stream wait for it; older ones are
+# dropped (and counted in the errors) rather than pile up without bound.
+MAX_WAITING_ROWS = 100_000
+
+
+def device_name(backend: Backend) -> str:
+    """The name of the device the model trains on, as the MFU peak table matches it."""
+    index, devices = backend.device_index, backend.devices
+    if index is not None and 0 <= index < len(devices):
+        return devices[index]
+    if backend.name == "mps" and devices:
+        return devices[0]
+    return backend.name.upper()
 
 
 class Pipeline:
@@ -83,7 +109,8 @@ class Pipeline:
         self.lock = threading.RLock()
         self.views: tuple[View, ...] = ()
         self.published = Published()
-        self._assembler = StepAssembler()
+        self._assembler = StepAssembler(device=lambda: device_name(parts.backend))
+        self.spans = SpanLog()
         self._columns = ColumnCap()
         self._alerts: list[Alert] = []
         self._layer_flags: dict[str, list[str]] = {}
@@ -99,6 +126,7 @@ class Pipeline:
             "system": [],
             "events": [],
             "layers": [],
+            "spans": [],
         }
         self._last_sample: dict[str, float] = {}
         self._notes_seen = 0
@@ -110,12 +138,27 @@ class Pipeline:
         self._start = parts.monotonic()
         errors = parts.errors
         clock = parts.monotonic
+        # Backend, sinks and views are called through workers: one that hangs holds up itself.
+        self.sources = Sources(errors, parts.interval, clock)
+        view_worker = self.sources.view
+
+        def view_cpu() -> float:  # the view stage's cost is on its worker too
+            return time.thread_time() + view_worker.cpu_used
+
         self.stages = (
             Stage("sample", self.sample, errors, clock=clock),
             Stage("records", self.collect, errors, clock=clock),
             health := Stage("health", self.check_health, errors, share=HEALTH_SHARE, clock=clock),
             Stage("runlog", self.persist, errors, clock=clock, retry_after=SINK_RETRY_S),
-            Stage("view", self.publish, errors, share=VIEW_SHARE, max_gap=2.0, clock=clock),
+            Stage(
+                "view",
+                self.publish,
+                errors,
+                share=VIEW_SHARE,
+                max_gap=2.0,
+                clock=clock,
+                cpu_clock=view_cpu,
+            ),
         )
         self._health_stage = health
 
@@ -134,7 +177,7 @@ class Pipeline:
             self.collect(wait=True, everything=True)
             # Unpaced, behind the health stage's own guard: a rule switched off stays off.
             self._health_stage()
-            self.persist()
+            self.persist(final=True)
 
     # -- stages ------------------------------------------------------------------------------
 
@@ -148,7 +191,10 @@ class Pipeline:
             self.add_alerts(
                 Alert("backend", "info", str(n), step, now, subject=BACKEND) for n in new
             )
-        sample = parts.backend.sample()
+        sampled = self.sources.sample.call(parts.backend.sample)
+        sample = (
+            dict.fromkeys(parts.backend.keys, math.nan) if isinstance(sampled, Hung) else sampled
+        )
         row = {"time": parts.clock(), "step": float(parts.current_step()), **sample}
         self._last_sample = row
         self.system.append(row)
@@ -156,9 +202,17 @@ class Pipeline:
 
     def collect(self, wait: bool = False, everything: bool = False) -> None:
         assembler = self._assembler
-        assembler.add(self.parts.drain(wait))
+        records = self.parts.drain(wait)
+        assembler.add(records)
+        spans = span_rows(records)
+        if spans:
+            self.spans.add_spans(spans)
+            self._pending["spans"].extend(spans)
         self._report_failures(assembler.failures)
         assembler.failures = []
+        if assembler.groups_added:
+            self.add_alerts(groups_added_notes(assembler.groups_added))
+            assembler.groups_added = []
         rows = assembler.take_final(everything=everything)
         # The rows are stored before anything else here can fail: they have left the
         # assembler and exist nowhere else.
@@ -169,6 +223,7 @@ class Pipeline:
                     self._best_loss = loss
             self.steps.extend(self._cap_columns(rows))
             self._pending["steps"].extend(rows)
+            self.spans.add_steps(rows)
         blocks, aux = assembler.layer_norms, assembler.aux
         assembler.layer_norms, assembler.aux = [], []
         step = self.parts.current_step()
@@ -223,7 +278,9 @@ class Pipeline:
         window = min(HEALTH_WINDOW + step - self._health_step, HEALTH_WINDOW_MAX)
         self._health_step = step
         columns: dict[str, FloatArray] = {
-            key: steps.tail(key, window) for key in HEALTH_COLUMNS if key in steps.columns
+            key: steps.tail(key, window)
+            for key in (*HEALTH_COLUMNS, "step_time", *PHASE_KEYS)
+            if key in steps.columns
         }
         layers = parts.layers
         layer_steps, layer_norms = layers.recent()
@@ -246,10 +303,17 @@ class Pipeline:
             activations=layers.activations or None,
             system=system,
             gpus=[index] if index is not None else None,
+            ranks=self._ranks(),
         )
         self.add_alerts(parts.health.check(inp))
         self._publish_layers()
         self._write_layer_grads()
+
+    def _ranks(self) -> RankColumns | None:
+        if self.parts.ranks is None:
+            return None
+        got = self.sources.runlog.call(self.parts.ranks, timeout=RANKS_TIMEOUT_S)
+        return None if isinstance(got, Hung) else got
 
     def _write_layer_grads(self) -> None:
         """One run-log row of per-layer gradient norms (the largest of each layer since the last
@@ -270,12 +334,40 @@ class Pipeline:
         )
         self._pending["layers"].append(row)
 
-    def persist(self) -> None:
+    def persist(self, final: bool = False) -> None:
+        """Hand the rows of this tick to the run log's worker. While it hangs they wait here
+        (bounded); at the final tick they are left to it, written once it answers."""
+        writer = self.sources.runlog
+        busy = writer.busy
+        if busy and not final:
+            self._bound_waiting()
+            return
         pending = {k: v for k, v in self._pending.items() if v}
         self._pending = {k: [] for k in self._pending}
-        if pending:
-            self.parts.write(pending)
-        self.parts.flush_sinks()
+        write, flush = self.parts.write, self.parts.flush_sinks
+
+        def write_and_flush() -> None:
+            if pending:
+                write(pending)
+            flush()
+
+        if busy:  # final: after the call in progress
+            writer.defer(write_and_flush)
+        else:  # HUNG: the worker holds the rows and writes them when the file system answers
+            writer.call(write_and_flush)
+
+    def _bound_waiting(self) -> None:
+        for stream, rows in self._pending.items():
+            if len(rows) > MAX_WAITING_ROWS:
+                dropped = len(rows) - MAX_WAITING_ROWS
+                del rows[:dropped]
+                self.parts.errors.add(
+                    "runlog",
+                    OverflowError(
+                        f"{dropped} {stream} rows dropped: the run log is hung and at most "
+                        f"{MAX_WAITING_ROWS} rows per stream wait for it"
+                    ),
+                )
 
     def publish(self) -> None:
         now = self.parts.monotonic()
@@ -283,9 +375,15 @@ class Pipeline:
             return
         self._last_publish = now
         views = self.views
+        if self.sources.view.hung_for() is not None:
+            return
         frame = self.frame(detail=any(v.wants_detail for v in views))
-        for view in views:
-            view.publish(frame)
+
+        def publish_all() -> None:
+            for view in views:
+                view.publish(frame)
+
+        self.sources.view.call(publish_all)
 
     # -- alerts and published state ------------------------------------------------------------
 
@@ -316,12 +414,17 @@ class Pipeline:
 
     # -- frames ------------------------------------------------------------------------------
 
+    def _notes(self) -> dict[str, str]:
+        flops = self._assembler.flops
+        return {"mfu": flops.note} if flops is not None and flops.note else {}
+
     def frame(self, detail: bool = True) -> Frame:
         """A snapshot of everything the views show (on the sampler, or under ``lock``); with
         ``detail`` it takes the per-layer norms waiting for a reader."""
         parts = self.parts
         extra = {"best_loss": self._best_loss}
         extra.update(energy_rates(self.system, self.steps, parts.backend.device_index))
+        extra.update(clip_share(self.steps))
         layers = parts.layers
 
         def layer_frame() -> Any:
@@ -341,5 +444,7 @@ class Pipeline:
             devices=tuple(parts.backend.device_gauges(self._last_sample)),
             extra_latest=extra,
             layers=layer_frame,
+            spans=self.spans,
+            notes=self._notes(),
         )
         return self.frames.build(state, detail=detail)

@@ -10,6 +10,8 @@ from typing import Any
 import numpy as np
 
 from nbmonitor._engine.assemble.layers import LayerStats, ParamInfo
+from nbmonitor._engine.assemble.spans import SpanLog
+from nbmonitor._engine.derive.clipping import clip_share
 from nbmonitor._engine.frame import Frame, FrameBuilder, FrameState, RunInfo
 from nbmonitor._engine.store import Store
 from nbmonitor.health.alert import Alert
@@ -39,6 +41,7 @@ class RunState:
         self.system = Store()
         self.builder = FrameBuilder(self.info, self.steps, self.system)
         self.alerts: list[Alert] = []
+        self.spans = SpanLog()
         self._flags: dict[str, list[str]] = {}
         self._layers: LayerStats | None = None
         self._best_loss = math.nan
@@ -54,6 +57,7 @@ class RunState:
             return
         if stream == "steps":
             self.steps.extend_columns(columns)
+            self.spans.add_step_columns(columns)
             self._note_steps(columns.get("loss"), columns.get("time"))
         elif stream == "system":
             self.system.extend_columns(columns)
@@ -65,7 +69,9 @@ class RunState:
         """New records of a run being written (``tail``), per stream."""
         steps = [r for r in streams.get("steps", ()) if isinstance(r.get("step"), (int, float))]
         if steps:
-            self.steps.extend([_floats(r) for r in steps])
+            rows = [_floats(r) for r in steps]
+            self.steps.extend(rows)
+            self.spans.add_steps(rows)
             self._note_steps(
                 np.array([r.get("loss", math.nan) for r in steps], dtype=np.float64),
                 np.array([r.get("time", math.nan) for r in steps], dtype=np.float64),
@@ -75,6 +81,7 @@ class RunState:
             self.system.extend(system)
             self._last_sample = system[-1]
         self.add_events(streams.get("events", ()))
+        self.spans.add_spans(streams.get("spans", ()))
         layers = [_floats(r) for r in streams.get("layers", ())]
         if layers:
             keys = sorted({k for r in layers for k in r})
@@ -194,8 +201,9 @@ class RunState:
             elapsed_s=elapsed if math.isfinite(elapsed) else 0.0,
             latest_sample=self._last_sample,
             alerts=self.alerts,
-            extra_latest={"best_loss": self._best_loss},
+            extra_latest={"best_loss": self._best_loss, **clip_share(self.steps)},
             layers=(lambda: layers.frame(self._flags)) if layers is not None else None,
+            spans=self.spans,
         )
         return self.builder.build(state, detail=detail)
 

@@ -50,11 +50,12 @@ class CudaBackend:
     ``PCIE_FIELDS`` when ``pcie=True``) for each torch-visible device ``i``; ``ALLOCATOR_KEYS``
     for the training device ``device_index``.
 
-    ``cuda_peak_allocated_bytes`` is the peak *since the previous sample*: the peak counter is
-    reset after each reading (torchtitan resets per log window the same way), so a spike in one
-    step shows up against that step instead of hiding under an all-time maximum. That reset is
-    process-wide: code that reads ``torch.cuda.max_memory_allocated()`` itself should pass
-    ``reset_peak=False``, which reports the peak since the process started (or its own reset).
+    ``cuda_peak_allocated_bytes`` is torch's peak counter as it stands: the peak since the
+    process started (or since the user's own ``reset_peak_memory_stats``). nbmonitor never
+    resets it by default, because the counter is process-wide and code that reads
+    ``torch.cuda.max_memory_allocated()`` itself would get nbmonitor's windows instead of its
+    own. ``reset_peak=True`` opts in to resetting it after each reading (as torchtitan does
+    per log window), which makes the key the peak *since the previous sample*.
 
     ``use_nvml=False`` (nvidia-ml-py not installed) keeps the allocator stats and leaves every
     NVML field NaN; why is in ``notes``.
@@ -68,7 +69,7 @@ class CudaBackend:
         *,
         pcie: bool = False,
         use_nvml: bool = True,
-        reset_peak: bool = True,
+        reset_peak: bool = False,
         notes: list[str] | None = None,
     ) -> None:
         self.device_index: int | None = device_index

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 from collections.abc import Callable
 
 import torch
@@ -23,6 +25,24 @@ def _read(name: str) -> float:
         return math.nan
 
 
+def chip_name() -> str:
+    """The Mac's chip ("Apple M2 Pro"), which names its GPU; "Apple" where it cannot be read."""
+    if sys.platform != "darwin":
+        return "Apple"
+    try:
+        done = subprocess.run(
+            ["sysctl", "-n", "machdep.cpu.brand_string"],
+            capture_output=True,
+            text=True,
+            timeout=2,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "Apple"
+    name = done.stdout.strip()
+    return name if name.startswith("Apple") else "Apple"
+
+
 class MpsBackend:
     """CPU/RAM (from :class:`CpuBackend`) plus MPS memory.
 
@@ -35,7 +55,8 @@ class MpsBackend:
     name = "mps"
 
     def __init__(self) -> None:
-        self.devices: tuple[str, ...] = ("Apple GPU (MPS)",)
+        # The chip names the GPU, so that MFU finds its peak (_engine/derive/mfu.py).
+        self.devices: tuple[str, ...] = (f"{chip_name()} GPU (MPS)",)
         self.device_index: int | None = None
         self.notes: list[str] = []
         self._cpu = CpuBackend()

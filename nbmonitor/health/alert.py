@@ -27,11 +27,19 @@ def gpu(index: int) -> str:
     return f"gpu{index}"
 
 
+def rank(index: int) -> str:
+    """The subject of rank ``index`` of a distributed job (``rank1``)."""
+    return f"rank{index}"
+
+
 def is_subject(subject: str) -> bool:
-    """Whether ``subject`` is one of ``SUBJECTS`` or a GPU (``gpu<N>``)."""
+    """Whether ``subject`` is one of ``SUBJECTS``, a GPU (``gpu<N>``) or a rank (``rank<N>``)."""
     if subject in SUBJECTS:
         return True
-    return subject.startswith("gpu") and subject[3:].isdigit()
+    for prefix in ("gpu", "rank"):
+        if subject.startswith(prefix) and subject[len(prefix) :].isdigit():
+            return True
+    return False
 
 
 @dataclass(frozen=True)
@@ -59,4 +67,5 @@ __all__ = [
     "Alert",
     "gpu",
     "is_subject",
+    "rank",
 ]

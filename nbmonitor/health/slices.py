@@ -27,7 +27,8 @@ MAX_SLICES = 4
 
 def slices(inp: HealthInput, last_step: float | None) -> list[HealthInput]:
     """``inp`` cut at step boundaries into inputs that end after each slice, oldest first;
-    the last is ``inp`` itself. System samples go with the last slice only; the activation
+    the last is ``inp`` itself. System samples and the other ranks' columns go with the last
+    slice only; the activation
     statistics, a snapshot of a lasting condition (dead units), with every slice."""
     col = inp.steps.get("step")
     if col is None:
@@ -75,6 +76,7 @@ def _until(inp: HealthInput, steps: FloatArray, end: int) -> HealthInput:
         param_series=params,
         param_norms=norms,
         system=None,
+        ranks=None,
     )
 
 

@@ -14,6 +14,18 @@ from nbmonitor.health.window import BoolArray, FloatArray
 
 
 @dataclass(frozen=True)
+class RankColumns:
+    """Per-step columns of every rank of a distributed job, aligned on ``steps`` (the union of
+    the ranks' steps; NaN where a rank has no row for a step). Rows follow ``ranks``."""
+
+    ranks: tuple[int, ...]
+    hosts: tuple[str, ...]
+    steps: FloatArray  # (k,)
+    step_time: FloatArray  # (len(ranks), k) seconds between optimizer steps
+    data_wait: FloatArray | None = None  # (len(ranks), k) data_wait_s, when measured
+
+
+@dataclass(frozen=True)
 class HealthInput:
     """What one check looks at. Arrays are read, never modified.
 
@@ -42,6 +54,7 @@ class HealthInput:
     # What each module is (``"3" -> "Linear"``), for naming layers in messages and fitting
     # the advice to the model; parameter names map through their module.
     module_kinds: Mapping[str, str] | None = None
+    ranks: RankColumns | None = None  # every rank of a distributed job (the straggler rule)
 
 
 class View:
@@ -130,4 +143,4 @@ def new_from(steps: FloatArray, last: float | None) -> int:
     return int(np.searchsorted(steps, last, side="right"))
 
 
-__all__ = ["HealthInput", "View", "new_from"]
+__all__ = ["HealthInput", "RankColumns", "View", "new_from"]

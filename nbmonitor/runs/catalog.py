@@ -17,6 +17,8 @@ from typing import Any
 
 from nbmonitor.runs.decode import decode_lines
 from nbmonitor.runs.format import STREAMS, RunCorruptError, RunNotFoundError
+from nbmonitor.runs.job import JobFiles
+from nbmonitor.runs.layout import LAYOUT
 from nbmonitor.runs.reader import Run
 from nbmonitor.runs.sidecar import read_chunks
 
@@ -95,6 +97,8 @@ def _row(path: pathlib.Path) -> tuple[tuple[float, str], dict[str, object]]:
                                   "path": str(path)}  # fmt: skip
         return (0.0, path.name), row
     meta = run.meta
+    if meta.get("layout") == LAYOUT:
+        return _job_row(path, meta)
     steps = meta.get("steps")
     started = meta.get("start_timestamp")
     row = {
@@ -107,6 +111,26 @@ def _row(path: pathlib.Path) -> tuple[tuple[float, str], dict[str, object]]:
         "path": str(path),
     }
     # Folder names begin with the local start time, so they order runs without the stamp too.
+    return (float(started) if isinstance(started, (int, float)) else 0.0, path.name), row
+
+
+def _job_row(
+    path: pathlib.Path, meta: dict[str, Any]
+) -> tuple[tuple[float, str], dict[str, object]]:
+    """A job of several ranks (runs/layout.py) as one row: its first rank's steps and loss,
+    the worst status of its ranks."""
+    job = JobFiles(path)
+    first = next(iter(job.ranks.values()), None)
+    row: dict[str, object] = dict.fromkeys(COLUMNS, "")
+    if first is not None:
+        row = _row(first.path)[1]
+    started = meta.get("start_timestamp")
+    row.update(
+        name=path.name,
+        status=job.status,
+        backend=f"{row.get('backend', '')} ({len(job.ranks)}/{job.world_size} ranks)",
+        path=str(path),
+    )
     return (float(started) if isinstance(started, (int, float)) else 0.0, path.name), row
 
 

@@ -57,6 +57,7 @@ STREAMS: dict[str, Stream] = {
         Stream("system", "system.jsonl", "columns"),
         Stream("events", "events.jsonl", "records"),
         Stream("layers", "layers.jsonl", "columns"),
+        Stream("spans", "spans.jsonl", "records"),
     )
 }
 FILES = {name: s.file for name, s in STREAMS.items()}

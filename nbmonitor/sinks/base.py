@@ -1,16 +1,20 @@
 """The Sink protocol: where each sampler tick's new rows go (the run log, later exporters).
 
 The sampler builds one :class:`Batch` per tick and hands it to a :class:`FanOut`, which gives
-it to every sink in turn; a sink that raises is reported through ``on_error`` (the monitor's
-Guard counts it, switches it off after repeated failures) and never stops the others.
+it to every sink in turn, each behind its own ``Guard``: a sink that raises is counted in the
+error log, switched off after repeated failures in a row (and tried again ``retry_after``
+seconds later: a full disk can pass), and never stops the others.
 Sampler thread only (``close`` may come from the main thread at shutdown); no torch.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
+
+from nbmonitor.errors import ErrorLog, Guard
 
 Rows = Sequence[Mapping[str, object]]
 
@@ -60,23 +64,28 @@ class NullSink:
 
 
 class FanOut:
-    """Several sinks behind one: each call goes to every sink; a sink's exception goes to
-    ``on_error(sink.name, exc)`` and the next sink still runs."""
+    """Several sinks behind one: each call goes to every sink, each sink behind its own
+    ``Guard`` named ``sink:<name>`` in ``errors``; the next sink still runs."""
 
     name = "fanout"
 
     def __init__(
-        self, sinks: Sequence[Sink], on_error: Callable[[str, BaseException], None]
+        self,
+        sinks: Sequence[Sink],
+        errors: ErrorLog,
+        *,
+        retry_after: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.sinks = list(sinks)
-        self._on_error = on_error
+        self._errors = errors
+        self.guards = [
+            Guard(f"sink:{s.name}", errors, retry_after=retry_after, clock=clock) for s in sinks
+        ]
 
     def _each(self, call: Callable[[Sink], None]) -> None:
-        for sink in self.sinks:
-            try:
-                call(sink)
-            except Exception as exc:
-                self._on_error(sink.name, exc)
+        for sink, guard in zip(self.sinks, self.guards, strict=True):
+            guard.run(lambda sink=sink: call(sink))  # type: ignore[misc]
 
     def write(self, batch: Batch) -> None:
         if batch:
@@ -86,8 +95,13 @@ class FanOut:
         self._each(lambda s: s.flush())
 
     def close(self, final_meta: Mapping[str, object]) -> None:
-        # A sink's close should not raise; one that does still must not cost the others.
-        self._each(lambda s: s.close(final_meta))
+        # Every sink is closed, also one switched off: its files still need closing. A sink's
+        # close should not raise; one that does still must not cost the others.
+        for sink in self.sinks:
+            try:
+                sink.close(final_meta)
+            except Exception as exc:
+                self._errors.add(f"sink:{sink.name}", exc)
 
 
 __all__ = ["Batch", "FanOut", "NullSink", "Rows", "Sink"]

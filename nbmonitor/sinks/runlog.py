@@ -29,6 +29,7 @@ retry quietly.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import pathlib
@@ -49,12 +50,32 @@ from nbmonitor.runs.format import (
     run_stem,
     write_json_atomic,
 )
+from nbmonitor.runs.layout import claim_rank_dir, job_meta, write_job_meta
 from nbmonitor.runs.sidecar import ChunkBuffer, write_chunk
 from nbmonitor.sinks.base import Batch, Rows
 
 # Rows that could not be written yet wait in memory up to this many bytes (a few minutes of a
 # busy run at ~100 kB per tick: long enough for a cleanup, bounded for a disk that stays full).
 BACKLOG_BYTES = 64 * 2**20
+# Problems of one write kept to be raised at the next writes (one is raised per write).
+UNSAID_MAX = 4
+
+
+def _dir_id(path: pathlib.Path) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
+
+
+def _claim(root: pathlib.Path, stem: str) -> pathlib.Path:
+    """``root/<stem>``, or ``<stem>-2``, ``-3``... the first that ``mkdir`` makes."""
+    path, suffix = root / stem, 1
+    while True:
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            suffix += 1
+            path = root / f"{stem}-{suffix}"
 
 
 def _error(run_dir: object, exc: OSError) -> RunDirError:
@@ -81,45 +102,93 @@ class RunLogSink:
         self._backlog: dict[str, bytearray] = {}  # per stream, what the OS has not taken yet
         self._backlog_bytes = 0
         self.lost_rows = 0  # dropped because the backlog was full
+        self._unsaid: list[Exception] = []  # problems of a write raised at the next ones
         self._failing = False  # in a spell of failed writes (reported once)
         self._last_error: OSError = OSError()
         self._losing = False  # dropping rows in this spell (reported once)
-        try:
-            for stream, fname in FILES.items():
-                # Unbuffered: see "The disk comes back" above.
-                self._files[stream] = open(path / fname, "ab", buffering=0)  # noqa: SIM115
-        except OSError:
-            for f in self._files.values():
-                f.close()
-            raise
+        self._open_files()
+        self._dir_id = _dir_id(path)  # to see the directory deleted (or replaced) mid-run
+        self._dir_lost = False  # deleted and not made again yet (reported once)
         self._chunks = {
             name: ChunkBuffer(self._files[name].tell())
             for name, s in STREAMS.items()
             if s.sidecar and meta.get("sidecar") == SIDECAR
         }
 
+    def _open_files(self) -> None:
+        files: dict[str, IO[bytes]] = {}
+        try:
+            for stream, fname in FILES.items():
+                # Unbuffered: see "The disk comes back" above.
+                files[stream] = open(self._path / fname, "ab", buffering=0)  # noqa: SIM115
+        except OSError:
+            for f in files.values():
+                f.close()
+            raise
+        self._files = files
+
+    def _check_dir(self) -> None:
+        """Under the lock. A run directory deleted mid-run (by hand, by a cleanup job) would
+        take every later row into unlinked files without a word: make it again, with meta.json
+        and new record files, and raise once to say so."""
+        try:
+            if _dir_id(self._path) == self._dir_id:
+                return
+        except OSError:
+            pass
+        for f in self._files.values():
+            with contextlib.suppress(OSError):
+                f.close()
+        self._chunks.clear()  # the sidecar went with it; readers parse the new text
+        try:
+            self._path.mkdir(parents=True, exist_ok=True)
+            self._meta["recreated"] = True
+            write_json_atomic(self._path / META, self._meta)
+            self._open_files()
+            self._dir_id = _dir_id(self._path)
+        except OSError as exc:
+            if self._dir_lost:
+                return  # reported; tried again every flush
+            self._dir_lost = True
+            raise RunDirError(
+                f"nbmonitor: the run directory {self._path} was deleted while the run was "
+                f"writing to it, and it cannot be made again ({exc.strerror or exc}); "
+                "rows wait in memory until it can"
+            ) from None
+        self._dir_lost = False
+        raise RunDirError(
+            f"nbmonitor: the run directory {self._path} was deleted while the run was writing "
+            "to it; it was made again and rows from now on are written there (earlier ones "
+            "went with it)"
+        )
+
     @classmethod
     def create(
-        cls, run_dir: str | os.PathLike[str], name: str | None, meta: Mapping[str, object]
+        cls,
+        run_dir: str | os.PathLike[str],
+        name: str | None,
+        meta: Mapping[str, object],
+        *,
+        job_id: str | None = None,
+        rank: int = 0,
+        world_size: int = 1,
     ) -> RunLogSink:
         """Make ``run_dir/<YYYYmmdd-HHMMSS>-<name>/`` (``-2``, ``-3``... if taken), write
         meta.json and open the record files for append.
 
+        With ``job_id`` (one rank of a distributed job) the run is ``rank<rank>/`` inside the
+        job folder all ranks share (``nbmonitor/runs/layout.py``: no race for names).
         Raises RunDirError with a one-line hint if any of that fails.
         """
         root = pathlib.Path(run_dir)
         stem = run_stem(name)
         try:
             root.mkdir(parents=True, exist_ok=True)
-            path = root / stem
-            suffix = 1
-            while True:
-                try:
-                    path.mkdir()
-                    break
-                except FileExistsError:
-                    suffix += 1
-                    path = root / f"{stem}-{suffix}"
+            if job_id is not None:
+                job, path = claim_rank_dir(root, name, job_id, rank)
+                write_job_meta(job, job_meta(name, job_id, world_size))
+            else:
+                path = _claim(root, stem)
             full: dict[str, object] = {"host": socket.gethostname(), "pid": os.getpid()}
             full.update(meta)
             full.update(format_version=FORMAT_VERSION, files=dict(FILES), sidecar=SIDECAR)
@@ -146,15 +215,19 @@ class RunLogSink:
         unknown = [s for s in batch.streams if s not in self._files]
         if unknown:
             raise ValueError(f"nbmonitor: run log has no stream(s) {unknown}")
-        problems: list[Exception] = []
+        # Problems not yet said (one is raised per write) come first.
+        problems, self._unsaid = self._unsaid, []
         for stream, rows in batch.streams.items():
             if rows:
-                # Every stream is written even when one fails; the first new problem is raised.
+                # Every stream is written even when one fails; the first new problem is raised,
+                # the next ones at the next writes (rows starting to be dropped in the same
+                # write as the disk filling up must still be said).
                 try:
                     self._append(stream, rows)
                 except Exception as exc:
                     problems.append(exc)
         if problems:
+            self._unsaid = problems[1:UNSAID_MAX]
             raise problems[0]
 
     def _append(self, stream: str, rows: Rows) -> None:
@@ -201,8 +274,8 @@ class RunLogSink:
                 if not n:
                     raise OSError(errno.EIO, "write() took no bytes")
                 done += n
-        except OSError as exc:
-            self._last_error = exc
+        except (OSError, ValueError) as exc:  # ValueError: its directory went, file closed
+            self._last_error = exc if isinstance(exc, OSError) else OSError(errno.EIO, str(exc))
             rest = bytearray(buffer[done:])
             self._backlog[stream] = rest
             self._backlog_bytes += len(rest)
@@ -234,6 +307,7 @@ class RunLogSink:
         with self._lock:
             if self._closed:
                 return
+            self._check_dir()
             if self._backlog and not self._retry():
                 return self._failed()
             for f in self._files.values():

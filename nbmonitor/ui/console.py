@@ -6,7 +6,7 @@ import logging
 import math
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from nbmonitor._engine.frame import Frame
 
@@ -42,6 +42,32 @@ def _duration(seconds: float) -> str:
     return f"{whole // 3600}:{whole // 60 % 60:02d}:{whole % 60:02d}"
 
 
+def clip_summary(latest: Mapping[str, float]) -> str | None:
+    """How much the gradient clip acts ("clipped on 63% of recent steps, coef 0.13"), or None
+    in a loop that does not clip."""
+    share = latest.get("grad_clipped_fraction", math.nan)
+    if not math.isfinite(share):
+        return None
+    text = f"clipped on {share:.0%} of recent steps"
+    coef = latest.get("grad_clip_coef", math.nan)
+    return text + (f", coef {coef:.3g}" if math.isfinite(coef) and coef < 1 else "")
+
+
+def throughput(latest: Mapping[str, float]) -> list[str]:
+    """tokens/s (samples/s without token ids); TFLOP/s and MFU once the FLOPs are counted."""
+    tokens = latest.get("tokens_per_s", math.nan)
+    if math.isfinite(tokens):
+        parts = [f"{_num(tokens, ',.0f')} tokens/s"]
+    else:
+        parts = [f"{_num(latest.get('samples_per_s'), ',.0f')} samples/s"]
+    tflops = latest.get("tflops_per_s", math.nan)
+    if math.isfinite(tflops):
+        parts.append(f"{_num(tflops, '.3g')} TFLOP/s")
+        mfu = latest.get("mfu_percent", math.nan)
+        parts.append(f"MFU {mfu:.1f}%" if math.isfinite(mfu) else "MFU n/a")
+    return parts
+
+
 def status_line(frame: Frame) -> str:
     """One line with the numbers a person glances at; NaN shows as n/a."""
     latest = frame.latest
@@ -50,11 +76,15 @@ def status_line(frame: Frame) -> str:
     if "lr" in latest:
         parts.append(f"lr {_num(latest.get('lr'), '.2e')}")
     if "grad_norm" in latest:
-        parts.append(f"grad {_num(latest.get('grad_norm'), '.3g')}")
+        clip = clip_summary(latest)
+        parts.append(
+            f"grad {_num(latest.get('grad_norm'), '.3g')}" + (f" ({clip})" if clip else "")
+        )
     step_time = latest.get("step_time", math.nan)
     parts.append(f"{_num(step_time * 1e3, '.1f')} ms/step")
-    parts.append(f"{_num(latest.get('samples_per_s'), ',.0f')} samples/s")
-    parts.append(f"CPU {_num(latest.get('process_cpu_percent'), '.0f')}%")
+    parts.extend(throughput(latest))
+    # The process's CPU is a share of one core (top's way): several busy cores exceed 100%.
+    parts.append(f"CPU {_num(latest.get('process_cpu_percent'), '.0f')}% of a core")
     ram = latest.get("process_rss_bytes", math.nan) / 2**30
     parts.append(f"RSS {_num(ram, '.2f')} GiB")
     for i, device in enumerate(frame.devices):
@@ -76,9 +106,14 @@ def summary_text(frame: Frame) -> str:
         f"{_duration(frame.elapsed_s)}",
         f"  last loss {_num(latest.get('loss'), '.4g')}, "
         f"best loss {_num(latest.get('best_loss'), '.4g')}, "
-        f"{_num(latest.get('samples_per_s'), ',.0f')} samples/s, "
+        f"{', '.join(throughput(latest))}, "
         f"{_num(latest.get('step_time', math.nan) * 1e3, '.1f')} ms/step",
     ]
+    if "mfu" in frame.notes:
+        lines.append(f"  {frame.notes['mfu']}")
+    clip = clip_summary(latest)
+    if clip:
+        lines.append(f"  gradient norm {clip}")
     if frame.alerts:
         lines.append(f"  {len(frame.alerts)} alert(s); latest: {frame.alerts[-1].message}")
     if frame.errors:

@@ -23,14 +23,24 @@ import numpy.typing as npt
 
 from nbmonitor._engine.frame import Alert, Frame, LayerFrame
 from nbmonitor.ui._panel import Panel
+from nbmonitor.ui.console import clip_summary
 from nbmonitor.ui.figures import Curves
+from nbmonitor.ui.timeline import Timeline
 
 # The heatmap is the one payload that grows with the model: cap its cells (float32) so a publish
 # stays small; columns (steps) are merged by max so a spike survives, rows (layers) are kept.
 MAX_HEATMAP_CELLS = 65_536
 MAX_HEATMAP_COLUMNS = 240
 
-_HEADER_KEYS = ("loss", "best_loss", "samples_per_s", "step_time")
+_HEADER_KEYS = (
+    "loss",
+    "best_loss",
+    "samples_per_s",
+    "step_time",
+    "tokens_per_s",
+    "tflops_per_s",
+    "mfu_percent",
+)
 _SYSTEM_KEYS = (
     "cpu_percent",
     "process_cpu_percent",
@@ -147,6 +157,7 @@ class Dashboard:
             layers={},
         )
         self._curves = Curves()
+        self._timeline = Timeline(self._curves.x_scale)
         self._scale_toggles: dict[str, widgets.ToggleButtons] = {}
         controls: list[widgets.Widget] = []
         for key, label in (("loss", "loss"), ("grad_norm", "grad norm")):
@@ -172,7 +183,8 @@ class Dashboard:
             controls, layout=widgets.Layout(flex_flow="row wrap", align_items="center")
         )
         self._box = widgets.VBox(
-            [self._panel, self._controls, self._curves.grid], layout=widgets.Layout(width="100%")
+            [self._panel, self._controls, self._curves.grid, self._timeline.box],
+            layout=widgets.Layout(width="100%"),
         )
 
     # -- View -----------------------------------------------------------------------------------
@@ -242,11 +254,10 @@ class Dashboard:
         if frame is None:
             return f"nbmonitor dashboard: {self.run} ({self.backend}), no data yet"
         total = f"/{frame.total_steps}" if frame.total_steps else ""
+        rates = "".join(f" · {value} {label}" for label, value in _throughput_cells(frame.latest))
         return (
             f"nbmonitor {frame.run} [{frame.status}] step {frame.step}{total}"
-            f" · loss {_fmt(frame.latest.get('loss'))}"
-            f" · {_fmt(frame.latest.get('samples_per_s'), 3)} samples/s"
-            f" · {_fmt(frame.elapsed_s, 3)} s"
+            f" · loss {_fmt(frame.latest.get('loss'))}{rates} · {_fmt(frame.elapsed_s, 3)} s"
         )
 
     def summary_html(self) -> str:
@@ -260,10 +271,13 @@ class Dashboard:
                 ("status", frame.status),
                 ("step", f"{frame.step}{total}"),
                 ("loss", _fmt(frame.latest.get("loss"))),
-                ("samples/s", _fmt(frame.latest.get("samples_per_s"), 3)),
+                *_throughput_cells(frame.latest),
                 ("step time (s)", _fmt(frame.latest.get("step_time"), 3)),
                 ("elapsed (s)", _fmt(frame.elapsed_s, 3)),
             ]
+            clip = clip_summary(frame.latest)
+            if clip:
+                cells.append(("gradient norm", clip))
             if frame.alerts:
                 cells.append(("alerts", "; ".join(a.message for a in frame.alerts[-3:])))
         row = "".join(
@@ -280,6 +294,7 @@ class Dashboard:
     def _widgets(self) -> Iterable[widgets.Widget]:
         yield self._panel
         yield from self._curves.all_widgets()
+        yield from self._timeline.widgets()
 
     def _apply(self, frame: Frame) -> None:
         # GPU figures are created first, so the hold below covers their first data too.
@@ -289,6 +304,7 @@ class Dashboard:
                 stack.enter_context(w.hold_sync())
             self._apply_panel(frame)
             self._curves.update(frame.series, frame.latest)
+            self._timeline.update(frame.timeline)
         self._last = frame
         self.publishes += 1
 
@@ -306,6 +322,7 @@ class Dashboard:
         }
         for key in _HEADER_KEYS:
             header[key] = _num(latest.get(key))
+        header["mfu_note"] = frame.notes.get("mfu")  # why MFU is missing, if it is
         panel.header = header
         panel.system = {key: _num(latest.get(key)) for key in _SYSTEM_KEYS}
         panel.devices = [_json(d) for d in frame.devices]
@@ -323,6 +340,21 @@ class Dashboard:
     def _on_reset(self) -> None:
         with self._lock:
             self._curves.reset_zoom()
+
+
+def _throughput_cells(latest: Mapping[str, float]) -> list[tuple[str, str]]:
+    """tokens/s (or samples/s without token ids), and TFLOP/s and MFU once FLOPs are counted."""
+    tokens = latest.get("tokens_per_s", math.nan)
+    if math.isfinite(tokens):
+        cells = [("tokens/s", _fmt(tokens, 3))]
+    else:
+        cells = [("samples/s", _fmt(latest.get("samples_per_s"), 3))]
+    tflops = latest.get("tflops_per_s", math.nan)
+    if math.isfinite(tflops):
+        mfu = latest.get("mfu_percent", math.nan)
+        cells.append(("TFLOP/s", _fmt(tflops, 3)))
+        cells.append(("MFU", f"{mfu:.1f}%" if math.isfinite(mfu) else "–"))
+    return cells
 
 
 def _with_status(frame: Frame, status: str) -> Frame:

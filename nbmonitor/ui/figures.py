@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from nbmonitor._engine.frame import Series
+from nbmonitor.ui.console import clip_summary
 
 # bqscales (bqplot's scales) passes trait metadata the pre-traitlets-4.1 way; the resulting
 # DeprecationWarning at import is theirs, not the user's, and would fail warnings-as-errors test
@@ -32,8 +33,8 @@ F32 = npt.NDArray[np.float32]
 Transform = Callable[[npt.NDArray[np.float64], Mapping[str, float]], npt.NDArray[np.float64]]
 
 GIB = float(2**30)
+GRAD_TITLE = "Gradient norm"
 _MARGIN = {"top": 36, "bottom": 32, "left": 56, "right": 16}
-_MARGIN_TWIN = {"top": 36, "bottom": 32, "left": 56, "right": 56}
 _LAYOUT = {"height": "220px", "width": "auto", "min_width": "300px"}
 _BLUE, _LIGHT_BLUE, _ORANGE, _GREEN, _GREY, _PURPLE = (
     "#1f77b4",
@@ -68,6 +69,36 @@ class _Line:
         self.sent = (x32, y32)
         return True
 
+    def update_from(self, series: Mapping[str, Series], latest: Mapping[str, float]) -> bool:
+        s = series.get(self.key)
+        return s is not None and self.update(s, latest)
+
+
+@dataclass
+class _Band:
+    """A band between two Frame series of one x (``fill="between"``), e.g. a min-max band."""
+
+    low: str
+    key: str  # the high series
+    mark: bq.Lines
+    sent: tuple[F32, F32] | None = None
+
+    def update_from(self, series: Mapping[str, Series], latest: Mapping[str, float]) -> bool:
+        lo, hi = series.get(self.low), series.get(self.key)
+        if lo is None or hi is None:
+            return False
+        n = min(len(lo.x), len(lo.y), len(hi.y))
+        x32 = np.ascontiguousarray(lo.x[:n], dtype=np.float32)
+        y32 = np.ascontiguousarray(np.vstack((lo.y[:n], hi.y[:n])), dtype=np.float32)
+        if self.sent is not None and (
+            np.array_equal(self.sent[0], x32) and np.array_equal(self.sent[1], y32, equal_nan=True)
+        ):
+            return False
+        self.mark.x = x32
+        self.mark.y = y32
+        self.sent = (x32, y32)
+        return True
+
 
 @dataclass
 class _Figure:
@@ -75,7 +106,7 @@ class _Figure:
 
     key: str
     figure: bq.Figure
-    lines: list[_Line]
+    lines: list[_Line | _Band]
     y_scales: dict[str, bq.Scale]
     y_axis: bq.Axis
     panzoom: bq.interacts.PanZoom
@@ -107,9 +138,11 @@ class Curves:
         )
         self._add_figure("lr", "Learning rate", [("lr", "lr", _GREEN, None)])
         self._add_figure(
-            "grad_norm", "Gradient norm", [("grad_norm", "grad norm", _PURPLE, None)], mode="log"
+            "grad_norm", GRAD_TITLE, [("grad_norm", "grad norm", _PURPLE, None)], mode="log"
         )
-        self._add_twin_figure()
+        self._add_step_time_figure()
+        self._add_figure("throughput", "Samples/s", [("samples_per_s", "samples/s", _ORANGE, None)])
+        self._add_figure("tokens", "Tokens/s", [("tokens_per_s", "tokens/s", _ORANGE, None)])
         self._add_figure(
             "cpu",
             "CPU %",
@@ -170,14 +203,12 @@ class Curves:
             scale=self.x_scale, side="bottom", label="step", tick_format="~s", grid_lines="dashed"
         )
 
-    def _figure(
-        self, title: str, marks: list[bq.Mark], axes: list[bq.Axis], twin: bool = False
-    ) -> bq.Figure:
+    def _figure(self, title: str, marks: list[bq.Mark], axes: list[bq.Axis]) -> bq.Figure:
         return bq.Figure(
             title=title,
             marks=marks,
             axes=axes,
-            fig_margin=_MARGIN_TWIN if twin else _MARGIN,
+            fig_margin=_MARGIN,
             legend_location="top-right",
             legend_style={"fill-opacity": "0.6", "stroke-width": "0"},
             legend_text={"font-size": "11px"},
@@ -197,39 +228,35 @@ class Curves:
         panzoom = bq.interacts.PanZoom(scales={"x": [self.x_scale], "y": [y_scale]})
         figure = self._figure(title, [ln.mark for ln in lines], [self._x_axis(), y_axis])
         figure.interaction = panzoom
-        self.figures[key] = _Figure(key, figure, lines, {mode: y_scale}, y_axis, panzoom)
+        self.figures[key] = _Figure(key, figure, [*lines], {mode: y_scale}, y_axis, panzoom)
 
-    def _add_twin_figure(self) -> None:
-        # Step time and throughput are two views of one thing; a right-hand axis keeps both
-        # readable without a second chart.
+    def _add_step_time_figure(self) -> None:
+        # Read as people read it: the rolling median, and the band its windows' extremes span,
+        # so that the spikes of a noisy machine do not drown the line.
         lines, y_scale, y_axis = self._make(
-            "speed", "", [("step_time", "step time (s)", _BLUE, None)], "linear"
+            "step_time", "", [("step_time_median", "median (band: min-max)", _BLUE, None)], "linear"
         )
-        right = bq.LinearScale()
-        throughput = _Line(
-            "samples_per_s",
+        band = _Band(
+            "step_time_min",
+            "step_time_max",
             bq.Lines(
                 x=np.zeros(0, np.float32),
-                y=np.zeros(0, np.float32),
-                scales={"x": self.x_scale, "y": right},
-                colors=[_ORANGE],
-                labels=["samples/s"],
-                stroke_width=1.5,
-                display_legend=True,
+                y=np.zeros((2, 0), np.float32),
+                scales={"x": self.x_scale, "y": y_scale},
+                colors=[_LIGHT_BLUE, _LIGHT_BLUE],
+                fill="between",
+                fill_colors=[_LIGHT_BLUE],
+                fill_opacities=[0.5],
+                stroke_width=0.5,
+                display_legend=False,
             ),
         )
         lines[0].mark.display_legend = True
-        right_axis = bq.Axis(scale=right, side="right", tick_format=".3~s", grid_lines="none")
-        panzoom = bq.interacts.PanZoom(scales={"x": [self.x_scale], "y": [y_scale, right]})
-        figure = self._figure(
-            "Step time (s) and samples/s",
-            [lines[0].mark, throughput.mark],
-            [self._x_axis(), y_axis, right_axis],
-            twin=True,
-        )
+        panzoom = bq.interacts.PanZoom(scales={"x": [self.x_scale], "y": [y_scale]})
+        figure = self._figure("Step time (s)", [band.mark, lines[0].mark], [self._x_axis(), y_axis])
         figure.interaction = panzoom
-        self.figures["speed"] = _Figure(
-            "speed", figure, [*lines, throughput], {"linear": y_scale}, y_axis, panzoom, [right]
+        self.figures["step_time"] = _Figure(
+            "step_time", figure, [band, *lines], {"linear": y_scale}, y_axis, panzoom
         )
 
     def _ensure_gpu(self, index: int) -> None:
@@ -270,8 +297,7 @@ class Curves:
         visible: list[widgets.Widget] = []
         for fig in self.figures.values():
             for line in fig.lines:
-                s = series.get(line.key)
-                if s is not None and line.update(s, latest):
+                if line.update_from(series, latest):
                     changed += 1
             # A chart appears once it has data: no empty "Learning rate" without an optimizer.
             if not fig.shown and any(ln.sent is not None and len(ln.sent[0]) for ln in fig.lines):
@@ -281,6 +307,9 @@ class Curves:
                 visible.append(fig.figure)
         if list(self.grid.children) != visible:
             self.grid.children = visible
+        clip = clip_summary(latest)
+        # A trait set to its value sends nothing.
+        self.figures["grad_norm"].figure.title = f"Gradient norm: {clip}" if clip else GRAD_TITLE
         return changed
 
     def set_mode(self, key: str, mode: str) -> None:

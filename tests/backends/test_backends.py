@@ -388,15 +388,17 @@ def test_memory_v2_missing_in_driver_falls_back_to_v1(
     assert backend.notes == []
 
 
-def test_peak_memory_is_reset_per_sample_unless_disabled(
+def test_peak_memory_counter_is_never_reset_unless_asked(
     make_backend: Callable[..., CudaBackend], cuda: FakeCuda
 ) -> None:
+    # The counter is process-wide: the user's max_memory_allocated() must keep its meaning.
     backend = make_backend(0)
     backend.sample()
     backend.sample()
-    assert cuda.resets == 2
-    keep = make_backend(0, reset_peak=False)
-    keep.sample()
+    assert cuda.resets == 0
+    windows = make_backend(0, reset_peak=True)
+    windows.sample()
+    windows.sample()
     assert cuda.resets == 2
 
 
@@ -565,3 +567,26 @@ def test_mps_backend_missing_or_failing_calls_are_nan(monkeypatch: pytest.Monkey
     assert nan(out["mps_allocated_bytes"])
     assert nan(out["mps_recommended_max_bytes"])
     assert out["mps_driver_allocated_bytes"] == 4_000.0
+
+
+def test_mps_names_its_chip_for_the_mfu_peak(monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+
+    from nbmonitor.backends import mps
+
+    monkeypatch.setattr(mps.sys, "platform", "darwin")
+
+    def run(args: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+        assert args == ["sysctl", "-n", "machdep.cpu.brand_string"]
+        return subprocess.CompletedProcess(args, 0, stdout="Apple M2 Pro\n")
+
+    monkeypatch.setattr(mps.subprocess, "run", run)
+    assert MpsBackend().devices == ("Apple M2 Pro GPU (MPS)",)
+
+    def fails(args: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+        raise FileNotFoundError("sysctl")
+
+    monkeypatch.setattr(mps.subprocess, "run", fails)
+    assert MpsBackend().devices == ("Apple GPU (MPS)",)
+    monkeypatch.setattr(mps.sys, "platform", "linux")
+    assert mps.chip_name() == "Apple"

@@ -17,7 +17,14 @@ def every_probe() -> tuple[torch.nn.Module, torch.optim.Optimizer, list[Probe], 
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     errors = ErrorLog()
     capture = build_capture(
-        model, opt, errors, layer_every=1, activations=True, check_forward=True, on_nan="warn"
+        model,
+        opt,
+        errors,
+        layer_every=1,
+        activations=True,
+        check_forward=True,
+        on_nan="warn",
+        flops=True,
     )
     return model, opt, list(capture.clock.probes), errors
 
@@ -27,6 +34,7 @@ def test_every_probe_meets_the_protocol() -> None:
     names = [p.name for p in probes]
     assert len(set(names)) == len(names)
     assert set(names) == {
+        "flops",
         "check_forward",
         "activations",
         "output_loss",
@@ -44,7 +52,7 @@ def test_every_probe_meets_the_protocol() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["check_forward", "activations", "output_loss", "grad_norms", "update_ratio"]
+    "name", ["flops", "check_forward", "activations", "output_loss", "grad_norms", "update_ratio"]
 )
 def test_a_failing_probe_is_switched_off_and_the_clock_goes_on(
     name: str, monkeypatch: pytest.MonkeyPatch
@@ -61,7 +69,14 @@ def test_a_failing_probe_is_switched_off_and_the_clock_goes_on(
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     errors = ErrorLog()
     capture = build_capture(
-        model, opt, errors, layer_every=1, activations=True, check_forward=True, on_nan="warn"
+        model,
+        opt,
+        errors,
+        layer_every=1,
+        activations=True,
+        check_forward=True,
+        on_nan="warn",
+        flops=True,
     )
     probe = next(p for p in capture.clock.probes if p.name == name)
     capture.clock.install()

@@ -25,6 +25,7 @@ from nbmonitor.health import (
 )
 from nbmonitor.health.alert import GRAD_NORM, LOSS, is_subject
 from nbmonitor.health.alert import LAYERS as LAYERS_SUBJECT
+from nbmonitor.health.view import RankColumns
 
 EMPTY = HealthInput(step=0, time=0.0, steps={})
 
@@ -144,9 +145,25 @@ def every_alert() -> list[Alert]:
         "mps_recommended_max_bytes": np.full(n, 100.0),
     }
     alerts += health.check(run.input())
+    alerts += Health().check(HealthInput(step=30, time=0.0, steps={}, ranks=straggling()))
+    # Time: input-bound, the optimizer's share, then the steps get 4x slower.
+    steps = np.arange(1.0, 121.0)
+    step_time = np.where(steps > 60, 0.2, 0.05)
+    timing = {"step": steps, "step_time": step_time}
+    timing |= {"phase_data_s": 0.5 * step_time, "phase_optimizer_s": 0.45 * step_time}
+    health = Health()
+    for n, when in ((60, 0.0), (100, 10.0), (120, 60.0)):  # slower for 50 s from step 100
+        alerts += health.check(HealthInput(n, when, {k: v[:n] for k, v in timing.items()}))
     alerts.append(non_finite_gradients(5, 0.0, ["fc1.weight"]))
     alerts.append(non_finite_gradients(5, 0.0, []))
     return alerts
+
+
+def straggling() -> RankColumns:
+    """Two ranks of a DDP job: equal step times, rank 1 waiting 50 ms longer for its batch."""
+    n = 30
+    wait = np.vstack([np.full(n, 0.001), np.full(n, 0.051)])
+    return RankColumns((0, 1), ("a", "b"), np.arange(1.0, n + 1), np.full((2, n), 0.06), wait)
 
 
 def flat() -> HealthInput:
@@ -173,6 +190,7 @@ def test_every_rule_raises_alerts_whose_subject_is_data() -> None:
     )
     assert {("device_memory", "gpu1"), ("device_memory", "mps")} <= by_rule
     assert ("grad_non_finite", GRAD_NORM) in by_rule
+    assert ("straggler", "rank1") in by_rule
 
 
 def test_nothing_in_health_reads_an_alert_message() -> None:

@@ -7,6 +7,7 @@ import math
 import pathlib
 
 import nbmonitor
+from nbmonitor.errors import ErrorLog
 from nbmonitor.sinks import Batch, FanOut, NullSink, RunLogSink, Sink
 
 BATCH = Batch(
@@ -20,11 +21,10 @@ BATCH = Batch(
 
 
 def sinks(tmp_path: pathlib.Path) -> list[Sink]:
-    errors: list[str] = []
     return [
         NullSink(),
         RunLogSink.create(tmp_path, "contract", {}),
-        FanOut([RunLogSink.create(tmp_path, "fanned", {})], lambda n, e: errors.append(n)),
+        FanOut([RunLogSink.create(tmp_path, "fanned", {})], ErrorLog()),
     ]
 
 

@@ -50,6 +50,7 @@ ATTACH = [
     ("layer_group", None, ""),
     ("activations", "yes", ""),
     ("check_forward", 1, ""),
+    ("phases", "on", ""),
     ("on_nan", "ignore", ""),
     ("on_nan", True, ""),
     ("thresholds", 5, ""),

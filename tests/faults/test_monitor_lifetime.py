@@ -120,3 +120,19 @@ def test_in_a_script_there_is_no_cell_to_replace(tmp_path):
     finally:
         a.close()
         b.close()
+
+
+def test_a_dropped_model_is_freed_at_once_without_a_garbage_collection(tmp_path):
+    # No reference cycle through the monitor: the model (and its GPU memory) goes when the
+    # user's last reference does, not at the next full collection.
+    for options in ({}, {"check_forward": True}, {"activations": True}):
+        gc.collect()
+        gc.disable()
+        try:
+            model, opt, mon, threads = _attach_and_train(tmp_path, **options)
+            model_ref = weakref.ref(model)
+            del model, opt, mon
+            assert model_ref() is None, options
+        finally:
+            gc.enable()
+        assert _wait_gone(threads)

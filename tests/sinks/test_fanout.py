@@ -7,6 +7,7 @@ from collections.abc import Mapping
 
 import pytest
 
+from nbmonitor.errors import ErrorLog
 from nbmonitor.sinks import Batch, FanOut, NullSink, RunLogSink, Sink
 
 
@@ -32,25 +33,44 @@ class Recording:
 
 @pytest.mark.parametrize("fail", ["write", "flush", "close"])
 def test_fanout_isolates_a_failing_sink(fail: str) -> None:
-    errors: list[tuple[str, str]] = []
+    errors = ErrorLog()
     bad, good = Recording("bad", fail), Recording("good")
-    fan = FanOut([bad, good], lambda name, exc: errors.append((name, str(exc))))
+    fan = FanOut([bad, good], errors)
     fan.write(Batch({"steps": [{"step": 0.0}]}))
     fan.flush()
     fan.close({"status": "closed"})
     assert good.calls == bad.calls == ["write", "flush", "close"]
-    assert errors == [("bad", f"bad {fail} failed")]
+    assert [(e.source, e.message.split(" (")[0]) for e in errors.entries()] == [
+        ("sink:bad", f"OSError: bad {fail} failed")
+    ]
+
+
+def test_a_sink_failing_again_and_again_is_switched_off_and_tried_again_later() -> None:
+    errors, now = ErrorLog(), [0.0]
+    bad, good = Recording("bad", "write"), Recording("good")
+    fan = FanOut([bad, good], errors, retry_after=30.0, clock=lambda: now[0])
+    batch = Batch({"steps": [{"step": 0.0}]})
+    for _ in range(8):
+        fan.write(batch)
+    assert bad.calls == ["write"] * 5  # off after 5 failures in a row
+    assert good.calls == ["write"] * 8
+    assert errors.counts == {"sink:bad": 5} and "sink:bad" in errors.disabled
+    now[0] = 31.0
+    fan.write(batch)  # tried again once the retry time has passed
+    assert bad.calls == ["write"] * 6
+    fan.close({"status": "closed"})
+    assert bad.calls[-1] == "close"  # closed although switched off: its files need it
 
 
 def test_empty_batch_is_not_written() -> None:
     sink = Recording("s")
-    FanOut([sink], lambda n, e: None).write(Batch({"steps": []}))
+    FanOut([sink], ErrorLog()).write(Batch({"steps": []}))
     assert sink.calls == [] and not Batch() and Batch({"events": [{"time": 1.0}]})
 
 
 def test_every_sink_meets_the_protocol(tmp_path: pathlib.Path) -> None:
     log = RunLogSink.create(tmp_path, "p", {})
-    sinks: list[object] = [NullSink(), FanOut([], lambda n, e: None), log, Recording("r")]
+    sinks: list[object] = [NullSink(), FanOut([], ErrorLog()), log, Recording("r")]
     for sink in sinks:
         assert isinstance(sink, Sink), sink
         assert isinstance(sink.name, str) and sink.name

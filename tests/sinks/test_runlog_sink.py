@@ -33,6 +33,7 @@ def test_create_makes_the_layout_and_meta(tmp_path: pathlib.Path) -> None:
             "events.jsonl",
             "layers.jsonl",
             "meta.json",
+            "spans.jsonl",
             "steps.jsonl",
             "system.jsonl",
         ]
@@ -44,6 +45,7 @@ def test_create_makes_the_layout_and_meta(tmp_path: pathlib.Path) -> None:
             "system": "system.jsonl",
             "events": "events.jsonl",
             "layers": "layers.jsonl",
+            "spans": "spans.jsonl",
         }
     finally:
         log.close()
@@ -260,5 +262,5 @@ def test_unknown_stream_is_refused(tmp_path: pathlib.Path) -> None:
 
     log = make_log(tmp_path)
     with pytest.raises(ValueError, match="no stream"):
-        log.write(Batch({"spans": [{"x": 1}]}))
+        log.write(Batch({"gantt": [{"x": 1}]}))
     log.close()

@@ -61,7 +61,7 @@ def _free_port() -> int:
 
 @contextlib.contextmanager
 def jupyter_server(
-    tmp_path: Path, app: str = "lab", notebook: str = NOTEBOOK
+    tmp_path: Path, app: str = "lab", notebook: str = NOTEBOOK, steps: int = STEPS
 ) -> Iterator[tuple[str, str, Path]]:
     """`jupyter {app}` ("lab" or "notebook") on a copy of the notebook, with a random port and
     token and private Jupyter dirs; yields (base url, token, log path)."""
@@ -92,7 +92,7 @@ def jupyter_server(
     if not INSTALLED:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     check_package(env, notebooks)
-    env["NBMONITOR_QUICKSTART_STEPS"] = str(STEPS)
+    env["NBMONITOR_QUICKSTART_STEPS"] = str(steps)
     # No network here: no news feed, no update check (Notebook 7 has neither).
     no_network = {
         "lab": [
@@ -393,6 +393,68 @@ def test_runs_notebook_tails_replays_and_compares(tmp_path: Path) -> None:
             page.screenshot(path=str(ARTIFACTS / "runs-failure.png"), full_page=True)
             (ARTIFACTS / "runs-console.log").write_text("\n".join(console_errors))
             shutil.copy(log, ARTIFACTS / "runs-jupyter.log")
+            raise
+        finally:
+            browser.close()
+
+
+RANKS_NOTEBOOK = "06-ranks.ipynb"
+
+
+@pytest.mark.timeout(420)
+def test_ranks_notebook_tails_a_two_rank_job(tmp_path: Path) -> None:
+    """notebooks/06-ranks.ipynb: the ranks panel follows a two-rank torchrun job while it runs
+    (its heatmap and tables grow), then the finished job names rank 1 as the straggler."""
+    sync_api = start_browser_test("ranks.png", "ranks-failure.png", "ranks-console.log")
+    console_errors: list[str] = []
+    with (
+        jupyter_server(tmp_path, "lab", RANKS_NOTEBOOK) as (base, token, log),
+        sync_api.sync_playwright() as p,
+    ):
+        browser, page = open_page(p, console_errors)
+        try:
+            goto_notebook(page, f"{base}/lab/tree/{RANKS_NOTEBOOK}?token={token}")
+            select = page.locator(".jp-Dialog button.jp-mod-accept", has_text="Select")
+            with contextlib.suppress(sync_api.TimeoutError):
+                select.click(timeout=5_000)
+            page.wait_for_selector(IDLE, timeout=120_000)
+            run_all(page)
+            # The tail's panel shows both ranks' steps while the job runs.
+            wait_for_live_step(page)
+            page.wait_for_function(
+                "() => document.querySelectorAll("
+                "'table.nbm-ranks-table[data-field=ranks] tbody tr').length >= 2",
+                timeout=120_000,
+            )
+            first = _step(page)
+            # Every cell ran: the tail closed with the job, then the job's own panel.
+            page.wait_for_function(
+                "() => document.querySelectorAll('.nbm-root').length >= 2", timeout=300_000
+            )
+            page.wait_for_selector(IDLE, timeout=120_000)
+            statuses = page.locator(".nbm-root [data-field=status]").all_inner_texts()
+            assert set(statuses) == {"closed"}, statuses
+            assert _step(page) > first
+            canvas = page.locator(".nbm-root .nbm-heatmap-canvas").last
+            assert canvas.evaluate("c => c.width * c.height") > 0
+            title = page.locator(".nbm-root .nbm-section-title").last.inner_text()
+            assert title.startswith("step_time per rank"), title
+            rows = page.locator("table.nbm-ranks-table[data-field=ranks]").last
+            assert rows.locator("tbody tr").count() == 2
+            alerts = page.locator(".nbm-root .nbm-alerts").last.inner_text()
+            assert "Rank 1 on" in alerts and "straggler" in alerts, alerts
+            body = page.locator("body").inner_text()
+            assert "Error displaying widget" not in body and "Traceback" not in body
+            ours = [e for e in console_errors if OUR_ERRORS.search(e)]
+            assert not ours, ours
+            last = page.locator(".jp-OutputArea-output:has(.nbm-root)").last
+            last.scroll_into_view_if_needed()
+            page.wait_for_timeout(500)
+            last.screenshot(path=str(ARTIFACTS / "ranks.png"))
+        except BaseException:
+            page.screenshot(path=str(ARTIFACTS / "ranks-failure.png"), full_page=True)
+            (ARTIFACTS / "ranks-console.log").write_text("\n".join(console_errors))
+            shutil.copy(log, ARTIFACTS / "ranks-jupyter.log")
             raise
         finally:
             browser.close()

@@ -52,6 +52,9 @@ class StepContext:
     recorder: Recorder
     step: int = 0  # optimizer steps completed
     micro: int = 0  # grad-enabled forwards in the step in progress
+    # What the forward that just ran was given (set before the ``forward`` probes run).
+    forward_samples: int = 0
+    forward_tokens: int = 0
     # Set by the gradient-norm probe before the step; the clock puts it in the step's record.
     norms: PendingNorms = NO_NORMS
     # clip_grad_norm_ calls in the step in progress (``_capture/intercept.py``); the first
@@ -59,6 +62,19 @@ class StepContext:
     clips: int = 0
     clip_total: DeviceValue | None = None
     max_norm: float = math.nan
+
+    def clip_ended(self, total: torch.Tensor, max_norm: object) -> None:
+        """After a clip of the step's parameters; ``total`` is what it returned."""
+        if self.clips == 1:
+            from nbmonitor._capture.device_value import DeviceValue
+
+            self.clip_total = DeviceValue(total.detach().reshape(1))
+            # A tensor max_norm would cost a sync to read: no clip coefficient then.
+            self.max_norm = float(max_norm) if isinstance(max_norm, (int, float)) else math.nan
+        else:
+            # Several clips in one step (parameter groups clipped apart, or twice): the total
+            # comes from the per-parameter norms taken before the first.
+            self.clip_total = None
 
     @property
     def log_step(self) -> int:

@@ -8,6 +8,7 @@ module with a non-finite output is named in a ``NonFiniteError``.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -26,7 +27,11 @@ class ForwardCheckProbe(ProbeBase):
 
     def __init__(self, guard: Guard, model: torch.nn.Module, raise_non_finite: bool) -> None:
         super().__init__(guard)
-        self._names = {m: n or "(root)" for n, m in model.named_modules()}
+        # Weakly keyed: the modules' hooks hold this probe; the root among them must not be
+        # held back (a cycle that outlives a dropped model until a full garbage collection).
+        self._names: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary(
+            (m, n or "(root)") for n, m in model.named_modules()
+        )
         self.raise_non_finite = raise_non_finite
         self._rows: list[torch.Tensor] = []
         self._row_names: list[str] = []

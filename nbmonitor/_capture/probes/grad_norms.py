@@ -19,7 +19,7 @@ rest), and ``NormLayout`` says how to unpack them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -45,7 +45,7 @@ STOP_MARK_FORWARD = DeviceValue.packed([1.0], None)
 CONCAT_MIN_TENSORS = 4
 
 
-def norm_dtype(params: list[torch.nn.Parameter]) -> torch.dtype:
+def norm_dtype(params: Sequence[torch.Tensor]) -> torch.dtype:
     """The dtype norms are taken in: float32 (half-precision gradients accumulate in it too),
     float64 when any parameter is float64 (torch refuses to narrow it)."""
     return torch.float64 if any(p.dtype == torch.float64 for p in params) else torch.float32
@@ -127,13 +127,33 @@ class NormPass:
 
     def __init__(self, params: list[torch.nn.Parameter]) -> None:
         self.params = params
+        self._planned_for: tuple[torch.dtype, torch.device] | None = None
+        self._replan()
+
+    def _replan(self) -> None:
+        params = self.params
         self.plan = cpu_plan(params)
         self.dtype = norm_dtype(params)
         self._flat: Callable[[torch.Tensor, int], torch.Tensor] = torch.Tensor.view
+        self._planned_for = (params[0].dtype, params[0].device) if params else None
 
     def take(self) -> tuple[DeviceValue | None, tuple[int, ...] | None, NormLayout | None]:
         """The packed values, the parameter each belongs to (None: all, in order) and how to
-        unpack them (None: they are norms); ``(None, None, None)`` without gradients."""
+        unpack them (None: they are norms); ``(None, None, None)`` without gradients.
+
+        A model converted or moved after attach (``model.double()``, ``.to("cuda")``) is
+        planned again: one look at the first parameter per step sees it, and a failure on the
+        way (a parameter converted alone) plans again once before it counts as an error."""
+        params = self.params
+        if params and (params[0].dtype, params[0].device) != self._planned_for:
+            self._replan()
+        try:
+            return self._take()
+        except (RuntimeError, NotImplementedError):
+            self._replan()
+            return self._take()
+
+    def _take(self) -> tuple[DeviceValue | None, tuple[int, ...] | None, NormLayout | None]:
         params = self.params
         grads = [g for p in params if (g := p.grad) is not None]
         if not grads:
@@ -149,7 +169,7 @@ class NormPass:
                 if self._flat is torch.Tensor.view:
                     # A non-contiguous gradient (channels_last): reshape from now on.
                     self._flat = torch.Tensor.reshape
-                    return self.take()
+                    return self._take()
                 # a sparse or odd gradient this step: the general path below
             else:
                 return value, plan.order, plan.layout

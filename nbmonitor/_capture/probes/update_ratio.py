@@ -48,7 +48,7 @@ class UpdateRatioProbe(ProbeBase):
         if size > self.copy_max_bytes:
             self.copy_skipped = True
             return
-        norms = _foreach_norm(params, 2, dtype=norm_dtype(self.params))
+        norms = _foreach_norm(params, 2, dtype=norm_dtype(params))
         self._before_norms = torch.stack([n.to(norms[0].device) for n in norms])
         self._before = list(_foreach_mul(params, 1.0))
 
@@ -59,6 +59,6 @@ class UpdateRatioProbe(ProbeBase):
             return
         params = [p.detach() for p in self.params]
         _foreach_sub_(before, params)  # before - after: the update, in place
-        delta = _foreach_norm(before, 2, dtype=norms.dtype)
+        delta = _foreach_norm(before, 2, dtype=norm_dtype(before))
         packed = torch.cat([norms, torch.stack([d.to(norms.device) for d in delta])])
         ctx.recorder.put(AuxRecord(ctx.step + 1, "update", self.names, DeviceValue(packed)))

@@ -7,15 +7,20 @@ and becomes final once a later step has ended, or at close.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
+from nbmonitor._engine.assemble.spans import phase_columns
+from nbmonitor._engine.derive.mfu import StepFlops
 from nbmonitor.records import (
     AuxRecord,
+    FlopsRecord,
     LogRecord,
     Pending,
+    PhaseRecord,
     Record,
     StepRecord,
     squared_norms,
@@ -72,9 +77,15 @@ def _packed_alike(a: StepRecord, b: StepRecord) -> bool:
 
 
 class StepAssembler:
-    """Merges StepRecords and LogRecords into one row per step."""
+    """Merges StepRecords and LogRecords into one row per step.
 
-    def __init__(self) -> None:
+    ``device`` names the accelerator (read once a FLOPs count arrives), for the MFU peak.
+    """
+
+    def __init__(self, device: Callable[[], str | None] = lambda: None) -> None:
+        self._device = device
+        # Training FLOPs per token/sample, from the one counted forward; None until it comes.
+        self.flops: StepFlops | None = None
         self._open: dict[int, _Row] = {}
         self._last_ended = 0
         self._ema = 0.0
@@ -84,6 +95,8 @@ class StepAssembler:
         # What could not be read since the caller last took it: (source, error), e.g.
         # ("log:acc", ValueError(...)). The rest of each record, and every other record, is kept.
         self.failures: list[tuple[str, Exception]] = []
+        # Param groups added mid-run, for the caller to report: (step, time, groups_added).
+        self.groups_added: list[tuple[int, float, tuple[tuple[int, int, int], ...]]] = []
 
     def add(self, records: list[Record]) -> None:
         with_norms: list[StepRecord] = []
@@ -96,10 +109,22 @@ class StepAssembler:
                         with_norms.append(record)
                     if record.clip_norm is not None:
                         clipped.append(record)
+                    if record.groups_added:
+                        self.groups_added.append((record.step, record.time, record.groups_added))
                 elif isinstance(record, AuxRecord):
                     self.aux.append((record, record.value.values()))
                 elif isinstance(record, LogRecord):
                     self._add_logged(record)
+                elif isinstance(record, PhaseRecord):
+                    self._open.setdefault(record.step, _Row()).values.update(phase_columns(record))
+                elif isinstance(record, FlopsRecord):
+                    self.flops = StepFlops.from_count(
+                        record.forward_flops,
+                        record.tokens,
+                        record.samples,
+                        record.dtype,
+                        self._device(),
+                    )
             except Exception as exc:
                 self.failures.append((f"records:{type(record).__name__}", exc))
         self._add_norms(with_norms)
@@ -185,6 +210,13 @@ class StepAssembler:
             row["samples_per_s"] = (
                 record.samples / record.step_time if record.step_time > 0 else math.nan
             )
+        if record.tokens:
+            row["tokens"] = float(record.tokens)
+            row["tokens_per_s"] = (
+                record.tokens / record.step_time if record.step_time > 0 else math.nan
+            )
+        if self.flops is not None:
+            row.update(self.flops.step_values(record.tokens, record.samples, record.step_time))
         for i, value in enumerate(lrs):
             row["lr" if i == 0 else f"lr_group{i}"] = value
         self._last_ended = max(self._last_ended, record.step)

@@ -13,6 +13,8 @@ from nbmonitor.health.rules.devices import DeviceMemory, GpuIdle, GpuTemperature
 from nbmonitor.health.rules.gradients import ExplodingGradients, VanishingGradients
 from nbmonitor.health.rules.loss import LossPlateau, LossSpike, NonFiniteLoss
 from nbmonitor.health.rules.scaler import ScalerSkipping
+from nbmonitor.health.rules.stragglers import Stragglers
+from nbmonitor.health.rules.time import InputBound, OptimizerShare, StepTimeRegression
 from nbmonitor.health.rules.updates import UpdateRatioHigh, UpdateRatioLow
 
 RULES: tuple[RuleFactory, ...] = (
@@ -30,6 +32,10 @@ RULES: tuple[RuleFactory, ...] = (
     DeviceMemory,
     GpuThrottling,
     GpuIdle,
+    Stragglers,
+    InputBound,
+    OptimizerShare,
+    StepTimeRegression,
 )
 
 __all__ = ["RULES"]

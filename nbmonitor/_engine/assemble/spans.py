@@ -1,0 +1,213 @@
+"""Phases and spans, from records to rows and to what the timeline panel shows (sampler thread,
+or the caller's for a replay; numpy only).
+
+``phase_columns`` turns a ``PhaseRecord`` into the step row's ``phase_<name>_s`` columns;
+``span_rows`` turns ``SpanRecord``s into the rows of the ``spans`` stream (spans.jsonl). A
+``SpanLog`` takes both kinds of row (live: as the pipeline makes them; replay: as read from
+disk) and keeps, bounded, what the timeline needs: the last steps' phases and spans for the
+gantt, and per name the telemetry summary (count, mean, median, std, min, max, total, % of
+the time the steps took), as Oumi's timers report it.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from nbmonitor._engine.frame import GanttBar
+from nbmonitor.records import PHASE_KEYS, PHASES, PhaseRecord, Record, SpanRecord
+
+# Durations kept per name for the median (the other statistics cover every value).
+MEDIAN_WINDOW = 1024
+# Spans and step rows kept for the gantt of the last steps.
+RECENT_SPANS = 4096
+RECENT_STEPS = 64
+GANTT_STEPS = 3
+PHASE_TRACK = "phases"
+
+
+def phase_columns(record: PhaseRecord) -> dict[str, float]:
+    """The ``phase_<name>_s`` columns of a step's row."""
+    return dict(zip(PHASE_KEYS, record.values(), strict=True))
+
+
+def span_rows(records: Iterable[Record]) -> list[dict[str, object]]:
+    """The ``spans`` stream's rows for the ``SpanRecord``s among ``records``."""
+    return [
+        {
+            "name": r.name,
+            "step": r.step,
+            "start": r.start,
+            "dur": r.duration,
+            "depth": r.depth,
+            "thread": r.thread,
+        }
+        for r in records
+        if isinstance(r, SpanRecord)
+    ]
+
+
+@dataclass
+class _Stats:
+    kind: str
+    count: int = 0
+    total: float = 0.0
+    squares: float = 0.0
+    low: float = math.inf
+    high: float = -math.inf
+    recent: collections.deque[float] = field(
+        default_factory=lambda: collections.deque(maxlen=MEDIAN_WINDOW)
+    )
+
+    def add(self, values: Iterable[float] | np.ndarray) -> None:
+        # One numpy pass per batch of values: a tick brings hundreds of steps.
+        v = np.asarray(values, dtype=np.float64)
+        v = v[np.isfinite(v)]
+        if not v.size:
+            return
+        self.count += int(v.size)
+        self.total += float(v.sum())
+        self.squares += float(np.dot(v, v))
+        self.low = min(self.low, float(v.min()))
+        self.high = max(self.high, float(v.max()))
+        self.recent.extend(v[-MEDIAN_WINDOW:].tolist())
+
+    def row(self, name: str, run_time: float) -> dict[str, object]:
+        n = self.count
+        mean = self.total / n
+        # The sample standard deviation (0 for one value), as Oumi reports it.
+        var = max(0.0, (self.squares - n * mean * mean) / (n - 1)) if n > 1 else 0.0
+        return {
+            "name": name,
+            "kind": self.kind,
+            "count": n,
+            "mean_s": mean,
+            # statistics, not numpy: np.median imports numpy.ma on first use.
+            "median_s": statistics.median(self.recent),
+            "std_s": math.sqrt(var),
+            "min_s": self.low,
+            "max_s": self.high,
+            "total_s": self.total,
+            "percent": 100.0 * self.total / run_time if run_time > 0 else math.nan,
+        }
+
+
+class SpanLog:
+    """What the timeline shows, fed with step rows and span rows (bounded memory)."""
+
+    def __init__(self) -> None:
+        self._stats: dict[str, _Stats] = {}
+        self._run_time = 0.0  # the sum of step_time: what "% of run" is a share of
+        self._steps: collections.deque[Mapping[str, float]] = collections.deque(maxlen=RECENT_STEPS)
+        self._spans: collections.deque[Mapping[str, object]] = collections.deque(
+            maxlen=RECENT_SPANS
+        )
+
+    def add_steps(self, rows: Sequence[Mapping[str, float]]) -> None:
+        if not rows:
+            return
+        nan = math.nan
+        times = np.array([row.get("step_time", nan) for row in rows], dtype=np.float64)
+        self._run_time += float(times[np.isfinite(times)].sum())
+        for name, key in zip(PHASES, PHASE_KEYS, strict=True):
+            if key in rows[-1] or key in rows[0]:
+                self._stat(name, "phase").add([row.get(key, nan) for row in rows])
+        self._steps.extend(r for r in rows[-RECENT_STEPS:] if PHASE_KEYS[1] in r)
+
+    def add_step_columns(self, columns: Mapping[str, np.ndarray]) -> None:
+        """A whole steps stream read at once (a replay): the same as its rows."""
+        if "step" not in columns:
+            return
+        keys = [k for k in ("step", "time", "step_time", *PHASE_KEYS) if k in columns]
+        n = len(columns["step"])
+        if "step_time" in columns:
+            finite = columns["step_time"][np.isfinite(columns["step_time"])]
+            self._run_time += float(finite.sum())
+        for name, key in zip(PHASES, PHASE_KEYS, strict=True):
+            if key in columns:
+                self._stat(name, "phase").add(columns[key].tolist())
+        for i in range(max(0, n - RECENT_STEPS), n):
+            row = {k: float(columns[k][i]) for k in keys}
+            if any(math.isfinite(row.get(k, math.nan)) for k in PHASE_KEYS):
+                self._steps.append(row)
+
+    def add_spans(self, rows: Iterable[Mapping[str, object]]) -> None:
+        for row in rows:
+            name, dur = row.get("name"), row.get("dur")
+            if not isinstance(name, str) or not isinstance(dur, (int, float)):
+                continue  # one bad record never costs the others
+            self._stat(name, "span").add((float(dur),))
+            self._spans.append(row)
+
+    def _stat(self, name: str, kind: str) -> _Stats:
+        key = f"{kind}:{name}"
+        stats = self._stats.get(key)
+        if stats is None:
+            stats = self._stats[key] = _Stats(kind)
+        return stats
+
+    def summary(self, open_s: float = 0.0) -> tuple[dict[str, object], ...]:
+        """One row per phase, then per span name (by total time): Oumi's columns. ``open_s``:
+        the step time of rows still open (not added yet), part of the run's time."""
+        rows = [
+            stats.row(key.split(":", 1)[1], self._run_time + open_s)
+            for key, stats in self._stats.items()
+            if stats.count
+        ]
+        rows.sort(key=lambda r: (r["kind"] != "phase", -float(r["total_s"])))  # type: ignore[arg-type]
+        return tuple(rows)
+
+    def gantt(self, steps: int = GANTT_STEPS) -> tuple[GanttBar, ...]:
+        """The last ``steps`` steps: their phases (laid out in order back from each step's
+        end) and the spans that fell in them, on one track per nesting depth and thread."""
+        shown = list(self._steps)[-steps:]
+        spans = list(self._spans)
+        last = [int(r["step"]) for r in shown]
+        for span in spans[-1:]:
+            step = span.get("step")
+            if isinstance(step, (int, float)):
+                last.append(int(step))
+        last_step = max(last, default=0)
+        first_step = last_step - steps + 1
+        bars: list[GanttBar] = []
+        for row in shown:
+            end = row.get("time", math.nan)
+            if int(row["step"]) < first_step or not math.isfinite(end):
+                continue
+            t = end
+            for name, key in reversed(list(zip(PHASES, PHASE_KEYS, strict=True))):
+                d = row.get(key, math.nan)
+                if math.isfinite(d) and d > 0:
+                    t -= d
+                    bars.append(GanttBar(PHASE_TRACK, name, int(row["step"]), t, d))
+        for s in spans:
+            step, start, dur = s.get("step"), s.get("start"), s.get("dur")
+            if not (
+                isinstance(step, (int, float))
+                and isinstance(start, (int, float))
+                and isinstance(dur, (int, float))
+            ):
+                continue
+            if step >= first_step:
+                bars.append(GanttBar(_track(s), str(s.get("name")), int(step), start, dur))
+        if not bars:
+            return ()
+        origin = min(b.start_s for b in bars)
+        return tuple(
+            GanttBar(b.track, b.name, b.step, b.start_s - origin, b.duration_s) for b in bars
+        )
+
+
+def _track(span: Mapping[str, object]) -> str:
+    depth = span.get("depth", 0)
+    thread = span.get("thread", 0)
+    where = f"spans{'' if not thread else f' (thread {thread})'}"
+    return where if not depth else f"{where} depth {depth}"
+
+
+__all__ = ["GanttBar", "SpanLog", "phase_columns", "span_rows"]

@@ -1,0 +1,77 @@
+"""The live monitor's parts for one rank of a distributed job (``monitor.py`` calls these):
+the run log in the job folder, the display rank's follower of the other ranks, and the
+cross-rank summary at close. Single-process runs go through none of it."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from nbmonitor._capture.dist import RankInfo
+from nbmonitor.errors import ErrorLog
+from nbmonitor.options import Options
+from nbmonitor.sinks import RunLogSink
+
+
+def check_display_rank(rank: RankInfo | None, display_rank: int) -> None:
+    """A display rank outside the job's world would leave every rank silent: a one-line error."""
+    if rank is not None and display_rank >= rank.world_size:
+        raise ValueError(
+            f"nbmonitor.attach: display_rank={display_rank} is not a rank of this job "
+            f"(world size {rank.world_size}); pass display_rank= from 0 to "
+            f"{rank.world_size - 1}."
+        )
+
+
+def create_runlog(
+    opts: Options,
+    run_name: str,
+    meta: dict[str, object],
+    rank: RankInfo | None,
+    device: str,
+    device_index: int | None,
+) -> tuple[RunLogSink, str]:
+    """The run log and the run's name: ``<stamp>-<name>`` alone, or a rank's
+    ``<job>-<name>/rank<r>`` with its place in the job in meta.json."""
+    if rank is None:
+        log = RunLogSink.create(opts.run_dir, run_name, meta)
+        return log, log.path.name
+    meta.update(rank.as_meta(), device=device, device_index=device_index)
+    log = RunLogSink.create(
+        opts.run_dir, run_name, meta, job_id=rank.job_id, rank=rank.rank,
+        world_size=rank.world_size,
+    )  # fmt: skip
+    return log, f"{log.path.parent.name}/{log.path.name}"
+
+
+def rank_follower(rank: RankInfo | None, displays: bool, run_dir: Any) -> Callable[[], Any] | None:
+    """On the display rank: every rank's steps, read from their files, for the straggler rule
+    (the pipeline calls it on the run log's worker)."""
+    if rank is None or not displays:
+        return None
+    from nbmonitor.job import RankFollower
+
+    return RankFollower(run_dir.parent)
+
+
+def finish_job(job_dir: Any, errors: ErrorLog, display: bool, wait: float) -> None:
+    """At the display rank's close: ranks_summary.json from every rank's files, then the
+    summary on the console. On a worker: a filesystem that hangs costs at most ``wait``."""
+    from nbmonitor._engine.isolated import Isolated
+    from nbmonitor.job import finish
+    from nbmonitor.ui.console import console_logger
+
+    worker = Isolated("ranks-summary", "the cross-rank summary", errors, wait)
+    try:
+        text = worker.call(functools.partial(finish, job_dir))
+    except Exception as exc:  # never from close(): the job's own files are written
+        errors.add("ranks_summary", exc)
+        return
+    finally:
+        worker.close(0.0)
+    if isinstance(text, str):
+        console_logger(install_handler=display).info(text)
+
+
+__all__ = ["check_display_rank", "create_runlog", "finish_job", "rank_follower"]

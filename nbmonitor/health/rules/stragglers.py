@@ -1,0 +1,115 @@
+"""Stragglers: one rank of a distributed job that the others keep waiting for.
+
+Judged over ``HealthInput.ranks`` (every rank's per-step columns, read from the job's per-rank
+streams, never gathered with a collective). Two signals, the first that holds names the rank:
+
+* ``data_wait_s`` (the time from a step's end to the next step's first forward): in a
+  synchronous job (DDP) every rank's step takes as long as the slowest one, because they all
+  meet in the gradient all-reduce, so step times agree; the straggler is the rank that comes
+  late to that meeting, by waiting longer for its batch;
+* ``step_time``: ranks that do not synchronise every step (independent workers, a broken
+  process group) show the straggler directly.
+
+A rank holds when, over the last ``WINDOW`` steps that every rank recorded, its value exceeds
+the median of the other ranks by at least ``EXCESS_FRACTION`` of the median step time (it costs
+the job that share of every step), and it is the largest on at least ``SLOWEST_SHARE`` of
+those steps. Subject: the rank (``rank1``); the message names its host.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from nbmonitor.health import alert as subjects
+from nbmonitor.health.alert import Alert
+from nbmonitor.health.rule import Base, Outcome, always, nothing
+from nbmonitor.health.view import RankColumns, View
+from nbmonitor.health.window import FloatArray
+
+WINDOW = 50  # steps every rank recorded, newest
+MIN_STEPS = 10  # judged only with this many
+EXCESS_FRACTION = 0.1  # the rank's extra time, as a fraction of the median step time
+SLOWEST_SHARE = 0.75  # ... and the slowest rank on this share of the steps
+
+_WHAT = {
+    "data_wait_s": "wait for its next batch (data_wait_s)",
+    "step_time": "step time",
+}
+
+
+def _recent(ranks: RankColumns, matrix: FloatArray) -> tuple[FloatArray, FloatArray, float]:
+    """The last WINDOW columns where every rank has both a value and a step time."""
+    ok = np.isfinite(matrix).all(axis=0) & np.isfinite(ranks.step_time).all(axis=0)
+    index = np.flatnonzero(ok)[-WINDOW:]
+    last = float(ranks.steps[index[-1]]) if index.size else math.nan
+    return matrix[:, index], ranks.step_time[:, index], last
+
+
+def stragglers(ranks: RankColumns) -> dict[int, tuple[str, float, float, int, float]]:
+    """Rank -> (metric, median excess in seconds, share of steps it was slowest, steps
+    judged, newest step judged) for each rank that holds now."""
+    found: dict[int, tuple[str, float, float, int, float]] = {}
+    if len(ranks.ranks) < 2:
+        return found
+    signals = [("data_wait_s", ranks.data_wait), ("step_time", ranks.step_time)]
+    for metric, matrix in signals:
+        if matrix is None or matrix.shape != ranks.step_time.shape:
+            continue
+        values, times, last = _recent(ranks, matrix)
+        n = values.shape[1]
+        if n < MIN_STEPS:
+            continue
+        floor = EXCESS_FRACTION * float(np.median(times))
+        slowest = values.argmax(axis=0)
+        for i, rank in enumerate(ranks.ranks):
+            if rank in found:
+                continue
+            others = np.median(np.delete(values, i, axis=0), axis=0)
+            excess = float(np.median(values[i] - others))
+            share = float(np.mean(slowest == i))
+            if excess > 0 and excess >= floor and share >= SLOWEST_SHARE:
+                found[rank] = (metric, excess, share, n, last)
+    return found
+
+
+class Stragglers(Base):
+    """A rank whose step time or data wait is consistently above the other ranks'."""
+
+    name = "straggler"
+
+    def check(self, view: View) -> Outcome:
+        ranks = view.inp.ranks
+        if ranks is None or len(ranks.ranks) < 2 or not ranks.steps.size:
+            return nothing(self.name)
+        found = stragglers(ranks)
+        hosts = dict(zip(ranks.ranks, ranks.hosts, strict=False))
+
+        def make(new: list[str]) -> list[Alert]:
+            alerts = []
+            for subject in new:
+                rank = int(subject.removeprefix("rank"))
+                metric, excess, share, n, last = found[rank]
+                host = hosts.get(rank, "?")
+                alerts.append(
+                    Alert(
+                        self.name,
+                        "warning",
+                        f"Rank {rank} on {host} is a straggler: its {_WHAT[metric]} is "
+                        f"{excess * 1e3:.0f} ms above the other ranks' and it was the slowest "
+                        f"on {share:.0%} of the last {n} steps, so every rank waits for it; "
+                        f"check its input pipeline (DataLoader workers), its GPU (clocks, "
+                        f"temperature) and other load on {host}.",
+                        int(last),
+                        view.inp.time,
+                        subject=subjects.rank(rank),
+                    )
+                )
+            return alerts
+
+        held = [subjects.rank(r) for r in found]
+        return Outcome(self.name, held, always, make)
+
+
+__all__ = ["EXCESS_FRACTION", "MIN_STEPS", "SLOWEST_SHARE", "WINDOW", "Stragglers", "stragglers"]

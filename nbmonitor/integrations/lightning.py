@@ -1,0 +1,84 @@
+"""Lightning: a ``Callback`` that attaches a monitor when training starts and closes it when
+training ends (or stops on an exception).
+
+    trainer = L.Trainer(..., callbacks=[NbmonitorCallback()])
+
+It attaches to the ``LightningModule`` and to the trainer's torch optimizer (several optimizers:
+the first that steps, see ``attach``), so steps are optimizer steps (``trainer.global_step``,
+counted on from a resumed checkpoint's); validation (no gradients) is not counted. Lightning
+runs forward and backward inside ``optimizer.step(closure)``: the gradient norms are taken when
+the closure returns, or as ``gradient_clip_val``'s clip starts (after
+``on_before_optimizer_step``), so ``grad_norm`` is the norm before clipping. Each training batch
+counts as a micro-batch, its samples the leading dimension of its first tensor, whatever
+``training_step`` calls; ``mon.log`` inside ``training_step`` belongs to the step in progress.
+The loss is ``training_step``'s, as it returned it (Lightning divides it by
+``accumulate_grad_batches`` for backward), averaged over the step's micro-batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Unpack
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+
+from nbmonitor.monitor import Monitor, attach
+from nbmonitor.options import AttachOptions
+
+
+class NbmonitorCallback(Callback):  # type: ignore[misc, unused-ignore]
+    """Monitors a Lightning ``Trainer``'s training; ``options`` are ``nbmonitor.attach``'s. The
+    monitor of the latest ``fit()`` is ``callback.monitor`` (closed when training ends)."""
+
+    def __init__(self, **options: Unpack[AttachOptions]) -> None:
+        self.options = options
+        self.monitor: Monitor | None = None
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        optimizers = trainer.optimizers
+        total = trainer.max_steps if trainer.max_steps > 0 else trainer.estimated_stepping_batches
+        options: dict[str, Any] = {
+            "total_steps": int(total) if 0 < total < float("inf") else None,
+            "start_step": trainer.global_step,
+            **self.options,
+        }
+        self.monitor = attach(pl_module, optimizers[0] if len(optimizers) == 1 else None, **options)
+
+    def on_train_batch_start(
+        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        mon = self.monitor
+        if mon is not None:
+            mon.batch_started(batch)
+
+    def on_train_batch_end(
+        self,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        # After the optimizer step of the batch that stepped: the value belongs to that step.
+        mon = self.monitor
+        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+        if mon is None or not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            return
+        accumulate = trainer.accumulate_grad_batches
+        if pl_module.automatic_optimization and accumulate != 1:
+            loss = loss * accumulate  # undo Lightning's division for backward
+        mon.log(loss=loss)
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.monitor is not None:
+            self.monitor.close()
+
+    def on_exception(
+        self, trainer: Trainer, pl_module: LightningModule, exception: BaseException
+    ) -> None:
+        if self.monitor is not None:
+            self.monitor.close()
+
+
+__all__ = ["NbmonitorCallback"]

@@ -1,0 +1,343 @@
+"""A distributed job on disk, opened or followed: the replay composition root's half for jobs.
+
+``nbmonitor.open(job_dir)`` and ``nbmonitor.tail(job_dir)`` come here when the folder is a job
+of several ranks (``nbmonitor/runs/layout.py``). Every rank's streams are read (``runs/``),
+put in a ``RankState`` (``_engine/derive/ranks.py``), judged by the straggler rule and the
+agreement checks, and drawn by the ranks panel (``ui/ranks.py``). Nothing here needs torch,
+and nothing talks to the ranks: the files are the only channel. Rank 0 (the display rank)
+calls :func:`finish` at close to write ``ranks_summary.json`` and print the summary.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nbmonitor._engine.derive.ranks import (
+    RankState,
+    align,
+    divergence,
+    per_step,
+    rank_columns,
+    rank_metrics,
+    ranks_summary,
+)
+from nbmonitor._engine.derive.ranks_frame import RanksFrame, ranks_frame
+from nbmonitor.health import Alert, Health, HealthInput, Thresholds
+from nbmonitor.health.rules.stragglers import MIN_STEPS, WINDOW, Stragglers
+from nbmonitor.health.view import RankColumns
+from nbmonitor.runs.format import write_json_atomic
+from nbmonitor.runs.job import JobFiles, JobTail, job_status
+from nbmonitor.runs.layout import SUMMARY, is_job
+
+# A finished job is judged at most this many times (evenly spaced), however long it ran.
+MAX_CHECKS = 500
+
+
+def straggler_alerts(state: RankState, health: Health | None = None) -> list[Alert]:
+    """The straggler rule over the whole job so far, judged every half window of steps (so a
+    straggler of the middle of a run is found too); with ``health``, only new episodes."""
+    columns = rank_columns(state)
+    if columns is None:
+        return []
+    health = health if health is not None else Health(Thresholds(), rules=(Stragglers,))
+    n = columns.steps.size
+    every = max(WINDOW // 2, n // MAX_CHECKS)
+    ends = [*range(MIN_STEPS, n, every), n] if n >= MIN_STEPS else []
+    _, times = align(state, "time")
+    found: list[Alert] = []
+    for end in ends:
+        # The rule looks at the last WINDOW steps every rank recorded: a few windows back is
+        # plenty, and keeps a long job's checks linear in its length.
+        start = max(0, end - 4 * WINDOW)
+        wait = columns.data_wait
+        part = type(columns)(
+            columns.ranks,
+            columns.hosts,
+            columns.steps[start:end],
+            columns.step_time[:, start:end],
+            None if wait is None else wait[:, start:end],
+        )
+        when = times[:, end - 1] if times.shape[1] >= end else np.empty(0)
+        finite = when[np.isfinite(when)]
+        inp = HealthInput(
+            step=int(columns.steps[end - 1]),
+            time=float(finite.max()) if finite.size else math.nan,
+            steps={},
+            ranks=part,
+        )
+        found += health.check(inp)
+    return found
+
+
+def read_state(files: JobFiles) -> RankState:
+    state = RankState()
+    for rank, run in files.ranks.items():
+        state.set_meta(rank, run.meta, run.status)
+        state.add_columns(rank, "steps", run.history())
+        state.add_columns(rank, "system", run.system())
+    return state
+
+
+def summary_record(files_meta: dict[str, Any], state: RankState, status: str) -> dict[str, Any]:
+    """What ranks_summary.json holds."""
+    return {
+        "job_id": files_meta.get("job_id"),
+        "world_size": files_meta.get("world_size"),
+        "status": status,
+        "written": time.time(),
+        "ranks": {
+            str(r): {
+                "host": state.host(r),
+                "device": state.ranks[r].meta.get("device"),
+                **rank_metrics(state, r),
+            }
+            for r in sorted(state.ranks)
+        },
+        "summary": ranks_summary(state),
+    }
+
+
+class Job:
+    """A job of several ranks on disk, finished or still running. Create it with
+    :func:`nbmonitor.open` on the job folder.
+
+    ``ranks`` maps each rank to its run (``nbmonitor.Run``: its own ``history()``,
+    ``dashboard()``...); ``per_step()`` is the cross-rank table of step times;
+    ``summary()`` the cross-rank summary (also written to ``ranks_summary.json`` once every
+    rank has closed); ``alerts()`` the stragglers and disagreeing ranks; ``dashboard()`` the
+    ranks panel, live with ``live=True``.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        from nbmonitor.replay import Run
+
+        self._files = JobFiles(path)
+        self.path = self._files.path
+        self.meta = self._files.meta
+        self.ranks = {r: Run(run.path) for r, run in self._files.ranks.items()}
+        self._follow: JobFollow | None = None
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def world_size(self) -> int:
+        return self._files.world_size
+
+    @property
+    def status(self) -> str:
+        return job_status([run.status for run in self.ranks.values()], self.world_size)
+
+    def state(self) -> RankState:
+        return read_state(self._files)
+
+    def history(self, rank: int = 0) -> dict[str, Any]:
+        """One rank's per-step columns (rank 0 by default)."""
+        return self.ranks[rank].history()
+
+    def per_step(self) -> dict[str, Any]:
+        """Per step across ranks: ``step``, step time ``min``, ``median``, ``max`` and the
+        ``slowest_rank`` (float64 columns)."""
+        state = self.state()
+        steps, matrix = align(state, "step_time")
+        return per_step(steps, matrix, sorted(state.ranks))
+
+    def alerts(self) -> list[Alert]:
+        state = self.state()
+        return straggler_alerts(state) + divergence(state)
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        """Oumi-style cross-rank summary (count, mean, median, std, min, max, min_rank,
+        max_rank) of step time, data wait and each device metric; written to
+        ``ranks_summary.json`` when every rank has closed."""
+        state = self.state()
+        status = self.status
+        if status in ("closed", "degraded"):
+            write_summary(self.path, summary_record(self.meta, state, status))
+        return ranks_summary(state)
+
+    def frame(self, heat_metric: str = "step_time") -> RanksFrame:
+        state = self.state()
+        alerts = straggler_alerts(state) + divergence(state)
+        return ranks_frame(state, self.name, self.status, self.world_size, alerts, heat_metric)
+
+    def dashboard(self, live: bool = False, interval: float = 1.0) -> Any:
+        """The ranks panel of this job; with ``live=True`` it follows the job until every rank
+        has closed (or ``stop()``)."""
+        from nbmonitor.ui.ranks import RanksPanel
+
+        panel = RanksPanel(self.name)
+        if live:
+            self.stop()
+            self._follow = JobFollow(self.path, [panel], interval)
+            self._follow.start()
+        else:
+            panel.close(self.frame())
+        return panel
+
+    def stop(self) -> None:
+        if self._follow is not None:
+            self._follow.stop()
+            self._follow = None
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        return self.dashboard()._repr_mimebundle_(**kwargs)
+
+    def __repr__(self) -> str:
+        return f"<nbmonitor.Job {self.name!r} ranks={sorted(self.ranks)} status={self.status!r}>"
+
+
+class JobFollow:
+    """Reads the new records of every rank every ``interval`` seconds on a daemon thread
+    (``nbmonitor-tail``) and publishes ranks frames to views, until every rank closed."""
+
+    def __init__(self, path: str | os.PathLike[str], views: Sequence[Any], interval: float) -> None:
+        if not (isinstance(interval, (int, float)) and interval > 0):
+            raise ValueError(f"nbmonitor.tail: interval must be > 0 seconds, got {interval!r}.")
+        self.tail = JobTail(path)
+        self.views = tuple(views)
+        self.interval = float(interval)
+        self.state = RankState()
+        self.health = Health(Thresholds(), rules=(Stragglers,))
+        self.alerts: list[Alert] = []
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="nbmonitor-tail", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def refresh(self) -> bool:
+        """Read what is new and publish a frame; True once every rank has closed."""
+        tail = self.tail
+        for rank, streams in tail.poll().items():
+            for stream in ("steps", "system"):
+                if streams.get(stream):
+                    self.state.add_rows(rank, stream, streams[stream])
+        for rank, rank_tail in tail.tails.items():
+            status = "closed" if rank_tail.closed else "running"
+            self.state.set_meta(rank, rank_tail.meta, status)
+        self._judge()
+        closed = tail.closed
+        status = "closed" if closed else "running"
+        frame = ranks_frame(self.state, tail.path.name, status, tail.world_size, self.alerts)
+        for view in self.views:
+            (view.close if closed else view.publish)(frame)
+        return closed
+
+    def _judge(self) -> None:
+        columns = rank_columns(self.state)
+        if columns is not None:
+            inp = HealthInput(step=int(columns.steps[-1]) if columns.steps.size else 0,
+                              time=time.time(), steps={}, ranks=columns)  # fmt: skip
+            self.alerts += self.health.check(inp)
+        seen = {(a.rule, a.subject) for a in self.alerts}
+        self.alerts += [
+            a for a in divergence(self.state, time.time()) if (a.rule, a.subject) not in seen
+        ]
+
+    def _run(self) -> None:
+        while True:
+            try:
+                if self.refresh():
+                    return
+            except Exception as exc:  # a torn or vanished file must not kill the follower
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+                del self.errors[:-20]
+            if self._stop.wait(self.interval):
+                return
+
+
+class RankFollower:
+    """On the display rank, live: every rank's step columns, read from their files (the
+    sampler thread calls it at each health check), as the straggler rule's input."""
+
+    def __init__(self, job_dir: str | os.PathLike[str], max_steps: int = 4 * WINDOW) -> None:
+        self.tail = JobTail(job_dir, streams=("steps",))
+        self.state = RankState(max_steps)
+
+    def __call__(self) -> RankColumns | None:
+        for rank, streams in self.tail.poll().items():
+            if streams.get("steps"):
+                self.state.add_rows(rank, "steps", streams["steps"])
+        for rank, rank_tail in self.tail.tails.items():
+            self.state.set_meta(rank, rank_tail.meta)
+        return rank_columns(self.state)
+
+
+def write_summary(path: Path, record: dict[str, Any]) -> None:
+    write_json_atomic(path / SUMMARY, record)
+
+
+def finish(job_dir: str | os.PathLike[str]) -> str | None:
+    """At the display rank's close: write ranks_summary.json from what every rank has written
+    so far, and return the summary as text (None when there is no job there)."""
+    from nbmonitor.ui.ranks import summary_text
+
+    path = Path(job_dir)
+    if not is_job(path):
+        return None
+    files = JobFiles(path)
+    state = read_state(files)
+    status = job_status([run.status for run in files.ranks.values()], files.world_size)
+    record = summary_record(files.meta, state, status)
+    write_summary(path, record)
+    text = summary_text(path.name, record["summary"])
+    alerts = straggler_alerts(state) + divergence(state)
+    if alerts:
+        text += "\n" + "\n".join(f"  {a.message}" for a in alerts)
+    return text
+
+
+def follow_job_in_terminal(path: str | os.PathLike[str], interval: float = 1.0) -> int:
+    """The console view of a job being written, until every rank closed; the newest step."""
+    from nbmonitor.ui.console import console_logger
+    from nbmonitor.ui.ranks import RanksConsoleView
+
+    view = RanksConsoleView(console_logger(install_handler=True), every=interval)
+    follower = JobFollow(path, [view], interval)
+    try:
+        while not follower.refresh():
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        pass
+    steps, _ = align(follower.state, "step_time")
+    return int(steps[-1]) if steps.size else 0
+
+
+def read_summary(job_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    try:
+        loaded = json.loads((Path(job_dir) / SUMMARY).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return loaded if isinstance(loaded, dict) else None
+
+
+__all__ = [
+    "Job",
+    "JobFollow",
+    "RankFollower",
+    "finish",
+    "follow_job_in_terminal",
+    "read_summary",
+    "straggler_alerts",
+]

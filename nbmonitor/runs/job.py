@@ -1,0 +1,104 @@
+"""A distributed job on disk (``layout.py``): its ranks read together, or followed together.
+
+``JobFiles(path).ranks`` opens each rank's run (``reader.Run``); ``JobTail(path).poll()``
+returns the new records of every rank, and picks up rank folders that appear after it started
+(ranks attach at slightly different times). Any thread, no torch.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+from typing import Any
+
+from nbmonitor.runs.decode import Record
+from nbmonitor.runs.format import RunNotFoundError
+from nbmonitor.runs.layout import is_job, rank_dirs, read_json
+from nbmonitor.runs.reader import Run, read_meta, run_path
+from nbmonitor.runs.tail import Tail
+
+
+def job_status(statuses: list[str], world_size: int) -> str:
+    """One status for the job from its ranks': the worst of them, ``running`` while any rank
+    runs or has not started yet."""
+    if not statuses:
+        return "unknown"
+    for status in ("running", "killed", "unknown", "degraded"):
+        if status in statuses:
+            return status
+    return "running" if len(statuses) < world_size else "closed"
+
+
+def world_size(meta: dict[str, Any], ranks: int) -> int:
+    world = meta.get("world_size")
+    return max(world, ranks) if isinstance(world, int) else ranks
+
+
+class JobFiles:
+    """The job folder at ``path``: ``meta`` (the job's meta.json), ``ranks`` (rank -> Run of
+    every rank folder that holds a run now). RunNotFoundError when ``path`` is not a job."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = run_path(path)
+        self.meta = read_meta(self.path)
+        if not is_job(self.path):
+            raise RunNotFoundError(
+                f"nbmonitor: '{self.path}' is a single run, not a job of several ranks; "
+                "open it with nbmonitor.open()."
+            )
+        self.ranks: dict[int, Run] = {r: Run(p) for r, p in rank_dirs(self.path).items()}
+
+    @property
+    def world_size(self) -> int:
+        return world_size(self.meta, len(self.ranks))
+
+    @property
+    def status(self) -> str:
+        return job_status([run.status for run in self.ranks.values()], self.world_size)
+
+
+class JobTail:
+    """Follows every rank of the job at ``path`` (which may not exist yet); ``streams``
+    limits the streams followed."""
+
+    def __init__(
+        self, path: str | os.PathLike[str], streams: tuple[str, ...] | None = None
+    ) -> None:
+        self.path = pathlib.Path(path)
+        self.streams = streams  # None: every stream
+        self.tails: dict[int, Tail] = {}
+        self.meta: dict[str, Any] = {}
+
+    def poll(self) -> dict[int, dict[str, list[Record]]]:
+        """New records per rank and stream since the last poll (ranks with none left out)."""
+        meta = read_json(self.path / "meta.json")
+        if isinstance(meta, dict):
+            self.meta = meta
+        for rank, folder in rank_dirs(self.path).items():
+            if rank not in self.tails:
+                self.tails[rank] = Tail(folder, streams=self.streams)
+        out: dict[int, dict[str, list[Record]]] = {}
+        for rank, tail in self.tails.items():
+            new = tail.poll()
+            if new:
+                out[rank] = new
+        return out
+
+    def rank_meta(self, rank: int) -> dict[str, Any]:
+        tail = self.tails.get(rank)
+        return tail.meta if tail is not None else {}
+
+    @property
+    def world_size(self) -> int:
+        return world_size(self.meta, len(self.tails))
+
+    @property
+    def closed(self) -> bool:
+        """True once every rank of the job has closed its run."""
+        tails = self.tails
+        return (
+            bool(tails) and len(tails) >= self.world_size and all(t.closed for t in tails.values())
+        )
+
+
+__all__ = ["JobFiles", "JobTail", "job_status"]

@@ -1,0 +1,101 @@
+"""attach(model) without an optimizer adopts the first optimizer that steps the model's
+parameters (torch's global optimizer step hooks): steps are its steps even when it is created
+after attach; another model's optimizer is not adopted; before one steps, backward passes are
+steps; the global hook holds the monitor weakly and is gone after close."""
+
+from __future__ import annotations
+
+import gc
+import time
+import weakref
+from pathlib import Path
+
+import numpy as np
+import torch
+from tests.helpers import mlp
+
+import nbmonitor
+from nbmonitor._capture import adopt, intercept
+
+
+def step(model: torch.nn.Module, opt: torch.optim.Optimizer, clip: float | None = None) -> float:
+    loss = model(torch.randn(4, 8)).pow(2).mean() * 100
+    loss.backward()
+    total = float("nan")
+    if clip is not None:
+        total = float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip))
+    opt.step()
+    opt.zero_grad()
+    return total
+
+
+def test_an_optimizer_created_after_attach_is_adopted(tmp_path: Path) -> None:
+    before = adopt.watching(), intercept.listening()
+    torch.manual_seed(0)
+    model, other = mlp(), mlp()
+    mon = nbmonitor.attach(model, run_dir=tmp_path, display=False)
+    try:
+        # Another model's optimizer steps first each time: it is not the model's.
+        other_opt = torch.optim.SGD(other.parameters(), lr=0.5)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        totals = []
+        for _ in range(5):
+            step(other, other_opt)
+            totals.append(step(model, opt, clip=0.1))
+        assert mon.flush()
+        h = mon.history()
+        assert mon.step == 5 and h["step"].tolist() == [1, 2, 3, 4, 5]
+        assert h["micro_batches"].tolist() == [1] * 5
+        # The steps after the adopting one carry its learning rate, not the other's.
+        np.testing.assert_allclose(h["lr"][1:], 0.01)
+        # Pre-clip, the first step (ended by its backward pass) included.
+        np.testing.assert_allclose(h["grad_norm"], totals, rtol=1e-4)
+    finally:
+        mon.close()
+    assert (adopt.watching(), intercept.listening()) == before
+
+
+def test_backward_passes_are_steps_until_an_optimizer_steps(tmp_path: Path) -> None:
+    model = mlp()
+    mon = nbmonitor.attach(model, run_dir=tmp_path, display=False)
+    try:
+        for _ in range(3):  # plain SGD by hand
+            model(torch.randn(4, 8)).pow(2).mean().backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= 0.01 * p.grad  # type: ignore[operator]
+                    p.grad = None
+        assert mon.step == 3
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for _ in range(4):
+            step(model, opt)
+        # The adopting step's backward pass was counted as that step: not counted twice.
+        assert mon.step == 7
+        assert mon.flush()
+        assert mon.history()["step"].tolist() == list(range(1, 8))
+    finally:
+        mon.close()
+
+
+def test_the_global_hook_holds_the_monitor_weakly(tmp_path: Path) -> None:
+    before = adopt.watching()
+    model = mlp()
+    mon = nbmonitor.attach(model, run_dir=tmp_path, display=False, interval=0.05)
+    assert adopt.watching() == before + 1
+    model_ref = weakref.ref(model)
+    del model
+    gc.collect()
+    assert model_ref() is None  # the global hook did not keep it
+    deadline = time.monotonic() + 5.0
+    while mon.status != "closed" and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert mon.status == "closed"
+    assert adopt.watching() == before
+
+
+def test_attach_with_an_optimizer_installs_no_global_hook(tmp_path: Path) -> None:
+    before = adopt.watching()
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with nbmonitor.attach(model, opt, run_dir=tmp_path, display=False):
+        assert adopt.watching() == before

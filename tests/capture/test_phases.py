@@ -1,0 +1,207 @@
+"""Step phases with a fake host clock: each phase gets exactly the time spent in it."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import nbmonitor
+from nbmonitor.monitor import Monitor
+from nbmonitor.records import PHASE_KEYS
+
+DATA, FORWARD, BACKWARD, OTHER, OPTIMIZER = 0.020, 0.010, 0.030, 0.002, 0.005
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, dt: float) -> None:
+        self.t += dt
+
+
+class _SlowBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, clock: FakeClock) -> torch.Tensor:  # type: ignore[override]
+        ctx.clock = clock
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        ctx.clock.advance(BACKWARD)
+        return grad, None
+
+
+class Timed(torch.nn.Module):
+    """A model whose forward and backward each take a known time on the fake clock."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__()
+        self.clock = clock
+        self.lin = torch.nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.clock.advance(FORWARD)
+        return _SlowBackward.apply(self.lin(x), self.clock)  # type: ignore[no-any-return]
+
+
+def run(tmp_path: Path, steps: int, micro: int = 1, optimizer: bool = True, **kw: Any) -> Any:
+    clock = FakeClock()
+    model = Timed(clock)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01) if optimizer else None
+    mon = Monitor(model, opt, run_dir=tmp_path, display=False, interval=60, timer=clock, **kw)
+    mon.start()
+    if opt is not None:
+        # Registered after nbmonitor's: it runs once the optimizer phase has begun. (A subclass
+        # overriding step() would do, but torch runs the hooks twice for one that calls
+        # super().step() once the parent class has been patched by another instance.)
+        opt.register_step_pre_hook(lambda *_: clock.advance(OPTIMIZER))
+    try:
+        for _ in range(steps):
+            for _ in range(micro):
+                clock.advance(DATA)
+                model(torch.randn(2, 4)).pow(2).mean().backward()
+            if opt is not None:
+                clock.advance(OTHER)
+                opt.step()
+                opt.zero_grad()
+        mon.flush()
+        return mon.history()
+    finally:
+        mon.close()
+
+
+def test_each_phase_gets_the_time_spent_in_it(tmp_path: Path) -> None:
+    h = run(tmp_path, 4)
+    expected = [DATA, FORWARD, BACKWARD, OTHER, OPTIMIZER]
+    for key, value in zip(PHASE_KEYS, expected, strict=True):
+        # Step 1 starts at its forward: its wait for data is unknown (NaN, not 0).
+        want = [math.nan if key == "phase_data_s" else value] + [value] * 3
+        assert h[key] == pytest.approx(want, abs=1e-9, nan_ok=True), key
+    # The phases add up to the step time.
+    total = sum(np.nan_to_num(h[key]) for key in PHASE_KEYS)
+    np.testing.assert_allclose(total, h["step_time"], atol=1e-9)
+    assert h["step_time"][1:] == pytest.approx([sum(expected)] * 3)
+
+
+def test_micro_batches_add_up(tmp_path: Path) -> None:
+    h = run(tmp_path, 3, micro=2)
+    assert h["phase_data_s"][1:] == pytest.approx([2 * DATA] * 2)
+    # The first step's wait before its first micro-batch is unknown: no data time for it.
+    assert math.isnan(h["phase_data_s"][0])
+    assert h["phase_forward_s"] == pytest.approx([2 * FORWARD] * 3)
+    assert h["phase_backward_s"] == pytest.approx([2 * BACKWARD] * 3)
+    assert h["phase_other_s"] == pytest.approx([OTHER] * 3)
+    assert h["phase_optimizer_s"] == pytest.approx([OPTIMIZER] * 3)
+
+
+def test_without_an_optimizer_a_step_ends_with_its_backward(tmp_path: Path) -> None:
+    h = run(tmp_path, 3, optimizer=False)
+    assert h["phase_data_s"][1:] == pytest.approx([DATA] * 2)
+    assert h["phase_forward_s"] == pytest.approx([FORWARD] * 3)
+    assert h["phase_backward_s"] == pytest.approx([BACKWARD] * 3)
+    assert h["phase_optimizer_s"] == pytest.approx([0.0] * 3)
+
+
+def test_phases_off_records_none(tmp_path: Path) -> None:
+    h = run(tmp_path, 2, phases=False)
+    assert not any(key in h for key in PHASE_KEYS)
+    assert len(h["step"]) == 2
+
+
+def test_phase_columns_cannot_be_logged_over(tmp_path: Path) -> None:
+    model = torch.nn.Linear(4, 1)
+    with (
+        nbmonitor.attach(model, None, run_dir=tmp_path, display=False) as mon,
+        pytest.raises(TypeError, match="phase_data_s"),
+    ):
+        mon.log(phase_data_s=1.0)
+
+
+def test_a_failing_phase_timer_costs_only_the_phases(tmp_path: Path, monkeypatch: Any) -> None:
+    from nbmonitor._capture.phases import PhaseTimer
+
+    def broken(self: PhaseTimer, kind: int) -> None:
+        raise RuntimeError("no events today")
+
+    monkeypatch.setattr(PhaseTimer, "_mark_event", broken)
+    monkeypatch.setattr(PhaseTimer, "__init__", _init_cuda(PhaseTimer.__init__))
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with nbmonitor.attach(model, opt, run_dir=tmp_path, display=False, interval=60) as mon:
+        for _ in range(3):
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        mon.flush()
+        h = mon.history()
+        errors = mon.errors
+    assert h["step"].tolist() == [1.0, 2.0, 3.0]
+    assert not any(key in h for key in PHASE_KEYS)
+    assert any("probe:phases" in e and "no events today" in e for e in errors)
+
+
+def _init_cuda(init: Any) -> Any:
+    def patched(
+        self: Any, guard: Any, clock: Any, cuda: bool = False, enabled: bool = True
+    ) -> None:
+        init(self, guard, clock, cuda=True, enabled=enabled)
+
+    return patched
+
+
+def _accumulate_hooks(model: torch.nn.Module) -> int:
+    return sum(len(p._post_accumulate_grad_hooks or {}) for p in model.parameters())
+
+
+def test_after_one_backward_one_parameter_marks_its_end_and_close_removes_it(
+    tmp_path: Path,
+) -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with nbmonitor.attach(model, opt, run_dir=tmp_path, display=False, interval=60) as mon:
+        assert _accumulate_hooks(model) == 4  # learning which gradient lands last
+        for _ in range(3):
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        # The first layer's gradients land last; one of them now marks the backward's end.
+        assert _accumulate_hooks(model) == 1
+        assert _accumulate_hooks(model[0]) == 1
+        mon.flush()
+        h = mon.history()
+    assert _accumulate_hooks(model) == 0
+    assert np.all(h["phase_backward_s"] > 0) and np.all(h["phase_other_s"] > 0)
+
+
+class _FakeEvent:
+    def __init__(self, t_ms: float, done: bool = True) -> None:
+        self.t_ms, self.done = t_ms, done
+
+    def query(self) -> bool:
+        return self.done
+
+    def elapsed_time(self, end: _FakeEvent) -> float:
+        return end.t_ms - self.t_ms
+
+
+def test_cuda_intervals_sum_by_phase_once_the_last_event_completed() -> None:
+    from nbmonitor._capture.phases import DATA, FORWARD, OPTIMIZER, OTHER, EventIntervals
+
+    events = [_FakeEvent(t) for t in (0.0, 20.0, 30.0, 50.0, 60.0)]
+    phases = [DATA, FORWARD, OTHER, OPTIMIZER]
+    pending = EventIntervals(events, phases)
+    assert pending.ready()
+    assert pending.values() == pytest.approx([0.020, 0.010, 0.0, 0.020, 0.010])
+    events[-1].done = False
+    assert not pending.ready()  # the sampler leaves the step's record for a later tick
+    first = EventIntervals(events, phases, first=True)
+    assert math.isnan(first.values()[0]) and first.values()[1] == pytest.approx(0.010)

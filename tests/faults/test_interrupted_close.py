@@ -1,0 +1,87 @@
+"""Ctrl-C while close() waits, then close() again: the run is still finalised, every record on
+disk and meta.json closed."""
+
+from __future__ import annotations
+
+import _thread
+import json
+import threading
+import time
+from typing import Any
+
+import pytest
+import torch
+from tests.helpers import mlp, train
+
+import nbmonitor
+from nbmonitor._engine.frame import Frame
+from nbmonitor._engine.sampler import SamplerThread
+
+
+def _meta(mon: Any) -> dict[str, Any]:
+    return json.loads((mon.run_dir / "meta.json").read_text())  # type: ignore[no-any-return]
+
+
+def test_interrupt_while_close_stops_the_sampler_then_close_again_finalises(tmp_path, monkeypatch):
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon = nbmonitor.attach(model, opt, run_dir=tmp_path, display=False, interval=60)
+    train(model, opt, mon, 5)
+    stop = SamplerThread.stop
+    calls = []
+
+    def interrupted(self: SamplerThread, timeout: float = 5.0) -> bool:
+        calls.append(timeout)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return stop(self, timeout)
+
+    monkeypatch.setattr(SamplerThread, "stop", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        mon.close()
+    assert mon.status == "closed"  # no more records are taken from the loop
+    assert "status" not in _meta(mon)  # not final yet: the files are still open
+    mon.close()
+    meta = _meta(mon)
+    assert meta["status"] == "closed" and meta["steps"] == 5
+    assert nbmonitor.open(mon.run_dir).history()["step"].tolist() == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert len(model._forward_hooks) == 0
+    mon.close()  # and a third time does nothing
+    assert len(calls) == 2
+
+
+class _SlowCloseView:
+    wants_detail = False
+
+    def __init__(self) -> None:
+        self.closing = threading.Event()
+        self.closed = 0
+
+    def publish(self, frame: Frame) -> None:
+        pass
+
+    def close(self, frame: Frame) -> None:
+        self.closing.set()
+        time.sleep(1.0)
+        self.closed += 1
+
+
+def test_a_real_ctrl_c_while_close_waits_then_close_again_finalises(tmp_path):
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon = nbmonitor.attach(model, opt, run_dir=tmp_path, display=False, interval=60)
+    view = _SlowCloseView()
+    mon.add_view(view)
+    train(model, opt, mon, 4)
+    # Ctrl-C arrives in the main thread while close() waits for the view to close.
+    threading.Thread(
+        target=lambda: (view.closing.wait(10), _thread.interrupt_main()), daemon=True
+    ).start()
+    with pytest.raises(KeyboardInterrupt):
+        mon.close()
+    mon.close()
+    meta = _meta(mon)
+    assert meta["status"] == "closed", meta.get("errors")
+    assert meta["steps"] == 4
+    assert nbmonitor.open(mon.run_dir).history()["step"].tolist() == [1.0, 2.0, 3.0, 4.0]
+    assert view.closed >= 1

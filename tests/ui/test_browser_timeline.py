@@ -1,0 +1,88 @@
+"""notebooks/05-where-the-time-goes.ipynb in a real JupyterLab and a headless Chromium: the
+timeline panel (stacked phases, gantt, summary table) and the step-time charts render, and the
+slow loader is named input-bound."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from pathlib import Path
+
+import pytest
+from tests.ui.test_browser import (
+    ARTIFACTS,
+    IDLE,
+    OUR_ERRORS,
+    goto_notebook,
+    jupyter_server,
+    open_page,
+    run_all,
+    start_browser_test,
+)
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+NOTEBOOK = "05-where-the-time-goes.ipynb"
+
+_HEADINGS_JS = """() => [...document.querySelectorAll('.bqplot.figure .mainheading')]
+  .map(h => h.textContent.trim())"""
+
+
+@pytest.mark.timeout(420)
+def test_timeline_notebook_renders_the_timeline(tmp_path: Path) -> None:
+    sync_api = start_browser_test("timeline.png", "timeline-failure.png", "timeline-console.log")
+    console_errors: list[str] = []
+    with (
+        jupyter_server(tmp_path, "lab", NOTEBOOK, steps=300) as (base, token, log),
+        sync_api.sync_playwright() as p,
+    ):
+        browser, page = open_page(p, console_errors)
+        try:
+            goto_notebook(page, f"{base}/lab/tree/{NOTEBOOK}?token={token}")
+            select = page.locator(".jp-Dialog button.jp-mod-accept", has_text="Select")
+            with contextlib.suppress(sync_api.TimeoutError):
+                select.click(timeout=5_000)
+            page.wait_for_selector(IDLE, timeout=120_000)
+            run_all(page)
+            # The last cell compares the two runs: every cell before it has run.
+            page.wait_for_function(
+                "() => document.body.innerText.includes('data ready:')", timeout=300_000
+            )
+            page.wait_for_selector(IDLE, timeout=120_000)
+            page.wait_for_timeout(1_500)  # the closed dashboards' last frames draw
+            headings = page.evaluate(_HEADINGS_JS)
+            for title in (
+                "Step phases (s per step)",
+                "Last steps: phases and spans",
+                "Step time (s)",
+                "Samples/s",
+            ):
+                assert headings.count(title) == 2, (title, headings)  # one per dashboard
+            # The stacked phases are drawn (a path per phase with points), and the gantt's bars.
+            drawn = page.evaluate(
+                """() => [...document.querySelectorAll('.bqplot.figure')]
+                  .filter(f => f.querySelector('.mainheading')?.textContent?.trim()
+                               === 'Step phases (s per step)')
+                  .map(f => [...f.querySelectorAll('path.line')]
+                            .filter(p => (p.getAttribute('d') ?? '').length > 20).length)"""
+            )
+            assert all(n >= 5 for n in drawn), drawn
+            tables = page.locator("table.nbmonitor-timeline-summary")
+            assert tables.count() == 2
+            assert "% of run" in tables.first.inner_text()
+            assert "data (span)" in tables.first.inner_text()
+            body = page.locator("body").inner_text()
+            assert "[input_bound] Input-bound:" in body
+            assert "Error displaying widget" not in body and "Traceback" not in body
+            ours = [e for e in console_errors if OUR_ERRORS.search(e)]
+            assert not ours, ours
+            timeline = page.locator(".jp-OutputArea-output:has(table.nbmonitor-timeline-summary)")
+            timeline.first.scroll_into_view_if_needed()
+            timeline.first.screenshot(path=str(ARTIFACTS / "timeline.png"))
+        except BaseException:
+            page.screenshot(path=str(ARTIFACTS / "timeline-failure.png"), full_page=True)
+            (ARTIFACTS / "timeline-console.log").write_text("\n".join(console_errors))
+            shutil.copy(log, ARTIFACTS / "timeline-jupyter.log")
+            raise
+        finally:
+            browser.close()

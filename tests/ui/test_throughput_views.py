@@ -1,0 +1,80 @@
+"""Throughput in the views: the header's tokens/s (or samples/s), TFLOP/s and MFU, the
+console line, the CPU wording, and the profile table widget."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from nbmonitor._engine.frame import Frame
+from nbmonitor.ui import Dashboard
+from nbmonitor.ui.console import status_line, summary_text
+from nbmonitor.ui.profile import ProfileView
+
+NOTE = "MFU is not shown: nbmonitor has no peak FLOP/s for CPU (TFLOP/s is still measured)."
+
+
+def frame(notes: dict[str, str] | None = None, **latest: float) -> Frame:
+    values = {"loss": 0.5, "samples_per_s": 128.0, "step_time": 0.25, "process_cpu_percent": 150.0}
+    values.update(latest)
+    return Frame(
+        run="r",
+        backend="cpu",
+        status="running",
+        step=10,
+        total_steps=None,
+        elapsed_s=3.0,
+        eta_s=math.nan,
+        latest=values,
+        notes=notes or {},
+    )
+
+
+def test_console_shows_samples_per_s_without_token_ids() -> None:
+    line = status_line(frame())
+    assert "128 samples/s" in line and "tokens/s" not in line and "TFLOP/s" not in line
+    assert "CPU 150% of a core" in line
+
+
+def test_console_shows_tokens_tflops_and_mfu() -> None:
+    line = status_line(frame(tokens_per_s=51200.0, tflops_per_s=312.5, mfu_percent=31.58))
+    assert "51,200 tokens/s | 312 TFLOP/s | MFU 31.6%" in line
+    assert "samples/s" not in line
+    line = status_line(frame(tflops_per_s=0.004, mfu_percent=math.nan))
+    assert "0.004 TFLOP/s | MFU n/a" in line
+    assert "51,200 tokens/s, 312 TFLOP/s, MFU 31.6%" in summary_text(
+        frame(tokens_per_s=51200.0, tflops_per_s=312.5, mfu_percent=31.58)
+    )
+    closing = summary_text(frame({"mfu": NOTE}, tflops_per_s=0.004, mfu_percent=math.nan))
+    assert NOTE in closing.splitlines()[2]
+
+
+def test_dashboard_header_carries_throughput_and_the_mfu_note() -> None:
+    dash = Dashboard("r", "cpu", None)
+    dash.publish(frame({"mfu": NOTE}, tokens_per_s=512.0, tflops_per_s=0.002, mfu_percent=math.nan))
+    header: dict[str, Any] = dash._panel.header
+    assert header["tokens_per_s"] == 512.0
+    assert header["tflops_per_s"] == 0.002
+    assert header["mfu_percent"] is None  # NaN travels as null
+    assert header["mfu_note"] == NOTE
+    assert "512 tokens/s · 0.002 TFLOP/s · – MFU" in dash.summary_text()
+    html = dash.summary_html()
+    assert "tokens/s" in html and "TFLOP/s" in html and "samples/s" not in html
+
+
+def test_profile_view_shows_status_then_rows_with_a_static_fallback() -> None:
+    columns = [{"key": "name", "label": "operator", "kind": "text"},
+               {"key": "self_cpu_ms", "label": "self CPU (ms)", "kind": "num"}]  # fmt: skip
+    view = ProfileView(columns)
+    view.show_status("waiting")
+    assert view.widget.status == "waiting"
+    assert "waiting" in view.summary_text()
+    view.show_rows("steps 3-5", [{"name": "aten::mm", "self_cpu_ms": 1.5, "x": math.nan}], "t.json")
+    w = view.widget
+    assert w.status == "" and w.title == "steps 3-5" and w.trace_path == "t.json"
+    assert w.rows == [{"name": "aten::mm", "self_cpu_ms": 1.5, "x": None}]
+    bundle = view._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    assert "<td>aten::mm</td><td>1.5</td>" in bundle["text/html"]
+    view.show_error("broke")
+    assert "broke" in view.summary_text()
