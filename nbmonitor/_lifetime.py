@@ -20,6 +20,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from nbmonitor._capture.clock import StepClock
 from nbmonitor._engine.isolated import Hung
 from nbmonitor._engine.pipeline import Pipeline
@@ -210,7 +212,8 @@ class Lifetime:
 
 def flush_tick(pipeline: Pipeline) -> None:
     """A full tick that takes every record now (flush, and the sampler serving a flush)."""
-    with pipeline.lock:
+    # np.errstate: as in Pipeline.tick, no numpy warning reaches the user's output.
+    with pipeline.lock, np.errstate(all="ignore"):
         pipeline.collect(wait=True)
         pipeline.tick(paced=False)
         pipeline.refresh_layers()

@@ -101,6 +101,7 @@ class Monitor(MonitorReads):
         # A model collected (dropped by the user) closes its run; see _lifetime.py.
         self._model_ref = weakref.ref(model, life.release_soon)
         layers = layer_stats(capture.params, capture.param_names, optimizer, opts.layer_group)
+        layers.module_kinds = {n: type(m).__name__ for n, m in model.named_modules() if n}
         run_name = opts.name or type(model).__name__
         meta = run_meta(model, optimizer, opts, self.backend, self._start)
         # The tracked parameters, so that a replay's layer table says what each layer is.

@@ -41,11 +41,12 @@ class AttachOptions(TypedDict, total=False):
     display: in a notebook, show the dashboard under the cell; in a script, print a status
         line every few seconds (default True).
     layer_every: measure parameter norms and update ratios (||dw|| / ||w||) every this
-        many steps (0: never; default 100). Per-layer gradient norms are measured every
+        many steps, and early on more often: each of the first 30 steps and every 10th up
+        to step 100 (0: never; default 100). Per-layer gradient norms are measured every
         step.
     layer_group: ``"param"`` (a layer is a parameter) or ``"module"``.
-    activations: record activation statistics of leaf modules every ``layer_every``
-        steps (mean, std, max |x|, fraction of zeros) and report dead units.
+    activations: record activation statistics of leaf modules on the ``layer_every``
+        schedule (mean, std, max |x|, fraction of zeros) and report dead units.
     check_forward: check every module's output for NaN/Inf, to name the first module
         that produced one (costs a few small kernels per module per forward).
     on_nan: ``"warn"`` reports non-finite gradients in the alerts; ``"raise"`` raises

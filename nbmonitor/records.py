@@ -62,7 +62,9 @@ def squared_norms(values: npt.NDArray[np.floating[Any]], layout: NormLayout | No
     as a new float64 array; ``values`` may hold one step per row. A NaN or Inf anywhere in a
     tensor's values carries into its entry."""
     if layout is None:
-        plain: FloatArray = np.square(values, dtype=np.float64)
+        # A huge norm squares to Inf, which is what it means here: no warning for it.
+        with np.errstate(over="ignore", invalid="ignore"):
+            plain: FloatArray = np.square(values, dtype=np.float64)
         return plain
     return squared_norms_split(values[..., : layout.squared], values[..., layout.squared :], layout)
 
@@ -77,15 +79,24 @@ def squared_norms_split(
     more only to be joined to a few squared norms."""
     parts = [head.astype(np.float64)]
     if tail is not None:
-        cut = layout.norms
-        if cut:
-            parts.append(np.square(tail[..., :cut], dtype=np.float64))
-        if layout.starts:
-            # Squares in the values' own precision, sums in float64: biases have thousands of
-            # values.
-            squares = np.square(tail[..., cut:])
-            parts.append(np.add.reduceat(squares, layout.offsets, axis=-1, dtype=np.float64))
+        # Squares that overflow are Inf (a non-finite gradient, reported as such): no
+        # RuntimeWarning in the user's output.
+        with np.errstate(over="ignore", invalid="ignore"):
+            parts += _tail_squares(tail, layout)
     return np.concatenate(parts, axis=-1)
+
+
+def _tail_squares(tail: npt.NDArray[np.floating[Any]], layout: NormLayout) -> list[FloatArray]:
+    parts: list[FloatArray] = []
+    cut = layout.norms
+    if cut:
+        parts.append(np.square(tail[..., :cut], dtype=np.float64))
+    if layout.starts:
+        # Squares in the values' own precision, sums in float64: biases have thousands of
+        # values.
+        squares = np.square(tail[..., cut:])
+        parts.append(np.add.reduceat(squares, layout.offsets, axis=-1, dtype=np.float64))
+    return parts
 
 
 @dataclass(slots=True)
@@ -204,7 +215,9 @@ class AuxRecord:
 
     ``kind`` is "update" (parameter norms then update norms, one per tracked parameter),
     "forward" (per module: non-finite flag, input mean, std, max |x|) or "activations" (per leaf
-    module: mean, std, max |x|, fraction of exact zeros); ``names`` label the rows.
+    module: mean, std, max |x|, fraction of exact zeros) or "stopped" (``on_nan="raise"``
+    stopped the loop: ``names`` are the first non-finite parameters, or the module whose output
+    was, and the value is 0 or 1 to say which); ``names`` label the rows.
     """
 
     step: int

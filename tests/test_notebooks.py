@@ -79,8 +79,15 @@ def test_notebook_runs(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPat
             "stopped: nbmonitor: non-finite gradient",
             "[vanishing_gradients]",
             "[dead_units]",
+            "first module with a non-finite output was layer 0 (Linear)",
+            "outputs of layer 3 (ReLU) are exactly zero",
         ):
             assert expected in text, expected
+        # nbmonitor prints nothing of its own into the cells (a numpy RuntimeWarning did).
+        stderr = "".join(
+            o.text for o in outputs if o.output_type == "stream" and o.name == "stderr"
+        )
+        assert "Warning" not in stderr, stderr
     if path.name.startswith("04-"):
         # The Trainer's notebook progress table and the nbmonitor dashboard both showed, and
         # nbmonitor's steps are the Trainer's.

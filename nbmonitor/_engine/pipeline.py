@@ -49,6 +49,8 @@ PUBLISH_EVERY_S = 0.25
 HEALTH_WINDOW = 512
 HEALTH_WINDOW_MAX = 8192
 MAX_ALERTS = 200
+# The step columns the health rules read.
+HEALTH_COLUMNS = ("step", "time", "loss", "grad_norm", "lr", "grad_clip_coef", "step_skipped")
 # The most a health check waits for the other ranks' steps (read from their files).
 RANKS_TIMEOUT_S = 1.0
 # A sink that failed repeatedly (a full disk) is tried again after this many seconds.
@@ -120,13 +122,15 @@ class Pipeline:
     # -- a tick ------------------------------------------------------------------------------
 
     def tick(self, paced: bool) -> None:
-        with self.lock:
+        # Overflow in a statistic of non-finite training values is expected (they are
+        # reported as alerts); numpy must not print a RuntimeWarning into the user's cell.
+        with self.lock, np.errstate(all="ignore"):
             for stage in self.stages:
                 stage(paced)
 
     def final_tick(self) -> None:
         """Everything recorded, taken and written (close): waits for device values."""
-        with self.lock:
+        with self.lock, np.errstate(all="ignore"):
             self.collect(wait=True, everything=True)
             # Unpaced, behind the health stage's own guard: a rule switched off stays off.
             self._health_stage()
@@ -232,11 +236,12 @@ class Pipeline:
         self._health_step = step
         columns: dict[str, FloatArray] = {
             key: steps.tail(key, window)
-            for key in ("step", "loss", "grad_norm", "step_time", *PHASE_KEYS)
+            for key in (*HEALTH_COLUMNS, "step_time", *PHASE_KEYS)
             if key in steps.columns
         }
         layers = parts.layers
         layer_steps, layer_norms = layers.recent()
+        update_steps, update_series, param_series = layers.update_history()
         system = {key: self.system.tail(key, 120) for key in self.system.columns}
         index = parts.backend.device_index
         inp = HealthInput(
@@ -248,6 +253,10 @@ class Pipeline:
             layer_grad_norms=layer_norms,
             param_norms=layers.param_norm,
             update_ratios=layers.update_ratio,
+            update_steps=update_steps,
+            update_series=update_series,
+            param_series=param_series,
+            module_kinds=layers.module_kinds,
             activations=layers.activations or None,
             system=system,
             gpus=[index] if index is not None else None,

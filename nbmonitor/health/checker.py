@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from nbmonitor.health.alert import Alert
 from nbmonitor.health.rule import Outcome, Rule, RuleFactory
 from nbmonitor.health.rules import RULES
+from nbmonitor.health.slices import slices
 from nbmonitor.health.thresholds import Thresholds
 from nbmonitor.health.view import HealthInput, View
 
@@ -38,7 +39,17 @@ class Health:
         self._active: dict[tuple[str, str], int | None] = {}
 
     def check(self, inp: HealthInput) -> list[Alert]:
-        """Judge the data that arrived since the last call; return only the NEW alerts."""
+        """Judge the data that arrived since the last call; return only the NEW alerts.
+
+        Many new steps at once (a short run that ended before the first check, checks seconds
+        apart) are judged in slices, in step order, as if checked every few dozen steps.
+        """
+        alerts: list[Alert] = []
+        for part in slices(inp, self._last_step):
+            alerts.extend(self._check(part))
+        return alerts
+
+    def _check(self, inp: HealthInput) -> list[Alert]:
         view = View(inp, self._last_step, self._last_layer_step, self.thresholds.window)
         alerts: list[Alert] = []
         for outcome in [rule.check(view) for rule in self.rules]:

@@ -29,6 +29,9 @@ class Thresholds:
     plateau_tolerance: float = 0.01  # relative decrease (last vs first quarter) that counts
     plateau_progress: float = 0.5  # ... and improved by less than this fraction since the start
     dead_fraction: float = 0.99  # activations: fraction of exact zeros at or above this
+    clip_fraction: float = 0.9  # clip_grad_norm_ scaled gradients on this share of steps ...
+    clip_steps: int = 40  # ... of the last `window` steps, judged once this many are known
+    skip_steps: int = 20  # the GradScaler skipped this many of the last 2 x skip_steps steps
     window: int = 100  # recent steps used by the running medians
     min_history: int = 20  # steps of reference before median-based rules judge anything
     rearm_steps: int = 100  # steps a condition must stay clear before it can alert again
@@ -46,7 +49,7 @@ class Thresholds:
             _check_real("explode_abs", self.explode_abs, lambda v: v > 0, "None or a number > 0")
         for name in _NON_NEGATIVE:
             _check_real(name, getattr(self, name), lambda v: v >= 0, "a finite number >= 0")
-        for name in ("dead_fraction", "memory_fraction"):
+        for name in ("dead_fraction", "memory_fraction", "clip_fraction"):
             _check_real(name, getattr(self, name), lambda v: 0 < v <= 1, "a number in (0, 1]")
         _check_real(
             "idle_util_percent", self.idle_util_percent, lambda v: 0 <= v <= 100, "in [0, 100]"
@@ -66,7 +69,7 @@ _POSITIVE = (
     "temperature_c",
 )
 _NON_NEGATIVE = ("spike_range_fraction", "plateau_tolerance", "plateau_progress")
-_COUNTS = ("vanish_steps", "window", "min_history", "sustain_steps")
+_COUNTS = ("vanish_steps", "window", "min_history", "sustain_steps", "clip_steps", "skip_steps")
 
 
 def _check_real(name: str, value: object, ok: Callable[[float], bool], what: str) -> None:

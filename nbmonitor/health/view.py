@@ -46,6 +46,14 @@ class HealthInput:
     activations: Mapping[str, Mapping[str, float]] | None = None  # module -> stats
     system: Mapping[str, FloatArray] | None = None  # recent system samples (device rules)
     gpus: Sequence[int] | None = None  # training GPU indices for the device rules
+    # The update ratios of recent measured steps, oldest first: (k,) steps and
+    # (len(layer_names), k) ratios; ``update_ratios`` is their newest column.
+    update_steps: FloatArray | None = None
+    update_series: FloatArray | None = None
+    param_series: FloatArray | None = None  # the parameter norms at those steps, alike
+    # What each module is (``"3" -> "Linear"``), for naming layers in messages and fitting
+    # the advice to the model; parameter names map through their module.
+    module_kinds: Mapping[str, str] | None = None
     ranks: RankColumns | None = None  # every rank of a distributed job (the straggler rule)
 
 
@@ -125,20 +133,14 @@ class View:
 
 
 def new_from(steps: FloatArray, last: float | None) -> int:
-    """Index of the first entry after ``last``; keeps at least half the entries as reference.
-
-    On the first check only the newest entry counts as new: the rest is history to compare
-    with (tests and a late attach both start with a full window).
-    """
+    """Index of the first entry after ``last`` (every entry on the first check, or when the
+    columns were restarted). ``Health`` feeds a check that brings many new entries to the
+    rules in slices (``checker.slices``), so the reference before each slice is judged data
+    too: a short run that arrives in one check is judged as a whole."""
     n = steps.size
-    if n == 0:
+    if n == 0 or last is None or steps[-1] < last:
         return 0
-    if last is None or steps[-1] < last:  # first check, or the columns were restarted
-        return n - 1
-    first_new = int(np.searchsorted(steps, last, side="right"))
-    if first_new >= n:
-        return n
-    return max(first_new, n // 2)
+    return int(np.searchsorted(steps, last, side="right"))
 
 
 __all__ = ["HealthInput", "RankColumns", "View", "new_from"]

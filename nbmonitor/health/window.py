@@ -52,9 +52,13 @@ def row_max(a: FloatArray) -> tuple[FloatArray, IntArray]:
     return np.where(finite.any(axis=1), value, np.nan), where
 
 
-def sustained(a: FloatArray, start: int, m: int) -> tuple[FloatArray, IntArray]:
+def sustained(
+    a: FloatArray, start: int, m: int, above: float | None = None
+) -> tuple[FloatArray, IntArray]:
     """Per row, the largest level held for ``m`` consecutive columns among windows that end at
-    or after column ``start``, and the column where that window begins.
+    or after column ``start``, and the column where that window begins. With ``above``: per
+    row, the column where the first such window held above ``above`` begins (-1: none), in
+    both results.
 
     Small batches give heavy-tailed per-step losses and gradient norms (one batch 20x the
     median is normal with batch size 4): a single step says little, a run of steps does.
@@ -66,8 +70,48 @@ def sustained(a: FloatArray, start: int, m: int) -> tuple[FloatArray, IntArray]:
     if seg.shape[1] < m:
         return np.full(rows, np.nan), np.zeros(rows, dtype=np.intp)
     mins = np.lib.stride_tricks.sliding_window_view(seg, m, axis=1).min(axis=2)
+    if above is not None:
+        hit = mins > above
+        first = np.where(hit.any(axis=1), np.argmax(hit, axis=1) + lo, -1)
+        return first.astype(np.float64), first
     value, where = row_max(mins)
     return value, where + lo
+
+
+def abrupt(
+    a: FloatArray, start: int, m: int, before: int, factor: float, floor: FloatArray
+) -> tuple[FloatArray, IntArray]:
+    """Like ``sustained``, among only the windows held above ``floor`` (per row) and above
+    ``factor`` x the median of the ``before`` columns just before them (a rise that is
+    abrupt, not one over tens of steps): per row the largest such level (NaN if none) and the
+    column where its window begins. The medians are taken for the windows above ``floor``
+    only, so a quiet check costs one pass of window minima."""
+    rows, cols = a.shape
+    lo = max(start - (m - 1), before)
+    if cols - lo < m:
+        return np.full(rows, np.nan), np.zeros(rows, dtype=np.intp)
+    mins = np.lib.stride_tricks.sliding_window_view(a[:, lo:], m, axis=1).min(axis=2)
+    with np.errstate(invalid="ignore"):
+        r, c = np.nonzero(mins > np.where(np.isnan(floor), np.inf, floor)[:, None])
+    steep = np.zeros(mins.shape, dtype=bool)
+    if r.size:
+        first = c + lo - before  # each candidate window's prior block starts here
+        prior = np.sort(a[r[:, None], first[:, None] + np.arange(before)], axis=1)
+        # NaN sorts last: a block with NaN reads high, so a gap never makes a rise abrupt.
+        mid = 0.5 * (prior[:, (before - 1) // 2] + prior[:, before // 2])
+        with np.errstate(invalid="ignore"):
+            steep[r, c] = mins[r, c] > factor * np.where(np.isnan(mid), np.inf, mid)
+    value, where = row_max(np.where(steep, mins, np.nan))
+    return value, where + lo
+
+
+def trailing_counts(hits: BoolArray, window: int) -> tuple[IntArray, IntArray]:
+    """For each position, how many ``hits`` the trailing ``window`` positions (itself
+    included) hold, and how many positions that window has (fewer at the start)."""
+    cum = np.concatenate((np.zeros(1, dtype=np.intp), np.cumsum(hits, dtype=np.intp)))
+    index = np.arange(hits.size)
+    low = np.maximum(0, index + 1 - window)
+    return cum[index + 1] - cum[low], index + 1 - low
 
 
 def dense(values: FloatArray) -> bool:
@@ -79,9 +123,11 @@ __all__ = [
     "BoolArray",
     "FloatArray",
     "IntArray",
+    "abrupt",
     "dense",
     "finite_or_nan",
     "row_max",
     "row_medians",
     "sustained",
+    "trailing_counts",
 ]

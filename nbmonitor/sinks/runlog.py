@@ -57,6 +57,8 @@ from nbmonitor.sinks.base import Batch, Rows
 # Rows that could not be written yet wait in memory up to this many bytes (a few minutes of a
 # busy run at ~100 kB per tick: long enough for a cleanup, bounded for a disk that stays full).
 BACKLOG_BYTES = 64 * 2**20
+# Problems of one write kept to be raised at the next writes (one is raised per write).
+UNSAID_MAX = 4
 
 
 def _dir_id(path: pathlib.Path) -> tuple[int, int]:
@@ -100,6 +102,7 @@ class RunLogSink:
         self._backlog: dict[str, bytearray] = {}  # per stream, what the OS has not taken yet
         self._backlog_bytes = 0
         self.lost_rows = 0  # dropped because the backlog was full
+        self._unsaid: list[Exception] = []  # problems of a write raised at the next ones
         self._failing = False  # in a spell of failed writes (reported once)
         self._last_error: OSError = OSError()
         self._losing = False  # dropping rows in this spell (reported once)
@@ -212,15 +215,19 @@ class RunLogSink:
         unknown = [s for s in batch.streams if s not in self._files]
         if unknown:
             raise ValueError(f"nbmonitor: run log has no stream(s) {unknown}")
-        problems: list[Exception] = []
+        # Problems not yet said (one is raised per write) come first.
+        problems, self._unsaid = self._unsaid, []
         for stream, rows in batch.streams.items():
             if rows:
-                # Every stream is written even when one fails; the first new problem is raised.
+                # Every stream is written even when one fails; the first new problem is raised,
+                # the next ones at the next writes (rows starting to be dropped in the same
+                # write as the disk filling up must still be said).
                 try:
                     self._append(stream, rows)
                 except Exception as exc:
                     problems.append(exc)
         if problems:
+            self._unsaid = problems[1:UNSAID_MAX]
             raise problems[0]
 
     def _append(self, stream: str, rows: Rows) -> None:

@@ -125,6 +125,10 @@ def every_alert() -> list[Alert]:
     run.add(1, loss=float("nan"))
     alerts += health.check(run.input())
     alerts += Health(Thresholds(plateau_window=40)).check(flat())
+    # Clipping on every step, the GradScaler skipping over and over.
+    run = Run()
+    run.add(60, clip=0.1, skipped=True)
+    alerts += Health().check(run.input())
     # Devices: two GPUs and MPS, every device rule.
     n = 30
     run, health = Run(), Health()

@@ -24,11 +24,25 @@ class Run:
         self.update_ratios = np.full(len(layers), np.nan)
         self.activations: dict[str, dict[str, float]] | None = None
         self.system: dict[str, np.ndarray] | None = None
+        self.clip_coef: list[float] = []
+        self.skipped: list[float] = []
+        self.module_kinds: dict[str, str] | None = None
 
-    def add(self, n: int = 1, *, loss: float | None = None, **layer_norm: float) -> None:
-        """n steps of healthy noise; ``loss`` and ``fc3_weight=...`` override values."""
+    def add(
+        self,
+        n: int = 1,
+        *,
+        loss: float | None = None,
+        clip: float = math.nan,
+        skipped: bool = False,
+        **layer_norm: float,
+    ) -> None:
+        """n steps of healthy noise; ``loss`` and ``fc3_weight=...`` override values, ``clip``
+        is the step's grad_clip_coef and ``skipped`` marks a step the GradScaler skipped."""
         for _ in range(n):
             self.step += 1
+            self.clip_coef.append(clip)
+            self.skipped.append(1.0 if skipped else math.nan)
             level = 2.0 * math.exp(-self.step / 150) + 0.3
             self.loss.append(
                 loss if loss is not None else level * float(self.rng.lognormal(0, 0.1))
@@ -47,10 +61,15 @@ class Run:
         squares = grads**2
         total = np.sqrt(np.nansum(squares, axis=0))
         total[np.isinf(squares).any(axis=0)] = np.inf
+        columns = {"step": steps, "time": 1000.0 + steps, "loss": loss, "grad_norm": total}
+        for key, values in (("grad_clip_coef", self.clip_coef), ("step_skipped", self.skipped)):
+            if any(not math.isnan(v) for v in values):
+                columns[key] = np.array(values[-window:])
         return HealthInput(
             step=self.step,
             time=1000.0 + self.step,
-            steps={"step": steps, "time": 1000.0 + steps, "loss": loss, "grad_norm": total},
+            steps=columns,
+            module_kinds=self.module_kinds,
             layer_names=self.layers,
             layer_steps=steps,
             layer_grad_norms=grads,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 from tests.health.synthetic import LAYERS, Run, only
 
@@ -47,3 +49,30 @@ def test_update_ratio_low_skips_layers_without_gradient() -> None:
         alerts += health.check(run.input())
     low = only(alerts, "update_ratio_low")
     assert "fc1.weight" not in low.layers and len(low.layers) == len(LAYERS) - 1
+
+
+def test_update_ratio_series_is_judged_in_step_order_from_min_history() -> None:
+    # Every measured step is one observation, even when many arrive in one check; steps before
+    # min_history are not judged (Adam's first updates move far by design).
+    run, health = Run(), Health()
+    run.add(40)
+    steps = np.arange(1.0, 41.0)
+    series = np.full((len(LAYERS), steps.size), 1e-3)
+    series[LAYERS.index("fc1.weight"), :] = 0.5
+    series[LAYERS.index("fc2.weight"), :21] = 0.5  # large up to step 21: two judged steps
+    inp = replace(run.input(), update_steps=steps, update_series=series)
+    high = only(health.check(inp), "update_ratio_high")
+    assert high.layers == ("fc1.weight",) and high.step == 22
+
+
+def test_tiny_updates_at_the_end_of_a_decayed_schedule_are_not_low() -> None:
+    run, health = Run(), Health()
+    run.add(200)
+    inp = run.input()
+    lr = np.geomspace(1e-2, 1e-6, inp.steps["step"].size)  # decayed to 1e-4 of its peak
+    steps = inp.steps["step"][-5:]
+    series = np.full((len(LAYERS), steps.size), 1e-9)
+    decayed = replace(inp, steps={**inp.steps, "lr": lr}, update_steps=steps, update_series=series)
+    assert health.check(decayed) == []
+    flat = replace(decayed, steps={**inp.steps, "lr": np.full(lr.size, 1e-6)})
+    assert only(Health().check(flat), "update_ratio_low").step == steps[2]

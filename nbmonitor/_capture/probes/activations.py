@@ -1,4 +1,5 @@
-"""Activation statistics of leaf modules every ``every`` steps (``activations=True``): mean,
+"""Activation statistics of leaf modules every ``every`` steps, and more often early in the run
+(``base.due``) (``activations=True``): mean,
 std, max |x| and the fraction of exact zeros of each output, on the device, handed over as one
 record by the root's forward; the sampler reports dead units from them."""
 
@@ -11,7 +12,7 @@ from torch.utils.hooks import RemovableHandle
 
 from nbmonitor._capture.device_value import DeviceValue
 from nbmonitor._capture.inputs import first_tensor
-from nbmonitor._capture.probes.base import ProbeBase, StepContext
+from nbmonitor._capture.probes.base import ProbeBase, StepContext, due
 from nbmonitor.errors import Guard
 from nbmonitor.records import AuxRecord
 
@@ -37,7 +38,7 @@ class ActivationsProbe(ProbeBase):
 
     def forward_pre(self, ctx: StepContext) -> None:
         # The first micro-batch of a sampled step opens sampling (1-based steps).
-        self._on = (ctx.step + 1) % self.every == 0
+        self._on = due(ctx.step + 1, self.every)
 
     def _stats(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
         if not self._on or not self.guard.on or not torch.is_grad_enabled():

@@ -26,6 +26,21 @@ if TYPE_CHECKING:
 PendingNorms = tuple["DeviceValue | None", "tuple[int, ...] | None", "NormLayout | None"]
 NO_NORMS: PendingNorms = (None, None, None)
 
+# Sampled per-layer measurements (update ratios, activations) are also taken on every one of
+# the first EARLY_EVERY_STEP steps and every EARLY_STRIDE-th step up to EARLY_STEPS, so that a
+# short run, or a bug present from the start, is measured well before the first `every`.
+EARLY_EVERY_STEP = 30
+EARLY_STRIDE = 10
+EARLY_STEPS = 100
+
+
+def due(step: int, every: int) -> bool:
+    """Whether a measurement sampled every ``every`` steps is taken at ``step`` (1-based)."""
+    if step <= EARLY_EVERY_STEP or (step <= EARLY_STEPS and step % EARLY_STRIDE == 0):
+        return True
+    return step % every == 0
+
+
 # The moments of a step a probe can act at, in the order they happen.
 EVENTS = ("forward_pre", "forward", "clip", "pre_step", "post_step")
 

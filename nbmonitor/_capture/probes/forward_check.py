@@ -17,6 +17,7 @@ from torch.utils.hooks import RemovableHandle
 from nbmonitor._capture.device_value import DeviceValue
 from nbmonitor._capture.inputs import first_tensor
 from nbmonitor._capture.probes.base import ProbeBase, StepContext
+from nbmonitor._capture.probes.grad_norms import STOP_MARK_FORWARD
 from nbmonitor.errors import Guard, NonFiniteError
 from nbmonitor.records import AuxRecord
 
@@ -76,6 +77,9 @@ class ForwardCheckProbe(ProbeBase):
             if bool(flags.any()):
                 first = int(flags.nonzero()[0, 0])
                 mean, std, maxabs = (float(v) for v in packed[first, 1:].cpu())
+                # The stop is an event of the run: the sampler writes it to the run log.
+                stopped = AuxRecord(step, "stopped", (names[first],), STOP_MARK_FORWARD)
+                ctx.recorder.put(stopped)
                 raise NonFiniteError(
                     f"nbmonitor: non-finite output first in module {names[first]!r} at step "
                     f"{step} (its input: mean {mean:.3g}, std {std:.3g}, max |x| {maxabs:.3g})."

@@ -31,13 +31,16 @@ from nbmonitor._capture.device_value import DeviceValue
 from nbmonitor._capture.probes.base import ProbeBase, StepContext
 from nbmonitor._names import name_list
 from nbmonitor.errors import Guard, NonFiniteError
-from nbmonitor.records import NormLayout, squared_norms
+from nbmonitor.records import AuxRecord, NormLayout, squared_norms
 
 FloatArray = npt.NDArray[np.float64]
 
 # Below this many values a dot product costs more in calls than it saves in reading. Its squared
 # result overflows float32 only for a norm above ~1.8e19, which then reads as Inf.
 DOT_MIN_NUMEL = 16_384
+# The value of a "stopped" record (on_nan="raise"): 0 for a gradient, 1 for a module's output.
+STOP_MARK = DeviceValue.packed([0.0], None)
+STOP_MARK_FORWARD = DeviceValue.packed([1.0], None)
 # The cat, and the stack it then needs, cost about what _foreach_norm spends on four tensors.
 CONCAT_MIN_TENSORS = 4
 
@@ -235,6 +238,8 @@ class GradNormProbe(ProbeBase):
         owners = index or range(len(self.names))
         pairs = sorted(zip(owners, squares, strict=True))  # "first" in parameter order
         bad = [self.names[i] for i, v in pairs if not _finite(v)]
+        # The stop is an event of the run: the sampler writes it to the run log.
+        ctx.recorder.put(AuxRecord(ctx.step + 1, "stopped", tuple(bad), STOP_MARK))
         raise NonFiniteError(
             f"nbmonitor: non-finite gradient at step {ctx.step + 1}, first in {name_list(bad)}; "
             "the optimizer step was not taken (on_nan='raise')."

@@ -1,4 +1,5 @@
-"""Parameter norms and update norms (||dw|| / ||w||) every ``layer_every`` steps.
+"""Parameter norms and update norms (||dw|| / ||w||) every ``layer_every`` steps, and early in
+the run more often (``base.due``: every one of the first 30 steps, every 10th up to 100).
 
 A copy of the optimizer's parameters is taken before ``optimizer.step()`` and subtracted from
 them after it; the copy is the costly part, hence the sampling (docs/performance.md).
@@ -10,7 +11,7 @@ import torch
 from torch import _foreach_mul, _foreach_norm, _foreach_sub_
 
 from nbmonitor._capture.device_value import DeviceValue
-from nbmonitor._capture.probes.base import ProbeBase, StepContext
+from nbmonitor._capture.probes.base import ProbeBase, StepContext, due
 from nbmonitor._capture.probes.grad_norms import norm_dtype
 from nbmonitor.errors import Guard
 from nbmonitor.records import AuxRecord
@@ -38,7 +39,7 @@ class UpdateRatioProbe(ProbeBase):
         return ("pre_step", "post_step")
 
     def pre_step(self, ctx: StepContext) -> None:
-        if (ctx.step + 1) % self.every:
+        if not due(ctx.step + 1, self.every):
             return
         params = [p.detach() for p in self.params]
         if not params:

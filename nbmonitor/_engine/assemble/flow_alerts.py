@@ -1,25 +1,32 @@
 """Alerts the layer flow raises from exact per-step facts (not window rules): gradients that
-never arrived, and the first parameters whose gradient norm is NaN/Inf."""
+never arrived, the first parameters whose gradient norm is NaN/Inf, and a loop stopped by
+``on_nan="raise"``."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
 from nbmonitor.health import alert as subjects
 from nbmonitor.health.alert import Alert
-from nbmonitor.health.wording import MAX_NAMED, name_list
+from nbmonitor.health.wording import MAX_NAMED, label, name_list
 
 
 def grads_never_arrived(
-    names: Sequence[str], seen: npt.NDArray[np.bool_], *, step: int, time: float
+    names: Sequence[str],
+    seen: npt.NDArray[np.bool_],
+    *,
+    step: int,
+    time: float,
+    at: int | None = None,
 ) -> Alert | None:
     """A ``gradient_not_flowing`` alert for the parameters whose gradient never arrived.
 
     ``seen[i]`` says whether ``names[i]`` (trainable, parameter order) ever had a gradient in
-    the ``step`` steps so far; None when every one did.
+    the ``step`` steps so far; None when every one did. The alert is stamped at step ``at``
+    (default ``step``).
     """
     seen = np.asarray(seen, dtype=bool)
     if seen.shape != (len(names),):
@@ -35,7 +42,7 @@ def grads_never_arrived(
         f"Parameters that never received a gradient after {step} steps: {name_list(missing)} "
         "(detached branch or unused module?). Check for .detach(), torch.no_grad() or .data "
         "in the forward pass, and modules that are defined but never called.",
-        step,
+        step if at is None else at,
         time,
         tuple(missing),
         subject=subjects.LAYERS,
@@ -52,3 +59,29 @@ def first_non_finite(
             f"first_non_finite: norms has shape {values.shape}, expected ({len(names)},)."
         )
     return [names[int(i)] for i in np.flatnonzero(~np.isfinite(values))[:limit]]
+
+
+def stopped(
+    step: int,
+    time: float,
+    names: Sequence[str],
+    *,
+    forward: bool,
+    kinds: Mapping[str, str] | None = None,
+) -> Alert:
+    """The ``stopped_non_finite`` alert: ``on_nan="raise"`` stopped the loop at ``step``, at the
+    first non-finite gradient (``names``: the parameters) or module output (the module)."""
+    if forward:
+        what = f"the output of {label(names[0], kinds) if names else 'a module'} was NaN/Inf"
+    else:
+        what = f"the gradient of {name_list(names) or 'unknown'} was NaN/Inf"
+    return Alert(
+        "stopped_non_finite",
+        "error",
+        f"Training stopped by on_nan='raise' at step {step}: {what}; the optimizer step was "
+        "not taken. Lower the learning rate, clip gradients, or check the inputs of that step.",
+        step,
+        time,
+        tuple(names),
+        subject=subjects.LAYERS if names else subjects.RUN,
+    )

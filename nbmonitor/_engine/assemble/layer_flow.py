@@ -15,10 +15,11 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import numpy.typing as npt
 
-from nbmonitor._engine.assemble.flow_alerts import first_non_finite, grads_never_arrived
+from nbmonitor._engine.assemble.flow_alerts import first_non_finite, grads_never_arrived, stopped
 from nbmonitor._engine.assemble.layers import LayerStats
 from nbmonitor._engine.assemble.steps import LayerNorms
 from nbmonitor.health.alert import Alert
+from nbmonitor.health.wording import label
 from nbmonitor.records import AuxRecord
 
 # Finite per-layer gradient norms wait for their readers, but never more than this many values.
@@ -51,6 +52,7 @@ class LayerFlow:
         self._deferred_values = 0
         self._nonfinite_reported = False
         self._no_grad_checked = False
+        self._first_step: int | None = None  # the first step with gradient norms
         # Per-layer rows (parameter norms, update ratios) not yet handed to the sinks.
         self.pending_rows: list[dict[str, float]] = []
 
@@ -63,6 +65,8 @@ class LayerFlow:
         self, blocks: list[LayerNorms], aux: list[tuple[AuxRecord, list[float]]], step: int
     ) -> None:
         """Take one tick's gradient-norm blocks and per-layer records; ``step`` is the newest."""
+        if self._first_step is None and blocks and blocks[0].steps:
+            self._first_step = blocks[0].steps[0]
         if not aux and all(block.finite.all() for block in blocks):
             for block in blocks:
                 self._defer(block)
@@ -75,7 +79,11 @@ class LayerFlow:
             trainable = [p.requires_grad for p in layers.params]
             names = [p.name for p, t in zip(layers.params, trainable, strict=True) if t]
             seen = layers.seen[np.asarray(trainable, dtype=bool)]
-            alert = grads_never_arrived(names, seen, step=step, time=self._clock())
+            # Stamped where it became known (NO_GRAD_AFTER_STEPS steps in), not at the tick
+            # that checked it, which depends on how fast the loop ran.
+            first = self._first_step if self._first_step is not None else 1
+            at = min(step, first + NO_GRAD_AFTER_STEPS - 1)
+            alert = grads_never_arrived(names, seen, step=step, time=self._clock(), at=at)
             if alert is not None:
                 self._add_alerts([alert])
 
@@ -120,7 +128,7 @@ class LayerFlow:
     def _take_aux(self, record: AuxRecord, values: list[float]) -> None:
         layers = self.layers
         if record.kind == "update":
-            layers.add_update(values)
+            layers.add_update(values, record.step)
             row = {"step": float(record.step)}
             for name, pn, ur in zip(
                 layers.names, layers.param_norm, layers.update_ratio, strict=True
@@ -132,6 +140,12 @@ class LayerFlow:
             layers.add_forward(record.step, record.names, values)
         elif record.kind == "activations":
             layers.add_activations(record.names, values)
+        elif record.kind == "stopped":
+            forward = bool(values and values[0] == 1.0)
+            alert = stopped(
+                record.step, self._clock(), record.names, forward=forward, kinds=layers.module_kinds
+            )
+            self._add_alerts([alert])
 
     def _take_non_finite(
         self, step: int, norms: npt.NDArray[np.float64], index: tuple[int, ...] | None
@@ -147,6 +161,8 @@ class LayerFlow:
             forward = layers.first_bad_forward
             if forward is not None and forward[0] > step:
                 forward = None
+            if forward is not None:  # named as a layer: "layer 4 (Linear)", not "4"
+                forward = (forward[0], label(forward[1], layers.module_kinds), forward[2])
             self._add_alerts(
                 [self._report(step, self._clock(), bad, forward, self._forward_checked)]
             )

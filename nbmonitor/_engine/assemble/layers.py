@@ -21,6 +21,8 @@ from nbmonitor._engine.tiering import first, merge_pairs
 FloatArray = npt.NDArray[np.float64]
 
 GROUPINGS = ("param", "module")
+# Measured steps of update ratios kept for the health rules (they judge each in step order).
+UPDATE_HISTORY = 64
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,13 @@ class LayerStats:
         self.update_ratio = np.full(n_layers, np.nan)
         self.last_step = 0
         self.activations: dict[str, dict[str, float]] = {}
+        # What each module is ("3" -> "Linear"), for the health rules' wording.
+        self.module_kinds: dict[str, str] = {}
+        # The update ratios of the last UPDATE_HISTORY measured steps, for the health rules.
+        self._update_steps = np.full(UPDATE_HISTORY, np.nan)
+        self._update_ratios = np.full((n_layers, UPDATE_HISTORY), np.nan)
+        self._update_params = np.full((n_layers, UPDATE_HISTORY), np.nan)
+        self._updates = 0
         # The first module with a non-finite output since gradients were last finite: the one
         # a non-finite gradient report names. One entry, so a long NaN run stays bounded.
         self.first_bad_forward: tuple[int, str, tuple[float, float, float]] | None = None
@@ -165,8 +174,9 @@ class LayerStats:
         """Parameter norms of every tracked parameter (taken once at attach)."""
         self.param_norm = self._group_norms(np.asarray(values, dtype=np.float64))
 
-    def add_update(self, values: Sequence[float]) -> None:
-        """Parameter norms then update norms of the optimizer's parameters (one sampled step)."""
+    def add_update(self, values: Sequence[float], step: int | None = None) -> None:
+        """Parameter norms then update norms of the optimizer's parameters (one sampled step,
+        ``step`` when known)."""
         n = len(values) // 2
         pn = np.full(len(self.params), np.nan)
         dn = np.full(len(self.params), np.nan)
@@ -175,8 +185,25 @@ class LayerStats:
         pn_l, dn_l = self._group_norms(pn), self._group_norms(dn)
         known = ~np.isnan(pn_l)
         self.param_norm = np.where(known, pn_l, self.param_norm)
-        with np.errstate(divide="ignore", invalid="ignore"):
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             self.update_ratio = np.where(pn_l > 0, dn_l / pn_l, np.nan)
+        if step is not None:
+            slot = self._updates % UPDATE_HISTORY
+            self._update_steps[slot] = step
+            self._update_ratios[:, slot] = self.update_ratio
+            self._update_params[:, slot] = self.param_norm
+            self._updates += 1
+
+    def update_history(self) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """(steps, layers x steps update ratios, layers x steps parameter norms) of the recent
+        measured steps, oldest first."""
+        n = min(self._updates, UPDATE_HISTORY)
+        order = (self._updates - n + np.arange(n)) % UPDATE_HISTORY
+        return (
+            self._update_steps[order],
+            self._update_ratios[:, order],
+            self._update_params[:, order],
+        )
 
     def add_forward(self, step: int, names: Sequence[str], values: Sequence[float]) -> None:
         rows = np.asarray(values, dtype=np.float64).reshape(len(names), 4)

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from nbmonitor.health.rule import RuleFactory
 from nbmonitor.health.rules.activations import DeadUnits
+from nbmonitor.health.rules.clipping import ClippingActive
 from nbmonitor.health.rules.devices import DeviceMemory, GpuIdle, GpuTemperature, GpuThrottling
 from nbmonitor.health.rules.gradients import ExplodingGradients, VanishingGradients
 from nbmonitor.health.rules.loss import LossPlateau, LossSpike, NonFiniteLoss
+from nbmonitor.health.rules.scaler import ScalerSkipping
 from nbmonitor.health.rules.stragglers import Stragglers
 from nbmonitor.health.rules.time import InputBound, OptimizerShare, StepTimeRegression
 from nbmonitor.health.rules.updates import UpdateRatioHigh, UpdateRatioLow
@@ -21,6 +23,8 @@ RULES: tuple[RuleFactory, ...] = (
     VanishingGradients,
     UpdateRatioHigh,
     UpdateRatioLow,
+    ClippingActive,
+    ScalerSkipping,
     LossSpike,
     LossPlateau,
     DeadUnits,

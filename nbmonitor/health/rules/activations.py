@@ -9,7 +9,10 @@ from nbmonitor.health import alert as subjects
 from nbmonitor.health.alert import Alert
 from nbmonitor.health.rule import Base, Outcome, nothing
 from nbmonitor.health.view import View
-from nbmonitor.health.wording import name_list
+from nbmonitor.health.wording import kinds_of, layer_list
+
+# Module kinds whose zeros mean dead units (not a zero-initialised output layer or a mask).
+RECTIFIERS = frozenset({"ReLU", "ReLU6", "Threshold", "Hardshrink", "Softshrink"})
 
 
 class DeadUnits(Base):
@@ -29,16 +32,21 @@ class DeadUnits(Base):
         judged = {name for name, f in fractions.items() if math.isfinite(f)}
         held = [name for name in fractions if name in judged and fractions[name] >= t.dead_fraction]
         step = view.inp.step
+        kinds = view.inp.module_kinds
 
         def make(new: list[str]) -> list[Alert]:
             low = min(fractions[name] for name in new)
+            rectifiers = bool(kinds_of(new, kinds) & RECTIFIERS)
+            why = " (dead ReLUs: every pre-activation is negative)" if rectifiers else ""
+            swap = "use LeakyReLU/GELU, " if rectifiers or not kinds else ""
             return [
                 Alert(
                     rule,
                     "warning",
-                    f"Dead units: at least {low:.0%} of the outputs of {name_list(new)} are "
-                    f"exactly zero at step {step} (dead ReLUs?). Lower the learning rate, use "
-                    "LeakyReLU/GELU, or check the initialisation and input scaling.",
+                    f"Dead units: at least {low:.0%} of the outputs of {layer_list(new, kinds)} "
+                    f"are exactly zero at step {step}{why}; the layers before them get no "
+                    f"gradient. Lower the learning rate, {swap}or check the initialisation, "
+                    "the biases and the input scaling.",
                     step,
                     view.inp.time,
                     tuple(new),

@@ -7,7 +7,7 @@ Subjects: ``"layers"`` when an alert lists layers, ``"grad_norm"`` for the total
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -19,19 +19,27 @@ from nbmonitor.health.view import View
 from nbmonitor.health.window import (
     BoolArray,
     FloatArray,
+    IntArray,
+    abrupt,
     finite_or_nan,
     row_max,
     row_medians,
     sustained,
 )
-from nbmonitor.health.wording import name_list, num
+from nbmonitor.health.wording import SATURATING, kinds_of, layer_list, name_list, num
 
 TOTAL = "<total>"  # held subject of the total grad norm in exploding_gradients (not a layer)
+# An explosion is abrupt: it also beats the median of the NEAR_STEPS steps just before it
+# by explode_factor. A warm-up, or a model leaving its initialisation, lifts the norms over
+# tens of steps, and the steps just before are already high.
+NEAR_STEPS = 10
 
 
 class ExplodingGradients(Base):
     """A layer's (or the total) gradient norm held above ``explode_factor`` x its running
-    median for ``sustain_steps`` steps, beating everything it has seen (or above
+    median for ``sustain_steps`` steps, beating everything it has seen, above the run's
+    starting scale, ``explode_factor`` x the median of its last ``NEAR_STEPS`` steps (it is
+    abrupt) and, for a layer, above the total norm's recent median (or above
     ``explode_abs``)."""
 
     name = "exploding_gradients"
@@ -44,6 +52,14 @@ class ExplodingGradients(Base):
         # Run-wide maxima: an explosion is a new maximum.
         self._total_max = -math.inf
         self._layer_max: FloatArray | None = None
+        # The last step each maximum includes.
+        self._total_max_step = -math.inf
+        self._layer_max_step = -math.inf
+        # The run's starting scale (median of its first min_history values): an explosion
+        # also rises above where the run began, so a norm that decayed 1000x while the model
+        # converged and then jitters 10x is not one.
+        self._total_start = math.nan
+        self._layer_start: FloatArray | None = None
 
     def check(self, view: View) -> Outcome:
         rule = self.name
@@ -56,13 +72,22 @@ class ExplodingGradients(Base):
         total = view.column("grad_norm")
         if total is not None and view.has_new_rows:
             ref = total[None, view.ref_from : view.new_from]
-            value, where = sustained(total[None, :], view.new_from, t.sustain_steps)
             # The run's maximum before the sustained window that is being judged.
-            seen = finite_or_nan(total[: max(0, view.new_from - t.sustain_steps + 1)])
+            cut = max(0, view.new_from - t.sustain_steps + 1)
+            fresh = int(np.searchsorted(view.step_col[:cut], self._total_max_step, "right"))
+            seen = finite_or_nan(total[fresh:cut])
             if np.isfinite(seen).any():
                 self._total_max = max(self._total_max, float(np.nanmax(seen)))
-            at = view.step_col[where] if view.step_col.size else np.zeros(1)
-            verdict = self._explodes(ref, value, np.array([self._total_max]), at)
+            if fresh < cut:
+                self._total_max_step = float(view.step_col[cut - 1])
+            if not math.isfinite(self._total_start):
+                self._total_start = float(self._start_level(total[None, :])[0])
+            start = np.array([self._total_start])
+            run_max = np.array([self._total_max])
+            value, where, seen_rows = self._levels(
+                total[None, :], view.new_from, ref, np.fmax(run_max, start)
+            )
+            verdict = self._explodes(ref, value, run_max, start, seen_rows)
             if verdict is not None:
                 is_judged, is_held, ratio = verdict
                 judged_total = bool(is_judged[0])
@@ -75,14 +100,33 @@ class ExplodingGradients(Base):
         grads = view.grads
         if grads is not None and view.has_new_layers:
             ref = grads[:, view.layer_ref_from : view.layer_new_from]
-            value, where = sustained(grads, view.layer_new_from, t.sustain_steps)
             if self._layer_max is None or self._layer_max.shape[0] != grads.shape[0]:
                 self._layer_max = np.full(grads.shape[0], -np.inf)
-            old = finite_or_nan(grads[:, : max(0, view.layer_new_from - t.sustain_steps + 1)])
-            if old.shape[1]:
-                seen_max, _ = row_max(old)
+                self._layer_max_step = -math.inf
+                self._layer_start = np.full(grads.shape[0], np.nan)
+            assert self._layer_start is not None
+            unknown = np.flatnonzero(np.isnan(self._layer_start))
+            if unknown.size:
+                self._layer_start[unknown] = self._start_level(grads[unknown])
+            # The run's maximum grows by the columns not yet in it (one pass per column in all,
+            # not one per check over the whole window).
+            cut = max(0, view.layer_new_from - t.sustain_steps + 1)
+            fresh = int(np.searchsorted(view.layer_step_col[:cut], self._layer_max_step, "right"))
+            if fresh < cut:
+                seen_max, _ = row_max(finite_or_nan(grads[:, fresh:cut]))
                 self._layer_max = np.fmax(self._layer_max, seen_max)
-            verdict = self._explodes(ref, value, self._layer_max, view.layer_step_col[where])
+                self._layer_max_step = float(view.layer_step_col[cut - 1])
+            # A layer's explosion also stands out in the whole model's gradient: it rises above
+            # the total norm's recent median (a LayerNorm gain whose small gradient grows while
+            # the model learns is not one).
+            floor = self._layer_start
+            if total is not None:
+                typical = row_medians(total[None, view.ref_from : view.new_from])[0]
+                floor = np.fmax(floor, typical[0])
+            value, where, seen_rows = self._levels(
+                grads, view.layer_new_from, ref, np.fmax(self._layer_max, floor)
+            )
+            verdict = self._explodes(ref, value, self._layer_max, floor, seen_rows)
             if verdict is not None:
                 is_judged, is_held, ratio = verdict
                 layer_judged = view.layer_judged(is_judged)
@@ -100,12 +144,13 @@ class ExplodingGradients(Base):
             worst = max(new, key=lambda s: (detail[s][1], detail[s][0]))
             value, ratio, step = detail[worst]
             how = (
-                f"{ratio:.0f}x its recent median"
+                f"{num(ratio)}x its recent median"
                 if math.isfinite(ratio) and ratio > t.explode_factor
                 else f"above the limit {num(t.explode_abs or math.nan)}"
             )
             what = (
-                f"Gradients exploding in {name_list(layers)} (grad norm {num(value)}, {how})"
+                f"Gradients exploding in {layer_list(layers, view.inp.module_kinds)} "
+                f"(grad norm {num(value)}, {how})"
                 if layers
                 else f"Total gradient norm exploding ({num(value)}, {how})"
             )
@@ -124,36 +169,76 @@ class ExplodingGradients(Base):
 
         return Outcome(rule, held, judged, make)
 
+    def _levels(
+        self, rows: FloatArray, start: int, ref: FloatArray, floor: FloatArray
+    ) -> tuple[FloatArray, IntArray, BoolArray]:
+        """Per row, the largest abrupt sustained level from column ``start`` on that could be
+        an explosion (above ``explode_factor`` x the median of ``ref`` and above ``floor``)
+        and where its window begins (with ``explode_abs``, any sustained level above it too),
+        and whether the row had a sustained level at all (judged, held or clear)."""
+        t = self.thresholds
+        median, _ = row_medians(ref)
+        bar = np.fmax(t.explode_factor * median, floor)
+        value, where = abrupt(rows, start, t.sustain_steps, NEAR_STEPS, t.explode_factor, bar)
+        plain, at = sustained(rows, start, t.sustain_steps)
+        if t.explode_abs is not None:
+            over = plain > t.explode_abs
+            value, where = np.where(over, plain, value), np.where(over, at, where)
+        seen: BoolArray = np.isfinite(plain)
+        return value, where, seen
+
+    def _start_level(self, rows: FloatArray) -> FloatArray:
+        """Per row, the median of its first ``min_history`` finite values; NaN until it has
+        that many."""
+        need = self.thresholds.min_history
+        clean = finite_or_nan(rows)
+        ok = np.isfinite(clean)
+        # The first `need` finite values of each row, the rest NaN.
+        first = np.where(ok & (np.cumsum(ok, axis=1) <= need), clean, np.nan)
+        median, count = row_medians(first)
+        return np.where(count >= need, median, np.nan)
+
     def _explodes(
-        self, ref: FloatArray, value: FloatArray, run_max: FloatArray, step: FloatArray
+        self,
+        ref: FloatArray,
+        value: FloatArray,
+        run_max: FloatArray,
+        start: FloatArray,
+        seen: BoolArray,
     ) -> tuple[BoolArray, BoolArray, FloatArray] | None:
         """Which rows were judged, which rows' newest maximum is an explosion, and by what
         factor of their running median.
 
         Relative to the median alone, gradients that rise during learning-rate warm-up, or
         fluctuate around a converged minimum, read as explosions; a real explosion also
-        beats everything the layer has seen, and starts once the run is a full window old
-        (``step`` is where each row's sustained window begins).
+        beats everything the row has seen and rises above the run's starting scale
+        (``start``), so it is large in absolute terms too, not only against a small recent
+        median.
         """
         t = self.thresholds
         median, count = row_medians(ref)
-        enough = (count >= t.min_history) & (step >= t.window)
+        enough = (count >= t.min_history) & np.isfinite(start)
         record = value > run_max
         if not enough.any() and t.explode_abs is None:
             return None
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = np.where(enough & (median > 0), value / median, np.nan)
+            large = value > np.nan_to_num(start, nan=np.inf)
         finite = np.isfinite(value)
-        held = finite & record & (np.nan_to_num(ratio, nan=0.0) > t.explode_factor)
-        judged = finite & enough
+        held = finite & record & large & (np.nan_to_num(ratio, nan=0.0) > t.explode_factor)
+        judged = seen & enough
         if t.explode_abs is not None:
             held |= finite & (value > t.explode_abs)
-            judged = finite
+            judged = seen
         return judged, held, ratio
 
 
 class VanishingGradients(Base):
-    """A layer's grad norm / param norm below ``vanish_ratio`` for ``vanish_steps`` steps."""
+    """A layer's grad norm / param norm below ``vanish_ratio`` for ``vanish_steps`` steps.
+
+    Gradients that are exactly zero are not vanishing but cut: with activation statistics
+    showing dead units, those layers are left to ``dead_units``; without, the message says
+    that nothing flows back rather than that little does."""
 
     name = "vanishing_gradients"
 
@@ -173,23 +258,37 @@ class VanishingGradients(Base):
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = recent / params[:, None]
         judged_mask = np.isfinite(recent).all(axis=1) & np.isfinite(params) & (params > 0)
+        zero = (recent == 0).all(axis=1)
+        if _dead_modules(view, t.dead_fraction):
+            judged_mask &= ~zero  # dead units explain them: dead_units names the modules
         held_mask = judged_mask & (ratio < t.vanish_ratio).all(axis=1)
         held = [view.layer_names[i] for i in np.flatnonzero(held_mask)]
         step = float(view.layer_step_col[-1])
         worst = np.where(held_mask, ratio.max(axis=1, initial=-np.inf), np.nan)
+        kinds = view.inp.module_kinds
 
         def make(new: list[str]) -> list[Alert]:
             index = view.layer_index()
             peak = max(float(worst[index[name]]) for name in new)
+            where = layer_list(new, kinds)
+            if all(zero[index[name]] for name in new):
+                message = (
+                    f"Gradients are exactly zero in {where} for {t.vanish_steps} steps (from "
+                    f"step {int(step) - t.vanish_steps + 1}): nothing flows back to them. The "
+                    "units after them may be dead (all-zero ReLU outputs: attach(..., "
+                    "activations=True) names them), or the path to the loss is cut."
+                )
+            else:
+                message = (
+                    f"Gradients vanishing in {where} (grad norm / param norm below "
+                    f"{num(t.vanish_ratio)} for {t.vanish_steps} steps, at most {num(peak)}) at "
+                    f"step {int(step)}. These layers barely learn: {_vanishing_advice(kinds)}"
+                )
             return [
                 Alert(
                     rule,
                     "warning",
-                    f"Gradients vanishing in {name_list(new)} (grad norm / param norm below "
-                    f"{num(t.vanish_ratio)} for {t.vanish_steps} steps, at most {num(peak)}) at "
-                    f"step {int(step)}. These layers barely learn: use ReLU-family activations "
-                    "instead of deep sigmoid/tanh stacks, add normalisation or residual "
-                    "connections, or check the initialisation.",
+                    message,
                     int(step),
                     view.time_at(step),
                     tuple(new),
@@ -198,6 +297,21 @@ class VanishingGradients(Base):
             ]
 
         return Outcome(rule, held, view.layer_judged(judged_mask), make)
+
+
+def _dead_modules(view: View, fraction: float) -> bool:
+    stats = view.inp.activations or {}
+    return any(s.get("zero_frac", 0.0) >= fraction for s in stats.values())
+
+
+def _vanishing_advice(kinds: Mapping[str, str] | None) -> str:
+    """What to try, fitted to the model: replacing sigmoid/tanh only where it has some."""
+    saturating = sorted(kinds_of(list(kinds or {}), kinds) & SATURATING)
+    tips = ["add normalisation (LayerNorm/BatchNorm) or residual connections"]
+    if saturating:
+        tips.insert(0, f"replace the deep {'/'.join(saturating)} stack with ReLU/GELU")
+    tips.append("check the initialisation scale (too small a scale starves the first layers)")
+    return ", ".join(tips[:-1]) + f", or {tips[-1]}."
 
 
 def non_finite_gradients(
@@ -218,7 +332,7 @@ def non_finite_gradients(
     if forward is not None:
         f_step, module, (mean, std, maxabs) = forward
         message += (
-            f" The first module with a non-finite output was {module!r} at step {f_step} "
+            f" The first module with a non-finite output was {module} at step {f_step} "
             f"(input mean {mean:.3g}, std {std:.3g}, max |x| {maxabs:.3g})."
         )
     elif forward_checked:

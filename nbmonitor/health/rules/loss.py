@@ -19,6 +19,10 @@ from nbmonitor.health.wording import num
 # exceed, so that a loss with a tight noise band is judged by its noise, not only its level.
 SPIKE_SIGMAS = 6.0
 MAD_TO_SIGMA = 1.4826
+# The first logged losses a spike is measured against before min_history losses are known.
+EARLY_LOSSES = 3
+# A loss that rose by more than this fraction over the plateau window is not on a plateau.
+PLATEAU_RISE = 0.5
 # Logged losses (the first ones seen) that set the starting level for the plateau rule.
 START_LOSSES = 10
 
@@ -90,8 +94,16 @@ class LossSpike(Base):
         values = loss[rows]
         first_new = int(np.searchsorted(rows, view.new_from))
         ref = values[max(0, first_new - t.window) : first_new]
-        if ref.size < t.min_history or first_new >= values.size:
+        if first_new >= values.size:
             return nothing(rule)
+        early = ref.size < t.min_history
+        if early:
+            # Early in the run: against the first losses, so that a loss that climbs far
+            # above where it started (a learning rate far too high) is named at once.
+            if view.ref_from > 0 or values.size < EARLY_LOSSES + t.sustain_steps:
+                return nothing(rule)
+            ref = values[:EARLY_LOSSES]
+            first_new = max(first_new, EARLY_LOSSES)
         median = float(row_medians(ref[None, :])[0][0])
         mad = float(row_medians(np.abs(ref - median)[None, :])[0][0])
         level, where = sustained(values[None, :], first_new, t.sustain_steps)
@@ -105,18 +117,23 @@ class LossSpike(Base):
         self._hi = max(self._hi, float(old.max()))
         # A jump from 1e-4 to 1e-3 near convergence is noise, not a spike.
         span = self._hi - self._lo
-        if not (
-            excess > (t.spike_factor - 1) * abs(median)
-            and excess > SPIKE_SIGMAS * MAD_TO_SIGMA * mad
-            and excess > t.spike_range_fraction * span
-        ):
+        bar = max(
+            (t.spike_factor - 1) * abs(median),
+            SPIKE_SIGMAS * MAD_TO_SIGMA * mad,
+            t.spike_range_fraction * span,
+        )
+        if not excess > bar:
             return clear(rule)
-        row = int(rows[int(where[0])])
+        # The spike starts at the first window held above the bar, not at its peak.
+        first, _ = sustained(values[None, :], first_new, t.sustain_steps, above=median + bar)
+        at = int(first[0]) if first[0] >= 0 else int(where[0])
+        row = int(rows[at])
         step = float(view.step_col[row])
         value = float(level[0])
 
         def make(_new: list[str]) -> list[Alert]:
-            how = f"{value / median:.0f}x the recent median" if median > 0 else "recent median"
+            what = "the first losses' median" if early else "the recent median"
+            how = f"{num(value / median)}x {what}" if median > 0 else what
             return [
                 Alert(
                     rule,
@@ -184,6 +201,8 @@ class LossPlateau(Base):
         # A loss that flattens after falling a long way has converged (or needs an LR decay);
         # the actionable case is a loss stuck near where it started.
         stuck = after >= before - t.plateau_tolerance * abs(before)
+        # A loss that climbed is diverging (loss_spike names that), not on a plateau.
+        stuck &= after <= before + PLATEAU_RISE * abs(before)
         if not (stuck and progress < t.plateau_progress):
             return clear(rule)
         step = float(view.step_col[-1])

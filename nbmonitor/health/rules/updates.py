@@ -1,8 +1,11 @@
 """Rules on update ratios ||Δw||/||w||: too large (learning rate too high) or too small.
 Subject: ``"layers"``.
 
-Ratios arrive every few steps, so only a changed array is a new observation, and a rule holds
-for a layer after ``sustain_steps`` observations in a row: one noisy update raises nothing.
+Ratios are measured on some steps only (every step early in a run, then every
+``layer_every`` steps): each measured step is one observation, in step order
+(``HealthInput.update_series``; without it, a changed ``update_ratios`` array), and a rule
+holds for a layer after ``sustain_steps`` observations in a row: one noisy update raises
+nothing.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from nbmonitor.health.rule import Base, Outcome, nothing
 from nbmonitor.health.thresholds import Thresholds
 from nbmonitor.health.view import View
 from nbmonitor.health.window import BoolArray, FloatArray
-from nbmonitor.health.wording import HEALTHY_UPDATE, name_list, num
+from nbmonitor.health.wording import HEALTHY_UPDATE, layer_list, num
 
 
 class _UpdateRatio(Base):
@@ -29,9 +32,10 @@ class _UpdateRatio(Base):
     def reset(self) -> None:
         self._names: tuple[str, ...] | None = None
         self._prev: FloatArray | None = None
+        self._last_seen = -np.inf  # step of the newest observation judged
         self._streak = np.zeros(0, dtype=np.intp)
 
-    def _judged(self, view: View, ratios: FloatArray) -> BoolArray:
+    def _judged(self, view: View, ratios: FloatArray, step: int) -> BoolArray:
         raise NotImplementedError
 
     def _beyond(self, ratios: FloatArray) -> BoolArray:
@@ -40,40 +44,70 @@ class _UpdateRatio(Base):
     def _extreme(self, values: list[float]) -> float:
         raise NotImplementedError
 
-    def _message(self, names: list[str], extreme: float, step: int) -> str:
+    def _message(self, names: str, extreme: float, step: int) -> str:
         raise NotImplementedError
+
+    def _observations(self, view: View) -> list[tuple[int, FloatArray]]:
+        """The new measured steps and their ratios, oldest first."""
+        inp = view.inp
+        steps, series = inp.update_steps, inp.update_series
+        if (
+            steps is not None
+            and series is not None
+            and series.shape
+            == (
+                len(view.layer_names),
+                steps.size,
+            )
+        ):
+            fresh = np.flatnonzero(steps > self._last_seen)
+            if fresh.size:
+                self._last_seen = float(steps[fresh[-1]])
+            return [(int(steps[i]), np.asarray(series[:, i], dtype=np.float64)) for i in fresh]
+        given = inp.update_ratios
+        if given is None or given.shape != (len(view.layer_names),):
+            return []
+        ratios = np.asarray(given, dtype=np.float64)
+        if self._prev is not None and np.array_equal(ratios, self._prev, equal_nan=True):
+            return []
+        self._prev = ratios.copy()
+        return [(inp.step, ratios)]
 
     def check(self, view: View) -> Outcome:
         rule = self.name
         t = self.thresholds
-        given = view.inp.update_ratios
         names = view.layer_names
-        if given is None or given.shape != (len(names),):
-            return nothing(rule)
-        ratios = np.asarray(given, dtype=np.float64)
         if self._names != names:
             self._names = names
             self._prev = None
             self._streak = np.zeros(len(names), dtype=np.intp)
-        fresh = self._prev is None or not np.array_equal(ratios, self._prev, equal_nan=True)
-        if not fresh or view.inp.step < t.min_history:
+        seen = self._observations(view)
+        if not seen:
             return nothing(rule)
-        self._prev = ratios.copy()
-        judged = self._judged(view, ratios)
-        self._streak = np.where(judged & self._beyond(ratios), self._streak + 1, 0)
-        held = [names[i] for i in np.flatnonzero(self._streak >= t.sustain_steps)]
-        step = view.inp.step
+        judged = np.zeros(len(names), dtype=bool)
+        # subject -> (step it started to hold, ratio then)
+        found: dict[str, tuple[int, float]] = {}
+        for step, ratios in seen:
+            # The first steps move far by design (Adam's first update is lr per weight;
+            # zero-initialised parts start from nothing): judged from min_history on.
+            if step < t.min_history:
+                continue
+            judged = self._judged(view, ratios, step)
+            self._streak = np.where(judged & self._beyond(ratios), self._streak + 1, 0)
+            for i in np.flatnonzero(self._streak >= t.sustain_steps):
+                found.setdefault(names[i], (step, float(ratios[i])))
+        held = list(found)
 
         def make(new: list[str]) -> list[Alert]:
-            index = view.layer_index()
-            extreme = self._extreme([float(ratios[index[name]]) for name in new])
+            step = min(found[name][0] for name in new)
+            extreme = self._extreme([found[name][1] for name in new])
             return [
                 Alert(
                     rule,
                     "warning",
-                    self._message(new, extreme, step),
+                    self._message(layer_list(new, view.inp.module_kinds), extreme, step),
                     step,
-                    view.inp.time,
+                    view.time_at(step),
                     tuple(new),
                     subject=subjects.LAYERS,
                 )
@@ -82,10 +116,14 @@ class _UpdateRatio(Base):
         return Outcome(rule, held, view.layer_judged(judged), make)
 
 
+# A learning rate below this fraction of the run's largest is a schedule's decay, not a bug.
+DECAYED_LR = 0.01
+
+
 class UpdateRatioHigh(_UpdateRatio):
     name = "update_ratio_high"
 
-    def _judged(self, view: View, ratios: FloatArray) -> BoolArray:
+    def _judged(self, view: View, ratios: FloatArray, step: int) -> BoolArray:
         # Biases are often initialised to zero and stay near it, so ||w|| ~ 0 makes the ratio
         # large while nothing is wrong; the hint is about weights.
         weights = np.array([not name.endswith("bias") for name in view.layer_names], dtype=bool)
@@ -98,9 +136,9 @@ class UpdateRatioHigh(_UpdateRatio):
     def _extreme(self, values: list[float]) -> float:
         return max(values)
 
-    def _message(self, names: list[str], extreme: float, step: int) -> str:
+    def _message(self, names: str, extreme: float, step: int) -> str:
         return (
-            f"Updates are large for {name_list(names)} (||Δw||/||w|| up to {num(extreme)}; "
+            f"Updates are large for {names} (||Δw||/||w|| up to {num(extreme)}; "
             f"{HEALTHY_UPDATE}) at step {step}: learning rate too high?"
         )
 
@@ -108,10 +146,24 @@ class UpdateRatioHigh(_UpdateRatio):
 class UpdateRatioLow(_UpdateRatio):
     name = "update_ratio_low"
 
-    def _judged(self, view: View, ratios: FloatArray) -> BoolArray:
+    def reset(self) -> None:
+        super().reset()
+        self._lr_max = 0.0
+
+    def _judged(self, view: View, ratios: FloatArray, step: int) -> BoolArray:
         # An update of exactly 0 is no gradient, a frozen parameter or lr == 0: the static
         # checks (debug.check_setup, gradient_not_flowing) name those, so skip them here.
         judged = np.isfinite(ratios) & (ratios > 0)
+        # A schedule that has decayed the learning rate far below its peak (the end of a
+        # cosine decay) makes tiny updates on purpose.
+        lr = view.column("lr")
+        if lr is not None:
+            seen = lr[view.step_col <= step]
+            seen = seen[np.isfinite(seen)]
+            if seen.size:
+                self._lr_max = max(self._lr_max, float(seen.max()))
+                if seen[-1] < DECAYED_LR * self._lr_max:
+                    return np.zeros_like(judged)
         if view.grads is not None and view.grads.shape[1]:
             latest = view.grads[:, -1]
             judged &= np.isfinite(latest) & (latest > 0)
@@ -123,9 +175,9 @@ class UpdateRatioLow(_UpdateRatio):
     def _extreme(self, values: list[float]) -> float:
         return min(values)
 
-    def _message(self, names: list[str], extreme: float, step: int) -> str:
+    def _message(self, names: str, extreme: float, step: int) -> str:
         return (
-            f"Updates are tiny for {name_list(names)} (||Δw||/||w|| down to {num(extreme)}; "
+            f"Updates are tiny for {names} (||Δw||/||w|| down to {num(extreme)}; "
             f"{HEALTHY_UPDATE}) at step {step}: learning rate too low, or parameters not "
             "really training?"
         )

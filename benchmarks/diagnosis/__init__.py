@@ -1,0 +1,1 @@
+"""Diagnosis scenarios: broken and healthy training runs scored against the health rules."""

@@ -1,0 +1,263 @@
+"""Broken runs, one training bug each, with the rule and the layer that should name it."""
+
+from __future__ import annotations
+
+import torch
+from benchmarks.diagnosis.harness import Attach, Scenario
+from benchmarks.diagnosis.healthy import regression
+from benchmarks.diagnosis.models import Patterns, Teacher, TwoTower, mlp
+from torch import nn
+
+PLATEAU_LATE = (
+    "a plateau is told from slow learning only over plateau_window (200) steps of a loss "
+    "that has not moved"
+)
+
+
+def classify(
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    steps: int,
+    attach: Attach,
+    *,
+    shuffle_labels: bool = False,
+    clip: float | None = None,
+    **options: object,
+) -> None:
+    task = Patterns()
+    mon = attach(model, opt, total_steps=steps, **options)
+    for _ in range(steps):
+        x, y = task.batch()
+        if shuffle_labels:
+            y = y[torch.randperm(y.numel())]  # the bug: labels no longer match inputs
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        if clip is not None:
+            nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+        opt.zero_grad()
+        mon.log(loss=loss)
+
+
+def lr_too_high(steps: int, attach: Attach) -> None:
+    # Diverges within a few steps to a loss 50x where it started, without NaN.
+    model = mlp()
+    regression(model, torch.optim.SGD(model.parameters(), lr=1.0), steps, attach)
+
+
+def lr_to_nan(steps: int, attach: Attach) -> None:
+    model = mlp()
+    regression(model, torch.optim.SGD(model.parameters(), lr=3.0), steps, attach)
+
+
+SPIKE_AT = 200
+
+
+def lr_spike_mid_run(steps: int, attach: Attach) -> None:
+    # A scheduler bug: from step SPIKE_AT the learning rate is 100x what it was.
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+    task = Teacher()
+    mon = attach(model, opt, total_steps=steps)
+    for step in range(1, steps + 1):
+        if step == SPIKE_AT + 1:
+            for group in opt.param_groups:
+                group["lr"] *= 100
+        x, y = task.batch()
+        loss = (model(x) - y).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        mon.log(loss=loss)
+
+
+def lr_too_low(steps: int, attach: Attach) -> None:
+    model = mlp()
+    regression(model, torch.optim.Adam(model.parameters(), lr=1e-9), steps, attach)
+
+
+def adam_eps_huge(steps: int, attach: Attach) -> None:
+    # eps=1e3 where 1e-8 was meant: the denominator swamps the second moment and the
+    # optimizer state updates almost nothing; the loss stalls where it started.
+    model = mlp()
+    regression(model, torch.optim.Adam(model.parameters(), lr=1e-3, eps=1e3), steps, attach)
+
+
+EXPLODE_AT = 150
+
+
+def explode_mid_run(steps: int, attach: Attach) -> None:
+    # From step EXPLODE_AT one input feature arrives 1000x too large (a unit change upstream):
+    # the first layer's gradient explodes, Adam keeps the rest of the run going.
+    model = mlp()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    task = Teacher()
+    mon = attach(model, opt, total_steps=steps)
+    for step in range(1, steps + 1):
+        x, y = task.batch()
+        if step > EXPLODE_AT:
+            x = x.clone()
+            x[:, 3] *= 1000.0
+        loss = (model(x) - y).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        mon.log(loss=loss)
+
+
+def vanishing_sigmoid(steps: int, attach: Attach) -> None:
+    model = mlp(width=16, depth=24, act=nn.Sigmoid)
+    regression(model, torch.optim.SGD(model.parameters(), lr=0.01), steps, attach)
+
+
+def bad_init_small(steps: int, attach: Attach) -> None:
+    # Weights initialised 1000x too small in a deep ReLU net: the first layers get ~nothing.
+    model = mlp(width=16, depth=8)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1e-3)
+    regression(model, torch.optim.SGD(model.parameters(), lr=0.01), steps, attach)
+
+
+def dead_relu(steps: int, attach: Attach) -> None:
+    model = mlp(width=16, depth=2)
+    with torch.no_grad():
+        model[2].bias.fill_(-50.0)  # every pre-activation of ReLU 3 is negative
+    regression(model, torch.optim.SGD(model.parameters(), lr=0.01), steps, attach,
+               activations=True)  # fmt: skip
+
+
+def detached_branch(steps: int, attach: Attach) -> None:
+    model = TwoTower(detach=True)
+    regression(model, torch.optim.Adam(model.parameters(), lr=1e-3), steps, attach)
+
+
+def missing_from_optimizer(steps: int, attach: Attach) -> None:
+    model = mlp()
+    params = [p for m in list(model)[:-1] for p in m.parameters()]  # the head is forgotten
+    regression(model, torch.optim.SGD(params, lr=0.01), steps, attach)
+
+
+def frozen_in_optimizer(steps: int, attach: Attach) -> None:
+    model = mlp()
+    model[0].requires_grad_(False)  # frozen, yet handed to the optimizer
+    regression(model, torch.optim.SGD(model.parameters(), lr=0.01), steps, attach)
+
+
+def lr_zero(steps: int, attach: Attach) -> None:
+    model = mlp()
+    regression(model, torch.optim.SGD(model.parameters(), lr=0.0), steps, attach)
+
+
+NAN_AT = 100
+
+
+def nan_batch(steps: int, attach: Attach) -> None:
+    model = mlp()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    task = Teacher()
+    mon = attach(model, opt, total_steps=steps, check_forward=True)
+    for step in range(1, steps + 1):
+        x, y = task.batch()
+        if step == NAN_AT + 1:
+            x = x.clone()
+            x[5, 2] = float("nan")  # one corrupt sample
+        loss = (model(x) - y).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        mon.log(loss=loss)
+
+
+LOG_ZERO_AT = 100
+
+
+def log_zero(steps: int, attach: Attach) -> None:
+    # Cross-entropy written by hand over all classes, sum(onehot * log(softmax)); from
+    # LOG_ZERO_AT a temperature bug sharpens the logits until the wrong classes' probabilities
+    # are exactly 0, and 0 * log(0) is NaN.
+    model = mlp(out=4)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    task = Patterns()
+    mon = attach(model, opt, total_steps=steps)
+    for step in range(1, steps + 1):
+        x, y = task.batch()
+        logits = model(x) * (1e4 if step > LOG_ZERO_AT else 1.0)
+        probs = torch.softmax(logits, dim=1)
+        onehot = nn.functional.one_hot(y, 4).float()
+        loss = -(onehot * torch.log(probs)).sum(1).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        mon.log(loss=loss)
+
+
+def fp16_overflow(steps: int, attach: Attach) -> None:
+    # fp16 autocast with inputs far out of scale: the scaled gradients overflow at every
+    # scale the GradScaler tries, so it skips step after step.
+    model = mlp(width=16, depth=1)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu")
+    task = Teacher()
+    mon = attach(model, opt, total_steps=steps)
+    for _ in range(steps):
+        x, y = task.batch(64)
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = (model(x * 300.0).float() - y).pow(2).mean()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        mon.log(loss=loss)
+
+
+def labels_shuffled(steps: int, attach: Attach) -> None:
+    model = mlp(out=4)
+    classify(model, torch.optim.Adam(model.parameters(), lr=1e-3), steps, attach,
+             shuffle_labels=True)  # fmt: skip
+
+
+def clip_every_step(steps: int, attach: Attach) -> None:
+    model = mlp(out=4)
+    classify(model, torch.optim.SGD(model.parameters(), lr=0.05), steps, attach, clip=1e-3)
+
+
+BROKEN = (
+    Scenario("lr_too_high", "MLP", "SGD lr 1.0: the loss climbs 50x in a few steps",
+             lr_too_high, 300, 80, ("loss_spike", "update_ratio_high", "exploding_gradients")),
+    Scenario("lr_to_nan", "MLP", "SGD lr 3.0: NaN within 10 steps", lr_to_nan, 100, 40,
+             ("grad_non_finite", "loss_non_finite"), "0.weight"),
+    Scenario("lr_spike_mid_run", "MLP", f"lr x100 from step {SPIKE_AT} (scheduler bug)",
+             lr_spike_mid_run, 400, 260,
+             ("loss_spike", "exploding_gradients", "grad_non_finite", "loss_non_finite"),
+             None, SPIKE_AT),
+    Scenario("lr_too_low", "MLP", "Adam lr 1e-9", lr_too_low, 300, 80, ("update_ratio_low",),
+             "0.weight"),
+    Scenario("adam_eps_huge", "MLP", "Adam eps=1e3: a dead optimizer, the loss stalls",
+             adam_eps_huge, 400, 80, ("update_ratio_low", "loss_plateau"), "0.weight"),
+    Scenario("explode_mid_run", "MLP", f"one input feature 1000x from step {EXPLODE_AT}",
+             explode_mid_run, 400, 220, ("exploding_gradients",), "0.weight", EXPLODE_AT),
+    Scenario("vanishing_sigmoid", "MLP", "24 sigmoid layers", vanishing_sigmoid, 200, 60,
+             ("vanishing_gradients",), "0.weight"),
+    Scenario("bad_init_small", "MLP", "8 ReLU layers initialised 1000x too small",
+             bad_init_small, 200, 60, ("vanishing_gradients",), "0.weight"),
+    Scenario("dead_relu", "MLP", "bias -50 before ReLU 3 (activations=True)", dead_relu, 200,
+             60, ("dead_units",), "3"),
+    Scenario("detached_branch", "two towers", ".detach() on the image tower", detached_branch,
+             200, 30, ("gradient_not_flowing",), "image.weight"),
+    Scenario("missing_from_optimizer", "MLP", "optimizer built without the head",
+             missing_from_optimizer, 100, 20, ("params_not_in_optimizer",), "6.weight"),
+    Scenario("frozen_in_optimizer", "MLP", "requires_grad=False layer in the optimizer",
+             frozen_in_optimizer, 100, 20, ("frozen_params_in_optimizer",), "0.weight"),
+    Scenario("lr_zero", "MLP", "SGD lr=0", lr_zero, 100, 20, ("lr_zero",), "0.weight"),
+    Scenario("nan_batch", "MLP", f"a NaN in the input batch of step {NAN_AT + 1}", nan_batch,
+             300, 130, ("grad_non_finite", "loss_non_finite"), "0.weight", NAN_AT),
+    Scenario("log_zero", "MLP", f"0 * log(0) in a hand-written loss from step {LOG_ZERO_AT + 1}",
+             log_zero, 300, 130, ("loss_non_finite", "grad_non_finite"), None, LOG_ZERO_AT),
+    Scenario("fp16_overflow", "MLP", "fp16 autocast overflow, GradScaler skips every step",
+             fp16_overflow, 200, 60, ("scaler_skipping",)),
+    Scenario("labels_shuffled", "MLP", "labels shuffled within each batch", labels_shuffled,
+             500, 300, ("loss_plateau",), why_late=PLATEAU_LATE),
+    Scenario("clip_every_step", "MLP", "clip_grad_norm_(max_norm=1e-3)", clip_every_step, 300,
+             80, ("clipping_active",)),
+)  # fmt: skip

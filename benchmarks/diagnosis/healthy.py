@@ -1,0 +1,168 @@
+"""Healthy runs of different families: every alert on one is a false alarm."""
+
+from __future__ import annotations
+
+import torch
+from benchmarks.diagnosis.harness import Attach, Scenario
+from benchmarks.diagnosis.models import (
+    LoRALinear,
+    Patterns,
+    ResidualTanh,
+    SmallCNN,
+    Teacher,
+    TinyTransformer,
+    cosine_warmup,
+    mlp,
+    reverse_batch,
+)
+from torch import nn
+
+
+def regression(
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    steps: int,
+    attach: Attach,
+    *,
+    sched: torch.optim.lr_scheduler.LRScheduler | None = None,
+    clip: float | None = None,
+    width: int = 16,
+    **options: object,
+) -> None:
+    task = Teacher(width)
+    mon = attach(model, opt, total_steps=steps, **options)
+    for _ in range(steps):
+        x, y = task.batch()
+        loss = (model(x) - y).pow(2).mean()
+        loss.backward()
+        if clip is not None:
+            nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+        opt.zero_grad()
+        if sched is not None:
+            sched.step()
+        mon.log(loss=loss)
+
+
+def mlp_adam_long(steps: int, attach: Attach) -> None:
+    # Converges to a loss near 1e-5 and below: the README screenshot's case.
+    model = mlp(width=16, depth=3)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    regression(model, opt, steps, attach, sched=cosine_warmup(opt, 1, steps))
+
+
+def mlp_sgd_steplr(steps: int, attach: Attach) -> None:
+    model = mlp(width=16, depth=2, act=nn.Tanh)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=max(1, steps // 3), gamma=0.3)
+    regression(model, opt, steps, attach, sched=sched)
+
+
+def mlp_clipped(steps: int, attach: Attach) -> None:
+    # Clipping as a guard rail: active on a few steps, not most.
+    model = mlp(width=16, depth=3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+    regression(model, opt, steps, attach, clip=1.0)
+
+
+def mlp_relu_activations(steps: int, attach: Attach) -> None:
+    # ReLU units that are zero on part of the inputs are healthy, not dead.
+    model = mlp(width=32, depth=3, act=nn.ReLU)
+    with torch.no_grad():
+        model[0].weight.mul_(0.5)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    regression(model, opt, steps, attach, activations=True, width=32)
+
+
+def residual_tanh(steps: int, attach: Attach) -> None:
+    model = ResidualTanh(width=16, depth=8)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    regression(model, opt, steps, attach)
+
+
+def cnn(steps: int, attach: Attach) -> None:
+    model = SmallCNN()
+    task = Patterns(shape=(1, 8, 8), noise=0.5)
+    opt = torch.optim.Adam(model.parameters(), lr=2e-3)
+    mon = attach(model, opt, total_steps=steps)
+    for _ in range(steps):
+        x, y = task.batch()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        mon.log(loss=loss)
+
+
+def transformer(steps: int, attach: Attach) -> None:
+    # Warm-up, cosine decay and clipping, as a language model is trained.
+    model = TinyTransformer()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
+    sched = cosine_warmup(opt, warmup=min(50, steps // 10), total=steps)
+    g = torch.Generator().manual_seed(3)
+    mon = attach(model, opt, total_steps=steps)
+    for _ in range(steps):
+        x, y = reverse_batch(g)
+        loss = nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad()
+        sched.step()
+        mon.log(loss=loss)
+
+
+def lora(steps: int, attach: Attach) -> None:
+    # A frozen base with low-rank adapters; only the adapters are in the optimizer.
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 32))
+    target = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 32))
+    with torch.no_grad():
+        for p, q in zip(target.parameters(), base.parameters(), strict=True):
+            p.copy_(q + 0.05 * torch.randn_like(q))
+    model = nn.Sequential(LoRALinear(base[0]), nn.ReLU(), LoRALinear(base[2]))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=3e-3)
+    g = torch.Generator().manual_seed(4)
+    mon = attach(model, opt, total_steps=steps)
+    for _ in range(steps):
+        x = torch.randn(32, 32, generator=g)
+        with torch.no_grad():
+            y = target(x)
+        loss = (model(x) - y).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        mon.log(loss=loss)
+
+
+def classify_sgd_long(steps: int, attach: Attach) -> None:
+    # A classifier that reaches ~0 loss and stays there for thousands of steps.
+    model = mlp(width=16, depth=2, out=4)
+    task = Patterns(noise=0.2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    mon = attach(model, opt, total_steps=steps)
+    for _ in range(steps):
+        x, y = task.batch()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        mon.log(loss=loss)
+
+
+HEALTHY = (
+    Scenario("mlp_adam_long", "MLP", "Adam + cosine decay, converges to ~1e-5", mlp_adam_long,
+             6000, 2500),
+    Scenario("classify_sgd_long", "MLP", "SGD classifier, loss to ~0 and flat", classify_sgd_long,
+             5000, 1000),
+    Scenario("mlp_sgd_steplr", "MLP", "SGD momentum + StepLR, tanh", mlp_sgd_steplr, 2000, 400),
+    Scenario("mlp_clipped", "MLP", "SGD momentum + clip_grad_norm_(1.0)", mlp_clipped, 2000, 400),
+    Scenario("mlp_relu_activations", "MLP", "AdamW, activations=True", mlp_relu_activations,
+             1500, 300),
+    Scenario("residual_tanh", "MLP", "8 pre-norm residual tanh blocks, Adam", residual_tanh,
+             1500, 300),
+    Scenario("cnn", "CNN", "2 conv layers, Adam, 4 classes", cnn, 1500, 300),
+    Scenario("transformer", "transformer", "2 blocks, AdamW + warm-up/cosine + clipping",
+             transformer, 1500, 300),
+    Scenario("lora", "LoRA", "frozen base, rank-4 adapters, AdamW", lora, 1500, 300),
+)  # fmt: skip
