@@ -4,12 +4,16 @@ Trainer builds its own inside ``train()``), found by one of torch's global optim
 pre-hooks. From that step on, steps are that optimizer's steps; before it, backward passes.
 
 The global hook holds the step clock weakly (a dropped model still goes) and is removed with
-the clock's other hooks at close. Optimizers of other parameters are remembered (weakly) and
-not looked at again.
+the clock's other hooks at close, on the thread that attached. A monitor released from
+another thread (its model was collected) leaves it inert and it is removed at the next
+attach: torch may be iterating the global hooks in an optimizer step on the training thread
+right then, and removing one under it would raise there. Optimizers of other parameters are
+remembered (weakly) and not looked at again.
 """
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Set
 from typing import Any, Protocol
@@ -32,8 +36,36 @@ def steps_any(optimizer: torch.optim.Optimizer, param_ids: Set[int]) -> bool:
     return any(id(p) in param_ids for group in optimizer.param_groups for p in group["params"])
 
 
-def watch_optimizers(clock: Adopter) -> list[RemovableHandle]:
+# Global hooks of monitors released from another thread, inert, to remove on an attaching one.
+_DEFERRED: list[RemovableHandle] = []
+
+
+class GlobalHookHandle:
+    """Removes the global hook at once on the thread that attached; from another thread it
+    is deferred to the next ``purge()`` (see the module docstring)."""
+
+    def __init__(self, handle: RemovableHandle) -> None:
+        self._handle = handle
+        self._thread = threading.get_ident()
+
+    def remove(self) -> None:
+        if threading.get_ident() == self._thread:
+            self._handle.remove()
+            purge()
+        else:
+            _DEFERRED.append(self._handle)
+
+
+def purge() -> None:
+    """Remove the global hooks left inert by monitors released from other threads (called
+    on the thread that attaches)."""
+    while _DEFERRED:
+        _DEFERRED.pop().remove()
+
+
+def watch_optimizers(clock: Adopter) -> list[GlobalHookHandle]:
     """Offer ``clock.adopt`` each optimizer that steps until it adopts one."""
+    purge()
     ref = weakref.ref(clock)
     others: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
 
@@ -46,7 +78,7 @@ def watch_optimizers(clock: Adopter) -> list[RemovableHandle]:
         if not held.adopt(optimizer):
             others.add(optimizer)
 
-    return [register_optimizer_step_pre_hook(pre)]
+    return [GlobalHookHandle(register_optimizer_step_pre_hook(pre))]
 
 
 def watching() -> int:
@@ -56,4 +88,4 @@ def watching() -> int:
     return len(_global_optimizer_pre_hooks)
 
 
-__all__ = ["Adopter", "steps_any", "watch_optimizers", "watching"]
+__all__ = ["Adopter", "GlobalHookHandle", "purge", "steps_any", "watch_optimizers", "watching"]

@@ -102,7 +102,7 @@ class StepClock(WatchedCalls):
         self._absorb = False
         # An adapter counts micro-batches and samples (batch_started); forwards then do not.
         self._batches_counted = False
-        self.handles: list[RemovableHandle] = []
+        self.handles: list[RemovableHandle | adopt.GlobalHookHandle] = []
         self._pre_handle: RemovableHandle | None = None
         self._unlisten: Callable[[], None] | None = None
         self._param_ids: frozenset[int] = frozenset()

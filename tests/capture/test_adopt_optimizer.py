@@ -6,6 +6,7 @@ steps; the global hook holds the monitor weakly and is gone after close."""
 from __future__ import annotations
 
 import gc
+import threading
 import time
 import weakref
 from pathlib import Path
@@ -90,6 +91,48 @@ def test_the_global_hook_holds_the_monitor_weakly(tmp_path: Path) -> None:
     while mon.status != "closed" and time.monotonic() < deadline:
         time.sleep(0.02)
     assert mon.status == "closed"
+    # Released from the nbmonitor-release thread: the global hook is left inert, then removed
+    # by the next attach (on this thread).
+    assert adopt.watching() == before + 1
+    other = mlp()
+    torch.optim.SGD(other.parameters(), lr=0.01).step()  # the inert hook does nothing
+    mon2 = nbmonitor.attach(other, run_dir=tmp_path, display=False, interval=0.05)
+    assert adopt.watching() == before + 1  # the new monitor's only
+    mon2.close()
+    assert adopt.watching() == before
+
+
+def test_a_release_on_another_thread_never_breaks_an_optimizer_step_in_progress(
+    tmp_path: Path,
+) -> None:
+    # torch iterates the global hooks during every optimizer step: a monitor released on
+    # another thread right then must not remove its hook under it (RuntimeError in the loop).
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    before = adopt.watching()
+    model = mlp()
+    mon = nbmonitor.attach(model, run_dir=tmp_path, display=False, interval=0.05)
+    released = threading.Event()
+
+    def blocker(optimizer: torch.optim.Optimizer, args: object, kwargs: object) -> None:
+        # Runs after nbmonitor's global hook, inside the same iteration.
+        thread = threading.Thread(target=lambda: (mon.close(), released.set()))
+        thread.start()
+        thread.join(10)
+
+    handles = [
+        register_optimizer_step_pre_hook(blocker),
+        # Another global hook after it: torch's iteration goes on past the release.
+        register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: None),
+    ]
+    try:
+        other = mlp()
+        torch.optim.SGD(other.parameters(), lr=0.01).step()  # must not raise
+        assert released.is_set() and mon.status == "closed"
+    finally:
+        for handle in handles:
+            handle.remove()
+    adopt.purge()
     assert adopt.watching() == before
 
 
