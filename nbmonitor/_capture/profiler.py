@@ -163,12 +163,7 @@ class ProfileRun:
                 return
             prof, self._prof = self._prof, None
             self.state = "processing"
-        self._detach(self)
-        if prof is not None:
-            try:
-                prof.stop()
-            except Exception as exc:
-                self._errors.add("profile", exc)
+        self._stop_quietly(prof)
         self._finish(
             ProfileResult(error=f"The profile was {why} before it finished.", cancelled=True)
         )
@@ -187,13 +182,17 @@ class ProfileRun:
             self._errors.add("profile", exc)
         prof, self._prof = self._prof, None
         self.state = "processing"
+        self._stop_quietly(prof)
+        self._finish(ProfileResult(error=message))
+
+    def _stop_quietly(self, prof: Any) -> None:
+        """Off the step clock, and the torch profiler stopped (its failure only logged)."""
         self._detach(self)
         if prof is not None:
             try:
                 prof.stop()
-            except Exception as stop_exc:
-                self._errors.add("profile", stop_exc)
-        self._finish(ProfileResult(error=message))
+            except Exception as exc:
+                self._errors.add("profile", exc)
 
     def _finish(self, result: ProfileResult) -> None:
         self.result = result
