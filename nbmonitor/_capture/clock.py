@@ -319,14 +319,17 @@ class StepClock(WatchedCalls):
 
     def _step_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
         self._step_depth += 1
-        if self._step_depth > 1 and inputs.nested_step(optimizer):
-            return None  # a subclass's step() calling super().step(): one step, hooks twice
-        self._step_depth = 1  # (an earlier step that raised never reached its post hook)
-        if self._absorb:
-            return None
-        # step(closure) runs forward and backward inside (Lightning, LBFGS): the gradients
-        # are final once the closure returns, not now.
-        wrapped = after_closure(args, kwargs, self._pre_step)
+        try:
+            if self._step_depth > 1 and inputs.nested_step(optimizer):
+                return None  # a subclass's step() calling super().step(): one step, hooks twice
+            self._step_depth = 1  # (an earlier step that raised never reached its post hook)
+            if self._absorb:
+                return None
+            # step(closure) (Lightning, LBFGS): gradients are final once the closure returns.
+            wrapped = after_closure(args, kwargs, self._pre_step)
+        except Exception as exc:  # never into the loop; the step is then measured as usual
+            self._guards["optimizer_pre_step"].failed(exc)
+            wrapped = None
         if wrapped is None:
             self._pre_step()
         return wrapped
