@@ -89,7 +89,6 @@ class Monitor(MonitorReads):
             phases=opts.phases,
             clock=timer,
             wall_clock=clock,
-            data_wait=self.rank is not None,  # names stragglers (health/rules/stragglers.py)
         )
         # Held until start(); then the model's hooks hold the step clock and this only weakly.
         self._capture: Any = capture

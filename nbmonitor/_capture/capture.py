@@ -14,7 +14,6 @@ from nbmonitor._capture.inputs import optimizer_parameters
 from nbmonitor._capture.phases import PhaseTimer
 from nbmonitor._capture.probes.activations import ActivationsProbe
 from nbmonitor._capture.probes.base import Probe
-from nbmonitor._capture.probes.data_wait import DataWaitProbe
 from nbmonitor._capture.probes.flops import FlopsProbe
 from nbmonitor._capture.probes.forward_check import ForwardCheckProbe
 from nbmonitor._capture.probes.grad_norms import GradNormProbe
@@ -49,7 +48,6 @@ def build_capture(
     phases: bool = True,
     clock: Callable[[], float] = time.perf_counter,
     wall_clock: Callable[[], float] = time.time,
-    data_wait: bool = False,
 ) -> Capture:
     names = {id(p): n for n, p in model.named_parameters()}
     params = optimizer_parameters(optimizer) if optimizer is not None else []
@@ -82,8 +80,6 @@ def build_capture(
             guard("update_ratio"), params[:n_optimized], param_names[:n_optimized], layer_every
         )
         probes.append(update)
-    if data_wait:  # last: the time it stamps at a step's end follows the other probes' work
-        probes.append(DataWaitProbe(guard("data_wait")))
     recorder = Recorder()
     # CUDA events time the device's phases; elsewhere the host clock does.
     first = next(iter(model.parameters()), None)

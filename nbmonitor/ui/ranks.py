@@ -30,7 +30,7 @@ RANK_COLUMNS = (
     ("status", "status"),
     ("steps", "steps"),
     ("step_time", "step time (s)"),
-    ("data_wait_s", "data wait (s)"),
+    ("phase_data_s", "data wait (s)"),
     ("gpu_util_percent", "GPU util %"),
     ("gpu_mem_used_bytes", "GPU mem (GiB)"),
     ("gpu_temperature_c", "GPU °C"),

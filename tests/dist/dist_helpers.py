@@ -15,7 +15,7 @@ def write_job(root: pathlib.Path, slow: int | None, steps: int = 40) -> pathlib.
         log = RunLogSink.create(root, "Net", meta, job_id="j1", rank=rank, world_size=2)
         rows = [
             {"step": float(s), "time": 100.0 + s, "step_time": 0.05, "loss": 1.0 / s,
-             "grad_norm": 2.0, "data_wait_s": 0.021 if rank == slow else 0.001}
+             "grad_norm": 2.0, "phase_data_s": 0.021 if rank == slow else 0.001}
             for s in range(1, steps + 1)
         ]  # fmt: skip
         log.write_steps(rows)

@@ -106,7 +106,7 @@ def test_straggler_by_data_wait_when_step_times_agree() -> None:
     wait = np.abs(rng.normal(0.002, 5e-4, (4, 40)))
     wait[2] += 0.03  # rank 2 comes 30 ms late to every all-reduce
     found = stragglers(ranks(times, wait))
-    assert list(found) == [2] and found[2][0] == "data_wait_s"
+    assert list(found) == [2] and found[2][0] == "phase_data_s"
     alerts = Health(rules=(Stragglers,)).check(
         HealthInput(step=40, time=0.0, steps={}, ranks=ranks(times, wait))
     )
@@ -130,13 +130,13 @@ def test_a_job_on_disk(tmp_path: pathlib.Path) -> None:
     assert sorted(rank_dirs(job_dir)) == [0, 1]
     job = nbmonitor.open(job_dir)
     assert isinstance(job, Job) and job.status == "closed" and job.world_size == 2
-    assert job.history(1)["data_wait_s"][0] == 0.021
+    assert job.history(1)["phase_data_s"][0] == 0.021
     assert [a.subject for a in job.alerts()] == ["rank1"]
     assert job.summary()["process_rss_bytes"]["max_rank"] == 1
     record = json.loads((job_dir / "ranks_summary.json").read_text())
-    assert record["summary"]["data_wait_s"]["max_rank"] == 1 and record["status"] == "closed"
+    assert record["summary"]["phase_data_s"]["max_rank"] == 1 and record["status"] == "closed"
     text = finish(job_dir)
-    assert text is not None and "data_wait_s" in text and "Rank 1 on node1" in text
+    assert text is not None and "phase_data_s" in text and "Rank 1 on node1" in text
     table = list_runs(tmp_path / "runs")
     assert [row["name"] for row in table] == ["j1-Net"]
     assert table[0]["steps"] == 40 and "2/2 ranks" in str(table[0]["backend"])

@@ -52,7 +52,7 @@ def test_a_rank_other_than_the_display_rank_records_silently(
         2,
         "cpu",
     )
-    assert "data_wait_s" in history and len(history["data_wait_s"]) == 5
+    assert "phase_data_s" in history and len(history["phase_data_s"]) == 5
     assert not (mon.job_dir / "ranks_summary.json").exists()  # written by the display rank
 
 
@@ -95,7 +95,6 @@ def test_a_single_process_run_keeps_its_layout(
     assert mon.job_dir is None and mon.rank is None
     meta = json.loads((mon.run_dir / "meta.json").read_text())
     assert "rank" not in meta and "layout" not in meta
-    assert "data_wait_s" not in history
     assert not isinstance(nbmonitor.open(mon.run_dir), Job)
 
 

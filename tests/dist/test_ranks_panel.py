@@ -45,7 +45,7 @@ def test_the_panel_shows_ranks_by_steps_and_the_tables(tmp_path: pathlib.Path) -
     html = panel._tables.value
     for field in ("ranks", "per_step", "summary"):
         assert f"data-field='{field}'" in html
-    assert "data_wait_s" in html and "straggler" in html  # the summary, the rank's flags
+    assert "phase_data_s" in html and "straggler" in html  # the summary, the rank's flags
     bundle = panel._repr_mimebundle_()
     assert "cross-rank summary" in bundle["text/plain"] and "<table" in bundle["text/html"]
 

@@ -97,12 +97,12 @@ def test_torchrun_two_ranks(tmp_path: pathlib.Path) -> None:
     assert np.all(table["min"] <= table["median"]) and np.all(table["median"] <= table["max"])
     assert set(np.unique(table["slowest_rank"])) <= {0.0, 1.0}
     summary = job.summary()
-    wait = summary["data_wait_s"]
+    wait = summary["phase_data_s"]
     assert wait["count"] == 2 and wait["max_rank"] == 1 and wait["min_rank"] == 0
     assert wait["max"] > 0.02 > wait["min"]
     assert summary["step_time"]["count"] == 2
     written = json.loads((job_dir / "ranks_summary.json").read_text())
-    assert written["summary"]["data_wait_s"]["max_rank"] == 1
+    assert written["summary"]["phase_data_s"]["max_rank"] == 1
     assert set(written["ranks"]) == {"0", "1"}
 
     # The straggler, named with its host: offline, live (the tail) and in rank 0's summary.

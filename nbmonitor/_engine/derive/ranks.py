@@ -29,7 +29,7 @@ from nbmonitor.health.view import RankColumns
 
 FloatArray = npt.NDArray[np.float64]
 
-STEP_KEYS = ("step", "time", "step_time", "data_wait_s", "loss", "grad_norm")
+STEP_KEYS = ("step", "time", "step_time", "phase_data_s", "loss", "grad_norm")
 SYSTEM_KEYS = ("step", "time", "cpu_percent", "ram_used_bytes", "ram_total_bytes")
 # A rank's own device metrics (``gpu<i>_<field>`` of its device), each reduced per rank as
 # given; the process's own CPU and memory stand in on CPU-only ranks.
@@ -40,7 +40,7 @@ DEVICE_FIELDS = {
     "power_w": "mean",
 }
 PROCESS_FIELDS = {"process_cpu_percent": "mean", "process_rss_bytes": "max"}
-TIME_FIELDS = {"step_time": "mean", "data_wait_s": "mean"}
+TIME_FIELDS = {"step_time": "mean", "phase_data_s": "mean"}
 # Agreement: grad norms relative difference (all-reduced gradients agree to rounding), and
 # the loss relative difference of a rank's median over the last steps from the others'.
 GRAD_TOLERANCE = 1e-3
@@ -165,7 +165,7 @@ def rank_columns(state: RankState) -> RankColumns | None:
     if len(state.ranks) < 2:
         return None
     steps, times = align(state, "step_time")
-    wait_steps, wait = align(state, "data_wait_s")
+    wait_steps, wait = align(state, "phase_data_s")
     data_wait = (
         wait if wait_steps.shape == steps.shape and np.array_equal(wait_steps, steps) else None
     )

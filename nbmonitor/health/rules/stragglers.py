@@ -3,7 +3,8 @@
 Judged over ``HealthInput.ranks`` (every rank's per-step columns, read from the job's per-rank
 streams, never gathered with a collective). Two signals, the first that holds names the rank:
 
-* ``data_wait_s`` (the time from a step's end to the next step's first forward): in a
+* ``phase_data_s`` (the step's data phase, from the previous step's end to its first forward;
+  measured with the step phases, on by default): in a
   synchronous job (DDP) every rank's step takes as long as the slowest one, because they all
   meet in the gradient all-reduce, so step times agree; the straggler is the rank that comes
   late to that meeting, by waiting longer for its batch;
@@ -34,7 +35,7 @@ EXCESS_FRACTION = 0.1  # the rank's extra time, as a fraction of the median step
 SLOWEST_SHARE = 0.75  # ... and the slowest rank on this share of the steps
 
 _WHAT = {
-    "data_wait_s": "wait for its next batch (data_wait_s)",
+    "phase_data_s": "wait for its next batch (phase_data_s)",
     "step_time": "step time",
 }
 
@@ -53,7 +54,7 @@ def stragglers(ranks: RankColumns) -> dict[int, tuple[str, float, float, int, fl
     found: dict[int, tuple[str, float, float, int, float]] = {}
     if len(ranks.ranks) < 2:
         return found
-    signals = [("data_wait_s", ranks.data_wait), ("step_time", ranks.step_time)]
+    signals = [("phase_data_s", ranks.data_wait), ("step_time", ranks.step_time)]
     for metric, matrix in signals:
         if matrix is None or matrix.shape != ranks.step_time.shape:
             continue
