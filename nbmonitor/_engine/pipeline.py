@@ -261,6 +261,7 @@ class Pipeline:
             system=system,
             gpus=[index] if index is not None else None,
             ranks=self._ranks(),
+            optimizer=self._assembler.optimizer,
         )
         self.add_alerts(parts.health.check(inp))
         self._publish_layers()

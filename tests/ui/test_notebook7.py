@@ -31,6 +31,7 @@ from tests.ui.test_browser import (
     run_all,
     start_browser_test,
     wait_for_live_step,
+    wait_for_step_above,
 )
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -62,7 +63,7 @@ def test_quickstart_dashboard_is_live_in_notebook7(notebook7: tuple[str, Path]) 
             run_all(page)
             wait_for_live_step(page)
             step1 = _step(page)
-            page.wait_for_timeout(2_500)
+            wait_for_step_above(page, step1)
             step2 = _step(page)
             status = page.locator(".nbm-root [data-field=status]").first.inner_text()
             reads = f"step {step1} -> {step2}"
