@@ -7,7 +7,7 @@ import atexit
 import weakref
 from typing import Protocol
 
-from nbmonitor._lifetime import current_cell
+from nbmonitor.live.lifetime import current_cell
 
 
 class Live(Protocol):
