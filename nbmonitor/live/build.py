@@ -1,4 +1,4 @@
-"""The sampler side of a live run, wired (part of monitor.py's composition root): the sinks,
+"""The sampler side of a live run, wired (part of the live entrance, ``monitor.py``): the sinks,
 the pipeline that feeds them and the sampler thread that drives it.
 
 Nothing built here holds the Monitor or the model: the sampler thread would keep them alive

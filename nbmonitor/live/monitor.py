@@ -170,7 +170,7 @@ class Monitor:
         settle_heap()
         try:
             self._capture.clock.install()
-            self._capture = None  # from now on the model holds it (see _registry.LIVE)
+            self._capture = None  # from now on the model holds it (see registry.LIVE)
             self._thread.start()
         except BaseException:
             # Nothing of a monitor that did not start stays in the user's model or torch.
