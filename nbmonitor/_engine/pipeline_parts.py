@@ -4,7 +4,7 @@ device the run trains on, as the MFU peak table matches it."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from nbmonitor._engine.assemble.layer_flow import NonFiniteReport
@@ -15,6 +15,7 @@ from nbmonitor.errors import ErrorLog
 from nbmonitor.health import Health
 from nbmonitor.health.view import RankColumns
 from nbmonitor.records import Record
+from nbmonitor.sinks import Sink
 
 
 @dataclass
@@ -29,8 +30,7 @@ class PipelineParts:
     health: Health
     non_finite_report: NonFiniteReport
     forward_checked: bool
-    write: Callable[[Mapping[str, Sequence[Mapping[str, object]]]], None]  # the sinks
-    flush_sinks: Callable[[], None]
+    sinks: Sink  # every tick's rows go here (a FanOut: each sink behind its own guard)
     errors: ErrorLog
     status: Callable[[], str]
     update_copy_skipped: Callable[[], float | None] = lambda: None
