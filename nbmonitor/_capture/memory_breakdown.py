@@ -25,10 +25,10 @@ def storage_of(t: torch.Tensor) -> tuple[StorageKey, int]:
         ptr, nbytes = storage.data_ptr(), storage.nbytes()
     except (RuntimeError, NotImplementedError, TypeError, AttributeError):
         # A tensor subclass without one storage (a DTensor, a wrapper): its own elements.
-        return ("id", id(t)), t.numel() * t.element_size()
+        return id(t), t.numel() * t.element_size()
     if ptr == 0:  # no memory behind it (meta, empty): nothing shared to find
-        return ("id", id(t)), nbytes
-    return (t.device.type, t.device.index, ptr), nbytes
+        return id(t), nbytes
+    return (t.device, ptr), nbytes
 
 
 def top_module(name: str) -> str:
@@ -41,24 +41,29 @@ class Tally:
 
     def __init__(self, seen: set[StorageKey] | None = None) -> None:
         self.seen: set[StorageKey] = set() if seen is None else seen
-        self.rows: dict[tuple[str, str, str, str], list[int]] = {}
+        # Keyed by torch's dtype and device objects: made text once per row, not per tensor.
+        self.rows: dict[tuple[str, str, Any, Any], list[int]] = {}
 
     def add(self, category: str, module: str, t: torch.Tensor) -> None:
         key, nbytes = storage_of(t)
         if key in self.seen:
             return
         self.seen.add(key)
-        slot = self.rows.setdefault(
-            (category, module, str(t.dtype).removeprefix("torch."), str(t.device)), [0, 0]
-        )
+        slot = self.rows.setdefault((category, module, t.dtype, t.device), [0, 0])
         slot[0] += nbytes
         slot[1] += 1
 
     def memory_rows(self) -> list[MemoryRow]:
         return [
-            MemoryRow(cat, module, dtype, device, nbytes, count)
-            for (cat, module, dtype, device), (nbytes, count) in self.rows.items()
+            MemoryRow(cat, module, str(dtype).removeprefix("torch."), str(device), nbytes, n)
+            for (cat, module, dtype, device), (nbytes, n) in self.rows.items()
         ]
+
+
+def parameter_storages(model: torch.nn.Module) -> set[StorageKey]:
+    """The storages of the model's parameters (a saved weight is a parameter, not an
+    activation)."""
+    return {storage_of(p)[0] for p in model.parameters()}
 
 
 def _tensors(value: Any) -> Iterable[torch.Tensor]:
@@ -89,7 +94,7 @@ def held(
                     where[id(extra)] = OTHER
                     params.append(extra)
     for p in params:
-        tally.add("parameters", where[id(p)], p.detach())
+        tally.add("parameters", where[id(p)], p)
     if model is not None:
         for name, b in model.named_buffers():
             tally.add("buffers", top_module(name), b)

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from nbmonitor._capture.memory_breakdown import Tally, held
+from nbmonitor._capture.memory_breakdown import Tally, held, parameter_storages
 from nbmonitor._capture.probes.base import ProbeBase, StepContext, due
 from nbmonitor.errors import Guard
 from nbmonitor.memory import ROOT, MemoryBreakdown, MemoryRow
@@ -71,8 +71,7 @@ class MemoryProbe(ProbeBase):
         model = self._model()
         if model is None:
             return
-        _, seen = held(model, None)  # parameters saved for backward are parameters
-        self._saved = Tally(seen)
+        self._saved = Tally(parameter_storages(model))
         self._stack = []
         # Hooks only for this forward (nothing on the other steps); the root's pops the
         # saved-tensor hooks even when the forward raises. All in place before the push, so
