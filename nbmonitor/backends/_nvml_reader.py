@@ -90,4 +90,3 @@ class NvmlReader:
 
 class _GpuLost(Exception):
     pass
-
