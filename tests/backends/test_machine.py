@@ -9,8 +9,8 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from fake_pynvml import FakeGpu, FakeNvml, NVMLError_GpuIsLost
 
+from fake_pynvml import FakeGpu, FakeNvml, NVMLError_GpuIsLost
 from nbmonitor.backends.machine import IO_KEYS, MachineBackend
 
 ME = os.getpid()
