@@ -15,6 +15,7 @@ from nbmonitor._lazy import lazy_names
 from nbmonitor._version import __version__
 
 if TYPE_CHECKING:
+    from nbmonitor._devices import DeviceWatch, devices
     from nbmonitor._profile import Profile
     from nbmonitor.debug import summary
     from nbmonitor.errors import NonFiniteError, RunDirError
@@ -39,6 +40,8 @@ _WHERE = {
     "summary": "nbmonitor.debug",
     "Thresholds": "nbmonitor.health",
     "Profile": "nbmonitor._profile",
+    "devices": "nbmonitor._devices",
+    "DeviceWatch": "nbmonitor._devices",
 }
 
 
@@ -50,6 +53,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "DeviceWatch",
     "Job",
     "Monitor",
     "NonFiniteError",
@@ -60,6 +64,7 @@ __all__ = [
     "__version__",
     "attach",
     "compare",
+    "devices",
     "list_runs",
     "open",
     "summary",

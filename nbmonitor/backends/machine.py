@@ -18,12 +18,12 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import psutil
 
 from nbmonitor._clock_events import decode_throttle
+from nbmonitor._engine.devices_frame import GpuProcess
 from nbmonitor.backends import _nvml
 from nbmonitor.backends._nvml_queries import GPU_FIELDS, PCIE_FIELDS, Gpu, Query, queries
 from nbmonitor.backends._nvml_reader import NvmlReader
@@ -41,16 +41,6 @@ IO_KEYS = (
 LINK_FIELDS = ("pcie_gen", "pcie_width")
 # Processes listed per GPU at most (the largest by memory): the view stays bounded.
 MAX_PROCESSES = 16
-
-
-@dataclass(frozen=True)
-class GpuProcess:
-    """A process using a GPU: its pid, name (``"?"`` when the pid is not in this PID namespace,
-    e.g. a container), and the device memory NVML says it uses (NaN when not reported)."""
-
-    pid: int
-    name: str
-    used_bytes: float
 
 
 class _Rates:
