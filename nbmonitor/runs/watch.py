@@ -184,8 +184,9 @@ class _Followed:
 
 
 class RunsWatch:
-    """The runs under ``root``, followed incrementally. ``poll()`` reads what is new and
-    returns the table; ``detail(path)`` the selected run's curves and alerts."""
+    """The runs under ``root`` (with ``only``: the run at ``root``), followed incrementally.
+    ``poll()`` reads what is new and returns the table; ``detail(path)`` the selected run's
+    curves and alerts."""
 
     def __init__(
         self,
@@ -194,9 +195,11 @@ class RunsWatch:
         max_runs: int = 50,
         rescan_s: float = 5.0,
         tail_bytes: int = TAIL_BYTES,
+        only: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.root = pathlib.Path(root)
+        self.only = only  # ``root`` is one run (or job) folder, followed alone
         self.max_runs = max_runs
         self.rescan_s = rescan_s
         self.tail_bytes = tail_bytes
@@ -206,18 +209,18 @@ class RunsWatch:
 
     def _scan(self) -> None:
         try:
-            entries = sorted(
-                (e for e in os.scandir(self.root) if e.is_dir(follow_symlinks=False)),
-                key=lambda e: e.name,
+            entries = [self.root] if self.only else sorted(
+                (pathlib.Path(e.path) for e in os.scandir(self.root)
+                 if e.is_dir(follow_symlinks=False)),
+                key=lambda p: p.name,
                 reverse=True,
-            )
+            )  # fmt: skip
         except OSError:
             entries = []
         found: dict[pathlib.Path, _Followed] = {}
-        for entry in entries:
+        for path in entries:
             if len(found) >= self.max_runs:
                 break
-            path = pathlib.Path(entry.path)
             if path in self._runs:
                 found[path] = self._runs[path]
                 continue

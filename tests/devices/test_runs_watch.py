@@ -25,8 +25,8 @@ def write_run(root: Path, name: str, steps: int, *extra: str) -> subprocess.Pope
 
 
 def finish(proc: subprocess.Popen[str]) -> Path:
-    out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 0
+    out = proc.communicate(timeout=120)[0] if not proc.stdout.closed else ""  # type: ignore[union-attr]
+    assert proc.wait(120) == 0
     return Path(out.strip())
 
 
@@ -35,6 +35,7 @@ def test_rows_of_finished_and_running_runs(tmp_path: Path) -> None:
     (tmp_path / "hold").touch()
     running = write_run(tmp_path, "live", 30, "--total", "100", "--delay", "0.01", "--hold")
     path = Path(running.stdout.readline().strip())  # type: ignore[union-attr]
+    running.stdout.close()  # type: ignore[union-attr]
     watch = RunsWatch(tmp_path, rescan_s=0.0)
     try:
         deadline = time.monotonic() + 60
