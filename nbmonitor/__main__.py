@@ -133,7 +133,7 @@ def tail(run: str, interval: float, tui: bool = False) -> int:
             return 2
         path = Path(str(table[0]["path"]))
     if tui:
-        from nbmonitor._top import tail_tui
+        from nbmonitor.machine.top import tail_tui
 
         return tail_tui(str(path), interval)
     try:
@@ -213,7 +213,7 @@ def _add_top(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--save-dir", default=".", help="where s saves snapshots (default: %(default)s)")
 
     def run(args: argparse.Namespace) -> int:
-        from nbmonitor._top import top
+        from nbmonitor.machine.top import top
 
         return top(
             args.runs,

@@ -1,6 +1,6 @@
 """The notebook panel of ``nbmonitor.devices()``: one card per GPU (bars and sparklines,
 clocks and throttle reasons, PCIe/NVLink, its processes), the machine's and this kernel's CPU,
-RAM, disk and network, and the device alerts. A view of DevicesFrames (``_devices.py``).
+RAM, disk and network, and the device alerts. A view of DevicesFrames (``machine/watch.py``).
 
 Its one trait is plain JSON (NaN as null), at most a few kB per refresh: the sparklines carry
 the last ``SPARK_POINTS`` samples of a few keys, not the history. The ESM is built from

@@ -20,8 +20,8 @@ from fake_pynvml import FakeGpu, FakeNvml
 
 pytest.importorskip("textual")
 
-from nbmonitor._devices import close_all
-from nbmonitor._top import TopFeed, top
+from nbmonitor.machine.top import TopFeed, top
+from nbmonitor.machine.watch import close_all
 from nbmonitor.runs.watch import RunsWatch
 from nbmonitor.ui.tui.app import TopApp
 

@@ -5,7 +5,7 @@ step, loss, throughput, ETA, status and alerts; the selected run's curves and al
 Keys: ``q`` quit, ``s`` save a snapshot of what is shown (text and samples CSV), ``r`` reset
 the history the sparklines show, ``/`` filter runs and processes, arrows move, ``enter``
 opens a run, ``escape`` goes back. It reads a :class:`TopSource` once per interval on its
-event loop: the source does the sampling and the reading (``nbmonitor/_top.py``).
+event loop: the source does the sampling and the reading (``nbmonitor/machine/top.py``).
 """
 
 from __future__ import annotations

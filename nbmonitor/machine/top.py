@@ -1,5 +1,5 @@
 """``nbmonitor top`` and ``nbmonitor tail RUN --tui``: the terminal's composition root. A
-device watch (``_devices.py``: the machine backend, a run's sampler and device rules) and a
+device watch (``machine/watch.py``: the machine backend, a run's sampler and device rules) and a
 :class:`~nbmonitor.runs.watch.RunsWatch` feed the terminal app (``ui/tui/app.py``), or, with
 ``--once`` or when the output is not a terminal, print the tables once. No torch.
 """
@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
-from nbmonitor._devices import DeviceWatch
 from nbmonitor._engine.devices_frame import DevicesFrame
+from nbmonitor.machine.watch import DeviceWatch
 from nbmonitor.runs.watch import RunDetail, RunRow, RunsWatch
 
 TUI_HINT = "pip install 'nbmonitor[tui]' (Textual)"
