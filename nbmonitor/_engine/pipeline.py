@@ -30,6 +30,7 @@ from nbmonitor._engine.run_model import RunModel
 from nbmonitor._engine.sampler import Stage
 from nbmonitor.health.alert import BACKEND, Alert
 from nbmonitor.health.view import RankColumns
+from nbmonitor.records import MemoryRecord
 from nbmonitor.sinks import Batch
 
 # About the most of one core that the health rules and the view may take on scheduled ticks
@@ -54,7 +55,8 @@ class Pipeline:
     def __init__(self, parts: PipelineParts) -> None:
         self.parts = parts
         # Everything known about the run; frames, rules and sinks read only this.
-        self.model = RunModel(parts.layers, parts.backend.device_index)
+        model = parts.model or RunModel(parts.layers, parts.backend.device_index)
+        self.model = model
         self.frames = FrameBuilder(parts.info, self.model)
         self.lock = threading.RLock()
         self.views: tuple[View, ...] = ()
@@ -74,6 +76,7 @@ class Pipeline:
             "events": [],
             "layers": [],
             "spans": [],
+            "memory": [],
         }
         self._notes_seen = 0
         self._health_step = 0
@@ -152,6 +155,10 @@ class Pipeline:
         if spans:
             self.model.add_span_rows(spans)
             self._pending["spans"].extend(spans)
+        memory = [r.breakdown for r in records if isinstance(r, MemoryRecord)]
+        if memory:
+            self._pending["memory"].extend(b.to_record() for b in memory)
+            self.published = dataclasses.replace(self.published, memory=memory[-1])
         self._report_failures(assembler.take_failures())
         added = assembler.take_groups_added()
         if added:

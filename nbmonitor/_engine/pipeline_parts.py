@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from nbmonitor._engine.assemble.layer_flow import NonFiniteReport
 from nbmonitor._engine.assemble.layers import LayerStats
 from nbmonitor._engine.frame import RunInfo
+from nbmonitor._engine.run_model import RunModel
 from nbmonitor.backends.base import Backend
 from nbmonitor.errors import ErrorLog
 from nbmonitor.health import Health
@@ -40,6 +41,8 @@ class PipelineParts:
     clock: Callable[[], float] = time.time
     monotonic: Callable[[], float] = time.monotonic
     interval: float = 0.5
+    # The run model the pipeline fills; None: a new one for ``layers`` and the backend's device.
+    model: RunModel | None = None
 
 
 def device_name(backend: Backend) -> str:

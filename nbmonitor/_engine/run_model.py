@@ -42,9 +42,16 @@ class RunModel:
     model trains on (None on the CPU): its energy counter gives the energy figures.
     """
 
-    def __init__(self, layers: LayerStats | None = None, device_index: int | None = None) -> None:
+    def __init__(
+        self,
+        layers: LayerStats | None = None,
+        device_index: int | None = None,
+        *,
+        system: Store | None = None,
+    ) -> None:
         self.steps = Store()
-        self.system = Store()
+        # A watch of the machine that may stay open for days passes a store sized for it.
+        self.system = system if system is not None else Store()
         self.spans = SpanLog()
         self.layers = layers
         self.device_index = device_index
