@@ -15,7 +15,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -141,7 +141,7 @@ class Job:
     def state(self) -> RankState:
         return read_state(self._files)
 
-    def history(self, rank: int = 0) -> dict[str, Any]:
+    def history(self, rank: int = 0) -> Mapping[str, Any]:
         """One rank's per-step columns (rank 0 by default)."""
         return self.ranks[rank].history()
 
