@@ -10,7 +10,6 @@ calls :func:`finish` at close to write ``ranks_summary.json`` and print the summ
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import threading
@@ -36,7 +35,7 @@ from nbmonitor.health.rules.stragglers import MIN_STEPS, WINDOW, Stragglers
 from nbmonitor.health.view import RankColumns
 from nbmonitor.runs.format import write_json_atomic
 from nbmonitor.runs.job import JobFiles, JobTail, job_status
-from nbmonitor.runs.layout import SUMMARY, is_job
+from nbmonitor.runs.layout import SUMMARY, is_job, read_json
 
 # A finished job is judged at most this many times (evenly spaced), however long it ran.
 MAX_CHECKS = 500
@@ -158,13 +157,10 @@ class Job:
 
     def summary(self) -> dict[str, dict[str, float]]:
         """Oumi-style cross-rank summary (count, mean, median, std, min, max, min_rank,
-        max_rank) of step time, data wait and each device metric; written to
-        ``ranks_summary.json`` when every rank has closed."""
-        state = self.state()
-        status = self.status
-        if status in ("closed", "degraded"):
-            write_summary(self.path, summary_record(self.meta, state, status))
-        return ranks_summary(state)
+        max_rank) of step time, data wait and each device metric, computed in memory:
+        reading never writes into the folder it reads (rank 0 writes ``ranks_summary.json``
+        at close, :func:`finish`)."""
+        return ranks_summary(self.state())
 
     def frame(self, heat_metric: str = "step_time") -> RanksFrame:
         state = self.state()
@@ -325,10 +321,7 @@ def follow_job_in_terminal(path: str | os.PathLike[str], interval: float = 1.0) 
 
 
 def read_summary(job_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
-    try:
-        loaded = json.loads((Path(job_dir) / SUMMARY).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+    loaded = read_json(Path(job_dir) / SUMMARY)  # by the reading contract
     return loaded if isinstance(loaded, dict) else None
 
 

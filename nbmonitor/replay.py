@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,7 +25,7 @@ from nbmonitor._engine.frame import (
 from nbmonitor._engine.run_state import RunState
 from nbmonitor._engine.store import Store
 from nbmonitor.runs import Run as RunFiles
-from nbmonitor.runs import Tail, list_runs
+from nbmonitor.runs import RunDataWarning, RunDirError, Tail, list_runs
 
 if TYPE_CHECKING:
     from nbmonitor.job import Job
@@ -134,7 +135,8 @@ class Follow:
         if self.state is None:
             self.state = RunState(self.tail.meta, Path(self.tail.path).name)
         self.state.add_rows(new)
-        closed = bool(self.tail.closed)
+        # A writer that died without closing (runs/tail.py, ``ended``) ends the follow too.
+        closed = bool(self.tail.closed) or self.tail.ended is not None
         frame = self.state.frame("closed" if closed else "running")
         for view in self.views:
             if closed:
@@ -171,8 +173,12 @@ def compare_series(
         items = list(runs)
     out: dict[str, Series] = {}
     for item in items:
-        run = item if isinstance(item, Run) else Run(item)
-        columns = run.history()
+        try:  # each run on its own: one unreadable run never costs the others
+            run = item if isinstance(item, Run) else Run(item)
+            columns = run.history()
+        except RunDirError as exc:
+            warnings.warn(RunDataWarning(f"{exc} Left out of the comparison."), stacklevel=2)
+            continue
         if metric not in columns or "step" not in columns:
             continue
         store = Store()
@@ -210,13 +216,14 @@ def open(path: str | os.PathLike[str]) -> Run | Job:
     return Run(path)
 
 
-def tail(path: str | os.PathLike[str], interval: float = 1.0) -> Any:
+def tail(path: str | os.PathLike[str], interval: float = 1.0, wait: float = 60.0) -> Any:
     """Follow a run another process is writing, until it closes.
 
     In a notebook, returns its live dashboard (leave it last in a cell, or display it), which
     reads only the new records every ``interval`` seconds. In a terminal, prints a status line
     every ``interval`` seconds and returns the number of steps once the run closes (as
-    ``python -m nbmonitor tail RUN`` does).
+    ``python -m nbmonitor tail RUN`` does). A run that does not exist yet is waited for up
+    to ``wait`` seconds.
     """
     from nbmonitor.runs.layout import is_job
     from nbmonitor.ui.notebook import in_notebook
@@ -224,12 +231,18 @@ def tail(path: str | os.PathLike[str], interval: float = 1.0) -> Any:
     if in_notebook():
         run = open(path) if is_job(path) else Run(path)
         return run.dashboard(live=True, interval=interval)
-    return follow_in_terminal(path, interval)
+    return follow_in_terminal(path, interval, wait)
 
 
-def follow_in_terminal(path: str | os.PathLike[str], interval: float = 1.0) -> int:
-    """The console view of a run being written, until it closes; the number of steps seen."""
+def follow_in_terminal(
+    path: str | os.PathLike[str], interval: float = 1.0, wait: float = 60.0
+) -> int:
+    """The console view of a run being written, until it closes (or its writer is gone); the
+    number of steps seen. A run that does not exist yet is waited for up to ``wait`` seconds
+    (RunNotFoundError after that, or at once when its parent folder is missing too)."""
     from nbmonitor.runs.layout import is_job
+    from nbmonitor.runs.tail import wait_for_run
+    from nbmonitor.runs.text import printable
     from nbmonitor.ui.console import ConsoleView, console_logger
 
     if is_job(path):
@@ -239,6 +252,7 @@ def follow_in_terminal(path: str | os.PathLike[str], interval: float = 1.0) -> i
 
     view = ConsoleView(console_logger(install_handler=True), every=interval)
     follower = Follow(path, [view], interval)
+    wait_for_run(follower.tail, wait, say=lambda m: print(printable(m), flush=True))
     try:
         while not follower.refresh():
             time.sleep(interval)

@@ -66,7 +66,7 @@ def run_path(path: object) -> pathlib.Path:
         )
     text = os.fspath(path)
     if not isinstance(text, str) or not text or "\0" in text:
-        raise RunNotFoundError(
+        raise ValueError(
             f"nbmonitor: open(path) got {text!r}, which is not a folder name (empty, bytes or "
             "containing NUL); pass a run folder, e.g. mon.run_dir."
         )

@@ -28,7 +28,7 @@ import pathlib
 import socket
 import time
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from nbmonitor.runs.decode import CHECKS, LineSplitter, Record, decode_lines, loads_line, warn_bad
@@ -250,4 +250,25 @@ class Tail:
         return f"Tail({str(self.path)!r}, {state}, offsets={self.offsets})"
 
 
-__all__ = ["MAX_POLL_BYTES", "Tail"]
+def wait_for_run(
+    tail: Tail, wait: float, say: Callable[[str], None] | None = None, every: float = 0.25
+) -> None:
+    """Return once the run ``tail`` follows has its meta.json; RunNotFoundError after ``wait``
+    seconds. ``say`` is told once that it waits ("waiting for RUN to appear")."""
+    folder = RunFolder(tail.path)
+    if folder.is_file([META]):
+        return
+    if say is not None:
+        say(f"nbmonitor: waiting for {tail.path} to appear (up to {wait:g} s)")
+    deadline = time.monotonic() + wait
+    while not folder.is_file([META]):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise RunNotFoundError(
+                f"nbmonitor: no run appeared at '{tail.path}' within {wait:g} s; check the "
+                "path, or wait longer (wait=, --wait)."
+            )
+        time.sleep(min(every, left))
+
+
+__all__ = ["MAX_POLL_BYTES", "Tail", "wait_for_run"]

@@ -25,4 +25,15 @@ def printable(text: object, limit: int = 400) -> str:
     return s if len(s) <= limit else s[: limit - 3] + "..."
 
 
-__all__ = ["printable"]
+_CONTROL_BUT_LINES = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff\ud800-\udfff]"
+)
+
+
+def strip_controls(text: str) -> str:
+    """``text`` with every control character but newline and tab shown as ``?``: what a
+    terminal may be sent of output that holds text from a file."""
+    return _CONTROL_BUT_LINES.sub("?", text)
+
+
+__all__ = ["printable", "strip_controls"]
