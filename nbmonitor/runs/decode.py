@@ -52,7 +52,9 @@ def loads_line(line: bytes) -> object:
     RecursionError or UnicodeDecodeError)."""
     value: object = None
     done = False
-    if _fast_loads is not None:
+    # orjson (3.8) recurses on the C stack without a limit: a line nested a few hundred
+    # thousand deep crashes the process. Such lines go to the stdlib, which raises instead.
+    if _fast_loads is not None and not _nests(line):
         # NaN / Infinity, an integer too big for orjson, or not JSON: the stdlib says which.
         with contextlib.suppress(ValueError):
             value, done = _fast_loads(line), True
@@ -67,7 +69,7 @@ def loads_line(line: bytes) -> object:
             raise ValueError(f"nested deeper than {MAX_DEPTH} levels") from None
         except ValueError as exc:
             raise ValueError(f"not JSON ({str(exc).split(':')[0]})") from None
-    if line.count(b"[") + line.count(b"{") > MAX_DEPTH and _depth(value) > MAX_DEPTH:
+    if _nests(line) and _depth(value) > MAX_DEPTH:
         raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
     return value
 
@@ -181,14 +183,18 @@ def decode_lines(
     records: list[Record] = []
     bad: list[BadLine] = []
     fast = _fast_loads
+    # Each line holds one brace of its own; past that, a block with few brackets cannot hold
+    # a line nested deeper than MAX_DEPTH, and its lines skip the per-line count.
+    deep = data.count(b"{") + data.count(b"[") - len(lines) > MAX_DEPTH
     for i, line in enumerate(lines):
         value: object = None
-        if fast is not None:
+        risky = deep and _nests(line)
+        if fast is not None and not risky:
             try:
                 value = fast(line)
             except ValueError:
                 value = None
-        if value is None or (type(value) is dict and len(line) > _DEPTH_FREE and _nests(line)):
+        if value is None or risky:
             if not line.strip():
                 continue
             try:
@@ -206,11 +212,6 @@ def decode_lines(
                 continue
         records.append(value)
     return Decoded(records, bad, len(lines))
-
-
-# Lines shorter than this cannot nest past MAX_DEPTH (each level costs at least one byte);
-# longer ones are checked only when they hold that many brackets.
-_DEPTH_FREE = MAX_DEPTH
 
 
 def _nests(line: bytes) -> bool:

@@ -101,6 +101,15 @@ class RunFolder:
                 ) from None
             if exc.errno == errno.EISDIR:
                 raise RunUnsafeError(f"nbmonitor: {where} is a folder, not a file.") from None
+            try:  # opening a socket fails with ENXIO: say what is there instead
+                mode = os.lstat(where).st_mode
+            except OSError:
+                mode = stat.S_IFREG
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                raise RunUnsafeError(
+                    f"nbmonitor: {where} is {_kind(mode)}, not a regular file; the reader "
+                    "refuses to open it."
+                ) from None
             raise _unreadable(where, exc) from None
         ok = stat.S_ISDIR(mode) if directory else stat.S_ISREG(mode)
         if not ok:

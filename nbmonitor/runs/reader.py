@@ -215,8 +215,8 @@ class Run:
     def _size(self, parts: list[str]) -> int:
         try:
             return self.folder.size(parts)
-        except FileNotFoundError:
-            return 0
+        except (FileNotFoundError, RunUnsafeError, RunUnreadableError):
+            return 0  # read_text says what is wrong with it
 
     def columns(self, stream: str) -> Columns:
         """A numeric stream as float64 columns (union of keys in first-seen order, NaN where a
