@@ -172,6 +172,12 @@ def tail(run: str, interval: float, wait: float, tui: bool = False) -> int:
     from nbmonitor.runs.text import printable
 
     path = Path(run)
+    if tui:  # the full-screen app says itself what is wrong with RUN
+        from nbmonitor.machine.top import tail_tui
+
+        if path.is_dir() and not _is_run(path) and len(table := list_runs(path)):
+            path = Path(str(table[0]["path"]))
+        return tail_tui(str(path), interval)
     if not path.exists() and not path.absolute().parent.is_dir():
         _say(
             f"nbmonitor tail: no run at '{run}', and its folder '{path.absolute().parent}' "
@@ -192,10 +198,6 @@ def tail(run: str, interval: float, wait: float, tui: bool = False) -> int:
             _say(f"nbmonitor tail: no runs in {path}; pass the folder of one run.")
             return 2
         path = Path(str(table[0]["path"]))
-    if tui:
-        from nbmonitor.machine.top import tail_tui
-
-        return tail_tui(str(path), interval)
     steps = follow_in_terminal(path, interval)
     name = printable(path.name)
     status = "closed" if is_job(path) else open_run(path).status
