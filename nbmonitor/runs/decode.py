@@ -154,6 +154,7 @@ CHECKS: dict[str, Callable[[Record], str | None]] = {
     "layers": _check_columns,
     "events": _check_events,
     "spans": _check_spans,
+    "memory": _check_columns,
 }
 
 

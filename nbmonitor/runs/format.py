@@ -65,6 +65,7 @@ STREAMS: dict[str, Stream] = {
         # One record holds every layer's norms: a model with tens of thousands of parameters.
         Stream("layers", "layers.jsonl", "columns", max_line=64 << 20),
         Stream("spans", "spans.jsonl", "records", max_line=64 << 10, max_bytes=4 << 30),
+        Stream("memory", "memory.jsonl", "records", max_line=16 << 20, max_bytes=4 << 30),
     )
 }
 FILES = {name: s.file for name, s in STREAMS.items()}
