@@ -40,8 +40,9 @@ from nbmonitor.records import StepRecord
 _eager: Callable[[Callable[..., None]], Callable[..., None]] = torch.compiler.disable
 
 
-# One Guard each ("forward" guards an adapter's batch_started too; "optimizer_pre_step" adoption).
-_HOOKS = "forward_pre forward backward optimizer_pre_step optimizer_post_step clip scaler_step"
+# One Guard each ("forward" guards an adapter's batch_started too; "optimizer_pre_step" adoption;
+# "loss" the backward passes' roots and GradScaler.scale).
+_HOOKS = "forward_pre forward backward optimizer_pre_step optimizer_post_step clip scaler_step loss"
 
 
 class StepClock(WatchedCalls):
@@ -110,6 +111,7 @@ class StepClock(WatchedCalls):
         # Inside GradScaler.step for our optimizer, and whether the optimizer stepped there.
         self._in_scaler_step = False
         self._stepped = False
+        self._scaled = None
         self._step_depth = 0  # optimizer.step() calls under way (see _step_pre)
 
     @property
@@ -152,6 +154,8 @@ class StepClock(WatchedCalls):
         forward = _eager(self._forward)
         self.handles.append(m.register_forward_hook(forward, with_kwargs=True))
         self._param_ids = frozenset(id(p) for p in m.parameters())
+        # The backward passes' roots (the loss) are read with or without an optimizer.
+        self._unlisten = intercept.listen(self)
         if self.optimizer is not None:
             self._watch_optimizer(self.optimizer)
         else:
@@ -162,7 +166,6 @@ class StepClock(WatchedCalls):
     def _watch_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         self.handles.append(optimizer.register_step_pre_hook(self._step_pre))
         self.handles.append(optimizer.register_step_post_hook(self._step_post))
-        self._unlisten = intercept.listen(self)
         self.handles.extend(self.phases.install(self._model_ref()))  # the backward's end
 
     def adopt(self, optimizer: torch.optim.Optimizer) -> bool:

@@ -1,15 +1,19 @@
-"""What the step clock does when ``intercept.py`` sees the loop call ``clip_grad_norm_`` or
-``GradScaler.step`` (a mixin of ``StepClock``, kept apart to keep the clock's module small)."""
+"""What the step clock does when ``intercept.py`` sees the loop call ``clip_grad_norm_``,
+``GradScaler.step``, ``GradScaler.scale`` or ``torch.autograd.backward`` (a mixin of
+``StepClock``, kept apart to keep the clock's module small)."""
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from nbmonitor._capture.device_value import DeviceValue
 from nbmonitor._capture.probes.base import NO_NORMS, StepContext
 from nbmonitor.errors import Guard
+from nbmonitor.records import FROM_BACKWARD, LogRecord
 
 
 class WatchedCalls:
@@ -21,6 +25,8 @@ class WatchedCalls:
     _in_scaler_step: bool
     _stepped: bool
     _at: dict[str, tuple[tuple[Guard, Callable[..., None]], ...]]
+    # The last GradScaler.scale(loss): its result (weakly) and the loss, detached (no graph kept).
+    _scaled: tuple[weakref.ref[torch.Tensor], torch.Tensor] | None
 
     def _guarded(self, hook: str, work: Callable[[], None]) -> None:
         raise NotImplementedError
@@ -32,8 +38,9 @@ class WatchedCalls:
         raise NotImplementedError
 
     def clip_started(self, params: list[torch.Tensor]) -> None:
-        # Another model's clip (or one of no parameters) is not this step's.
-        if params and id(params[0]) in self._param_ids:
+        # Another model's clip (or one of no parameters) is not this step's; without an
+        # optimizer a step ends with its backward, before any clip.
+        if params and id(params[0]) in self._param_ids and self.optimizer is not None:
             self._guarded("clip", self._clip_start)
 
     def _clip_start(self) -> None:
@@ -43,7 +50,7 @@ class WatchedCalls:
             self._call(self._at["clip"])
 
     def clip_done(self, params: list[torch.Tensor], total: torch.Tensor, max_norm: object) -> None:
-        if params and id(params[0]) in self._param_ids:
+        if params and id(params[0]) in self._param_ids and self.optimizer is not None:
             self._guarded("clip", lambda: self.ctx.clip_ended(total, max_norm))
 
     def scaler_step_started(self, optimizer: object) -> None:
@@ -63,3 +70,38 @@ class WatchedCalls:
         # norms of gradients not used.
         self.ctx.norms = NO_NORMS
         self._end_step(skipped=True)
+
+    def loss_scaled(self, scaled: torch.Tensor, loss: torch.Tensor) -> None:
+        if self.ctx.micro and loss.numel() == 1:
+            self._guarded("loss", lambda: self._remember_scaled(scaled, loss))
+
+    def _remember_scaled(self, scaled: torch.Tensor, loss: torch.Tensor) -> None:
+        self._scaled = (weakref.ref(scaled), loss.detach())
+
+    def backward_called(self, tensors: object, grad_tensors: object) -> None:
+        # Only while this model's step is under way (a forward or an adapter's batch since the
+        # last step ended): a backward of something else, between steps, is not its loss.
+        if self.ctx.micro and grad_tensors is None:
+            self._guarded("loss", lambda: self._record_roots(tensors))
+
+    def _record_roots(self, tensors: object) -> None:
+        """The step's loss when the loop logs none: the value of the tensors a backward starts
+        from (scalars only, as ``backward()`` without a gradient takes), before a GradScaler's
+        scaling; the sampler adds the step's micro-batches (``assemble/steps.py``)."""
+        roots = (tensors,) if isinstance(tensors, torch.Tensor) else tensors
+        if not isinstance(roots, (tuple, list)):
+            return
+        scaled = self._scaled
+        self._scaled = None
+        values = []
+        for root in roots:
+            if not isinstance(root, torch.Tensor) or root.numel() != 1 or root.is_meta:
+                return  # not a loss (a non-scalar root needs a gradient)
+            if root.is_complex():
+                return
+            values.append(scaled[1] if scaled is not None and scaled[0]() is root else root)
+        step = self.ctx.log_step
+        for value in values:  # one record each: the sampler adds them up
+            record = LogRecord(step, source=FROM_BACKWARD)
+            record.tensors.append((("loss",), DeviceValue(value)))
+            self.ctx.recorder.put(record)
