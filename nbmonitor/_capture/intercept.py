@@ -8,7 +8,7 @@
   so no optimizer hook runs; a scaler step with no optimizer step inside is a skipped step.
 - ``torch.autograd.backward`` (which ``Tensor.backward`` calls, as do ``accelerator.backward``,
   Lightning's closure and the HF Trainer): the tensors a backward pass starts from are the
-  step's loss when the loop logs none (``watched.py``).
+  step's loss when the loop logs none (``backward_loss.py``).
 - ``torch.amp.GradScaler.scale``: what it was given, so that a backward through its result is
   read as the loss before scaling.
 

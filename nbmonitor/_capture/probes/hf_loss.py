@@ -1,5 +1,5 @@
 """The loss of a model whose output carries one (Hugging Face style ``output.loss``), for steps
-in which neither ``mon.log(loss=...)`` nor a backward pass (``watched.py``) gives one."""
+in which neither ``mon.log(loss=...)`` nor a backward pass (``backward_loss.py``) gives one."""
 
 from __future__ import annotations
 
