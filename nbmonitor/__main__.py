@@ -3,6 +3,7 @@
   nbmonitor demo          train a tiny model for 20 s with the monitor attached
   nbmonitor tail RUN      follow a run another process is writing, until it closes
   nbmonitor runs [DIR]    list the runs in a folder (default: runs)
+  nbmonitor top           the machine's GPUs and the runs being written, full screen
   nbmonitor --version     print the installed version
 
 Also runs as `python -m nbmonitor`. `nbmonitor COMMAND --help` describes each command.
@@ -116,7 +117,7 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(run=lambda args: demo(args.seconds, args.run_dir, args.interval))
 
 
-def tail(run: str, interval: float) -> int:
+def tail(run: str, interval: float, tui: bool = False) -> int:
     """Follow a run in the terminal (the newest run when RUN is a folder of runs)."""
     from pathlib import Path
 
@@ -131,6 +132,10 @@ def tail(run: str, interval: float) -> int:
             print(f"nbmonitor tail: no runs in {path}; pass the folder of one run.")
             return 2
         path = Path(str(table[0]["path"]))
+    if tui:
+        from nbmonitor.machine.top import tail_tui
+
+        return tail_tui(str(path), interval)
     try:
         steps = follow_in_terminal(path, interval)
     except RunDirError as exc:
@@ -158,7 +163,10 @@ def _add_tail(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=2.0,
         help="seconds between reads and status lines (default: %(default)g)",
     )
-    p.set_defaults(run=lambda args: tail(args.target, args.interval))
+    p.add_argument(
+        "--tui", action="store_true", help="the run's curves and alerts full screen (Textual)"
+    )
+    p.set_defaults(run=lambda args: tail(args.target, args.interval, args.tui))
 
 
 def runs(folder: str) -> int:
@@ -179,11 +187,52 @@ def _add_runs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(run=lambda args: runs(args.folder))
 
 
+def _add_top(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "top",
+        help="the machine's GPUs and the runs being written, full screen",
+        description=(
+            "A full-screen view of every GPU (utilisation, memory, temperature, power, clocks, "
+            "processes; sparklines coloured against the alert thresholds), the machine, and "
+            "the runs being written under --runs with their step, loss, throughput, ETA and "
+            "alerts (enter opens a run's curves). Keys: q quit, s save a snapshot, r reset "
+            "the history, / filter, arrows move. Prints the tables once with --once or when "
+            "the output is not a terminal. Needs the tui extra (Textual), but for --once."
+        ),
+    )
+    p.add_argument("--runs", default="runs", help="folder of runs to follow (default: %(default)s)")
+    p.add_argument(
+        "--interval",
+        type=_positive,
+        default=1.0,
+        help="seconds between samples and reads (default: %(default)g)",
+    )
+    p.add_argument("--once", action="store_true", help="print the tables once and exit")
+    p.add_argument("--no-devices", action="store_true", help="runs only: do not sample GPUs")
+    p.add_argument("--pcie", action="store_true", help="also PCIe throughput (~20 ms per GPU)")
+    p.add_argument("--save-dir", default=".", help="where s saves snapshots (default: %(default)s)")
+
+    def run(args: argparse.Namespace) -> int:
+        from nbmonitor.machine.top import top
+
+        return top(
+            args.runs,
+            args.interval,
+            once=args.once,
+            devices=not args.no_devices,
+            pcie=args.pcie,
+            save_dir=args.save_dir,
+        )
+
+    p.set_defaults(run=run)
+
+
 # One function per command: each adds its parser and sets `run` (args -> exit status).
 COMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
     _add_demo,
     _add_tail,
     _add_runs,
+    _add_top,
 ]
 
 
