@@ -9,7 +9,7 @@ import pytest
 from tests.helpers import mlp
 
 import nbmonitor
-from nbmonitor._redact import REDACTED, redact_argv
+from nbmonitor.live.redact import REDACTED, redact_argv
 
 SECRET = "s3cr3t-value-42"
 
@@ -27,6 +27,22 @@ SECRET = "s3cr3t-value-42"
         (["WANDB_API_KEY=X"], ["WANDB_API_KEY=<redacted>"]),
         (["--url", "https://me:X@host/x"], ["--url", "https://<redacted>@host/x"]),
         (["--token", "--verbose"], ["--token", "--verbose"]),  # a flag, not a value
+        (["--pass", "X"], ["--pass", "<redacted>"]),
+        (["--db-pwd=X"], ["--db-pwd=<redacted>"]),
+        (["--auth", "X"], ["--auth", "<redacted>"]),
+        (["--credentials-file=X"], ["--credentials-file=<redacted>"]),
+        (["redis://:X@host:6379/0"], ["redis://<redacted>@host:6379/0"]),
+        (["https://X@github.com/o/r.git"], ["https://<redacted>@github.com/o/r.git"]),
+        (["--data=s3://X@bucket/k"], ["--data=s3://<redacted>@bucket/k"]),
+        (["--header", "Authorization: Bearer X"], ["--header", "Authorization: <redacted>"]),
+        (["-H", "authorization: token X"], ["-H", "authorization: <redacted>"]),
+        (["--header=Cookie: session=X"], ["--header=Cookie: <redacted>"]),
+        (["-H", "Proxy-Authorization: Basic X"], ["-H", "Proxy-Authorization: <redacted>"]),
+        (["https://h/p?sig=X&se=2"], ["https://h/p?sig=<redacted>&se=2"]),
+        (["https://h/p?a=1&access_token=X"], ["https://h/p?a=1&access_token=<redacted>"]),
+        (["https://h/p?x-amz-signature=X"], ["https://h/p?x-amz-signature=<redacted>"]),
+        (["--url", "https://h/p?password=X#f"], ["--url", "https://h/p?password=<redacted>#f"]),
+        (["--lr", "-0.1", "--warmup=3"], ["--lr", "-0.1", "--warmup=3"]),
         (["train.py", "--lr", "0.1", "data.csv"], ["train.py", "--lr", "0.1", "data.csv"]),
     ],
 )

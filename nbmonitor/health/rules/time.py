@@ -58,7 +58,15 @@ REGRESSION_SUSTAIN_S = 30.0
 
 
 def _quantile(values: FloatArray, q: float) -> float:
-    return float(np.quantile(values, q)) if values.size else math.nan
+    """``np.quantile(values, q)`` (linear interpolation), written out: np.quantile imports
+    numpy.ma the first time, a stall of the training loop (tests/test_monitor.py)."""
+    if not values.size:
+        return math.nan
+    ordered = np.sort(values)
+    at = q * (ordered.size - 1)
+    lo = math.floor(at)
+    hi = min(lo + 1, ordered.size - 1)
+    return float(ordered[lo] + (ordered[hi] - ordered[lo]) * (at - lo))
 
 
 def _recent_share(view: View, key: str) -> tuple[float, float, int] | None:

@@ -16,10 +16,11 @@ import torch
 from nbmonitor._capture.inputs import optimizer_parameters
 from nbmonitor._capture.probes.grad_norms import grad_norms, norm_dtype
 from nbmonitor._engine.assemble.layers import LayerStats, ParamInfo
-from nbmonitor._redact import redact_argv
 from nbmonitor._version import __version__
+from nbmonitor.backends.alloc_conf import alloc_conf
 from nbmonitor.backends.base import Backend
 from nbmonitor.backends.selection import model_device_type
+from nbmonitor.live.redact import redact_argv
 from nbmonitor.options import Options
 
 
@@ -66,7 +67,12 @@ def run_meta(
             "device": model_device_type(model),
         },
         "optimizer": opt_meta,
-        "backend": {"name": backend.name, "devices": list(backend.devices)},
+        # device_index: whose energy counter a replay reads for the energy per step.
+        "backend": {
+            "name": backend.name,
+            "devices": list(backend.devices),
+            "device_index": backend.device_index,
+        },
         "versions": {
             "nbmonitor": __version__,
             "torch": torch.__version__,
@@ -79,6 +85,7 @@ def run_meta(
         "start_time": _dt.datetime.fromtimestamp(start, _dt.UTC).isoformat(),
         "start_timestamp": start,
         "attach": attach,
+        "allocator": alloc_conf(),
     }
 
 
