@@ -324,10 +324,8 @@ def _floats(values: list[Any]) -> FloatArray:
     integer past float64's range) NaN. Strings are never parsed as numbers."""
     col = None
     if set(map(type, values)) <= _NUMERIC:
-        try:
+        with contextlib.suppress(OverflowError):  # an integer past float64: the slow path
             col = np.array(values, dtype=np.float64)
-        except OverflowError:
-            pass
     if col is None:
         col = np.array([_number(v) for v in values], dtype=np.float64)
     # One NaN: a NaN with a payload (or a sign) is written "NaN" and reads back as the plain
