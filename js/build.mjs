@@ -13,7 +13,7 @@ const options = {
   entryPoints: [
     path.join(here, "src", "widget.js"),
     path.join(here, "src", "widget.css"),
-    path.join(here, "src", "profile.js"),
+    path.join(here, "src", "panels", "profile.js"),
   ],
   outdir,
   bundle: true,
