@@ -137,6 +137,9 @@ export function formatter(unit) {
  */
 export function tickLabels(ticks, unit) {
   // One form per axis: where a tick needs an exponent (3e-4), every tick gets one.
+  // A tick that is zero but for rounding (5.6e-17) is written 0.
+  const top = Math.max(0, ...ticks.map((t) => Math.abs(t)));
+  ticks = ticks.map((t) => (Math.abs(t) < top * 1e-9 ? 0 : t));
   const small = unit !== "bytes" && unit !== "s" && ticks.some((t) => t !== 0 && Math.abs(t) < 1e-2);
   for (let digits = 4; digits <= 6; digits += 1) {
     const labels = ticks.map((t) =>

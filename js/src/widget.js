@@ -261,10 +261,11 @@ class Dashboard {
     const shown = [...this.panels.values()].filter((q) => q.has).length;
     // One panel alone needs no tab bar.
     this.tabs.hidden = shown < 2;
+    // Until the user picks a tab, the first panel (in tab order) that has data is shown.
     const current = this.panels.get(this.active);
-    if (!current || (!current.has && !this.chosen)) {
+    if (!this.chosen || !current || !current.has) {
       const first = [...this.panels.entries()].find(([, q]) => q.has);
-      if (first) this.select(first[0]);
+      if (first && first[0] !== this.active) this.select(first[0]);
     }
   }
   /** @param {Record<string, any>} s */

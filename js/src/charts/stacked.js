@@ -5,7 +5,7 @@
 
 import uPlot from "uplot";
 import { si, siSeconds, tickLabels } from "../format.js";
-import { HEIGHT, yRange } from "./timeseries.js";
+import { HEIGHT, axisSize, newest, yRange } from "./timeseries.js";
 import { themeOf } from "./theme.js";
 
 /**
@@ -97,19 +97,22 @@ export class StackedChart {
       cursor: { sync: this.spec.sync ? { key: this.spec.sync } : undefined, drag: { x: true, y: false } },
       scales: { x: { time: false }, y: { range: (_u, _min, max) => yRange(0, max, false) } },
       series: [
-        { label: "step", value: (_u, v) => (v == null ? "\u2013" : si(v, 6)) },
+        { label: "step", value: (u, v, _s, idx) => si(idx == null ? newest(u, 0) : v, 6) },
         ...names.map((name, i) => ({
           label: name,
           stroke: this.spec.colors[name] ?? "#8c8c8c",
           fill: this.spec.colors[name] ?? "#8c8c8c",
           width: 0.5,
           points: { show: false },
-          value: (_u, _v, _si, idx) => (idx == null ? "\u2013" : siSeconds(this.own[i]?.[idx])),
+          value: (_u, _v, _si, idx) => {
+            const row = this.own[i] ?? [];
+            return siSeconds(idx == null ? row[row.length - 1] : row[idx]);
+          },
         })),
       ],
       axes: [
-        { ...axis, space: 70, values: (_u, ticks) => ticks.map((t) => si(t)) },
-        { ...axis, space: 28, size: 52, values: (_u, ticks) => tickLabels(ticks, "s") },
+        { ...axis, space: 70, size: 30, values: (_u, ticks) => ticks.map((t) => si(t)) },
+        { ...axis, space: 28, size: axisSize, values: (_u, ticks) => tickLabels(ticks, "s") },
       ],
     };
   }

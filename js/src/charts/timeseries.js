@@ -8,7 +8,7 @@ import { byteTicks, formatter, si, tickLabels } from "../format.js";
 import { align } from "./align.js";
 import { themeOf } from "./theme.js";
 
-export const HEIGHT = 150;
+export const HEIGHT = 140;
 
 /**
  * @typedef {{key: string, label: string, color: string, width?: number, dash?: number[]}} LineSpec
@@ -43,6 +43,19 @@ export function logTicks(min, max) {
   }
   // Many decades: every other one.
   return ticks.length > 6 ? ticks.filter((_, i) => i % 2 === 0) : ticks;
+}
+
+/** The y axis's width: its longest label, so "1.25 GiB" is never cut. */
+export function axisSize(_u, values) {
+  const longest = Math.max(3, ...(values ?? []).map((v) => String(v ?? "").length));
+  return Math.ceil(longest * 6.4 + 12);
+}
+
+/** The newest finite value of series `sidx`: what the legend shows while no step is hovered. */
+export function newest(u, sidx) {
+  const data = u.data?.[sidx] ?? [];
+  for (let i = data.length - 1; i >= 0; i -= 1) if (data[i] != null && Number.isFinite(data[i])) return data[i];
+  return null;
 }
 
 export class TimeSeriesChart {
@@ -145,15 +158,21 @@ export class TimeSeriesChart {
     const spec = this.spec;
     const unit = spec.unit ?? "";
     const log = this.log;
-    const value = (/** @type {any} */ _u, /** @type {number | null} */ v) => (v == null ? "\u2013" : this.fmt(v));
+    // Hovered: the values at that step; otherwise the newest ones.
+    const value = (/** @type {any} */ u, /** @type {number | null} */ v, /** @type {number} */ sidx, /** @type {number | null} */ idx) => {
+      const shown = idx == null ? newest(u, sidx) : v;
+      return shown == null ? "\u2013" : this.fmt(shown);
+    };
     /** @type {any[]} */
-    const series = [{ label: "step", value: (_u, v) => (v == null ? "\u2013" : si(v, 6)) }];
+    const series = [
+      { label: "step", value: (u, v, _s, idx) => ((idx == null ? newest(u, 0) : v) == null ? "\u2013" : si(idx == null ? newest(u, 0) : v, 6)) },
+    ];
     /** @type {any[]} */
     const bands = [];
     if (spec.band) {
       const b = spec.band;
-      series.push({ label: `${b.label} max`, stroke: b.color, width: 0.5, value, points: { show: false } });
-      series.push({ label: `${b.label} min`, stroke: b.color, width: 0.5, value, points: { show: false } });
+      series.push({ label: `${b.label} max`.trim(), stroke: b.color, width: 0.5, value });
+      series.push({ label: `${b.label} min`.trim(), stroke: b.color, width: 0.5, value });
       bands.push({ series: [1, 2], fill: b.color });
     }
     for (const line of spec.lines) {
@@ -164,7 +183,6 @@ export class TimeSeriesChart {
         dash: line.dash,
         value,
         spanGaps: true,
-        points: { show: false },
       });
     }
     for (const s of series.slice(1)) s.spanGaps = true;
@@ -191,12 +209,13 @@ export class TimeSeriesChart {
         {
           ...axis,
           space: 70,
+          size: 30,
           values: (_u, ticks) => ticks.map((t) => si(t)),
         },
         {
           ...axis,
           space: 28,
-          size: 52,
+          size: axisSize,
           splits: log
             ? (_u, _i, min, max) => logTicks(min, max)
             : unit === "bytes"
