@@ -268,9 +268,20 @@ def interrupt_and_close(page: Any) -> None:
     page.wait_for_timeout(1_500)  # let the last frame's curves draw
 
 
+# The hosts' own console noise, matched whole, that no notebook cell causes: Notebook 7 logs
+# these on every page load (its menus, its collaborative document model, and the "schema" race
+# that run_all() works around). Anything else, an error or a warning, fails the test.
+HOST_NOISE = re.compile(
+    r"warning: \[yjs#509\] Not same Y\.Doc"
+    r"|warning: Menu entry for command '[\w:-]+' is duplicated\."
+    r"|pageerror: Cannot read properties of undefined \(reading 'schema'\)"
+)
+
+
 def assert_console_clean(console_errors: list[str]) -> None:
-    """No error and no warning in the browser's console, whoever logged it."""
-    assert not console_errors, console_errors
+    """No error and no warning in the browser's console but the hosts' known noise."""
+    left = [e for e in console_errors if not HOST_NOISE.fullmatch(e)]
+    assert not left, left
 
 
 def assert_rendered_cleanly(page: Any, console_errors: list[str]) -> None:
