@@ -19,6 +19,7 @@ from typing import Any
 
 from nbmonitor._engine.frame import Alert, Frame
 from nbmonitor.ui.console import clip_summary
+from nbmonitor.ui.delivery import MainThreadRoute, Route, choose_route
 from nbmonitor.ui.panels import PANELS
 from nbmonitor.ui.panels.layers import jsonable
 from nbmonitor.ui.static import charts_svg
@@ -71,7 +72,9 @@ class Dashboard:
 
     wants_detail = True  # curves and the per-layer panel
 
-    def __init__(self, run: str, backend: str, total_steps: int | None) -> None:
+    def __init__(
+        self, run: str, backend: str, total_steps: int | None, route: Route | None = None
+    ) -> None:
         self.run = run
         self.backend = backend
         self.total_steps = total_steps
@@ -81,6 +84,9 @@ class Dashboard:
         self.publishes = 0  # accepted publishes, for tests and the benchmark
         self._handles: list[Any] = []  # IPython DisplayHandles of show(), refreshed by close()
 
+        # On Colab the widget is sent updates from the main thread only (delivery.py).
+        self.route = route or choose_route()
+        self._main = MainThreadRoute() if self.route == "main" else None
         self._panels = [panel() for panel in PANELS]
         self._widget = DashboardWidget(
             header={
@@ -110,13 +116,36 @@ class Dashboard:
 
     def publish(self, frame: Frame) -> None:
         """Show ``frame``. Safe from any thread; ignored once the dashboard is closed."""
+        if self._main is not None:
+            self._main.offer(lambda: self._publish_now(frame))
+        else:
+            self._publish_now(frame)
+
+    def close(self, frame: Frame) -> None:
+        """Show the final frame as "closed" and stop accepting publishes. Idempotent."""
+        if self._main is not None:
+            self._main.offer(lambda: self._close_now(frame), final=True)
+        else:
+            self._close_now(frame)
+
+    def pump(self, *_: object) -> None:
+        """Send the update waiting for the main thread (the ``main`` route); called at step
+        boundaries by the training loop and on the kernel's event loop. Cheap when none waits."""
+        if self._main is not None:
+            self._main.pump()
+
+    @property
+    def sent_on_main(self) -> int:
+        """Updates the main thread sent on the ``main`` route (0 on the ``thread`` route)."""
+        return self._main.sent_on_main if self._main is not None else 0
+
+    def _publish_now(self, frame: Frame) -> None:
         with self._lock:
             if self._closed:
                 return
             self._apply(frame)
 
-    def close(self, frame: Frame) -> None:
-        """Show the final frame as "closed" and stop accepting publishes. Idempotent."""
+    def _close_now(self, frame: Frame) -> None:
         with self._lock:
             if self._closed:
                 return
