@@ -16,6 +16,8 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from nbmonitor.memory import MemoryBreakdown
+
 FloatArray = npt.NDArray[np.float64]
 
 
@@ -295,4 +297,23 @@ class FlopsRecord:
         return None
 
 
-Record = StepRecord | LogRecord | AuxRecord | FlopsRecord | PhaseRecord | SpanRecord
+@dataclass(frozen=True, slots=True)
+class MemoryRecord:
+    """What holds memory at a sampled step (``probes/memory.py``): parameters, buffers,
+    gradients and optimizer state, and the activations saved for backward on that step, as
+    ``nbmonitor.memory`` breakdown (plain data, read from tensor metadata)."""
+
+    breakdown: MemoryBreakdown
+
+    @property
+    def step(self) -> int:
+        return self.breakdown.step
+
+    def ready(self) -> bool:
+        return True
+
+    def wait(self) -> None:
+        return None
+
+
+Record = StepRecord | LogRecord | AuxRecord | FlopsRecord | PhaseRecord | SpanRecord | MemoryRecord

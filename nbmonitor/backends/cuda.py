@@ -20,24 +20,10 @@ import torch
 
 from nbmonitor._clock_events import THROTTLE_REASONS, THROTTLING_MASK, decode_throttle
 from nbmonitor.backends import _nvml
+from nbmonitor.backends._allocator import ALLOCATOR_KEYS, AllocatorReader
 from nbmonitor.backends._nvml_queries import GPU_FIELDS, PCIE_FIELDS, Gpu, queries
 from nbmonitor.backends._nvml_reader import NvmlReader
 from nbmonitor.backends.cpu import CPU_KEYS, CpuBackend
-
-ALLOCATOR_KEYS = (
-    "cuda_allocated_bytes",
-    "cuda_reserved_bytes",
-    "cuda_peak_allocated_bytes",
-    "cuda_alloc_retries",
-    "cuda_ooms",
-)
-_ALLOCATOR_SOURCES = {
-    "cuda_allocated_bytes": "allocated_bytes.all.current",
-    "cuda_reserved_bytes": "reserved_bytes.all.current",
-    "cuda_peak_allocated_bytes": "allocated_bytes.all.peak",
-    "cuda_alloc_retries": "num_alloc_retries",
-    "cuda_ooms": "num_ooms",
-}
 
 
 class CudaBackend:
@@ -49,10 +35,10 @@ class CudaBackend:
 
     ``cuda_peak_allocated_bytes`` is torch's peak counter as it stands: the peak since the
     process started (or since the user's own ``reset_peak_memory_stats``). nbmonitor never
-    resets it by default, because the counter is process-wide and code that reads
+    resets it: the counter is process-wide, and code that reads
     ``torch.cuda.max_memory_allocated()`` itself would get nbmonitor's windows instead of its
-    own. ``reset_peak=True`` opts in to resetting it after each reading (as torchtitan does
-    per log window), which makes the key the peak *since the previous sample*.
+    own. The peak of each sampling interval (``cuda_interval_peak_bytes``) comes from deltas
+    of the counters instead (``_allocator.py``).
 
     ``use_nvml=False`` (nvidia-ml-py not installed) keeps the allocator stats and leaves every
     NVML field NaN; why is in ``notes``.
@@ -66,12 +52,10 @@ class CudaBackend:
         *,
         pcie: bool = False,
         use_nvml: bool = True,
-        reset_peak: bool = False,
         notes: list[str] | None = None,
     ) -> None:
         self.device_index: int | None = device_index
         self.pcie = pcie
-        self.reset_peak = reset_peak
         self.notes: list[str] = list(notes or [])
         self._cpu = CpuBackend()
         # device_count() asks NVML through torch's own loader and does not initialise CUDA.
@@ -90,6 +74,7 @@ class CudaBackend:
         self._reader: NvmlReader | None = None
         self._init_ns = 0
         self._allocator_noted = False
+        self._allocator_reader: AllocatorReader | None = None
 
     # -- the Backend contract -------------------------------------------------------------
 
@@ -123,7 +108,7 @@ class CudaBackend:
             if self._state == "ready":
                 for gpu in self._gpus:
                     out.update(self._sample_gpu(gpu))
-            out.update(self._allocator())
+            out.update(self._allocator(out))
             return out
 
     def close(self) -> None:
@@ -217,21 +202,21 @@ class CudaBackend:
         assert self._reader is not None
         return {keys[f]: v for f, v in self._reader.read(gpu).items()}
 
-    def _allocator(self) -> dict[str, float]:
+    def _allocator(self, sampled: dict[str, float]) -> dict[str, float]:
         # memory_stats() reads the caching allocator's counters on the host: no device sync.
+        index = self.device_index if self.device_index is not None else 0
         try:
-            stats = torch.cuda.memory_stats(self.device_index)
-            if self.reset_peak:
-                torch.cuda.reset_peak_memory_stats(self.device_index)
+            stats = torch.cuda.memory_stats(index)
+            reader = self._allocator_reader
+            if reader is None:  # once, on the sampler thread
+                total = torch.cuda.get_device_properties(index).total_memory
+                reader = self._allocator_reader = AllocatorReader(float(total))
         except (RuntimeError, AssertionError, AttributeError) as exc:
             if not self._allocator_noted:
                 self._allocator_noted = True
                 self.notes.append(f"torch.cuda.memory_stats failed ({exc}); allocator stats NaN.")
             return {}
-        return {
-            key: float(stats[src]) if src in stats else math.nan
-            for key, src in _ALLOCATOR_SOURCES.items()
-        }
+        return reader.read(stats, sampled.get(f"gpu{index}_process_mem_bytes", math.nan))
 
 
 __all__ = [

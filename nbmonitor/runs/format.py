@@ -58,6 +58,7 @@ STREAMS: dict[str, Stream] = {
         Stream("events", "events.jsonl", "records"),
         Stream("layers", "layers.jsonl", "columns"),
         Stream("spans", "spans.jsonl", "records"),
+        Stream("memory", "memory.jsonl", "records"),
     )
 }
 FILES = {name: s.file for name, s in STREAMS.items()}

@@ -15,6 +15,7 @@ import os
 import pathlib
 from typing import TYPE_CHECKING, Any
 
+from nbmonitor.memory import MemoryBreakdown
 from nbmonitor.runs.decode import FloatArray, Record, concat_columns, decode_lines, to_columns
 from nbmonitor.runs.format import (
     META,
@@ -148,6 +149,23 @@ class Run:
     def layers(self) -> dict[str, FloatArray]:
         """layers.jsonl (written every ``layer_every`` steps) as float64 columns."""
         return self.columns("layers")
+
+    def memory(self, step: int | None = None) -> MemoryBreakdown | None:
+        """What held memory (``nbmonitor.memory.MemoryBreakdown``) at the newest sampled step,
+        or at the newest one at or before ``step``; None if the run recorded none.
+        ``RunCorruptError`` for a record that is not a breakdown."""
+        found = None
+        for record in self.records("memory"):
+            at = record.get("step")
+            if step is not None and isinstance(at, int) and at > step:
+                break
+            found = record
+        if found is None:
+            return None
+        try:
+            return MemoryBreakdown.from_record(found)
+        except ValueError as exc:
+            raise RunCorruptError(f"{self.path / STREAMS['memory'].file}: {exc}") from None
 
     def events(self) -> list[dict[str, object]]:
         """events.jsonl as a list of dicts, oldest first."""

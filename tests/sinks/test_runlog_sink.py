@@ -32,6 +32,7 @@ def test_create_makes_the_layout_and_meta(tmp_path: pathlib.Path) -> None:
         assert names == [
             "events.jsonl",
             "layers.jsonl",
+            "memory.jsonl",
             "meta.json",
             "spans.jsonl",
             "steps.jsonl",
@@ -46,6 +47,7 @@ def test_create_makes_the_layout_and_meta(tmp_path: pathlib.Path) -> None:
             "events": "events.jsonl",
             "layers": "layers.jsonl",
             "spans": "spans.jsonl",
+            "memory": "memory.jsonl",
         }
     finally:
         log.close()
