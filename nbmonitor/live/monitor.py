@@ -243,11 +243,11 @@ class Monitor:
         on disk keeps every step.
         """
         pipeline = self._pipeline
-        return history(pipeline.steps, pipeline.published)
+        return history(pipeline.model.steps, pipeline.published)
 
     def system(self) -> dict[str, npt.NDArray[np.float64]]:
         """System samples (time, step, cpu_percent, ram_used_bytes, ...), one row per tick."""
-        return self._pipeline.system.history()
+        return self._pipeline.model.system.history()
 
     def events(self) -> list[Alert]:
         """Alerts raised so far, oldest first (as of the sampler's last tick)."""
