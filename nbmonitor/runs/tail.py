@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from nbmonitor.runs.decode import CHECKS, LineSplitter, Record, decode_lines, loads_line, warn_bad
-from nbmonitor.runs.files import RunFolder, read_fd
+from nbmonitor.runs.files import RunFolder, read_fd, read_meta
 from nbmonitor.runs.format import (
     MAX_META_BYTES,
     META,
@@ -257,8 +257,6 @@ def wait_for_run(
     the reading contract: a FIFO, a symlink or damaged JSON there raises its RunDirError at
     once, instead of a follow that never sees the run). RunNotFoundError after ``wait``
     seconds. ``say`` is told once that it waits ("waiting for RUN to appear")."""
-    from nbmonitor.runs.reader import read_meta
-
     meta = tail.path / META
     if not os.path.lexists(meta):
         if say is not None:
