@@ -151,7 +151,7 @@ function machineCard(state) {
 }
 
 /** @param {{ model: any, el: HTMLElement }} ctx */
-export function render({ model, el }) {
+function render({ model, el }) {
   const root = h("div", "nbm-dev");
   const style = h("style");
   style.textContent = CSS;
