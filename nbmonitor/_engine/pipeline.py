@@ -25,6 +25,7 @@ from nbmonitor._engine.assemble.steps import StepAssembler
 from nbmonitor._engine.column_cap import ColumnCap
 from nbmonitor._engine.derive.clipping import clip_share
 from nbmonitor._engine.derive.energy import energy_rates
+from nbmonitor._engine.derive.headroom import headroom
 from nbmonitor._engine.frame import Frame, FrameBuilder, FrameState, View
 from nbmonitor._engine.isolated import Hung, Sources, bound_waiting
 from nbmonitor._engine.pipeline_parts import PipelineParts, device_name
@@ -374,6 +375,9 @@ class Pipeline:
         extra = {"best_loss": self._best_loss}
         extra.update(energy_rates(self.system, self.steps, parts.backend.device_index))
         extra.update(clip_share(self.steps))
+        extra.update(
+            headroom(self.system, self.steps, self.published.memory, parts.backend.device_index)
+        )
         layers = parts.layers
 
         def layer_frame() -> Any:

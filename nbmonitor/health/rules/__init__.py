@@ -12,6 +12,7 @@ from nbmonitor.health.rules.clipping import ClippingActive
 from nbmonitor.health.rules.devices import DeviceMemory, GpuIdle, GpuTemperature, GpuThrottling
 from nbmonitor.health.rules.gradients import ExplodingGradients, VanishingGradients
 from nbmonitor.health.rules.loss import LossPlateau, LossSpike, NonFiniteLoss
+from nbmonitor.health.rules.memory import AllocRetries, MemoryLeak, MemoryPeak
 from nbmonitor.health.rules.scaler import ScalerSkipping
 from nbmonitor.health.rules.stragglers import Stragglers
 from nbmonitor.health.rules.time import InputBound, OptimizerShare, StepTimeRegression
@@ -30,6 +31,9 @@ RULES: tuple[RuleFactory, ...] = (
     DeadUnits,
     GpuTemperature,
     DeviceMemory,
+    MemoryPeak,
+    AllocRetries,
+    MemoryLeak,
     GpuThrottling,
     GpuIdle,
     Stragglers,
