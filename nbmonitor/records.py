@@ -177,6 +177,12 @@ PHASE_KEYS = tuple(f"phase_{name}_s" for name in PHASES)
 MEASURED_KEYS = MEASURED_KEYS | frozenset(PHASE_KEYS)
 
 
+# LogRecord.source, in order of precedence.
+LOGGED = 0
+FROM_BACKWARD = 1
+FROM_OUTPUT = 2
+
+
 @dataclass(slots=True)
 class LogRecord:
     """Values from ``mon.log()`` or read from a model output, for one step."""
@@ -187,9 +193,10 @@ class LogRecord:
     # Keys whose value could not be read, with why; the sampler reports them (a tuple, so that
     # the usual record allocates nothing for it).
     dropped: tuple[tuple[str, Exception], ...] = ()
-    # Read from the model's output (``.loss``): a key ``mon.log`` also gives in the step takes
-    # the logged value alone (one loss per step, the explicit one).
-    implicit: bool = False
+    # Where the values come from: LOGGED (``mon.log``), FROM_BACKWARD (the tensors the step's
+    # backward passes started from) or FROM_OUTPUT (the model output's ``.loss``). A step's key
+    # takes the values of the first source that gives it, in that order (one loss per step).
+    source: int = 0
 
     def ready(self) -> bool:
         return all(value.ready() for _, value in self.tensors)

@@ -239,11 +239,11 @@ class Monitor:
         on disk keeps every step.
         """
         pipeline = self._pipeline
-        return history(pipeline.steps, pipeline.published)
+        return history(pipeline.model.steps, pipeline.published)
 
     def system(self) -> dict[str, npt.NDArray[np.float64]]:
         """System samples (time, step, cpu_percent, ram_used_bytes, ...), one row per tick."""
-        return self._pipeline.system.history()
+        return self._pipeline.model.system.history()
 
     def events(self) -> list[Alert]:
         """Alerts raised so far, oldest first (as of the sampler's last tick)."""
@@ -305,7 +305,7 @@ class Monitor:
         saved for backward on the newest sampled step. See ``nbmonitor.memory``."""
         from nbmonitor.live.memory_reads import live_memory
 
-        return live_memory(self._memory_probe(), self._pipeline.published.memory, self.step)
+        return live_memory(self._memory_probe(), self._pipeline.model.memory, self.step)
 
     def span(self, name: str) -> Span:
         """A named span of time: ``with mon.span("data"): ...`` or ``@mon.span("eval")``.
