@@ -46,6 +46,7 @@ class Run(RunFiles):
         state.add_columns("layers", self.layers())
         state.add_events(self.events())
         state.spans.add_spans(self.records("spans"))
+        state.add_memory(self.records("memory"))
         return state
 
     def export_trace(self, path: str | os.PathLike[str]) -> Path:
