@@ -73,9 +73,9 @@ def same(live: Any, disk: Any, where: str) -> None:
     elif isinstance(live, np.ndarray):
         np.testing.assert_allclose(live, disk, rtol=1e-12, atol=0, equal_nan=True, err_msg=where)
     elif isinstance(live, float) and isinstance(disk, (int, float)):
-        assert (math.isnan(live) and math.isnan(disk)) or live == pytest.approx(
-            disk, rel=1e-12
-        ), where
+        assert (math.isnan(live) and math.isnan(disk)) or live == pytest.approx(disk, rel=1e-12), (
+            where
+        )
     else:
         assert live == disk, where
 
