@@ -6,7 +6,7 @@ import time
 
 import torch
 from benchmarks.diagnosis.harness import LOAD_PER_CORE, Attach, Scenario
-from benchmarks.diagnosis.healthy import regression
+from benchmarks.diagnosis.healthy import _slow_forward, regression
 from benchmarks.diagnosis.models import ManyRows, Patterns, Teacher, TwoTower, mlp
 from torch import nn
 
@@ -295,6 +295,28 @@ def slow_data(steps: int, attach: Attach) -> None:
         mon.log(loss=loss)
 
 
+def leaking_loop(steps: int, attach: Attach) -> None:
+    # Each step keeps its output with its graph (``kept.append(out)`` instead of a number):
+    # 2 MiB of features a step that are never freed. A real step takes tens of milliseconds;
+    # a sleep in the forward stands in for that work, so that the leak is judged per step as
+    # it would be.
+    model = nn.Sequential(nn.Linear(16, 2048), nn.ReLU(), nn.Linear(2048, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    task = Teacher(16)
+    model[0].register_forward_hook(_slow_forward)  # the loop calls the layers one by one
+    mon = attach(model, opt, total_steps=steps)
+    kept = []
+    for _ in range(steps):
+        x, y = task.batch(256)
+        hidden = model[1](model[0](x))
+        loss = (model[2](hidden) - y).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        kept.append(hidden)  # the leak: 256 x 2048 floats a step, kept for good
+        mon.log(loss=loss)
+
+
 BROKEN = (
     Scenario("lr_too_high", "MLP", "SGD lr 1.0: the loss climbs 50x in a few steps",
              lr_too_high, 300, 80, ("loss_spike", "update_ratio_high", "exploding_gradients")),
@@ -349,4 +371,6 @@ BROKEN = (
              ("optimizer_share",), why_late=TIMING_LATE, load=LOAD_PER_CORE),
     Scenario("slow_data_busy", "MLP", "slow_data beside a busy process per core", slow_data,
              300, 200, ("input_bound",), why_late=TIMING_LATE, load=LOAD_PER_CORE),
+    Scenario("leaking_loop", "MLP", "each step's hidden features kept in a list (2 MiB a step)",
+             leaking_loop, 300, 100, ("memory_leak",)),
 )  # fmt: skip
