@@ -40,7 +40,7 @@ from nbmonitor.options import AttachOptions, Options, WrappedOptimizer, check_mo
 
 if TYPE_CHECKING:
     from nbmonitor.live.profile import Profile
-    from nbmonitor.memory import MemoryBreakdown
+    from nbmonitor.memory import Freed, MemoryBreakdown, OomReport
 
 # How long close() waits for a sampler tick in progress (a hung source) before it gives up on
 # the last interval rather than hang the notebook.
@@ -179,6 +179,7 @@ class Monitor:
             self.close()
             raise
         _registry.started(self)
+        self._watch_oom()
         clock = self._life.clock()
         if self._dashboard is not None and self._dashboard.route == "main" and clock is not None:
             # Colab renders only main-thread sends: the loop sends the newest frame at a step end.
@@ -310,6 +311,60 @@ class Monitor:
         from nbmonitor.live.memory_reads import live_memory
 
         return live_memory(self._memory_probe(), self._pipeline.model.memory, self.step)
+
+    def free_oom(self) -> Freed:
+        """After an out-of-memory error in a notebook: drop what the stored error still holds
+        (``sys.last_traceback`` and friends, IPython's last result and output history, the
+        error's frames), collect, empty the allocator's cache, and say how much came back, so
+        that the next cell runs without restarting the kernel. See docs/memory.md."""
+        from nbmonitor.live import oom
+
+        shell = _ipython()
+        index = self.backend.device_index if self.backend.name == "cuda" else None
+        return oom.free_oom(shell, index)
+
+    def _oom_report(self, exc: BaseException, kind: str) -> OomReport:
+        from nbmonitor.live import oom
+
+        clock = self._life.clock()
+        return oom.build_report(
+            exc,
+            kind,
+            model=self._model_ref(),
+            optimizer=clock.optimizer if clock is not None else None,
+            run=self._pipeline.model,
+            breakdown=self.memory(),
+            step=self.step,
+            device_index=self.backend.device_index,
+        )
+
+    def _watch_oom(self) -> None:
+        """In a kernel, a card under any cell that ends in an out-of-memory error."""
+        shell = _ipython()
+        if shell is None or not self.displays:
+            return
+        from nbmonitor.live import oom
+        from nbmonitor.ui.oom_card import show_card
+
+        ref = weakref.ref(self)  # the kernel's callback must not keep this monitor alive
+
+        def report(exc: BaseException, kind: str) -> OomReport | None:
+            mon = ref()
+            return mon._oom_report(exc, kind) if mon is not None else None  # noqa: SLF001
+
+        def free() -> object:
+            mon = ref()
+            return mon.free_oom() if mon is not None else oom.free_oom(_ipython(), None)
+
+        def failed(exc: Exception) -> None:
+            mon = ref()
+            if mon is not None:
+                mon.errors_log.add("oom_card", exc)
+
+        try:
+            oom.watch(report, lambda card: show_card(card, free), failed, shell)
+        except Exception as exc:  # a shell without events: no card, training goes on
+            self.errors_log.add("oom_card", exc)
 
     def span(self, name: str) -> Span:
         """A named span of time: ``with mon.span("data"): ...`` or ``@mon.span("eval")``.
@@ -470,3 +525,14 @@ def attach(
 
 if attach.__doc__ is not None and AttachOptions.__doc__ is not None:
     attach.__doc__ += "\n    Options:\n" + AttachOptions.__doc__.split("\n", 1)[1]
+
+
+def _ipython() -> Any:
+    """The kernel's shell when this runs in a notebook, else None."""
+    from nbmonitor.ui.notebook import in_notebook
+
+    if not in_notebook():
+        return None
+    from IPython.core.getipython import get_ipython
+
+    return get_ipython()  # type: ignore[no-untyped-call, unused-ignore]
