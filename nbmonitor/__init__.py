@@ -15,30 +15,28 @@ from nbmonitor._lazy import lazy_names
 from nbmonitor._version import __version__
 
 if TYPE_CHECKING:
-    from nbmonitor._profile import Profile
     from nbmonitor.debug import summary
     from nbmonitor.errors import NonFiniteError, RunDirError
     from nbmonitor.health import Thresholds
-    from nbmonitor.job import Job
-    from nbmonitor.monitor import Monitor, attach
-    from nbmonitor.replay import Run, compare, open, tail
+    from nbmonitor.live import Monitor, Profile, attach
+    from nbmonitor.replay import Job, Run, compare, open, tail
     from nbmonitor.runs import list_runs
 
 # public name -> module it lives in
 _WHERE = {
-    "Monitor": "nbmonitor.monitor",
-    "attach": "nbmonitor.monitor",
+    "Monitor": "nbmonitor.live",
+    "attach": "nbmonitor.live",
     "NonFiniteError": "nbmonitor.errors",
     "RunDirError": "nbmonitor.errors",
     "Run": "nbmonitor.replay",
-    "Job": "nbmonitor.job",
+    "Job": "nbmonitor.replay",
     "open": "nbmonitor.replay",
     "tail": "nbmonitor.replay",
     "compare": "nbmonitor.replay",
     "list_runs": "nbmonitor.runs",
     "summary": "nbmonitor.debug",
     "Thresholds": "nbmonitor.health",
-    "Profile": "nbmonitor._profile",
+    "Profile": "nbmonitor.live",
 }
 
 

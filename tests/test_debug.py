@@ -11,8 +11,8 @@ import torch
 
 from nbmonitor._engine.assemble.flow_alerts import first_non_finite, grads_never_arrived
 from nbmonitor._engine.frame import Alert
-from nbmonitor._setup_check import check_setup
 from nbmonitor.debug import ModelSummary, summary
+from nbmonitor.live.setup_check import check_setup
 
 
 class Net(torch.nn.Module):

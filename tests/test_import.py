@@ -37,6 +37,7 @@ TORCH_FREE = (
     "nbmonitor.errors",
     "nbmonitor.records",
     "nbmonitor.replay",
+    "nbmonitor.replay.job",
     "nbmonitor.health",
     "nbmonitor.ui",
     "nbmonitor.ui.dashboard",

@@ -20,7 +20,7 @@ from tests.helpers import HFStyle, hook_counts, mlp, train
 import nbmonitor
 from nbmonitor._engine.assemble.layers import LayerStats
 from nbmonitor.health import Health
-from nbmonitor.monitor import Monitor
+from nbmonitor.live.monitor import Monitor
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import torch
 from tests.helpers import mlp, train
 
 import nbmonitor
-from nbmonitor.monitor import Monitor
+from nbmonitor.live.monitor import Monitor
 
 
 def test_flush_shows_every_step_recorded_so_far(tmp_path):

@@ -32,7 +32,6 @@ from nbmonitor._capture.inputs import (
 from nbmonitor._capture.phases import FORWARD_START, OPTIMIZER_START, PhaseTimer
 from nbmonitor._capture.probes.base import NO_NORMS, Probe, StepContext
 from nbmonitor._capture.recorder import Recorder, make_log_record
-from nbmonitor._capture.watched import WatchedCalls
 from nbmonitor.errors import ErrorLog, Guard, NonFiniteError
 from nbmonitor.records import StepRecord
 
@@ -44,7 +43,7 @@ _eager: Callable[[Callable[..., None]], Callable[..., None]] = torch.compiler.di
 _HOOKS = "forward_pre forward backward optimizer_pre_step optimizer_post_step clip scaler_step"
 
 
-class StepClock(WatchedCalls):
+class StepClock:
     """Installs the root hooks on one model (and optimizer) and keeps the training-side counters.
 
     ``step`` is the number of completed optimizer steps (or backward passes without an
@@ -398,3 +397,38 @@ class StepClock(WatchedCalls):
         if self.step_listeners:
             for listener in tuple(self.step_listeners):
                 listener(ctx.step)
+
+    # -- the clip and GradScaler listeners (intercept.py sees the loop call them) ------------
+
+    def clip_started(self, params: list[torch.Tensor]) -> None:
+        # Another model's clip (or one of no parameters) is not this step's.
+        if params and id(params[0]) in self._param_ids:
+            self._guarded("clip", self._clip_start)
+
+    def _clip_start(self) -> None:
+        ctx = self.ctx
+        ctx.clips += 1
+        if ctx.clips == 1:
+            self._call(self._at["clip"])
+
+    def clip_done(self, params: list[torch.Tensor], total: torch.Tensor, max_norm: object) -> None:
+        if params and id(params[0]) in self._param_ids:
+            self._guarded("clip", lambda: self.ctx.clip_ended(total, max_norm))
+
+    def scaler_step_started(self, optimizer: object) -> None:
+        if optimizer is self.optimizer:
+            self._in_scaler_step = True
+            self._stepped = False
+
+    def scaler_step_done(self, optimizer: object) -> None:
+        if optimizer is not self.optimizer or not self._in_scaler_step:
+            return
+        self._in_scaler_step = False
+        if not self._stepped:
+            self._guarded("scaler_step", self._end_skipped_step)
+
+    def _end_skipped_step(self) -> None:
+        # inf/NaN, no step: it counts (as loops and HF's global_step do), marked skipped, without
+        # norms of gradients not used.
+        self.ctx.norms = NO_NORMS
+        self._end_step(skipped=True)

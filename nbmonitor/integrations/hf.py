@@ -18,7 +18,7 @@ from typing import Any, Unpack
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from nbmonitor.monitor import Monitor, attach
+from nbmonitor.live.monitor import Monitor, attach
 from nbmonitor.options import AttachOptions
 
 

@@ -23,7 +23,7 @@ from typing import Any, Unpack
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from nbmonitor.monitor import Monitor, attach
+from nbmonitor.live.monitor import Monitor, attach
 from nbmonitor.options import AttachOptions
 
 

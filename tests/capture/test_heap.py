@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import nbmonitor
-from nbmonitor import monitor as _monitor
 from nbmonitor._capture import heap as _heap
+from nbmonitor.live import monitor as _monitor
 
 glibc_only = pytest.mark.skipif(
     not _heap.is_glibc(), reason="glibc's malloc only (a no-op elsewhere)"

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import nbmonitor
-from nbmonitor.monitor import Monitor
+from nbmonitor.live.monitor import Monitor
 from nbmonitor.records import PHASE_KEYS
 
 DATA, FORWARD, BACKWARD, OTHER, OPTIMIZER = 0.020, 0.010, 0.030, 0.002, 0.005

@@ -12,7 +12,7 @@ import torch
 from tests.capture.test_phases import FakeClock
 
 import nbmonitor
-from nbmonitor.monitor import Monitor
+from nbmonitor.live.monitor import Monitor
 
 
 def monitor(tmp_path: Path, clock: FakeClock, **kw: Any) -> tuple[Monitor, Any, Any]:

@@ -24,7 +24,8 @@ from nbmonitor._engine.derive.ranks_frame import ranks_frame
 from nbmonitor.health import Health, HealthInput
 from nbmonitor.health.rules.stragglers import Stragglers, stragglers
 from nbmonitor.health.view import RankColumns
-from nbmonitor.job import Job, finish
+from nbmonitor.live.ranks import finish
+from nbmonitor.replay.job import Job
 from nbmonitor.runs import list_runs
 from nbmonitor.runs.job import JobTail
 from nbmonitor.runs.layout import claim_rank_dir, is_job, rank_dirs

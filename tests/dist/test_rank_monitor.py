@@ -13,7 +13,7 @@ import torch
 from tests.helpers import mlp, train
 
 import nbmonitor
-from nbmonitor.job import Job
+from nbmonitor.replay.job import Job
 from nbmonitor.ui.console import ConsoleView
 
 ID_VARS = ("NBMONITOR_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID")

@@ -14,7 +14,7 @@ from tests.dist.dist_helpers import write_job
 import nbmonitor
 from nbmonitor._engine.derive.ranks import RankState
 from nbmonitor._engine.derive.ranks_frame import ranks_frame
-from nbmonitor.job import Job
+from nbmonitor.replay.job import Job
 from nbmonitor.ui.dashboard import MAX_HEATMAP_COLUMNS
 from nbmonitor.ui.ranks import RanksConsoleView, RanksPanel, status_line
 

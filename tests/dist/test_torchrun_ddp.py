@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import nbmonitor
-from nbmonitor.job import Job, JobFollow
+from nbmonitor.replay.job import Job, JobFollow
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = pathlib.Path(__file__).with_name("ddp_train.py")

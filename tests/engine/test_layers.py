@@ -13,7 +13,7 @@ from tests.helpers import mlp, train
 import nbmonitor
 from nbmonitor._capture.probes.grad_norms import cpu_plan
 from nbmonitor._engine.assemble.layers import LayerStats, ParamInfo
-from nbmonitor.monitor import Monitor
+from nbmonitor.live.monitor import Monitor
 
 
 def attach(

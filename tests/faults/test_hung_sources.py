@@ -15,7 +15,7 @@ from tests.helpers import mlp, train
 
 import nbmonitor
 from nbmonitor._engine.frame import Frame
-from nbmonitor.monitor import Monitor
+from nbmonitor.live.monitor import Monitor
 
 
 @pytest.fixture
@@ -26,7 +26,7 @@ def release() -> Iterator[threading.Event]:
 
 
 def _monitor(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[Monitor, Any, Any]:
-    monkeypatch.setattr("nbmonitor.monitor.CLOSE_WAIT_S", 0.5)
+    monkeypatch.setattr("nbmonitor.live.monitor.CLOSE_WAIT_S", 0.5)
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     mon = nbmonitor.attach(model, opt, run_dir=tmp_path, display=False, interval=0.05)

@@ -14,7 +14,7 @@ import torch
 from tests.helpers import mlp, train
 
 import nbmonitor
-import nbmonitor._registry as registry
+import nbmonitor.live.registry as registry
 
 
 def _samplers() -> set[threading.Thread]:

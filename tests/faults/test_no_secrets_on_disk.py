@@ -9,7 +9,7 @@ import pytest
 from tests.helpers import mlp
 
 import nbmonitor
-from nbmonitor._redact import REDACTED, redact_argv
+from nbmonitor.live.redact import REDACTED, redact_argv
 
 SECRET = "s3cr3t-value-42"
 

@@ -16,10 +16,10 @@ import torch
 from nbmonitor._capture.inputs import optimizer_parameters
 from nbmonitor._capture.probes.grad_norms import grad_norms, norm_dtype
 from nbmonitor._engine.assemble.layers import LayerStats, ParamInfo
-from nbmonitor._redact import redact_argv
 from nbmonitor._version import __version__
 from nbmonitor.backends.base import Backend
 from nbmonitor.backends.selection import model_device_type
+from nbmonitor.live.redact import redact_argv
 from nbmonitor.options import Options
 
 

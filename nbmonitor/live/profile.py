@@ -15,8 +15,8 @@ from nbmonitor._capture.profiler import (
     profile_dir,
     profiler_enabled,
 )
-from nbmonitor._lifetime import Lifetime
 from nbmonitor.errors import ErrorLog
+from nbmonitor.live.lifetime import Lifetime
 
 
 class Profile:

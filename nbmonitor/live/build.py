@@ -1,4 +1,4 @@
-"""The sampler side of a live run, wired (part of monitor.py's composition root): the sinks,
+"""The sampler side of a live run, wired (part of the live entrance, ``monitor.py``): the sinks,
 the pipeline that feeds them and the sampler thread that drives it.
 
 Nothing built here holds the Monitor or the model: the sampler thread would keep them alive
@@ -19,11 +19,11 @@ from nbmonitor._engine.frame import RunInfo
 from nbmonitor._engine.pipeline import SINK_RETRY_S, Pipeline
 from nbmonitor._engine.pipeline_parts import PipelineParts
 from nbmonitor._engine.sampler import SamplerThread
-from nbmonitor._lifetime import Lifetime, flush_tick
 from nbmonitor.backends.base import Backend
 from nbmonitor.errors import ErrorLog
 from nbmonitor.health import Health, non_finite_gradients
 from nbmonitor.health.view import RankColumns
+from nbmonitor.live.lifetime import Lifetime, flush_tick
 from nbmonitor.sinks import Batch, FanOut, RunLogSink
 
 

@@ -5,12 +5,21 @@ cross-rank summary at close. Single-process runs go through none of it."""
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from nbmonitor._capture.dist import RankInfo
+from nbmonitor._engine.derive.job_report import read_state, straggler_alerts, summary_record
+from nbmonitor._engine.derive.ranks import RankState, divergence, rank_columns
 from nbmonitor.errors import ErrorLog
+from nbmonitor.health.rules.stragglers import WINDOW
+from nbmonitor.health.view import RankColumns
 from nbmonitor.options import Options
+from nbmonitor.runs.format import write_json_atomic
+from nbmonitor.runs.job import JobFiles, JobTail, job_status
+from nbmonitor.runs.layout import SUMMARY, is_job
 from nbmonitor.sinks import RunLogSink
 
 
@@ -50,16 +59,50 @@ def rank_follower(rank: RankInfo | None, displays: bool, run_dir: Any) -> Callab
     (the pipeline calls it on the run log's worker)."""
     if rank is None or not displays:
         return None
-    from nbmonitor.job import RankFollower
-
     return RankFollower(run_dir.parent)
+
+
+class RankFollower:
+    """On the display rank, live: every rank's step columns, read from their files (the
+    sampler thread calls it at each health check), as the straggler rule's input."""
+
+    def __init__(self, job_dir: str | os.PathLike[str], max_steps: int = 4 * WINDOW) -> None:
+        self.tail = JobTail(job_dir, streams=("steps",))
+        self.state = RankState(max_steps)
+
+    def __call__(self) -> RankColumns | None:
+        for rank, streams in self.tail.poll().items():
+            if streams.get("steps"):
+                self.state.add_rows(rank, "steps", streams["steps"])
+        for rank, rank_tail in self.tail.tails.items():
+            self.state.set_meta(rank, rank_tail.meta)
+        return rank_columns(self.state)
+
+
+def finish(job_dir: str | os.PathLike[str]) -> str | None:
+    """At the display rank's close: write ranks_summary.json from what every rank has written
+    so far, and return the summary as text (None when there is no job there)."""
+    from nbmonitor.ui.ranks import summary_text
+
+    path = Path(job_dir)
+    if not is_job(path):
+        return None
+    files = JobFiles(path)
+    state = read_state(files.ranks)
+    status = job_status([run.status for run in files.ranks.values()], files.world_size)
+    record = summary_record(files.meta, state, status)
+    write_json_atomic(path / SUMMARY, record)
+    text = summary_text(path.name, record["summary"])
+    alerts = straggler_alerts(state) + divergence(state)
+    if alerts:
+        text += "\n" + "\n".join(f"  {a.message}" for a in alerts)
+    return text
 
 
 def finish_job(job_dir: Any, errors: ErrorLog, display: bool, wait: float) -> None:
     """At the display rank's close: ranks_summary.json from every rank's files, then the
     summary on the console. On a worker: a filesystem that hangs costs at most ``wait``."""
     from nbmonitor._engine.isolated import Isolated
-    from nbmonitor.job import finish
     from nbmonitor.ui.console import console_logger
 
     worker = Isolated("ranks-summary", "the cross-rank summary", errors, wait)
@@ -74,4 +117,11 @@ def finish_job(job_dir: Any, errors: ErrorLog, display: bool, wait: float) -> No
         console_logger(install_handler=display).info(text)
 
 
-__all__ = ["check_display_rank", "create_runlog", "finish_job", "rank_follower"]
+__all__ = [
+    "RankFollower",
+    "check_display_rank",
+    "create_runlog",
+    "finish",
+    "finish_job",
+    "rank_follower",
+]

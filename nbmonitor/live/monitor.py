@@ -4,7 +4,7 @@ attach() validates, closes any earlier monitor of the same model or of an earlie
 same notebook cell, builds the parts (capture on the training thread; pipeline, sinks and views
 on the sampler thread), creates the run directory and starts the sampler. Everything after that
 happens on the sampler thread, except ``log()``, which only records; the read API reads what
-the sampler published. A monitor closes itself once its model is collected (_lifetime.py).
+the sampler published. A monitor closes itself once its model is collected (lifetime.py).
 """
 
 from __future__ import annotations
@@ -17,33 +17,38 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Unpack
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 import nbmonitor.backends.selection as _backends
-from nbmonitor import _ranks, _registry
 from nbmonitor._capture.capture import build_capture
 from nbmonitor._capture.dist import RankInfo, rank_info
 from nbmonitor._capture.heap import settle_heap
 from nbmonitor._capture.probes.spans import Span, SpanTimer, check_span_name
-from nbmonitor._engine.frame import RunInfo, View
-from nbmonitor._lifetime import Lifetime, flush_tick
-from nbmonitor._monitor_reads import FLUSH_TIMEOUT_S, MonitorReads
-from nbmonitor._parts import layer_stats, run_meta
-from nbmonitor._setup_check import check_setup
-from nbmonitor._wiring import SamplerParts, build_sampler
+from nbmonitor._engine.frame import Frame, RunInfo, View
+from nbmonitor._engine.published import history
 from nbmonitor.errors import ErrorLog, Guard
-from nbmonitor.health import Health
+from nbmonitor.health import Alert, Health
+from nbmonitor.live import ranks as _ranks
+from nbmonitor.live import registry as _registry
+from nbmonitor.live.build import SamplerParts, build_sampler
+from nbmonitor.live.lifetime import Lifetime, flush_tick
+from nbmonitor.live.parts import layer_stats, run_meta
+from nbmonitor.live.setup_check import check_setup
 from nbmonitor.options import AttachOptions, Options, WrappedOptimizer, check_model
 
 if TYPE_CHECKING:
-    from nbmonitor._profile import Profile
+    from nbmonitor.live.profile import Profile
 
 # How long close() waits for a sampler tick in progress (a hung source) before it gives up on
 # the last interval rather than hang the notebook.
 CLOSE_WAIT_S = 5.0
+# How long flush() and frame() wait for the sampler (a hung source cannot hold them longer).
+FLUSH_TIMEOUT_S = 5.0
 
 
-class Monitor(MonitorReads):
+class Monitor:
     """A live monitor of one model's training. Create it with :func:`nbmonitor.attach`.
 
     The training thread only records; a background thread (``nbmonitor-sampler``) samples the
@@ -97,7 +102,7 @@ class Monitor(MonitorReads):
         self._spans = SpanTimer(
             capture.clock.ctx, Guard("probe:spans", errors_log), life, timer, clock
         )
-        # A model collected (dropped by the user) closes its run; see _lifetime.py.
+        # A model collected (dropped by the user) closes its run; see lifetime.py.
         self._model_ref = weakref.ref(model, life.release_soon)
         layers = layer_stats(capture.params, capture.param_names, optimizer, opts.layer_group)
         layers.module_kinds = {n: type(m).__name__ for n, m in model.named_modules() if n}
@@ -165,7 +170,7 @@ class Monitor(MonitorReads):
         settle_heap()
         try:
             self._capture.clock.install()
-            self._capture = None  # from now on the model holds it (see _registry.LIVE)
+            self._capture = None  # from now on the model holds it (see registry.LIVE)
             self._thread.start()
         except BaseException:
             # Nothing of a monitor that did not start stays in the user's model or torch.
@@ -220,6 +225,62 @@ class Monitor(MonitorReads):
         """Optimizer steps completed (backward passes when attached without an optimizer),
         counted from ``start_step``."""
         return self._life.step()
+
+    # -- reads: what the sampler published at its last tick, never waiting for it (a hung
+    # source cannot hold these up), except frame(), which waits at most FLUSH_TIMEOUT_S ----------
+
+    def history(self) -> dict[str, npt.NDArray[np.float64]]:
+        """Per-step columns (step, time, loss, lr, grad_norm, step_time, samples_per_s, ...).
+
+        As of the sampler's last tick (call ``flush()`` first for every step up to now). Long
+        runs keep recent steps at full resolution and older ones as bucket means; the run log
+        on disk keeps every step.
+        """
+        pipeline = self._pipeline
+        return history(pipeline.steps, pipeline.published)
+
+    def system(self) -> dict[str, npt.NDArray[np.float64]]:
+        """System samples (time, step, cpu_percent, ram_used_bytes, ...), one row per tick."""
+        return self._pipeline.system.history()
+
+    def events(self) -> list[Alert]:
+        """Alerts raised so far, oldest first (as of the sampler's last tick)."""
+        return list(self._pipeline.published.alerts)
+
+    def layers(self, as_dataframe: bool = False) -> Any:
+        """One row per layer: name, shape, numel, dtype, device, requires_grad, in_optimizer,
+        latest grad_norm, param_norm, update_ratio and flags (the alert rules that named it).
+
+        As of the last health check or flush (call ``flush()`` first for the newest). Returns
+        a list of dicts, or a pandas DataFrame with ``as_dataframe=True``.
+        """
+        rows = [dict(row) for row in self._pipeline.published.layer_table]
+        if as_dataframe:
+            try:
+                import pandas as pd
+            except ImportError as exc:
+                raise ImportError(
+                    "nbmonitor: layers(as_dataframe=True) needs pandas; pip install pandas."
+                ) from exc
+            return pd.DataFrame(rows)
+        return rows
+
+    def frame(self, detail: bool = True) -> Frame:
+        """The snapshot the views show now (see ``nbmonitor._engine.frame.Frame``).
+
+        Built between two sampler ticks: it waits for a tick in progress at most
+        ``FLUSH_TIMEOUT_S`` and then raises ``TimeoutError`` (a source is hung) rather than
+        hang the caller.
+        """
+        pipeline = self._pipeline
+        if not pipeline.lock.acquire(timeout=FLUSH_TIMEOUT_S):
+            raise TimeoutError(
+                "nbmonitor: the sampler is stuck in a source (see mon.errors); no frame now."
+            )
+        try:
+            return pipeline.frame(detail)
+        finally:
+            pipeline.lock.release()
 
     def log(self, **scalars: object) -> None:
         """Record values for the current step: numbers or 0-d/1-element tensors on any device.
@@ -291,7 +352,7 @@ class Monitor(MonitorReads):
 
         >>> prof = mon.profile(steps=3)  # doctest: +SKIP
         """
-        from nbmonitor._profile import start_profile
+        from nbmonitor.live.profile import start_profile
         from nbmonitor.ui.notebook import in_notebook
 
         return start_profile(

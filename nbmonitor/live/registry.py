@@ -7,7 +7,7 @@ import atexit
 import weakref
 from typing import Protocol
 
-from nbmonitor._lifetime import current_cell
+from nbmonitor.live.lifetime import current_cell
 
 
 class Live(Protocol):
@@ -18,7 +18,7 @@ class Live(Protocol):
 
 # The live monitor of each model. It is also what keeps a monitor nobody holds alive as long as
 # its model (``nbmonitor.attach(model)`` as a statement); a Monitor holds its model only weakly,
-# so the entry goes with the model (_lifetime.py).
+# so the entry goes with the model (lifetime.py).
 LIVE: weakref.WeakKeyDictionary[object, Live] = weakref.WeakKeyDictionary()
 # The monitors each notebook cell attached, with the execution that did: re-running the cell
 # replaces them (a new model each run would otherwise leave the last one's monitor running).

@@ -1,109 +1,37 @@
-"""A distributed job on disk, opened or followed: the replay composition root's half for jobs.
+"""A distributed job on disk, opened or followed: the replay entrance's half for jobs.
 
 ``nbmonitor.open(job_dir)`` and ``nbmonitor.tail(job_dir)`` come here when the folder is a job
 of several ranks (``nbmonitor/runs/layout.py``). Every rank's streams are read (``runs/``),
 put in a ``RankState`` (``_engine/derive/ranks.py``), judged by the straggler rule and the
 agreement checks, and drawn by the ranks panel (``ui/ranks.py``). Nothing here needs torch,
 and nothing talks to the ranks: the files are the only channel. Rank 0 (the display rank)
-calls :func:`finish` at close to write ``ranks_summary.json`` and print the summary.
+writes ``ranks_summary.json`` at close through ``live/ranks.py``.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import threading
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from nbmonitor._engine.derive.job_report import read_state, straggler_alerts, summary_record
 from nbmonitor._engine.derive.ranks import (
     RankState,
     align,
     divergence,
     per_step,
     rank_columns,
-    rank_metrics,
     ranks_summary,
 )
 from nbmonitor._engine.derive.ranks_frame import RanksFrame, ranks_frame
 from nbmonitor.health import Alert, Health, HealthInput, Thresholds
-from nbmonitor.health.rules.stragglers import MIN_STEPS, WINDOW, Stragglers
-from nbmonitor.health.view import RankColumns
+from nbmonitor.health.rules.stragglers import Stragglers
+from nbmonitor.replay.run import Run
 from nbmonitor.runs.format import write_json_atomic
 from nbmonitor.runs.job import JobFiles, JobTail, job_status
-from nbmonitor.runs.layout import SUMMARY, is_job
-
-# A finished job is judged at most this many times (evenly spaced), however long it ran.
-MAX_CHECKS = 500
-
-
-def straggler_alerts(state: RankState, health: Health | None = None) -> list[Alert]:
-    """The straggler rule over the whole job so far, judged every half window of steps (so a
-    straggler of the middle of a run is found too); with ``health``, only new episodes."""
-    columns = rank_columns(state)
-    if columns is None:
-        return []
-    health = health if health is not None else Health(Thresholds(), rules=(Stragglers,))
-    n = columns.steps.size
-    every = max(WINDOW // 2, n // MAX_CHECKS)
-    ends = [*range(MIN_STEPS, n, every), n] if n >= MIN_STEPS else []
-    _, times = align(state, "time")
-    found: list[Alert] = []
-    for end in ends:
-        # The rule looks at the last WINDOW steps every rank recorded: a few windows back is
-        # plenty, and keeps a long job's checks linear in its length.
-        start = max(0, end - 4 * WINDOW)
-        wait = columns.data_wait
-        part = type(columns)(
-            columns.ranks,
-            columns.hosts,
-            columns.steps[start:end],
-            columns.step_time[:, start:end],
-            None if wait is None else wait[:, start:end],
-        )
-        when = times[:, end - 1] if times.shape[1] >= end else np.empty(0)
-        finite = when[np.isfinite(when)]
-        inp = HealthInput(
-            step=int(columns.steps[end - 1]),
-            time=float(finite.max()) if finite.size else math.nan,
-            steps={},
-            ranks=part,
-        )
-        found += health.check(inp)
-    return found
-
-
-def read_state(files: JobFiles) -> RankState:
-    state = RankState()
-    for rank, run in files.ranks.items():
-        state.set_meta(rank, run.meta, run.status)
-        state.add_columns(rank, "steps", run.history())
-        state.add_columns(rank, "system", run.system())
-    return state
-
-
-def summary_record(files_meta: dict[str, Any], state: RankState, status: str) -> dict[str, Any]:
-    """What ranks_summary.json holds."""
-    return {
-        "job_id": files_meta.get("job_id"),
-        "world_size": files_meta.get("world_size"),
-        "status": status,
-        "written": time.time(),
-        "ranks": {
-            str(r): {
-                "host": state.host(r),
-                "device": state.ranks[r].meta.get("device"),
-                **rank_metrics(state, r),
-            }
-            for r in sorted(state.ranks)
-        },
-        "summary": ranks_summary(state),
-    }
+from nbmonitor.runs.layout import SUMMARY
 
 
 class Job:
@@ -118,8 +46,6 @@ class Job:
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        from nbmonitor.replay import Run
-
         self._files = JobFiles(path)
         self.path = self._files.path
         self.meta = self._files.meta
@@ -139,7 +65,7 @@ class Job:
         return job_status([run.status for run in self.ranks.values()], self.world_size)
 
     def state(self) -> RankState:
-        return read_state(self._files)
+        return read_state(self._files.ranks)
 
     def history(self, rank: int = 0) -> dict[str, Any]:
         """One rank's per-step columns (rank 0 by default)."""
@@ -163,7 +89,7 @@ class Job:
         state = self.state()
         status = self.status
         if status in ("closed", "degraded"):
-            write_summary(self.path, summary_record(self.meta, state, status))
+            write_json_atomic(self.path / SUMMARY, summary_record(self.meta, state, status))
         return ranks_summary(state)
 
     def frame(self, heat_metric: str = "step_time") -> RanksFrame:
@@ -267,47 +193,6 @@ class JobFollow:
                 return
 
 
-class RankFollower:
-    """On the display rank, live: every rank's step columns, read from their files (the
-    sampler thread calls it at each health check), as the straggler rule's input."""
-
-    def __init__(self, job_dir: str | os.PathLike[str], max_steps: int = 4 * WINDOW) -> None:
-        self.tail = JobTail(job_dir, streams=("steps",))
-        self.state = RankState(max_steps)
-
-    def __call__(self) -> RankColumns | None:
-        for rank, streams in self.tail.poll().items():
-            if streams.get("steps"):
-                self.state.add_rows(rank, "steps", streams["steps"])
-        for rank, rank_tail in self.tail.tails.items():
-            self.state.set_meta(rank, rank_tail.meta)
-        return rank_columns(self.state)
-
-
-def write_summary(path: Path, record: dict[str, Any]) -> None:
-    write_json_atomic(path / SUMMARY, record)
-
-
-def finish(job_dir: str | os.PathLike[str]) -> str | None:
-    """At the display rank's close: write ranks_summary.json from what every rank has written
-    so far, and return the summary as text (None when there is no job there)."""
-    from nbmonitor.ui.ranks import summary_text
-
-    path = Path(job_dir)
-    if not is_job(path):
-        return None
-    files = JobFiles(path)
-    state = read_state(files)
-    status = job_status([run.status for run in files.ranks.values()], files.world_size)
-    record = summary_record(files.meta, state, status)
-    write_summary(path, record)
-    text = summary_text(path.name, record["summary"])
-    alerts = straggler_alerts(state) + divergence(state)
-    if alerts:
-        text += "\n" + "\n".join(f"  {a.message}" for a in alerts)
-    return text
-
-
 def follow_job_in_terminal(path: str | os.PathLike[str], interval: float = 1.0) -> int:
     """The console view of a job being written, until every rank closed; the newest step."""
     from nbmonitor.ui.console import console_logger
@@ -324,20 +209,8 @@ def follow_job_in_terminal(path: str | os.PathLike[str], interval: float = 1.0) 
     return int(steps[-1]) if steps.size else 0
 
 
-def read_summary(job_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
-    try:
-        loaded = json.loads((Path(job_dir) / SUMMARY).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return loaded if isinstance(loaded, dict) else None
-
-
 __all__ = [
     "Job",
     "JobFollow",
-    "RankFollower",
-    "finish",
     "follow_job_in_terminal",
-    "read_summary",
-    "straggler_alerts",
 ]

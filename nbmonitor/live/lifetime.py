@@ -2,7 +2,7 @@
 
 Ownership (what keeps what alive) is the point of this module. The model owns its monitor's
 training-thread side (its hooks hold the step clock, which holds the probes and the model) and,
-through ``_registry.LIVE``, the Monitor; the Monitor holds the step clock only weakly. The
+through ``registry.LIVE``, the Monitor; the Monitor holds the step clock only weakly. The
 sampler thread holds the pipeline, the sinks and this ``Lifetime``, none of which holds the
 model or the Monitor. So a model the user drops (re-running a cell that builds a new one) is
 collected with everything it owns, and the run is then closed from a short-lived thread: by
@@ -59,7 +59,7 @@ class Lifetime:
         self.backend: Backend | None = None
         # Called first when the run closes (a profile still running stops its profiler).
         self.on_close: list[Callable[[], None]] = []
-        self.profile: Any = None  # the latest mon.profile() (nbmonitor/_profile.py)
+        self.profile: Any = None  # the latest mon.profile() (live/profile.py)
 
     def step(self) -> int:
         """Steps so far: the step clock's while it lives, then the last it counted."""

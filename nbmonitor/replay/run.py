@@ -1,33 +1,24 @@
-"""Runs on disk: open a finished or running run, follow one another process writes, list runs.
+"""A run on disk, finished or being written by another process (and its follower), and
+several runs compared.
 
-The second composition root (beside ``monitor.py``): it reads ``runs/`` and fills the same
-stores that a live run fills, so that the one ``FrameBuilder`` draws the same dashboard (curves,
-layer heatmap, alerts) for a live run, a finished one and one being written elsewhere.
-Importing it loads no torch.
+It reads ``runs/`` and fills the same stores that a live run fills, so that the one
+``FrameBuilder`` draws the same dashboard (curves, layer heatmap, alerts) for a live run, a
+finished one and one being written elsewhere. Importing it loads no torch.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from nbmonitor._engine.frame import (
-    MAX_POINTS,
-    Frame,
-    Series,
-    View,
-)
+from nbmonitor._engine.frame import MAX_POINTS, Frame, Series, View
 from nbmonitor._engine.run_state import RunState
 from nbmonitor._engine.store import Store
 from nbmonitor.runs import Run as RunFiles
 from nbmonitor.runs import Tail, list_runs
-
-if TYPE_CHECKING:
-    from nbmonitor.job import Job
 
 
 class Run(RunFiles):
@@ -198,63 +189,4 @@ def compare(
     return compare_figure(lines, metric, log=log)
 
 
-def open(path: str | os.PathLike[str]) -> Run | Job:
-    """Open a run directory (finished, or being written by another process); a job folder of
-    several ranks opens as a ``nbmonitor.job.Job`` (its ranks, the cross-rank view)."""
-    from nbmonitor.runs.layout import is_job
-
-    if isinstance(path, (str, os.PathLike)) and is_job(os.fspath(path)):
-        from nbmonitor.job import Job
-
-        return Job(path)
-    return Run(path)
-
-
-def tail(path: str | os.PathLike[str], interval: float = 1.0) -> Any:
-    """Follow a run another process is writing, until it closes.
-
-    In a notebook, returns its live dashboard (leave it last in a cell, or display it), which
-    reads only the new records every ``interval`` seconds. In a terminal, prints a status line
-    every ``interval`` seconds and returns the number of steps once the run closes (as
-    ``python -m nbmonitor tail RUN`` does).
-    """
-    from nbmonitor.runs.layout import is_job
-    from nbmonitor.ui.notebook import in_notebook
-
-    if in_notebook():
-        run = open(path) if is_job(path) else Run(path)
-        return run.dashboard(live=True, interval=interval)
-    return follow_in_terminal(path, interval)
-
-
-def follow_in_terminal(path: str | os.PathLike[str], interval: float = 1.0) -> int:
-    """The console view of a run being written, until it closes; the number of steps seen."""
-    from nbmonitor.runs.layout import is_job
-    from nbmonitor.ui.console import ConsoleView, console_logger
-
-    if is_job(path):
-        from nbmonitor.job import follow_job_in_terminal
-
-        return follow_job_in_terminal(path, interval)
-
-    view = ConsoleView(console_logger(install_handler=True), every=interval)
-    follower = Follow(path, [view], interval)
-    try:
-        while not follower.refresh():
-            time.sleep(interval)
-    except KeyboardInterrupt:
-        pass
-    state = follower.state
-    return int(state.steps.last("step")) if state is not None and len(state.steps) else 0
-
-
-__all__ = [
-    "Follow",
-    "Run",
-    "RunState",
-    "compare",
-    "compare_series",
-    "list_runs",
-    "open",
-    "tail",
-]
+__all__ = ["Follow", "Run", "compare", "compare_series"]

@@ -1,0 +1,56 @@
+"""The disk entrance: a path opened, followed in a notebook or followed in a terminal; a folder
+of several ranks is a job (``replay/job.py``), anything else a run (``replay/run.py``)."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from nbmonitor.replay.job import Job, follow_job_in_terminal
+from nbmonitor.replay.run import Follow, Run
+from nbmonitor.runs.layout import is_job
+
+
+def open(path: str | os.PathLike[str]) -> Run | Job:
+    """Open a run directory (finished, or being written by another process); a job folder of
+    several ranks opens as a ``nbmonitor.Job`` (its ranks, the cross-rank view)."""
+    if isinstance(path, (str, os.PathLike)) and is_job(os.fspath(path)):
+        return Job(path)
+    return Run(path)
+
+
+def tail(path: str | os.PathLike[str], interval: float = 1.0) -> Any:
+    """Follow a run another process is writing, until it closes.
+
+    In a notebook, returns its live dashboard (leave it last in a cell, or display it), which
+    reads only the new records every ``interval`` seconds. In a terminal, prints a status line
+    every ``interval`` seconds and returns the number of steps once the run closes (as
+    ``python -m nbmonitor tail RUN`` does).
+    """
+    from nbmonitor.ui.notebook import in_notebook
+
+    if in_notebook():
+        return open(path).dashboard(live=True, interval=interval)
+    return follow_in_terminal(path, interval)
+
+
+def follow_in_terminal(path: str | os.PathLike[str], interval: float = 1.0) -> int:
+    """The console view of a run being written, until it closes; the number of steps seen."""
+    from nbmonitor.ui.console import ConsoleView, console_logger
+
+    if is_job(path):
+        return follow_job_in_terminal(path, interval)
+
+    view = ConsoleView(console_logger(install_handler=True), every=interval)
+    follower = Follow(path, [view], interval)
+    try:
+        while not follower.refresh():
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        pass
+    state = follower.state
+    return int(state.steps.last("step")) if state is not None and len(state.steps) else 0
+
+
+__all__ = ["follow_in_terminal", "open", "tail"]

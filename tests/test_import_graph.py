@@ -1,0 +1,168 @@
+"""The package's import graph (DESIGN.md section 2): no cycles, and the entrances' bans.
+
+Every import counts, at module level or inside a function (a deferred import still ties the
+two modules together), except those under ``if TYPE_CHECKING:``, which never run.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import nbmonitor
+
+ROOT = Path(nbmonitor.__file__).parent
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def _type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and _type_checking(node):
+            for child in node.orelse:
+                yield from _imports(ast.Module(body=[child], type_ignores=[]))
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        yield from _imports(node)
+
+
+def _package(name: str) -> str:
+    return name if MODULES[name].name == "__init__.py" else name.rpartition(".")[0]
+
+
+def imported(name: str) -> set[str]:
+    """The nbmonitor modules ``name`` imports (``from pkg import mod`` counts as ``pkg.mod``)."""
+    tree = ast.parse(MODULES[name].read_text(encoding="utf-8"))
+    found: set[str] = set()
+    for node in _imports(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name in MODULES}
+            continue
+        base = node.module or ""
+        if node.level:
+            anchor = _package(name).split(".")
+            base = ".".join(anchor[: len(anchor) - node.level + 1] + ([base] if base else []))
+        for alias in node.names:
+            sub = f"{base}.{alias.name}"
+            if sub in MODULES:
+                found.add(sub)
+            elif base in MODULES:
+                found.add(base)
+    found.discard(name)
+    return found
+
+
+GRAPH = {name: imported(name) for name in MODULES}
+
+
+def cycles() -> list[list[str]]:
+    """Every strongly connected component of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(GRAPH[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(GRAPH):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_graph_is_read() -> None:
+    # The test would pass on an empty graph: check it sees the edges it is about.
+    assert "nbmonitor.live.monitor" in GRAPH["nbmonitor.live"]
+    assert "nbmonitor.replay.run" in GRAPH["nbmonitor.replay.job"]
+    assert "nbmonitor._engine.frame" in GRAPH["nbmonitor.replay.run"]
+
+
+def test_no_import_cycles() -> None:
+    assert cycles() == []
+
+
+def test_a_cycle_is_found() -> None:
+    GRAPH["nbmonitor.errors"].add("nbmonitor.live.monitor")
+    try:
+        assert any("nbmonitor.errors" in c for c in cycles())
+    finally:
+        GRAPH["nbmonitor.errors"].discard("nbmonitor.live.monitor")
+
+
+def _in(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+# The entrances never import each other, nothing below them
+# imports either; only the package's names (and the CLI, the adapters) reach them.
+BANS = [
+    ("nbmonitor.live", "nbmonitor.replay"),
+    ("nbmonitor.replay", "nbmonitor.live"),
+]
+ENTRANCE_USERS = {
+    "nbmonitor.live": ("nbmonitor.integrations",),
+    "nbmonitor.replay": ("nbmonitor.__main__",),
+}
+
+
+@pytest.mark.parametrize(("importer", "banned"), BANS)
+def test_the_entrances_never_import_each_other(importer: str, banned: str) -> None:
+    wrong = sorted(
+        f"{a} -> {b}"
+        for a, deps in GRAPH.items()
+        if _in(a, importer)
+        for b in deps
+        if _in(b, banned)
+    )
+    assert wrong == []
+
+
+@pytest.mark.parametrize("entrance", sorted(ENTRANCE_USERS))
+def test_only_the_package_names_reach_an_entrance(entrance: str) -> None:
+    # nbmonitor/__init__ (the lazy public names) and the entrance's own modules may too.
+    allowed = ("nbmonitor", entrance, *ENTRANCE_USERS[entrance])
+    wrong = sorted(
+        f"{a} -> {b}"
+        for a, deps in GRAPH.items()
+        if a != "nbmonitor" and not any(_in(a, p) for p in allowed[1:])
+        for b in deps
+        if _in(b, entrance)
+    )
+    assert wrong == []
