@@ -19,10 +19,11 @@ imported only when it is used (extras ``tensorboard``, ``wandb``, ``mlflow``, ``
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import os
 import pathlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +33,7 @@ from nbmonitor.runs import Tail
 from nbmonitor.runs.layout import is_job, rank_dirs
 from nbmonitor.runs.reader import run_path
 from nbmonitor.sinks.base import Batch, Sink
-from nbmonitor.sinks.exporter import ExportContext, ExportError, Exporter
+from nbmonitor.sinks.exporter import ExportContext, Exporter, ExportError
 from nbmonitor.sinks.files import CSV, Parquet
 from nbmonitor.sinks.mlflow import MLflow
 from nbmonitor.sinks.prometheus import Prometheus
@@ -51,6 +52,8 @@ TARGETS: dict[str, type[Any]] = {
     "csv": CSV,
 }
 FROM_DISK = tuple(t for t in TARGETS if t != "prometheus")
+# Exported from every rank of a job (each rank its own files); the others from one rank.
+PER_RANK = frozenset({"tensorboard", "parquet", "csv"})
 # Rows handed to the sinks in one batch when a run is read back from disk.
 BATCH_ROWS = 2000
 # The streams an exporter is given (spans are the timeline's, events are not scalars).
@@ -89,7 +92,7 @@ def exporters(export: ExportSpec | Sequence[ExportSpec] | None) -> list[Exporter
     error."""
     if export is None:
         return []
-    items = [export] if isinstance(export, str) or isinstance(export, Exporter) else export
+    items = [export] if isinstance(export, (str, Exporter)) else export
     if not isinstance(items, (list, tuple)):
         raise TypeError(
             f"nbmonitor.attach: export= takes a name, an exporter or a list of them, not "
@@ -148,10 +151,8 @@ def batches(path: pathlib.Path) -> Iterator[tuple[Batch, int, int]]:
     files = RunFiles(path)
     total = 0
     for stream in STREAMS:
-        try:
+        with contextlib.suppress(OSError):
             total += files.file(stream).stat().st_size
-        except OSError:
-            pass
     tail = Tail(path, streams=STREAMS)
     while True:
         new = tail.poll()
@@ -228,6 +229,7 @@ def _where(sink: Sink) -> str:
 __all__ = [
     "CSV",
     "FROM_DISK",
+    "PER_RANK",
     "TARGETS",
     "ExportContext",
     "ExportError",

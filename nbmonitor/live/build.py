@@ -24,7 +24,7 @@ from nbmonitor.errors import ErrorLog
 from nbmonitor.health import Health, non_finite_gradients
 from nbmonitor.health.view import RankColumns
 from nbmonitor.live.lifetime import Lifetime, flush_tick
-from nbmonitor.sinks import Batch, FanOut, RunLogSink
+from nbmonitor.sinks import Batch, FanOut, RunLogSink, Sink
 
 
 @dataclass
@@ -41,6 +41,7 @@ class SamplerParts:
     ranks: Callable[[], RankColumns | None] | None
     clock: Callable[[], float]
     interval: float
+    exporters: Sequence[Sink] = ()  # after the run log, each behind its own guard
 
 
 def build_sampler(parts: SamplerParts) -> tuple[Pipeline, SamplerThread]:
@@ -53,8 +54,8 @@ def build_sampler(parts: SamplerParts) -> tuple[Pipeline, SamplerThread]:
         update = update_ref() if update_ref is not None else None
         return update.copy_max_bytes if update is not None and update.copy_skipped else None
 
-    # The sinks every tick's rows go to: the run log first; exporters join here.
-    sinks = life.sinks = FanOut([parts.runlog], errors, retry_after=SINK_RETRY_S)
+    # The sinks every tick's rows go to: the run log first, then the exporters.
+    sinks = life.sinks = FanOut([parts.runlog, *parts.exporters], errors, retry_after=SINK_RETRY_S)
     life.backend = parts.backend
 
     def write(streams: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:

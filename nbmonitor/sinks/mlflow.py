@@ -46,8 +46,8 @@ class MLflow:
             client = MlflowClient(self.tracking_uri)
             experiment = self.experiment or "nbmonitor"
             found = client.get_experiment_by_name(experiment)
-            exp_id = found.experiment_id if found is not None else client.create_experiment(
-                experiment
+            exp_id = (
+                found.experiment_id if found is not None else client.create_experiment(experiment)
             )
             tags = {"nbmonitor.host": context.host}
             if context.rank is not None:

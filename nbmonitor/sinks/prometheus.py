@@ -163,9 +163,9 @@ class Collector:
                         ).add_metric(gpu, value)
                     continue
                 name, factor = metric_name(field_name)
-                family(f"gpu_{name}", "gauge", f"nbmonitor GPU {field_name}", gpu_labels).add_metric(
-                    gpu, value * factor
-                )
+                family(
+                    f"gpu_{name}", "gauge", f"nbmonitor GPU {field_name}", gpu_labels
+                ).add_metric(gpu, value * factor)
         yield from families.values()
 
 
@@ -222,8 +222,10 @@ class Prometheus:
                 "nbmonitor: Prometheus serves a live run; export a run on disk to files, "
                 "TensorBoard, W&B, MLflow or trackio instead"
             )
-        if not isinstance(self.port, int) or isinstance(self.port, bool) or not (
-            0 <= self.port < 65536
+        if (
+            not isinstance(self.port, int)
+            or isinstance(self.port, bool)
+            or not (0 <= self.port < 65536)
         ):
             raise ExportError(f"nbmonitor: Prometheus(port=) must be 0..65535, not {self.port!r}")
         try:
@@ -239,9 +241,9 @@ class Prometheus:
             else:
                 registry = CollectorRegistry(auto_describe=False)
                 switch = _Switch(key)
-                registry.register(switch)  # type: ignore[arg-type]
+                registry.register(switch)
                 try:
-                    server, thread = start_http_server(self.port, self.addr, registry=registry)
+                    server, thread = start_http_server(self.port, self.addr, registry)
                 except OSError as exc:
                     why = "in use" if exc.errno == errno.EADDRINUSE else exc.strerror or str(exc)
                     raise ExportError(

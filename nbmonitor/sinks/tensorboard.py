@@ -65,9 +65,7 @@ class TensorBoardSink:
 
     name = "tensorboard"
 
-    def __init__(
-        self, root: pathlib.Path, writer: Any, event_pb2: Any, summary_pb2: Any
-    ) -> None:
+    def __init__(self, root: pathlib.Path, writer: Any, event_pb2: Any, summary_pb2: Any) -> None:
         self.root = root
         self._writer_class = writer
         self._event = event_pb2.Event

@@ -47,7 +47,7 @@ class WandB:
             import wandb
         except ImportError:
             raise missing("W&B", "wandb", "wandb") from None
-        run = wandb.run
+        run: Any = wandb.run  # the active run of this (the attaching) thread
         started = run is None
         if started:
             init: dict[str, Any] = {
