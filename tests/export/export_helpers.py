@@ -68,20 +68,31 @@ def assert_same(exported: Exported, path: pathlib.Path, float32: bool = False) -
         if not cols:
             continue
         steps = cols["step"].astype(np.int64)
-        index = {int(s): i for i, s in enumerate(steps)}
         for key, col in cols.items():
             if key in ("step", "time"):
                 continue
             tag = f"{prefix}/{key}"
             expected_tags.add(tag)
-            got = exported[tag]
-            if stream == "system":  # steps repeat: every row, in order
-                assert [s for s, _ in got] == steps.tolist(), tag
-                values = np.array([v for _, v in got], dtype=np.float64)
-            else:
-                values = np.full(len(steps), math.nan)
-                for s, v in got:
-                    values[index[s]] = v
+            # Each exported point, in order, on the next row with its step (steps repeat: two
+            # system samples, a layer row of norms and one of ratios, may share a step).
+            values = np.full(len(steps), math.nan)
+            row = 0
+            for s, v in exported[tag]:
+                while row < len(steps) and not (
+                    steps[row] == s and math.isnan(col[row]) == math.isnan(v)
+                ):
+                    row += 1
+                assert row < len(steps), f"{tag}: step {s} not in the run (or out of order)"
+                values[row] = v
+                row += 1
             want = col.astype(np.float32).astype(np.float64) if float32 else col
             np.testing.assert_array_equal(values, want, err_msg=tag)
     assert set(exported) == expected_tags
+
+
+def wandb_teardown() -> None:
+    """Forget W&B's process-wide state (its settings singleton, its service): the next test
+    starts from the environment it sets."""
+    import wandb
+
+    wandb.teardown()

@@ -16,10 +16,10 @@ from collections import defaultdict
 
 import numpy as np
 import pytest
+from tests.export.export_helpers import STEPS, assert_same, make_run, wandb_teardown
 
 import nbmonitor
 from nbmonitor.export import export_run
-from tests.export.export_helpers import STEPS, assert_same, make_run
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -109,7 +109,7 @@ def _wandb_history(folder: pathlib.Path) -> dict[str, list[tuple[int, float]]]:
 
 
 def test_wandb_offline_run_reads_back_every_key_and_step(
-    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> None:
     pytest.importorskip("wandb.sdk.internal.datastore")
     for key in ("WANDB_API_KEY", "WANDB_ENTITY", "WANDB_PROJECT", "WANDB_RUN_ID"):
@@ -117,6 +117,7 @@ def test_wandb_offline_run_reads_back_every_key_and_step(
     monkeypatch.setenv("WANDB_MODE", "offline")  # as a user without a network sets it
     monkeypatch.setenv("WANDB_SILENT", "true")
     path = make_run(tmp_path / "runs")
+    request.addfinalizer(wandb_teardown)
     nbmonitor.open(path).export("wandb", dir=tmp_path)
     assert_same(_wandb_history(tmp_path), path)
 
@@ -168,6 +169,6 @@ def test_trackio_sqlite_reads_back_every_key_and_step(tmp_path: pathlib.Path) ->
     exported: dict[str, list[tuple[int, float]]] = defaultdict(list)
     for step, metrics in rows:
         for key, value in json.loads(metrics).items():
-            # trackio stores JSON: a NaN comes back as null
-            exported[key].append((step, math.nan if value is None else value))
+            # trackio stores JSON: a NaN comes back as null or as the text "NaN"
+            exported[key].append((step, math.nan if value is None else float(value)))
     assert_same(exported, path)
