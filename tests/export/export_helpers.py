@@ -4,6 +4,7 @@ for every key and step."""
 
 from __future__ import annotations
 
+import json
 import math
 import pathlib
 from collections.abc import Mapping, Sequence
@@ -53,8 +54,12 @@ def make_run(root: pathlib.Path, name: str = "export", *, close: bool = True) ->
         events = [{"rule": "loss_spike", "severity": "warning", "message": "m", "step": start}]
         log.write(Batch({"steps": steps, "system": system, "layers": layers, "events": events}))
         log.flush()
-    if close:
-        log.close({"status": "closed", "steps": STEPS})
+    log.close({"status": "closed", "steps": STEPS})
+    if not close:  # as a writer that has not closed yet leaves it: no end, no status
+        meta = json.loads((log.path / "meta.json").read_text())
+        for key in ("end_time", "status", "steps", "errors"):
+            meta.pop(key, None)
+        (log.path / "meta.json").write_text(json.dumps(meta))
     return log.path
 
 
