@@ -29,6 +29,7 @@ import numpy as np
 
 from nbmonitor.runs import Tail, decode, open_run
 from nbmonitor.runs.decode import to_columns
+from nbmonitor.runs.files import RunFolder
 from nbmonitor.runs.format import encode_lines
 from nbmonitor.runs.sidecar import read_chunks
 from nbmonitor.sinks import Batch, RunLogSink
@@ -122,8 +123,14 @@ def main() -> None:
         h = open_run(closed.path).history()
         assert len(h) == args.metrics and len(h["step"]) == args.rows
         assert len(open_run(killed.path).history()["step"]) == killed_rows
-        chunks, _ = read_chunks(killed.path / "columns" / "steps", 2**62, spans_only=True)
-        in_text = killed_rows - sum(n for _, n in chunks)
+        chunks, _ = read_chunks(
+            RunFolder(killed.path),
+            ["columns", "steps"],
+            ["steps.jsonl"],
+            steps.stat().st_size,
+            spans_only=True,
+        )
+        in_text = killed_rows - sum(b.rows for b in chunks)
         print(f"  killed run: {len(chunks)} chunks, {in_text:,} rows past them as text only")
         print("open_run(path).history()")
         _report(

@@ -9,11 +9,13 @@ const outdir = path.join(here, "..", "nbmonitor", "static");
 const watch = process.argv.includes("--watch");
 
 const options = {
-  // One output per entry point: widget.js, widget.css and profile.js (the profile table).
+  // One output per entry point: widget.js, widget.css, profile.js (the profile table) and
+  // devices.js (the panel of nbmonitor.devices()).
   entryPoints: [
     path.join(here, "src", "widget.js"),
     path.join(here, "src", "widget.css"),
     path.join(here, "src", "profile.js"),
+    path.join(here, "src", "devices.js"),
   ],
   outdir,
   bundle: true,

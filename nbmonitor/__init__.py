@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from nbmonitor.errors import NonFiniteError, RunDirError
     from nbmonitor.health import Thresholds
     from nbmonitor.live import Monitor, Profile, attach
+    from nbmonitor.machine import DeviceWatch, devices
     from nbmonitor.replay import Job, Run, compare, open, tail
     from nbmonitor.runs import list_runs
 
@@ -39,6 +40,8 @@ _WHERE = {
     "summary": "nbmonitor.debug",
     "Thresholds": "nbmonitor.health",
     "Profile": "nbmonitor.live",
+    "devices": "nbmonitor.machine",
+    "DeviceWatch": "nbmonitor.machine",
 }
 
 
@@ -58,6 +61,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "DeviceWatch",
     "Job",
     "Monitor",
     "NonFiniteError",
@@ -68,6 +72,7 @@ __all__ = [
     "__version__",
     "attach",
     "compare",
+    "devices",
     "export",
     "list_runs",
     "open",

@@ -5,6 +5,7 @@
   nbmonitor runs [DIR]    list the runs in a folder (default: runs)
   nbmonitor export RUN --to tensorboard|wandb|mlflow|trackio|parquet|csv [--out DIR]
                           hand a run (or every rank of a job) on to another tool
+  nbmonitor top           the machine's GPUs and the runs being written, full screen
   nbmonitor --version     print the installed version
 
 Also runs as `python -m nbmonitor`. `nbmonitor COMMAND --help` describes each command.
@@ -13,9 +14,15 @@ Also runs as `python -m nbmonitor`. `nbmonitor COMMAND --help` describes each co
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import math
+import sys
 import time
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TextIO
 
 from nbmonitor._version import __version__
 
@@ -118,27 +125,91 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(run=lambda args: demo(args.seconds, args.run_dir, args.interval))
 
 
-def tail(run: str, interval: float) -> int:
-    """Follow a run in the terminal (the newest run when RUN is a folder of runs)."""
-    from pathlib import Path
+def _say(message: str) -> None:
+    """One line on stderr (what went wrong, or what the command waits for)."""
+    from nbmonitor.runs.text import printable
 
-    from nbmonitor.errors import RunDirError
-    from nbmonitor.replay import follow_in_terminal
+    print(printable(" ".join(message.split()), limit=1000), file=sys.stderr, flush=True)
+
+
+def _is_run(path: Path) -> bool:
+    from nbmonitor.runs.files import RunFolder
+
+    return RunFolder(path).is_file(["meta.json"])
+
+
+def _wait_for(path: Path, wait: float, interval: float) -> bool:
+    """Whether the run (or folder of runs) at ``path`` appeared within ``wait`` seconds."""
     from nbmonitor.runs import list_runs
+    from nbmonitor.runs.text import printable
+
+    def ready() -> bool:
+        if _is_run(path):
+            return True
+        try:
+            return path.is_dir() and len(list_runs(path)) > 0
+        except Exception:  # being made right now: the next look sees it
+            return False
+
+    if ready():
+        return True
+    print(
+        f"nbmonitor tail: waiting for {printable(str(path))} to appear "
+        f"(up to {wait:g} s; --wait sets how long)",
+        flush=True,
+    )
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        time.sleep(min(interval, 0.5, max(0.0, deadline - time.monotonic())))
+        if ready():
+            return True
+    return False
+
+
+def tail(run: str, interval: float, wait: float, tui: bool = False) -> int:
+    """Follow a run in the terminal (the newest run when RUN is a folder of runs)."""
+    from nbmonitor.replay import follow_in_terminal
+    from nbmonitor.runs import list_runs, open_run
+    from nbmonitor.runs.layout import is_job
+    from nbmonitor.runs.text import printable
 
     path = Path(run)
-    if path.is_dir() and not (path / "meta.json").exists():
+    if tui:  # the full-screen app says itself what is wrong with RUN
+        from nbmonitor.machine.top import tail_tui
+
+        if path.is_dir() and not _is_run(path) and len(table := list_runs(path)):
+            path = Path(str(table[0]["path"]))
+        return tail_tui(str(path), interval)
+    if not path.exists() and not path.absolute().parent.is_dir():
+        _say(
+            f"nbmonitor tail: no run at '{run}', and its folder '{path.absolute().parent}' "
+            "does not exist either; check the path."
+        )
+        return 2
+    if not _wait_for(path, wait, interval):
+        if path.is_dir():
+            _say(f"nbmonitor tail: no run appeared in '{run}' within {wait:g} s; pass the "
+                 "folder of one run, or --wait SECONDS to wait longer.")  # fmt: skip
+            return 1
+        _say(f"nbmonitor tail: '{run}' did not appear within {wait:g} s; check the path, or "
+             "pass --wait SECONDS to wait longer.")  # fmt: skip
+        return 1
+    if path.is_dir() and not _is_run(path):
         table = list_runs(path)
         if not len(table):
-            print(f"nbmonitor tail: no runs in {path}; pass the folder of one run.")
+            _say(f"nbmonitor tail: no runs in {path}; pass the folder of one run.")
             return 2
         path = Path(str(table[0]["path"]))
-    try:
-        steps = follow_in_terminal(path, interval)
-    except RunDirError as exc:
-        print(exc)
-        return 2
-    print(f"nbmonitor tail: {path.name}: {steps} steps")
+    steps = follow_in_terminal(path, interval)
+    name = printable(path.name)
+    status = "closed" if is_job(path) else open_run(path).status
+    if status in ("closed", "degraded"):
+        print(f"nbmonitor tail: {name}: {steps} steps, the run {status}")
+    elif status == "killed":
+        print(f"nbmonitor tail: {name}: {steps} steps; stopped following: the writer is gone "
+              "and the run was never closed (killed)")  # fmt: skip
+    else:
+        print(f"nbmonitor tail: {name}: {steps} steps; stopped following ({status})")
     return 0
 
 
@@ -149,8 +220,9 @@ def _add_tail(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description=(
             "Print a status line for a run that another process (a script, a job on a "
             "cluster writing to a shared filesystem) is writing, reading only the new "
-            "records each time, until the run closes (Ctrl-C stops following). RUN is the "
-            "folder of one run, or a folder of runs (then its newest run)."
+            "records each time, until the run closes or its writer is gone (Ctrl-C stops "
+            "following). RUN is the folder of one run, or a folder of runs (then its newest "
+            "run); a RUN that does not exist yet is waited for (--wait)."
         ),
     )
     p.add_argument("target", metavar="RUN", help="the run's folder, or a folder of runs")
@@ -160,7 +232,16 @@ def _add_tail(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=2.0,
         help="seconds between reads and status lines (default: %(default)g)",
     )
-    p.set_defaults(run=lambda args: tail(args.target, args.interval))
+    p.add_argument(
+        "--wait",
+        type=_positive,
+        default=60.0,
+        help="seconds to wait for RUN to appear when it does not exist yet (default: %(default)g)",
+    )
+    p.add_argument(
+        "--tui", action="store_true", help="the run's curves and alerts full screen (Textual)"
+    )
+    p.set_defaults(run=lambda args: tail(args.target, args.interval, args.wait, args.tui))
 
 
 def runs(folder: str) -> int:
@@ -175,7 +256,7 @@ def _add_runs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "runs",
         help="list the runs in a folder",
         description="List the runs in a folder, newest first: name, start, steps, status, "
-        "final loss and backend.",
+        "final loss and backend. A run that cannot be read is a row saying why.",
     )
     p.add_argument("folder", nargs="?", default="runs", help="default: %(default)s")
     p.set_defaults(run=lambda args: runs(args.folder))
@@ -279,12 +360,99 @@ def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.set_defaults(run=lambda args: export(args.target, args.to.lower(), args.out))
 
 
+class _Printable(io.TextIOBase):
+    """A text stream that passes on what it is given with control characters (ESC among
+    them) shown as ``?``: the reading commands print names, alert messages and keys that came
+    from run folders, and nothing in a file may drive the terminal."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, s: str) -> int:
+        from nbmonitor.runs.text import strip_controls
+
+        self._stream.write(strip_controls(s))
+        return len(s)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def isatty(self) -> bool:
+        return self._stream.isatty()
+
+
+def _show_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: TextIO | None = None,
+    line: str | None = None,
+) -> None:
+    """A warning as one line (the reader's RunDataWarning names file, line and why)."""
+    _say(f"warning: {message}")
+
+
+@contextlib.contextmanager
+def _reading_output() -> Iterator[None]:
+    """For the commands that print what run folders hold: control characters stripped from
+    stdout and stderr, warnings one line each, errors one line and an exit status."""
+    out, err, show = sys.stdout, sys.stderr, warnings.showwarning
+    sys.stdout, sys.stderr = _Printable(out), _Printable(err)
+    warnings.showwarning = _show_warning
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr, warnings.showwarning = out, err, show
+
+
+def _add_top(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "top",
+        help="the machine's GPUs and the runs being written, full screen",
+        description=(
+            "A full-screen view of every GPU (utilisation, memory, temperature, power, clocks, "
+            "processes; sparklines coloured against the alert thresholds), the machine, and "
+            "the runs being written under --runs with their step, loss, throughput, ETA and "
+            "alerts (enter opens a run's curves). Keys: q quit, s save a snapshot, r reset "
+            "the history, / filter, arrows move. Prints the tables once with --once or when "
+            "the output is not a terminal. Needs the tui extra (Textual), but for --once."
+        ),
+    )
+    p.add_argument("--runs", default="runs", help="folder of runs to follow (default: %(default)s)")
+    p.add_argument(
+        "--interval",
+        type=_positive,
+        default=1.0,
+        help="seconds between samples and reads (default: %(default)g)",
+    )
+    p.add_argument("--once", action="store_true", help="print the tables once and exit")
+    p.add_argument("--no-devices", action="store_true", help="runs only: do not sample GPUs")
+    p.add_argument("--pcie", action="store_true", help="also PCIe throughput (~20 ms per GPU)")
+    p.add_argument("--save-dir", default=".", help="where s saves snapshots (default: %(default)s)")
+
+    def run(args: argparse.Namespace) -> int:
+        from nbmonitor.machine.top import top
+
+        return top(
+            args.runs,
+            args.interval,
+            once=args.once,
+            devices=not args.no_devices,
+            pcie=args.pcie,
+            save_dir=args.save_dir,
+        )
+
+    p.set_defaults(run=run)
+
+
 # One function per command: each adds its parser and sets `run` (args -> exit status).
 COMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
     _add_demo,
     _add_tail,
     _add_runs,
     _add_export,
+    _add_top,
 ]
 
 
@@ -303,7 +471,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    status: int = args.run(args)
+    # demo trains; top and tail --tui own the screen (Textual draws it with escapes).
+    if args.command in ("demo", "top") or getattr(args, "tui", False):
+        status: int = args.run(args)
+        return status
+    from nbmonitor.errors import RunDirError
+
+    with _reading_output():
+        try:
+            status = args.run(args)
+        except RunDirError as exc:  # what was wrong with the folder, in one line
+            _say(f"nbmonitor {args.command}: {str(exc).removeprefix('nbmonitor: ')}")
+            return 2
+        except KeyboardInterrupt:
+            return 130
+        except Exception as exc:  # never a traceback for a folder's content: one line
+            _say(f"nbmonitor {args.command}: failed ({type(exc).__name__}: {exc})")
+            return 1
     return status
 
 

@@ -16,6 +16,8 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from nbmonitor.memory import MemoryBreakdown
+
 FloatArray = npt.NDArray[np.float64]
 
 
@@ -175,6 +177,12 @@ PHASE_KEYS = tuple(f"phase_{name}_s" for name in PHASES)
 MEASURED_KEYS = MEASURED_KEYS | frozenset(PHASE_KEYS)
 
 
+# LogRecord.source, in order of precedence.
+LOGGED = 0
+FROM_BACKWARD = 1
+FROM_OUTPUT = 2
+
+
 @dataclass(slots=True)
 class LogRecord:
     """Values from ``mon.log()`` or read from a model output, for one step."""
@@ -185,9 +193,10 @@ class LogRecord:
     # Keys whose value could not be read, with why; the sampler reports them (a tuple, so that
     # the usual record allocates nothing for it).
     dropped: tuple[tuple[str, Exception], ...] = ()
-    # Read from the model's output (``.loss``): a key ``mon.log`` also gives in the step takes
-    # the logged value alone (one loss per step, the explicit one).
-    implicit: bool = False
+    # Where the values come from: LOGGED (``mon.log``), FROM_BACKWARD (the tensors the step's
+    # backward passes started from) or FROM_OUTPUT (the model output's ``.loss``). A step's key
+    # takes the values of the first source that gives it, in that order (one loss per step).
+    source: int = 0
 
     def ready(self) -> bool:
         return all(value.ready() for _, value in self.tensors)
@@ -295,4 +304,23 @@ class FlopsRecord:
         return None
 
 
-Record = StepRecord | LogRecord | AuxRecord | FlopsRecord | PhaseRecord | SpanRecord
+@dataclass(frozen=True, slots=True)
+class MemoryRecord:
+    """What holds memory at a sampled step (``probes/memory.py``): parameters, buffers,
+    gradients and optimizer state, and the activations saved for backward on that step, as
+    ``nbmonitor.memory`` breakdown (plain data, read from tensor metadata)."""
+
+    breakdown: MemoryBreakdown
+
+    @property
+    def step(self) -> int:
+        return self.breakdown.step
+
+    def ready(self) -> bool:
+        return True
+
+    def wait(self) -> None:
+        return None
+
+
+Record = StepRecord | LogRecord | AuxRecord | FlopsRecord | PhaseRecord | SpanRecord | MemoryRecord

@@ -70,6 +70,9 @@ CONSTANTS: dict[str, int] = {
     "NVML_CLOCK_MEM": 2,
     "NVML_PCIE_UTIL_TX_BYTES": 0,
     "NVML_PCIE_UTIL_RX_BYTES": 1,
+    "NVML_FEATURE_DISABLED": 0,
+    "NVML_FEATURE_ENABLED": 1,
+    "NVML_NVLINK_MAX_LINKS": 18,
     "nvmlMemory_v2": 0x02000028,
     "nvmlTemperature_v1": 0x0100000C,
     "nvmlClocksEventReasonGpuIdle": 0x001,
@@ -104,6 +107,8 @@ class FakeGpu:
     clocks_event_reasons: int = 0
     processes: list[tuple[int, int | None]] = field(default_factory=list)  # (pid, bytes)
     pcie_kb_s: tuple[int, int] = (1000, 2000)  # (tx, rx)
+    pcie_link: tuple[int, int] = (5, 16)  # (generation, width)
+    nvlinks: int = 0  # NVLink links up; 0: no NVLink (the state call says NotSupported)
     # Functions that raise NotSupported on this GPU, and an error raised by every call.
     unsupported: set[str] = field(default_factory=set)
     fail_with: type[NVMLError] | None = None
@@ -239,3 +244,16 @@ class FakeNvml(types.ModuleType):
 
     def _fn_nvmlDeviceGetPcieThroughput(self, gpu: FakeGpu, counter: int) -> int:
         return gpu.pcie_kb_s[counter]
+
+    def _fn_nvmlDeviceGetCurrPcieLinkGeneration(self, gpu: FakeGpu) -> int:
+        return gpu.pcie_link[0]
+
+    def _fn_nvmlDeviceGetCurrPcieLinkWidth(self, gpu: FakeGpu) -> int:
+        return gpu.pcie_link[1]
+
+    def _fn_nvmlDeviceGetNvLinkState(self, gpu: FakeGpu, link: int) -> int:
+        if not gpu.nvlinks:
+            raise NVMLError_NotSupported(NVML_ERROR_NOT_SUPPORTED)
+        if link >= 18:
+            raise NVMLError(2)  # NVML_ERROR_INVALID_ARGUMENT
+        return 1 if link < gpu.nvlinks else 0

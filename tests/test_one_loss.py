@@ -1,5 +1,6 @@
-"""One loss per step: a model's ``.loss`` and ``mon.log(loss=...)`` in the same step are not
-averaged; the logged value wins, and the output's stands where nothing was logged."""
+"""One loss per step: a model's ``.loss``, the backward passes' roots and ``mon.log(loss=...)``
+in the same step are not averaged; the logged value wins, then the sum of what the step's
+backward passes started from, then the output's ``.loss``."""
 
 from __future__ import annotations
 
@@ -30,8 +31,8 @@ def test_the_logged_loss_wins_over_the_models_output(tmp_path: Path) -> None:
                 mon.log(loss=out.loss * 10)  # e.g. the loss scaled back up, as a loop logs it
                 want.append(out.loss.item() * 10)
             else:
-                # Nothing logged: the mean of the output's losses of the step.
-                want.append(sum(outputs) / 2)
+                # Nothing logged: what the step's backward passes started from, added up.
+                want.append(sum(outputs))
         mon.flush()
         h = mon.history()
     np.testing.assert_allclose(h["loss"], want, rtol=1e-6)

@@ -105,6 +105,39 @@ def explode_mid_run(steps: int, attach: Attach) -> None:
         mon.log(loss=loss)
 
 
+GRAD_SPIKE_AT = 120
+
+
+def grad_spike(steps: int, attach: Attach, clip: float | None = None) -> None:
+    # At one step the gradient reaching the middle Linear (module 2) is 1000x what it should
+    # be (a fused kernel's bug, a bad loss-scale hand-off): it and every layer before it get a
+    # 1000x gradient for that step only; the head (4) does not.
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    task = Teacher()
+
+    def blow_up(module: nn.Module, args: object, output: torch.Tensor) -> None:
+        output.register_hook(lambda grad: grad * 1000.0)
+
+    mon = attach(model, opt, total_steps=steps)
+    for step in range(1, steps + 1):
+        handle = model[2].register_forward_hook(blow_up) if step == GRAD_SPIKE_AT + 1 else None
+        x, y = task.batch()
+        loss = (model(x) - y).pow(2).mean()
+        loss.backward()
+        if handle is not None:
+            handle.remove()
+        if clip is not None:
+            nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+        opt.zero_grad()
+        mon.log(loss=loss)
+
+
+def grad_spike_clipped(steps: int, attach: Attach) -> None:
+    grad_spike(steps, attach, clip=1.0)
+
+
 def vanishing_sigmoid(steps: int, attach: Attach) -> None:
     model = mlp(width=16, depth=24, act=nn.Sigmoid)
     regression(model, torch.optim.SGD(model.parameters(), lr=0.01), steps, attach)
@@ -237,6 +270,13 @@ BROKEN = (
              adam_eps_huge, 400, 80, ("update_ratio_low", "loss_plateau"), "0.weight"),
     Scenario("explode_mid_run", "MLP", f"one input feature 1000x from step {EXPLODE_AT}",
              explode_mid_run, 400, 220, ("exploding_gradients",), "0.weight", EXPLODE_AT),
+    Scenario("grad_spike", "MLP",
+             f"the gradient into Linear 2 x1000 at step {GRAD_SPIKE_AT + 1} only", grad_spike,
+             300, 160, ("gradient_spike", "exploding_gradients", "loss_spike"), "2.weight",
+             GRAD_SPIKE_AT),
+    Scenario("grad_spike_clipped", "MLP",
+             "the same spike, clip_grad_norm_(1.0) every step", grad_spike_clipped, 300, 160,
+             ("gradient_spike",), "2.weight", GRAD_SPIKE_AT),
     Scenario("vanishing_sigmoid", "MLP", "24 sigmoid layers", vanishing_sigmoid, 200, 60,
              ("vanishing_gradients",), "0.weight"),
     Scenario("bad_init_small", "MLP", "8 ReLU layers initialised 1000x too small",

@@ -58,6 +58,20 @@ def mlp_sgd_steplr(steps: int, attach: Attach) -> None:
     regression(model, opt, steps, attach, sched=sched)
 
 
+def sgd_momentum_regression(steps: int, attach: Attach) -> None:
+    # Plain SGD with momentum from the first step: early updates are large against the small
+    # initial weights of some layers while the momentum builds, and that is healthy.
+    model = mlp(width=16, depth=3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    regression(model, opt, steps, attach)
+
+
+def sgd_momentum_nesterov_wide(steps: int, attach: Attach) -> None:
+    model = mlp(width=64, depth=2, act=nn.GELU)
+    opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.95, nesterov=True)
+    regression(model, opt, steps, attach, width=64)
+
+
 def mlp_clipped(steps: int, attach: Attach) -> None:
     # Clipping as a guard rail: active on a few steps, not most.
     model = mlp(width=16, depth=3)
@@ -156,6 +170,10 @@ HEALTHY = (
     Scenario("classify_sgd_long", "MLP", "SGD classifier, loss to ~0 and flat", classify_sgd_long,
              5000, 1000),
     Scenario("mlp_sgd_steplr", "MLP", "SGD momentum + StepLR, tanh", mlp_sgd_steplr, 2000, 400),
+    Scenario("sgd_momentum", "MLP", "SGD momentum 0.9, lr 0.05, no schedule",
+             sgd_momentum_regression, 4000, 400),
+    Scenario("sgd_nesterov_wide", "MLP", "SGD Nesterov momentum 0.95, 64 wide, GELU",
+             sgd_momentum_nesterov_wide, 3000, 400),
     Scenario("mlp_clipped", "MLP", "SGD momentum + clip_grad_norm_(1.0)", mlp_clipped, 2000, 400),
     Scenario("mlp_relu_activations", "MLP", "AdamW, activations=True", mlp_relu_activations,
              1500, 300),

@@ -4,6 +4,7 @@ tracked parameters, the probes, the step clock that calls them, and the recorder
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -18,9 +19,11 @@ from nbmonitor._capture.probes.flops import FlopsProbe
 from nbmonitor._capture.probes.forward_check import ForwardCheckProbe
 from nbmonitor._capture.probes.grad_norms import GradNormProbe
 from nbmonitor._capture.probes.hf_loss import OutputLossProbe
+from nbmonitor._capture.probes.memory import MemoryProbe
 from nbmonitor._capture.probes.update_ratio import UpdateRatioProbe
 from nbmonitor._capture.recorder import Recorder
 from nbmonitor.errors import ErrorLog, Guard
+from nbmonitor.options import DEFAULT_LAYER_EVERY
 
 
 @dataclass
@@ -32,6 +35,7 @@ class Capture:
     n_optimized: int
     grad_norms: GradNormProbe
     update_ratio: UpdateRatioProbe | None
+    memory: MemoryProbe
 
 
 def build_capture(
@@ -72,6 +76,8 @@ def build_capture(
     if activations:
         probes.append(ActivationsProbe(guard("activations"), model, layer_every))
     probes.append(OutputLossProbe(guard("output_loss")))
+    memory = MemoryProbe(guard("memory"), model, layer_every or DEFAULT_LAYER_EVERY, wall_clock)
+    probes.append(memory)
     grad = GradNormProbe(guard("grad_norms"), params, param_names, raise_non_finite)
     probes.append(grad)
     update = None
@@ -97,4 +103,11 @@ def build_capture(
         clock=clock,
         wall_clock=wall_clock,
     )
-    return Capture(recorder, step_clock, params, param_names, n_optimized, grad, update)
+    clock_ref = weakref.ref(step_clock)  # the model's hooks hold the clock, which holds this
+
+    def clock_optimizer() -> torch.optim.Optimizer | None:
+        held = clock_ref()
+        return held.optimizer if held is not None else None
+
+    memory.bind(clock_optimizer)
+    return Capture(recorder, step_clock, params, param_names, n_optimized, grad, update, memory)

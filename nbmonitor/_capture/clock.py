@@ -20,6 +20,7 @@ from torch.utils.hooks import RemovableHandle
 
 from nbmonitor._capture import adopt, inputs, intercept
 from nbmonitor._capture.backward_end import BackwardEnd
+from nbmonitor._capture.backward_loss import BackwardLoss
 from nbmonitor._capture.closure import after_closure
 from nbmonitor._capture.inputs import (
     batch_size,
@@ -39,8 +40,9 @@ from nbmonitor.records import StepRecord
 _eager: Callable[[Callable[..., None]], Callable[..., None]] = torch.compiler.disable
 
 
-# One Guard each ("forward" guards an adapter's batch_started too; "optimizer_pre_step" adoption).
-_HOOKS = "forward_pre forward backward optimizer_pre_step optimizer_post_step clip scaler_step"
+# One Guard each ("forward" guards an adapter's batch_started too; "optimizer_pre_step" adoption;
+# "loss" the backward passes' roots and GradScaler.scale).
+_HOOKS = "forward_pre forward backward optimizer_pre_step optimizer_post_step clip scaler_step loss"
 
 
 class StepClock:
@@ -109,6 +111,7 @@ class StepClock:
         # Inside GradScaler.step for our optimizer, and whether the optimizer stepped there.
         self._in_scaler_step = False
         self._stepped = False
+        self._loss = BackwardLoss(self.ctx)
         self._step_depth = 0  # optimizer.step() calls under way (see _step_pre)
 
     @property
@@ -151,6 +154,8 @@ class StepClock:
         forward = _eager(self._forward)
         self.handles.append(m.register_forward_hook(forward, with_kwargs=True))
         self._param_ids = frozenset(id(p) for p in m.parameters())
+        # The backward passes' roots (the loss) are read with or without an optimizer.
+        self._unlisten = intercept.listen(self)
         if self.optimizer is not None:
             self._watch_optimizer(self.optimizer)
         else:
@@ -161,7 +166,6 @@ class StepClock:
     def _watch_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         self.handles.append(optimizer.register_step_pre_hook(self._step_pre))
         self.handles.append(optimizer.register_step_post_hook(self._step_post))
-        self._unlisten = intercept.listen(self)
         self.handles.extend(self.phases.install(self._model_ref()))  # the backward's end
 
     def adopt(self, optimizer: torch.optim.Optimizer) -> bool:
@@ -398,11 +402,22 @@ class StepClock:
             for listener in tuple(self.step_listeners):
                 listener(ctx.step)
 
-    # -- the clip and GradScaler listeners (intercept.py sees the loop call them) ------------
+    # -- the clip, GradScaler and backward listeners (intercept.py sees the loop call them) ---
+
+    def loss_scaled(self, scaled: torch.Tensor, loss: torch.Tensor) -> None:
+        if self.ctx.micro:
+            self._guarded("loss", lambda: self._loss.scaled(scaled, loss))
+
+    def backward_called(self, tensors: object, grad_tensors: object) -> None:
+        # Only while this model's step is under way (a forward or an adapter's batch since the
+        # last step ended): a backward of something else, between steps, is not its loss.
+        if self.ctx.micro and grad_tensors is None:
+            self._guarded("loss", lambda: self._loss.started(tensors))
 
     def clip_started(self, params: list[torch.Tensor]) -> None:
-        # Another model's clip (or one of no parameters) is not this step's.
-        if params and id(params[0]) in self._param_ids:
+        # Another model's clip (or one of no parameters) is not this step's; without an
+        # optimizer a step ends with its backward, before any clip.
+        if params and id(params[0]) in self._param_ids and self.optimizer is not None:
             self._guarded("clip", self._clip_start)
 
     def _clip_start(self) -> None:
@@ -412,7 +427,7 @@ class StepClock:
             self._call(self._at["clip"])
 
     def clip_done(self, params: list[torch.Tensor], total: torch.Tensor, max_norm: object) -> None:
-        if params and id(params[0]) in self._param_ids:
+        if params and id(params[0]) in self._param_ids and self.optimizer is not None:
             self._guarded("clip", lambda: self.ctx.clip_ended(total, max_norm))
 
     def scaler_step_started(self, optimizer: object) -> None:

@@ -1,4 +1,4 @@
-"""The two torch calls the step clock watches while a monitor is attached, besides its hooks.
+"""The torch calls the step clock watches while a monitor is attached, besides its hooks.
 
 - ``torch.nn.utils.clip_grad_norm_``: ``grad_norm`` is what it returns, the norm *before*
   clipping. The optimizer's pre-step hook runs after the clip has scaled the gradients (a
@@ -6,6 +6,11 @@
   return value (a tensor; no sync) is recorded as the step's total.
 - ``torch.amp.GradScaler.step``: when the scaler finds inf/NaN it skips ``optimizer.step()``,
   so no optimizer hook runs; a scaler step with no optimizer step inside is a skipped step.
+- ``torch.autograd.backward`` (which ``Tensor.backward`` calls, as do ``accelerator.backward``,
+  Lightning's closure and the HF Trainer): the tensors a backward pass starts from are the
+  step's loss when the loop logs none (``backward_loss.py``).
+- ``torch.amp.GradScaler.scale``: what it was given, so that a backward through its result is
+  read as the loss before scaling.
 
 Both are replaced by wrappers on the module/class while at least one listener is attached
 and put back when the last one leaves (unless someone replaced them since: then theirs stays
@@ -39,6 +44,12 @@ class Listener(Protocol):
 
     def scaler_step_done(self, optimizer: object) -> None: ...
 
+    def loss_scaled(self, scaled: torch.Tensor, loss: torch.Tensor) -> None:
+        """``GradScaler.scale(loss)`` returned ``scaled``."""
+
+    def backward_called(self, tensors: object, grad_tensors: object) -> None:
+        """``torch.autograd.backward`` is about to run from ``tensors``."""
+
 
 _lock = threading.Lock()
 # Held weakly: a monitor whose model is dropped goes away with it (its step clock holds the
@@ -52,6 +63,8 @@ def _live() -> list[Listener]:
 
 _ORIGINAL_CLIP = _clip_module.clip_grad_norm_
 _ORIGINAL_SCALER_STEP = torch.amp.GradScaler.step
+_ORIGINAL_SCALER_SCALE = torch.amp.GradScaler.scale
+_ORIGINAL_BACKWARD = torch.autograd.backward
 
 
 @functools.wraps(_ORIGINAL_CLIP)
@@ -87,6 +100,22 @@ def scaler_step(self: torch.amp.GradScaler, optimizer: Any, *args: Any, **kwargs
     return result
 
 
+@functools.wraps(_ORIGINAL_SCALER_SCALE)
+def scaler_scale(self: torch.amp.GradScaler, outputs: Any) -> Any:
+    result = _ORIGINAL_SCALER_SCALE(self, outputs)
+    if isinstance(outputs, torch.Tensor) and isinstance(result, torch.Tensor):
+        for listener in _live():
+            listener.loss_scaled(result, outputs)
+    return result
+
+
+@functools.wraps(_ORIGINAL_BACKWARD)
+def backward(tensors: Any, grad_tensors: Any = None, *args: Any, **kwargs: Any) -> None:
+    for listener in _live():
+        listener.backward_called(tensors, grad_tensors)
+    return _ORIGINAL_BACKWARD(tensors, grad_tensors, *args, **kwargs)
+
+
 # Where the function is looked up: torch.nn.utils.clip_grad_norm_ and its home module.
 _CLIP_HOMES: tuple[Any, ...] = (torch.nn.utils, _clip_module)
 
@@ -97,6 +126,11 @@ def _install() -> None:
             home.clip_grad_norm_ = clip_grad_norm_
     if torch.amp.GradScaler.step is _ORIGINAL_SCALER_STEP:
         torch.amp.GradScaler.step = scaler_step  # type: ignore[method-assign]
+    if torch.amp.GradScaler.scale is _ORIGINAL_SCALER_SCALE:
+        torch.amp.GradScaler.scale = scaler_scale  # type: ignore[method-assign]
+    # Tensor.backward looks torch.autograd.backward up at each call.
+    if torch.autograd.backward is _ORIGINAL_BACKWARD:
+        torch.autograd.backward = backward
 
 
 def _uninstall() -> None:
@@ -105,6 +139,10 @@ def _uninstall() -> None:
             home.clip_grad_norm_ = _ORIGINAL_CLIP
     if torch.amp.GradScaler.step is scaler_step:
         torch.amp.GradScaler.step = _ORIGINAL_SCALER_STEP  # type: ignore[method-assign]
+    if torch.amp.GradScaler.scale is scaler_scale:
+        torch.amp.GradScaler.scale = _ORIGINAL_SCALER_SCALE  # type: ignore[method-assign]
+    if torch.autograd.backward is backward:
+        torch.autograd.backward = _ORIGINAL_BACKWARD
 
 
 def listen(listener: Listener) -> Callable[[], None]:
@@ -133,4 +171,12 @@ def listening() -> int:
     return len(_listeners)
 
 
-__all__ = ["Listener", "clip_grad_norm_", "listen", "listening", "scaler_step"]
+__all__ = [
+    "Listener",
+    "backward",
+    "clip_grad_norm_",
+    "listen",
+    "listening",
+    "scaler_scale",
+    "scaler_step",
+]

@@ -34,7 +34,7 @@ from nbmonitor._engine.store import FloatArray, Store
 from nbmonitor.health import HealthInput
 from nbmonitor.health.alert import BACKEND, Alert
 from nbmonitor.health.view import RankColumns
-from nbmonitor.records import PHASE_KEYS
+from nbmonitor.records import PHASE_KEYS, MemoryRecord
 
 # About the most of one core that the health rules and the view may take on scheduled ticks
 # (see Stage): the rules cost ~1 ms for 50 layers and a dashboard frame 2-20 ms, which at
@@ -84,6 +84,7 @@ class Pipeline:
             "events": [],
             "layers": [],
             "spans": [],
+            "memory": [],
         }
         self._last_sample: dict[str, float] = {}
         self._notes_seen = 0
@@ -165,6 +166,10 @@ class Pipeline:
         if spans:
             self.spans.add_spans(spans)
             self._pending["spans"].extend(spans)
+        memory = [r.breakdown for r in records if isinstance(r, MemoryRecord)]
+        if memory:
+            self._pending["memory"].extend(b.to_record() for b in memory)
+            self.published = dataclasses.replace(self.published, memory=memory[-1])
         self._report_failures(assembler.failures)
         assembler.failures = []
         if assembler.groups_added:

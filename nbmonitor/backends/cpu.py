@@ -4,9 +4,9 @@ the base every other backend extends."""
 from __future__ import annotations
 
 import math
+import sys
 
 import psutil
-import torch
 
 from nbmonitor.backends._procfs import ProcCounters
 
@@ -82,7 +82,9 @@ class CpuBackend:
         out["ram_used_bytes"] = total - available
         out["ram_total_bytes"] = total
         out["ram_percent"] = (total - available) / total * 100.0 if total > 0 else math.nan
-        out["torch_threads"] = float(torch.get_num_threads())
+        # Not imported here: the machine view (nbmonitor top) samples without torch.
+        torch = sys.modules.get("torch")
+        out["torch_threads"] = float(torch.get_num_threads()) if torch is not None else math.nan
         return out
 
     def _psutil_memory(self, out: dict[str, float]) -> tuple[float, float]:

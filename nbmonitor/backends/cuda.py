@@ -20,27 +20,10 @@ import torch
 
 from nbmonitor._clock_events import THROTTLE_REASONS, THROTTLING_MASK, decode_throttle
 from nbmonitor.backends import _nvml
-from nbmonitor.backends._nvml_queries import GPU_FIELDS, PCIE_FIELDS, Gpu, Query, queries
+from nbmonitor.backends._allocator import ALLOCATOR_KEYS, AllocatorReader
+from nbmonitor.backends._nvml_queries import GPU_FIELDS, PCIE_FIELDS, Gpu, queries
+from nbmonitor.backends._nvml_reader import NvmlReader
 from nbmonitor.backends.cpu import CPU_KEYS, CpuBackend
-
-ALLOCATOR_KEYS = (
-    "cuda_allocated_bytes",
-    "cuda_reserved_bytes",
-    "cuda_peak_allocated_bytes",
-    "cuda_alloc_retries",
-    "cuda_ooms",
-)
-_ALLOCATOR_SOURCES = {
-    "cuda_allocated_bytes": "allocated_bytes.all.current",
-    "cuda_reserved_bytes": "reserved_bytes.all.current",
-    "cuda_peak_allocated_bytes": "allocated_bytes.all.peak",
-    "cuda_alloc_retries": "num_alloc_retries",
-    "cuda_ooms": "num_ooms",
-}
-
-
-class _GpuLost(Exception):
-    pass
 
 
 class CudaBackend:
@@ -52,10 +35,10 @@ class CudaBackend:
 
     ``cuda_peak_allocated_bytes`` is torch's peak counter as it stands: the peak since the
     process started (or since the user's own ``reset_peak_memory_stats``). nbmonitor never
-    resets it by default, because the counter is process-wide and code that reads
+    resets it: the counter is process-wide, and code that reads
     ``torch.cuda.max_memory_allocated()`` itself would get nbmonitor's windows instead of its
-    own. ``reset_peak=True`` opts in to resetting it after each reading (as torchtitan does
-    per log window), which makes the key the peak *since the previous sample*.
+    own. The peak of each sampling interval (``cuda_interval_peak_bytes``) comes from deltas
+    of the counters instead (``_allocator.py``).
 
     ``use_nvml=False`` (nvidia-ml-py not installed) keeps the allocator stats and leaves every
     NVML field NaN; why is in ``notes``.
@@ -69,12 +52,10 @@ class CudaBackend:
         *,
         pcie: bool = False,
         use_nvml: bool = True,
-        reset_peak: bool = False,
         notes: list[str] | None = None,
     ) -> None:
         self.device_index: int | None = device_index
         self.pcie = pcie
-        self.reset_peak = reset_peak
         self.notes: list[str] = list(notes or [])
         self._cpu = CpuBackend()
         # device_count() asks NVML through torch's own loader and does not initialise CUDA.
@@ -90,9 +71,10 @@ class CudaBackend:
         self._state = "pending" if use_nvml else "off"
         self._nvml: Any = None
         self._gpus: list[Gpu] = []
-        self._queries: list[Query] = []
-        self._latency_ns: dict[str, list[int]] = {}  # name -> [total ns, calls]
+        self._reader: NvmlReader | None = None
+        self._init_ns = 0
         self._allocator_noted = False
+        self._allocator_reader: AllocatorReader | None = None
 
     # -- the Backend contract -------------------------------------------------------------
 
@@ -126,7 +108,7 @@ class CudaBackend:
             if self._state == "ready":
                 for gpu in self._gpus:
                     out.update(self._sample_gpu(gpu))
-            out.update(self._allocator())
+            out.update(self._allocator(out))
             return out
 
     def close(self) -> None:
@@ -143,11 +125,10 @@ class CudaBackend:
     def field_latency_us(self) -> dict[str, float]:
         """Mean wall time of each NVML call (and ``nvml_init``) so far, in microseconds."""
         with self._lock:
-            return {
-                name: total / calls / 1e3
-                for name, (total, calls) in self._latency_ns.items()
-                if calls
-            }
+            out = {"nvml_init": self._init_ns / 1e3} if self._init_ns else {}
+            if self._reader is not None:
+                out.update(self._reader.latency_us())
+            return out
 
     def device_gauges(self, sample: dict[str, float]) -> list[dict[str, float | str]]:
         """One dict per GPU for the dashboard's gauges."""
@@ -178,11 +159,6 @@ class CudaBackend:
 
     # -- internals ------------------------------------------------------------------------
 
-    def _time(self, name: str, start_ns: int) -> None:
-        slot = self._latency_ns.setdefault(name, [0, 0])
-        slot[0] += time.perf_counter_ns() - start_ns
-        slot[1] += 1
-
     def _init_nvml(self) -> None:
         self._state = "off"  # unless everything below works
         nvml, reason = _nvml.load()
@@ -197,9 +173,9 @@ class CudaBackend:
                 f"NVML fields are NaN: nvmlInit failed ({exc}); torch.cuda memory stats still work."
             )
             return
-        self._time("nvml_init", start)
+        self._init_ns = time.perf_counter_ns() - start
         self._nvml = nvml
-        self._queries = queries(nvml, os.getpid(), self.pcie)
+        self._reader = NvmlReader(nvml, queries(nvml, os.getpid(), self.pcie), self.notes)
         for i in range(self.gpu_count):
             gpu = Gpu(index=i)
             try:
@@ -223,71 +199,24 @@ class CudaBackend:
 
     def _sample_gpu(self, gpu: Gpu) -> dict[str, float]:
         keys = self._gpu_keys[gpu.index]
-        out: dict[str, float] = {}
-        if gpu.lost:
-            return out
-        try:
-            for query in self._queries:
-                if query.name in gpu.disabled:
-                    continue
-                values = self._read(gpu, query)
-                if values is None:
-                    continue
-                if query.name == "energy":
-                    if gpu.energy_base_mj is None:
-                        gpu.energy_base_mj = values[0]
-                    values = ((values[0] - gpu.energy_base_mj) / 1e3,)
-                for f, v in zip(query.fields, values, strict=True):
-                    out[keys[f]] = v
-        except _GpuLost as exc:
-            gpu.lost = True
-            gpu.handle = None
-            self.notes.append(f"gpu{gpu.index}: lost ({exc.__cause__}); its fields are NaN now.")
-            return {}
-        return out
+        assert self._reader is not None
+        return {keys[f]: v for f, v in self._reader.read(gpu).items()}
 
-    def _read(self, gpu: Gpu, query: Query) -> tuple[float, ...] | None:
-        nvml = self._nvml
-        while True:
-            index = gpu.variant.get(query.name, 0)
-            if index >= len(query.variants):
-                gpu.disabled.add(query.name)  # this pynvml/driver has no such call
-                return None
-            start = time.perf_counter_ns()
-            try:
-                values = query.variants[index](gpu.handle)
-            except nvml.NVMLError as exc:
-                self._time(query.name, start)
-                if _nvml.function_missing(nvml, exc) and index + 1 < len(query.variants):
-                    gpu.variant[query.name] = index + 1  # older driver: use the older call
-                    continue
-                kind = _nvml.classify(nvml, exc)
-                if kind == "lost":
-                    raise _GpuLost() from exc
-                if kind == "unsupported":
-                    gpu.disabled.add(query.name)
-                elif query.name not in gpu.failed:
-                    gpu.failed.add(query.name)
-                    self.notes.append(f"gpu{gpu.index}: {query.name} failed ({exc}); NaN.")
-                return None
-            self._time(query.name, start)
-            return values
-
-    def _allocator(self) -> dict[str, float]:
+    def _allocator(self, sampled: dict[str, float]) -> dict[str, float]:
         # memory_stats() reads the caching allocator's counters on the host: no device sync.
+        index = self.device_index if self.device_index is not None else 0
         try:
-            stats = torch.cuda.memory_stats(self.device_index)
-            if self.reset_peak:
-                torch.cuda.reset_peak_memory_stats(self.device_index)
+            stats = torch.cuda.memory_stats(index)
+            reader = self._allocator_reader
+            if reader is None:  # once, on the sampler thread
+                total = torch.cuda.get_device_properties(index).total_memory
+                reader = self._allocator_reader = AllocatorReader(float(total))
         except (RuntimeError, AssertionError, AttributeError) as exc:
             if not self._allocator_noted:
                 self._allocator_noted = True
                 self.notes.append(f"torch.cuda.memory_stats failed ({exc}); allocator stats NaN.")
             return {}
-        return {
-            key: float(stats[src]) if src in stats else math.nan
-            for key, src in _ALLOCATOR_SOURCES.items()
-        }
+        return reader.read(stats, sampled.get(f"gpu{index}_process_mem_bytes", math.nan))
 
 
 __all__ = [

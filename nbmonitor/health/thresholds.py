@@ -19,6 +19,7 @@ class Thresholds:
 
     explode_factor: float = 10.0  # layer (or total) grad norm > factor x its running median
     explode_abs: float | None = None  # or above this absolute value
+    grad_spike_factor: float = 20.0  # one step's grad norm > factor x the recent median
     vanish_ratio: float = 1e-7  # layer grad norm / param norm below this ...
     vanish_steps: int = 20  # ... for this many consecutive recorded steps
     update_ratio_high: float = 1e-1  # ||dw||/||w|| above this: LR too high (healthy ~1e-3)
@@ -62,6 +63,7 @@ class Thresholds:
 
 _POSITIVE = (
     "explode_factor",
+    "grad_spike_factor",
     "vanish_ratio",
     "update_ratio_high",
     "update_ratio_low",

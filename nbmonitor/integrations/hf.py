@@ -7,9 +7,10 @@ It attaches to the Trainer's model and to the torch optimizer inside Accelerate'
 steps are optimizer steps (``state.global_step``, counted on from a resumed checkpoint's), and
 evaluation (no gradients) is not counted. ``grad_norm`` is what the Trainer's clip returned
 (nbmonitor sees ``clip_grad_norm_``), ``lr`` the rate the step used, as the Trainer logs them.
-The loss is the one the Trainer logs (``on_log``): under gradient accumulation the model's
-``.loss`` per micro-batch is scaled by the whole batch's token count, the logged one is not.
-With ``logging_steps`` > 1 the steps in between keep the mean of the model's ``.loss``.
+The loss of every step is what the Trainer logs at ``logging_steps=1``: the sum of the losses
+its ``training_step`` passed to backward (each micro-batch's share: divided by the accumulation
+count, or normalised by ``num_items_in_batch``), which nbmonitor reads from the backward passes
+themselves. The averages over ``logging_steps`` the Trainer logs are not mixed in.
 """
 
 from __future__ import annotations
@@ -45,20 +46,6 @@ class NbmonitorCallback(TrainerCallback):  # type: ignore[misc, unused-ignore]
             **self.options,
         }
         self.monitor = attach(model, optimizer, **options)
-
-    def on_log(
-        self,
-        args: TrainingArguments,
-        state: TrainerState,
-        control: TrainerControl,
-        logs: dict[str, float] | None = None,
-        **kwargs: Any,
-    ) -> None:
-        # After the step ended: the value belongs to it (Monitor.log) and replaces the mean of
-        # the model's .loss for that step (one loss per step).
-        mon = self.monitor
-        if mon is not None and mon.status != "closed" and logs and "loss" in logs:
-            mon.log(loss=logs["loss"])
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any

@@ -11,16 +11,15 @@ the closure returns, or as ``gradient_clip_val``'s clip starts (after
 ``on_before_optimizer_step``), so ``grad_norm`` is the norm before clipping. Each training batch
 counts as a micro-batch, its samples the leading dimension of its first tensor, whatever
 ``training_step`` calls; ``mon.log`` inside ``training_step`` belongs to the step in progress.
-The loss is ``training_step``'s, as it returned it (Lightning divides it by
-``accumulate_grad_batches`` for backward), averaged over the step's micro-batches.
+The loss is what the step's backward passes started from, added up over its micro-batches
+(Lightning divides ``training_step``'s loss by ``accumulate_grad_batches`` for backward: the sum
+is their mean), read by nbmonitor from the backward itself; ``manual_backward`` alike.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any, Unpack
 
-import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from nbmonitor.live.monitor import Monitor, attach
@@ -51,24 +50,6 @@ class NbmonitorCallback(Callback):  # type: ignore[misc, unused-ignore]
         mon = self.monitor
         if mon is not None:
             mon.batch_started(batch)
-
-    def on_train_batch_end(
-        self,
-        trainer: Trainer,
-        pl_module: LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-    ) -> None:
-        # After the optimizer step of the batch that stepped: the value belongs to that step.
-        mon = self.monitor
-        loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
-        if mon is None or not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-            return
-        accumulate = trainer.accumulate_grad_batches
-        if pl_module.automatic_optimization and accumulate != 1:
-            loss = loss * accumulate  # undo Lightning's division for backward
-        mon.log(loss=loss)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.monitor is not None:

@@ -41,6 +41,7 @@ from nbmonitor.sinks import Sink
 
 if TYPE_CHECKING:
     from nbmonitor.live.profile import Profile
+    from nbmonitor.memory import MemoryBreakdown
 
 # How long close() waits for a sampler tick in progress (a hung source) before it gives up on
 # the last interval rather than hang the notebook.
@@ -105,6 +106,7 @@ class Monitor:
         )
         # A model collected (dropped by the user) closes its run; see lifetime.py.
         self._model_ref = weakref.ref(model, life.release_soon)
+        self._memory_probe = weakref.ref(capture.memory)
         layers = layer_stats(capture.params, capture.param_names, optimizer, opts.layer_group)
         layers.module_kinds = {n: type(m).__name__ for n, m in model.named_modules() if n}
         run_name = opts.name or type(model).__name__
@@ -322,6 +324,14 @@ class Monitor:
         if self._life.closed or clock is None:
             return
         clock.log(scalars)  # TypeError for a non-numeric value: a user bug
+
+    def memory(self) -> MemoryBreakdown:
+        """What holds memory now: parameters, buffers, gradients and optimizer state by
+        category, top-level module and dtype (exact, from the tensors), and the activations
+        saved for backward on the newest sampled step. See ``nbmonitor.memory``."""
+        from nbmonitor.live.memory_reads import live_memory
+
+        return live_memory(self._memory_probe(), self._pipeline.published.memory, self.step)
 
     def span(self, name: str) -> Span:
         """A named span of time: ``with mon.span("data"): ...`` or ``@mon.span("eval")``.

@@ -17,6 +17,7 @@ from nbmonitor._capture.inputs import optimizer_parameters
 from nbmonitor._capture.probes.grad_norms import grad_norms, norm_dtype
 from nbmonitor._engine.assemble.layers import LayerStats, ParamInfo
 from nbmonitor._version import __version__
+from nbmonitor.backends.alloc_conf import alloc_conf
 from nbmonitor.backends.base import Backend
 from nbmonitor.backends.selection import model_device_type
 from nbmonitor.live.redact import redact_argv
@@ -79,6 +80,7 @@ def run_meta(
         "start_time": _dt.datetime.fromtimestamp(start, _dt.UTC).isoformat(),
         "start_timestamp": start,
         "attach": attach,
+        "allocator": alloc_conf(),
     }
 
 

@@ -20,23 +20,30 @@ def open(path: str | os.PathLike[str]) -> Run | Job:
     return Run(path)
 
 
-def tail(path: str | os.PathLike[str], interval: float = 1.0) -> Any:
+def tail(path: str | os.PathLike[str], interval: float = 1.0, wait: float = 60.0) -> Any:
     """Follow a run another process is writing, until it closes.
 
     In a notebook, returns its live dashboard (leave it last in a cell, or display it), which
     reads only the new records every ``interval`` seconds. In a terminal, prints a status line
     every ``interval`` seconds and returns the number of steps once the run closes (as
-    ``python -m nbmonitor tail RUN`` does).
+    ``python -m nbmonitor tail RUN`` does). A run that does not exist yet is waited for up
+    to ``wait`` seconds.
     """
     from nbmonitor.ui.notebook import in_notebook
 
     if in_notebook():
         return open(path).dashboard(live=True, interval=interval)
-    return follow_in_terminal(path, interval)
+    return follow_in_terminal(path, interval, wait)
 
 
-def follow_in_terminal(path: str | os.PathLike[str], interval: float = 1.0) -> int:
-    """The console view of a run being written, until it closes; the number of steps seen."""
+def follow_in_terminal(
+    path: str | os.PathLike[str], interval: float = 1.0, wait: float = 60.0
+) -> int:
+    """The console view of a run being written, until it closes (or its writer is gone); the
+    number of steps seen. A run that does not exist yet is waited for up to ``wait`` seconds
+    (RunNotFoundError after that, or at once when its parent folder is missing too)."""
+    from nbmonitor.runs.tail import wait_for_run
+    from nbmonitor.runs.text import printable
     from nbmonitor.ui.console import ConsoleView, console_logger
 
     if is_job(path):
@@ -44,6 +51,7 @@ def follow_in_terminal(path: str | os.PathLike[str], interval: float = 1.0) -> i
 
     view = ConsoleView(console_logger(install_handler=True), every=interval)
     follower = Follow(path, [view], interval)
+    wait_for_run(follower.tail, wait, say=lambda m: print(printable(m), flush=True))
     try:
         while not follower.refresh():
             time.sleep(interval)

@@ -13,11 +13,11 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from nbmonitor._engine.derive.job_report import read_state, straggler_alerts, summary_record
+from nbmonitor._engine.derive.job_report import read_state, straggler_alerts
 from nbmonitor._engine.derive.ranks import (
     RankState,
     align,
@@ -30,9 +30,7 @@ from nbmonitor._engine.derive.ranks_frame import RanksFrame, ranks_frame
 from nbmonitor.health import Alert, Health, HealthInput, Thresholds
 from nbmonitor.health.rules.stragglers import Stragglers
 from nbmonitor.replay.run import Run
-from nbmonitor.runs.format import write_json_atomic
 from nbmonitor.runs.job import JobFiles, JobTail, job_status
-from nbmonitor.runs.layout import SUMMARY
 
 
 class Job:
@@ -41,9 +39,9 @@ class Job:
 
     ``ranks`` maps each rank to its run (``nbmonitor.Run``: its own ``history()``,
     ``dashboard()``...); ``per_step()`` is the cross-rank table of step times;
-    ``summary()`` the cross-rank summary (also written to ``ranks_summary.json`` once every
-    rank has closed); ``alerts()`` the stragglers and disagreeing ranks; ``dashboard()`` the
-    ranks panel, live with ``live=True``.
+    ``summary()`` the cross-rank summary (computed in memory; the writer's rank 0 writes
+    ``ranks_summary.json`` at close); ``alerts()`` the stragglers and disagreeing ranks;
+    ``dashboard()`` the ranks panel, live with ``live=True``.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -92,7 +90,7 @@ class Job:
             p for r, run in sorted(self.ranks.items()) for p in run.to_csv(Path(out) / f"rank{r}")
         ]
 
-    def history(self, rank: int = 0) -> dict[str, Any]:
+    def history(self, rank: int = 0) -> Mapping[str, Any]:
         """One rank's per-step columns (rank 0 by default)."""
         return self.ranks[rank].history()
 
@@ -109,13 +107,10 @@ class Job:
 
     def summary(self) -> dict[str, dict[str, float]]:
         """Oumi-style cross-rank summary (count, mean, median, std, min, max, min_rank,
-        max_rank) of step time, data wait and each device metric; written to
-        ``ranks_summary.json`` when every rank has closed."""
-        state = self.state()
-        status = self.status
-        if status in ("closed", "degraded"):
-            write_json_atomic(self.path / SUMMARY, summary_record(self.meta, state, status))
-        return ranks_summary(state)
+        max_rank) of step time, data wait and each device metric, computed in memory:
+        reading never writes into the folder it reads (rank 0 writes ``ranks_summary.json``
+        at close)."""
+        return ranks_summary(self.state())
 
     def frame(self, heat_metric: str = "step_time") -> RanksFrame:
         state = self.state()

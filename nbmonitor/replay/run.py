@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from nbmonitor._engine.frame import MAX_POINTS, Frame, Series, View
 from nbmonitor._engine.run_state import RunState
 from nbmonitor._engine.store import Store
 from nbmonitor.runs import Run as RunFiles
-from nbmonitor.runs import Tail, list_runs
+from nbmonitor.runs import RunDataWarning, RunDirError, Tail, list_runs
 
 
 class Run(RunFiles):
@@ -155,7 +156,8 @@ class Follow:
         if self.state is None:
             self.state = RunState(self.tail.meta, Path(self.tail.path).name)
         self.state.add_rows(new)
-        closed = bool(self.tail.closed)
+        # A writer that died without closing (runs/tail.py, ``ended``) ends the follow too.
+        closed = bool(self.tail.closed) or self.tail.ended is not None
         frame = self.state.frame("closed" if closed else "running")
         for view in self.views:
             if closed:
@@ -192,8 +194,12 @@ def compare_series(
         items = list(runs)
     out: dict[str, Series] = {}
     for item in items:
-        run = item if isinstance(item, Run) else Run(item)
-        columns = run.history()
+        try:  # each run on its own: one unreadable run never costs the others
+            run = item if isinstance(item, Run) else Run(item)
+            columns = run.history()
+        except RunDirError as exc:
+            warnings.warn(RunDataWarning(f"{exc} Left out of the comparison."), stacklevel=2)
+            continue
         if metric not in columns or "step" not in columns:
             continue
         store = Store()

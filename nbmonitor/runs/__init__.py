@@ -11,12 +11,16 @@ run, ``tail`` follows one being written, ``catalog`` lists a folder of runs. The
 from __future__ import annotations
 
 from nbmonitor.runs.catalog import RunTable, list_runs
+from nbmonitor.runs.decode import Columns
 from nbmonitor.runs.format import (
     FORMAT_VERSION,
     STREAMS,
     RunCorruptError,
+    RunDataWarning,
     RunDirError,
     RunNotFoundError,
+    RunUnreadableError,
+    RunUnsafeError,
     Stream,
 )
 from nbmonitor.runs.reader import Run, open_run
@@ -27,11 +31,15 @@ __all__ = [
     "FORMAT_VERSION",
     "STATUSES",
     "STREAMS",
+    "Columns",
     "Run",
     "RunCorruptError",
+    "RunDataWarning",
     "RunDirError",
     "RunNotFoundError",
     "RunTable",
+    "RunUnreadableError",
+    "RunUnsafeError",
     "Stream",
     "Tail",
     "list_runs",

@@ -10,11 +10,13 @@ Stdlib and numpy only: no torch, no widget libraries.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import os
 import pathlib
 import re
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -34,16 +36,20 @@ Encoding = Literal["columns", "records"]
 
 @dataclass(frozen=True, slots=True)
 class Stream:
-    """One stream of a run: its file, and how its records read back.
+    """One stream of a run: its file, how its records read back, and the reader's bounds.
 
     ``columns``: numeric records (``step``, ``time``, metrics) read as float64 columns, union of
     keys in first-seen order, NaN where a record lacks a key; mirrored in the sidecar.
     ``records``: free-form objects (events) read back as a list of dicts, never in the sidecar.
+    ``max_line``: a longer line is skipped with a warning (never held whole in memory);
+    ``max_bytes``: past this size the rest of the file is not read (with a warning).
     """
 
     name: str
     file: str
     encoding: Encoding
+    max_line: int = 1 << 20
+    max_bytes: int = 16 << 30
 
     @property
     def sidecar(self) -> bool:
@@ -53,11 +59,13 @@ class Stream:
 STREAMS: dict[str, Stream] = {
     s.name: s
     for s in (
-        Stream("steps", "steps.jsonl", "columns"),
-        Stream("system", "system.jsonl", "columns"),
-        Stream("events", "events.jsonl", "records"),
-        Stream("layers", "layers.jsonl", "columns"),
-        Stream("spans", "spans.jsonl", "records"),
+        Stream("steps", "steps.jsonl", "columns", max_line=4 << 20),
+        Stream("system", "system.jsonl", "columns", max_line=1 << 20),
+        Stream("events", "events.jsonl", "records", max_line=1 << 20, max_bytes=1 << 30),
+        # One record holds every layer's norms: a model with tens of thousands of parameters.
+        Stream("layers", "layers.jsonl", "columns", max_line=64 << 20),
+        Stream("spans", "spans.jsonl", "records", max_line=64 << 10, max_bytes=4 << 30),
+        Stream("memory", "memory.jsonl", "records", max_line=16 << 20, max_bytes=4 << 30),
     )
 }
 FILES = {name: s.file for name, s in STREAMS.items()}
@@ -79,6 +87,14 @@ META_FIELDS: dict[str, str] = {
     "backend": '{"name": ..., "devices": [...]}',
 }
 
+# The reading contract's bounds besides the streams' own (docs/file-format.md, "Reading a run
+# folder you did not write"). meta.json holds the model's parameter table: large, not huge.
+MAX_META_BYTES = 32 << 20
+# JSON nesting a reader follows; the writer never nests deeper than a few levels.
+MAX_DEPTH = 64
+# A name read from meta.json (a stream's file, the sidecar folder) is one path component.
+MAX_NAME = 255
+
 # Folder names stay portable (no separators, spaces or shell-special characters).
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -88,7 +104,40 @@ class RunNotFoundError(RunDirError, FileNotFoundError):
 
 
 class RunCorruptError(RunDirError, ValueError):
-    """A record file with an unparsable line before its last one: real corruption."""
+    """A run whose files cannot be read as a run: meta.json damaged, a file that is not a
+    regular file inside the folder, a file past its size bound."""
+
+
+class RunUnsafeError(RunCorruptError):
+    """A file of the run that the reading contract refuses to open: a FIFO, device, socket or
+    folder where a file belongs, a symlink, or a name from meta.json that leaves the folder."""
+
+
+class RunUnreadableError(RunDirError, PermissionError):
+    """A file of the run that exists but cannot be read (permissions, an I/O error)."""
+
+
+class RunDataWarning(UserWarning):
+    """A part of a run skipped while the rest was read: the message names the file, the line
+    and what is wrong with it."""
+
+
+def check_name(name: object, what: str) -> str:
+    """``name`` if it is one plain path component (not empty, ``.``, ``..``, no separator or
+    NUL or control character, at most MAX_NAME bytes); RunUnsafeError naming ``what`` else."""
+    if (
+        not isinstance(name, str)
+        or name in ("", ".", "..")
+        or any(c in name for c in "/\\\0")
+        or not name.isprintable()
+        or len(name.encode("utf-8", "surrogatepass")) > MAX_NAME
+    ):
+        shown = repr(name)[:80]
+        raise RunUnsafeError(
+            f"nbmonitor: {what} {shown} is not a plain file name inside the run folder; "
+            "refusing to follow it."
+        )
+    return name
 
 
 def sanitize_name(name: str | None) -> str:
@@ -129,38 +178,60 @@ def encode_lines(records: Iterable[Mapping[str, object]]) -> bytes:
     return "".join(enc(r if type(r) is dict else dict(r)) + "\n" for r in records).encode()
 
 
+def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temporary file beside it and ``os.replace``: a reader
+    (or a failure halfway) never leaves half a file, and an existing file stays whole until the
+    new one is complete. Every file nbmonitor writes that is not an append-only stream goes
+    through here."""
+    target = pathlib.Path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
 def write_json_atomic(path: pathlib.Path, obj: object) -> None:
-    """Write ``obj`` as pretty JSON via a temporary file and ``os.replace``: a reader never
-    sees half a file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    """Write ``obj`` as pretty JSON atomically (:func:`write_atomic`)."""
     text = json.dumps(obj, allow_nan=True, indent=2, default=json_default)
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, (text + "\n").encode("utf-8", "surrogatepass"))
 
 
 def stream_file(meta: dict[str, object], stream: Stream) -> str:
-    """The file name meta.json gives for ``stream`` (older runs name them; default otherwise)."""
+    """The file name meta.json gives for ``stream`` (older runs name them; default otherwise).
+    A name that is not one plain component inside the folder raises RunUnsafeError."""
     files = meta.get("files")
     name = files.get(stream.name) if isinstance(files, dict) else None
-    return name if isinstance(name, str) and "/" not in name else stream.file
+    return stream.file if name is None else check_name(name, f"meta.json files.{stream.name}")
 
 
 __all__ = [
     "FILES",
     "FORMAT_VERSION",
+    "MAX_DEPTH",
+    "MAX_META_BYTES",
+    "MAX_NAME",
     "META",
     "META_FIELDS",
     "SIDECAR",
     "STREAMS",
     "RunCorruptError",
+    "RunDataWarning",
     "RunDirError",
     "RunNotFoundError",
+    "RunUnreadableError",
+    "RunUnsafeError",
     "Stream",
+    "check_name",
     "encode_lines",
     "json_default",
     "run_stem",
     "sanitize_name",
     "stream_file",
+    "write_atomic",
     "write_json_atomic",
 ]

@@ -19,19 +19,27 @@ did not all attach does not capture ranks of the next one. Shared by the writer
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 import re
 import time
 from typing import Any
 
-from nbmonitor.runs.format import FORMAT_VERSION, META, sanitize_name, write_json_atomic
+from nbmonitor.runs.decode import loads_line
+from nbmonitor.runs.files import RunFolder
+from nbmonitor.runs.format import (
+    FORMAT_VERSION,
+    MAX_META_BYTES,
+    META,
+    RunDirError,
+    sanitize_name,
+    write_json_atomic,
+)
 from nbmonitor.runs.status import _started_after
 
 LAYOUT = "ranks"  # meta.json "layout" of a job folder
 SUMMARY = "ranks_summary.json"
-_RANK_DIR = re.compile(r"^rank(\d+)$")
+_RANK_DIR = re.compile(r"^rank([0-9]{1,9})$")  # ASCII digits: "rank²" is no rank
 # The folders a rank tries before giving up (a job id launched this many times over).
 MAX_ATTEMPTS = 1000
 # A rank whose run started this long before this process did is of an earlier launch (the
@@ -110,24 +118,27 @@ def is_job(path: str | os.PathLike[str]) -> bool:
 
 
 def read_json(path: pathlib.Path) -> Any:
-    """A JSON file, or None when it is missing or not (yet) valid."""
+    """A JSON file read by the reading contract (a regular file, bounded, depth-limited), or
+    None when it is missing, refused or not (yet) valid."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return loads_line(RunFolder(path.parent).read_whole([path.name], MAX_META_BYTES))
+    except (OSError, ValueError, RunDirError):
         return None
 
 
 def rank_dirs(job: pathlib.Path) -> dict[int, pathlib.Path]:
-    """The rank folders of a job that hold a run (meta.json written), by rank."""
+    """The rank folders of a job that hold a run (meta.json written), by rank: real folders
+    inside the job folder only (a symlink named ``rank1`` is not followed)."""
     found: dict[int, pathlib.Path] = {}
+    folder = RunFolder(job)
     try:
-        entries = list(job.iterdir())
-    except OSError:
+        names = folder.listdir()
+    except RunDirError:
         return found
-    for entry in entries:
-        match = _RANK_DIR.match(entry.name)
-        if match and (entry / META).is_file():
-            found[int(match.group(1))] = entry
+    for name in names:
+        match = _RANK_DIR.match(name)
+        if match and folder.is_dir([name]) and folder.is_file([name, META]):
+            found[int(match.group(1))] = job / name
     return dict(sorted(found.items()))
 
 

@@ -5,23 +5,45 @@ A numeric stream is read from its columnar sidecar (whole chunks, no text parsin
 from its JSON Lines past the last chunk; a run without a sidecar (written before it existed,
 or killed before its first chunk) is read from the JSON Lines alone, to the same result.
 Works while the run is still being written: a torn last line is a write in progress and is
-skipped; an unparsable line before the last is corruption and raises.
+left for later; a line that does not parse, is too long or holds a value of the wrong type is
+skipped with a :class:`~nbmonitor.runs.format.RunDataWarning` naming the file, the line and
+what is wrong, and the other records are returned.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
+import stat
+import warnings
 from typing import TYPE_CHECKING, Any
 
-from nbmonitor.runs.decode import FloatArray, Record, concat_columns, decode_lines, to_columns
+from nbmonitor.memory import MemoryBreakdown
+from nbmonitor.runs.decode import (
+    CHECKS,
+    BadLine,
+    Columns,
+    LineSplitter,
+    Record,
+    concat_columns,
+    decode_lines,
+    loads_line,
+    to_columns,
+    warn_bad,
+)
+from nbmonitor.runs.files import RunFolder, read_fd
 from nbmonitor.runs.format import (
+    MAX_META_BYTES,
     META,
     STREAMS,
     RunCorruptError,
+    RunDataWarning,
+    RunDirError,
     RunNotFoundError,
+    RunUnreadableError,
+    RunUnsafeError,
     Stream,
+    check_name,
     stream_file,
 )
 from nbmonitor.runs.sidecar import read_chunks
@@ -31,6 +53,9 @@ if TYPE_CHECKING:
     from nbmonitor.runs.tail import Tail
 
 _HINT = "pass the folder of one run, e.g. runs/20240101-120000-run"
+# Text is read in pieces of this size: the records of one piece are made columns before the
+# next is read, so a long text-only run never holds all its text (or all its dicts) at once.
+PIECE_BYTES = 16 << 20
 
 
 def run_path(path: object) -> pathlib.Path:
@@ -49,34 +74,105 @@ def run_path(path: object) -> pathlib.Path:
     return pathlib.Path(text)
 
 
-def read_meta(path: pathlib.Path) -> dict[str, Any]:
-    """meta.json of the run at ``path``; RunNotFoundError (one line, with a hint) if none."""
+def _folder_or_raise(path: pathlib.Path) -> RunFolder:
     try:
-        text = (path / META).read_text(encoding="utf-8")
+        mode = os.stat(path).st_mode
     except FileNotFoundError:
-        what = "not found" if path.exists() else "folder not found"
-        raise RunNotFoundError(f"nbmonitor: no run at '{path}' ({META} {what}); {_HINT}.") from None
-    except NotADirectoryError:
-        raise RunNotFoundError(f"nbmonitor: no run at '{path}' (not a folder); {_HINT}.") from None
-    except OSError as exc:  # a name too long, a folder it may not read
+        raise RunNotFoundError(
+            f"nbmonitor: no run at '{path}' ({META} folder not found); {_HINT}."
+        ) from None
+    except OSError as exc:  # a name too long, a folder it may not read, a loop of links
         reason = exc.strerror or type(exc).__name__
         raise RunNotFoundError(f"nbmonitor: no run at '{path}' ({reason}); {_HINT}.") from None
+    if not stat.S_ISDIR(mode):
+        raise RunNotFoundError(f"nbmonitor: no run at '{path}' (not a folder); {_HINT}.")
+    return RunFolder(path)
+
+
+def parse_json(data: bytes, where: object) -> object:
+    """A whole JSON file (meta.json, a summary) by the reading contract's rules; one-line
+    RunCorruptError saying what is wrong."""
     try:
-        meta = json.loads(text)
-    except ValueError:
+        return loads_line(data)
+    except ValueError as exc:
+        raise RunCorruptError(f"nbmonitor: {where} is not valid JSON ({exc}).") from None
+
+
+def read_meta(path: pathlib.Path) -> dict[str, Any]:
+    """meta.json of the run at ``path``; RunNotFoundError (one line, with a hint) if none,
+    RunCorruptError if it is damaged, not a regular file or past MAX_META_BYTES."""
+    folder = _folder_or_raise(path)
+    try:
+        data = folder.read_whole([META], MAX_META_BYTES)
+    except FileNotFoundError:
+        raise RunNotFoundError(
+            f"nbmonitor: no run at '{path}' ({META} not found); {_HINT}."
+        ) from None
+    try:
+        meta = loads_line(data)
+    except ValueError as exc:
         raise RunCorruptError(
-            f"nbmonitor: {path / META} is not valid JSON; the run's metadata is damaged."
+            f"nbmonitor: {path / META} is not valid JSON ({exc}); the run's metadata is damaged."
         ) from None
     return meta if isinstance(meta, dict) else {"meta": meta}
 
 
-def _read_from(path: pathlib.Path, start: int) -> bytes:
+def read_text(
+    folder: RunFolder,
+    stream: Stream,
+    parts: list[str],
+    start: int,
+    first_line: int,
+    into_columns: bool,
+) -> tuple[list[Columns] | list[Record], int]:
+    """The records of a stream's JSON Lines from byte ``start`` (line ``first_line``), with the
+    reading contract's bounds; (columns blocks or records, the offset after the last whole
+    line). Bad lines are skipped with a RunDataWarning naming them."""
+    out: list[Any] = []
+    bad_all: list[BadLine] = []
+    where = folder.where(parts)
     try:
-        with open(path, "rb") as f:
-            f.seek(start)
-            return f.read()
+        with folder.opened(parts) as fd:
+            size = os.fstat(fd).st_size
+            end = min(size, stream.max_bytes)
+            if size > stream.max_bytes:
+                warnings.warn(
+                    RunDataWarning(
+                        f"nbmonitor: {where} is larger than the reader's bound for "
+                        f"{stream.name} ({stream.max_bytes >> 20} MiB); the rest is not read."
+                    ),
+                    stacklevel=3,
+                )
+            split = LineSplitter(stream.max_line, first_line, start)
+            at = start
+            while at < end:
+                piece = read_fd(fd, at, min(PIECE_BYTES, end - at), where)
+                if not piece:
+                    break
+                at += len(piece)
+                whole, line, bad = split.feed(piece)
+                bad_all += bad
+                decoded = decode_lines(whole, first_line=line, check=CHECKS.get(stream.name))
+                bad_all += decoded.bad
+                if into_columns:
+                    if decoded.records:
+                        out.append(to_columns(decoded.records))
+                else:
+                    out += decoded.records
     except FileNotFoundError:
-        return b""
+        return out, start
+    except (RunUnsafeError, RunUnreadableError) as exc:
+        # The stream cannot be read at all: the run's other streams still can.
+        warnings.warn(RunDataWarning(f"{exc} The {stream.name} stream is skipped."), stacklevel=3)
+        return out, start
+    # A bad line that ends the file is a write cut short (docs/file-format.md, "the torn-line
+    # rule"), not damage: skipped without a word, as a line with no newline yet is.
+    bad_all.sort()
+    if bad_all and not split.rest and at >= size and bad_all[-1].line == split.line - 1:
+        bad_all.pop()
+    if bad_all:
+        warn_bad(where, bad_all)
+    return out, split.offset
 
 
 class Run:
@@ -84,7 +180,8 @@ class Run:
 
     ``meta`` is meta.json as it was when the run was opened; ``status`` reads it again.
     ``offsets`` holds, per stream read so far, the byte offset its last read ended at (where
-    :meth:`tail` picks up).
+    :meth:`tail` picks up). Every file is read by the reading contract (docs/file-format.md,
+    "Reading a run folder you did not write").
     """
 
     path: pathlib.Path
@@ -95,59 +192,87 @@ class Run:
         self.path = run_path(path)
         self.meta = read_meta(self.path)
         self.offsets = {}
+        self.folder = RunFolder(self.path)
 
     def file(self, stream: str) -> pathlib.Path:
-        """The JSON Lines file of ``stream`` (one of :data:`~nbmonitor.runs.format.STREAMS`)."""
+        """The JSON Lines file of ``stream`` (one of :data:`~nbmonitor.runs.format.STREAMS`);
+        RunUnsafeError when meta.json names one that is not a plain name in the folder."""
         return self.path / stream_file(self.meta, STREAMS[stream])
 
-    def _text(self, stream: Stream, start: int, rows_before: int) -> list[Record]:
-        """The records of ``stream`` after byte ``start``; sets ``offsets``."""
-        path = self.file(stream.name)
-        whole = _read_from(path, start)
-        whole = whole[: whole.rfind(b"\n") + 1]  # a torn last line is a write in progress
-        records, bad, lines = decode_lines(whole)
-        if bad and bad[0] < lines - 1:  # only the last line may be cut short
-            raise RunCorruptError(
-                f"nbmonitor: {path} line {rows_before + bad[0] + 1} is not valid JSON; "
-                "the file is corrupt (records before it read with the plain-Python recipe "
-                "in docs/file-format.md)."
-            )
-        self.offsets[stream.name] = start + len(whole)
-        return records
+    def _parts(self, stream: Stream) -> list[str]:
+        return [stream_file(self.meta, stream)]
 
-    def columns(self, stream: str) -> dict[str, FloatArray]:
+    def sidecar_parts(self, stream: str) -> list[str] | None:
+        """The sidecar folder of ``stream`` inside the run, or None (none, or meta.json names
+        one that leaves the folder: then it is ignored and the text read)."""
+        name = self.meta.get("sidecar")
+        if not (STREAMS[stream].sidecar and isinstance(name, str)):
+            return None
+        try:
+            return [check_name(name, "meta.json sidecar"), stream]
+        except RunUnsafeError:
+            return None
+
+    def _size(self, parts: list[str]) -> int:
+        try:
+            return self.folder.size(parts)
+        except (FileNotFoundError, RunUnsafeError, RunUnreadableError):
+            return 0  # read_text says what is wrong with it
+
+    def columns(self, stream: str) -> Columns:
         """A numeric stream as float64 columns (union of keys in first-seen order, NaN where a
-        record lacks a key); ``{}`` if it has no records."""
+        record lacks a key; keys in few rows held sparse, see
+        :class:`~nbmonitor.runs.decode.Columns`); empty if it has no records."""
         s = STREAMS[stream]
-        blocks: list[tuple[dict[str, FloatArray], int]] = []
+        parts = self._parts(s)
+        size = self._size(parts)
+        blocks: list[Columns] = []
         start = 0
-        if s.sidecar and isinstance(self.meta.get("sidecar"), str):
-            try:
-                size = self.file(stream).stat().st_size
-            except OSError:
-                size = 0
-            blocks, start = read_chunks(self.path / self.meta["sidecar"] / stream, size)
-        rows_before = sum(n for _, n in blocks)
-        records = self._text(s, start, rows_before)
-        if records:
-            blocks.append((to_columns(records), len(records)))
-        return concat_columns(blocks)
+        sidecar = self.sidecar_parts(stream)
+        if sidecar is not None and size:
+            blocks, start = read_chunks(self.folder, sidecar, parts, size)
+        rows_before = sum(b.rows for b in blocks)
+        text, self.offsets[stream] = read_text(
+            self.folder, s, parts, start, rows_before + 1, into_columns=True
+        )
+        return concat_columns([*blocks, *text])
 
     def records(self, stream: str) -> list[Record]:
-        """A stream as a list of dicts, oldest first (the JSON Lines, parsed)."""
-        return self._text(STREAMS[stream], 0, 0)
+        """A stream as a list of dicts, oldest first (the JSON Lines, parsed and checked)."""
+        s = STREAMS[stream]
+        records, self.offsets[stream] = read_text(
+            self.folder, s, self._parts(s), 0, 1, into_columns=False
+        )
+        return records  # type: ignore[return-value]
 
-    def history(self) -> dict[str, FloatArray]:
-        """steps.jsonl as float64 columns (union of keys, NaN where missing); ``{}`` if none."""
+    def history(self) -> Columns:
+        """steps.jsonl as float64 columns (union of keys, NaN where missing); empty if none."""
         return self.columns("steps")
 
-    def system(self) -> dict[str, FloatArray]:
+    def system(self) -> Columns:
         """system.jsonl as float64 columns, like :meth:`history`."""
         return self.columns("system")
 
-    def layers(self) -> dict[str, FloatArray]:
+    def layers(self) -> Columns:
         """layers.jsonl (written every ``layer_every`` steps) as float64 columns."""
         return self.columns("layers")
+
+    def memory(self, step: int | None = None) -> MemoryBreakdown | None:
+        """What held memory (``nbmonitor.memory.MemoryBreakdown``) at the newest sampled step,
+        or at the newest one at or before ``step``; None if the run recorded none.
+        ``RunCorruptError`` for a record that is not a breakdown."""
+        found = None
+        for record in self.records("memory"):
+            at = record.get("step")
+            if step is not None and isinstance(at, int) and at > step:
+                break
+            found = record
+        if found is None:
+            return None
+        try:
+            return MemoryBreakdown.from_record(found)
+        except ValueError as exc:
+            raise RunCorruptError(f"{self.path / STREAMS['memory'].file}: {exc}") from None
 
     def events(self) -> list[dict[str, object]]:
         """events.jsonl as a list of dicts, oldest first."""
@@ -160,9 +285,15 @@ class Run:
         while); see :mod:`nbmonitor.runs.status`."""
         try:
             meta = read_meta(self.path)
-        except (RunNotFoundError, RunCorruptError):
+        except RunDirError:
             meta = self.meta
-        return run_status(meta, [self.file(s) for s in STREAMS])
+        files = []
+        for s in STREAMS.values():
+            try:
+                files.append(self.path / stream_file(meta, s))
+            except RunUnsafeError:
+                continue
+        return run_status(meta, files)
 
     def tail(self) -> Tail:
         """A :class:`~nbmonitor.runs.tail.Tail` that starts where this run's reads ended
@@ -178,9 +309,10 @@ class Run:
 def open_run(path: str | os.PathLike[str]) -> Run:
     """Open a run directory written by nbmonitor (exported as ``nbmonitor.open``).
 
-    Raises RunNotFoundError (a RunDirError and a FileNotFoundError) when ``path`` is not a run.
+    Raises RunNotFoundError (a RunDirError and a FileNotFoundError) when ``path`` is not a run,
+    RunCorruptError when its meta.json cannot be read as one.
     """
     return Run(path)
 
 
-__all__ = ["Run", "open_run", "read_meta"]
+__all__ = ["Run", "open_run", "parse_json", "read_meta", "read_text"]

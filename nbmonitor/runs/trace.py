@@ -19,7 +19,9 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from nbmonitor.records import PHASE_KEYS, PHASES
-from nbmonitor.runs.format import META
+from nbmonitor.runs.files import RunFolder
+from nbmonitor.runs.format import META, write_atomic
+from nbmonitor.runs.layout import rank_dirs
 from nbmonitor.runs.reader import Run
 
 STEPS_TID, PHASES_TID, SPANS_TID = 1, 2, 3
@@ -29,13 +31,12 @@ def rank_runs(path: str | os.PathLike[str]) -> Iterator[tuple[int, Run]]:
     """The run at ``path`` as rank 0 (or the rank its meta.json names), then each ``rank<N>``
     folder in it that holds a run, by rank."""
     root = pathlib.Path(path)
-    if (root / META).is_file():
+    if RunFolder(root).is_file([META]):
         run = Run(root)
         rank = run.meta.get("rank", 0)
-        yield (rank if isinstance(rank, int) else 0), run
-    subs = [p for p in root.glob("rank*") if p.name[4:].isdigit() and (p / META).is_file()]
-    for sub in sorted(subs, key=lambda p: int(p.name[4:])):
-        yield int(sub.name[4:]), Run(sub)
+        yield (rank if type(rank) is int and 0 <= rank < 2**31 else 0), run
+    for rank, sub in rank_dirs(root).items():
+        yield rank, Run(sub)
 
 
 def chrome_trace(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -59,8 +60,10 @@ def write_trace(path: str | os.PathLike[str], out: str | os.PathLike[str]) -> pa
             "e.g. 'trace.json'."
         )
     trace = chrome_trace(path)
-    with open(target, "w", encoding="utf-8") as f:
-        json.dump(trace, f, allow_nan=False, separators=(",", ":"))
+    # Encoded whole, then written atomically: a failure halfway leaves any earlier file as it
+    # was, never a truncated one.
+    data = json.dumps(trace, allow_nan=False, separators=(",", ":")).encode()
+    write_atomic(target, data)
     return target
 
 

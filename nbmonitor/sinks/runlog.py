@@ -256,7 +256,7 @@ class RunLogSink:
                 return self._failed()
             buf = self._chunks.get(stream)
             if buf is not None and cols is not None:
-                buf.add(cols, len(rows), len(data))
+                buf.add(cols, len(data))
 
     def _write(self, stream: str, data: bytes) -> bool:
         """Write ``data`` after what ``stream`` has waiting; what the OS does not take waits.
@@ -321,8 +321,8 @@ class RunLogSink:
         try:
             if self._files[stream].tell() != buf.end:
                 raise RunDirError(f"nbmonitor: {stream} file and its sidecar disagree")
-            cols, rows, span = buf.take()
-            write_chunk(self._path / SIDECAR / stream, buf.seq, cols, rows, span)
+            cols, span = buf.take()
+            write_chunk(self._path / SIDECAR / stream, buf.seq, cols, span)
             buf.seq += 1
         except BaseException:
             del self._chunks[stream]  # readers parse the text past the last good chunk

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from tests.backends.fake_allocator import memory_stats
 
 import nbmonitor.backends as backends
 import nbmonitor.backends.selection as backend_select
@@ -41,13 +42,15 @@ class FakeCuda:
     def __init__(self, physical: list[FakeGpu], *, with_uuid: bool = True) -> None:
         self.physical = physical
         self.with_uuid = with_uuid
-        self.stats = {
-            "allocated_bytes.all.current": 3_000,
-            "reserved_bytes.all.current": 8_000,
-            "allocated_bytes.all.peak": 5_000,
-            "num_alloc_retries": 2,
-            "num_ooms": 0,
-        }
+        self.stats = memory_stats(
+            {
+                "allocated_bytes.all.current": 3_000,
+                "reserved_bytes.all.current": 8_000,
+                "allocated_bytes.all.peak": 5_000,
+                "num_alloc_retries": 2,
+                "num_ooms": 0,
+            }
+        )
         self.resets = 0
 
     def visible(self) -> list[FakeGpu]:
@@ -154,6 +157,9 @@ def test_fields_are_read_and_converted(
     assert first["cuda_peak_allocated_bytes"] == 5_000.0
     assert first["cuda_alloc_retries"] == 2.0
     assert first["cuda_ooms"] == 0.0
+    assert first["cuda_total_bytes"] == 80 * 2**30  # torch's total_memory of the device
+    # NVML's 1,234 bytes for this process are less than what the fake allocator reserved.
+    assert first["cuda_non_pytorch_bytes"] == 0.0
     assert all(not math.isnan(first[k]) for k in first if k.startswith("gpu"))
 
     gpus[0].energy_mj += 2_500  # 2.5 J later
@@ -388,18 +394,16 @@ def test_memory_v2_missing_in_driver_falls_back_to_v1(
     assert backend.notes == []
 
 
-def test_peak_memory_counter_is_never_reset_unless_asked(
+def test_peak_memory_counter_is_never_reset(
     make_backend: Callable[..., CudaBackend], cuda: FakeCuda
 ) -> None:
     # The counter is process-wide: the user's max_memory_allocated() must keep its meaning.
     backend = make_backend(0)
-    backend.sample()
-    backend.sample()
+    for _ in range(3):
+        backend.sample()
     assert cuda.resets == 0
-    windows = make_backend(0, reset_peak=True)
-    windows.sample()
-    windows.sample()
-    assert cuda.resets == 2
+    with pytest.raises(TypeError):
+        make_backend(0, reset_peak=True)  # no way to ask for it any more
 
 
 def test_allocator_failure_is_nan_with_one_note(

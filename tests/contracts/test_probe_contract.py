@@ -40,6 +40,7 @@ def test_every_probe_meets_the_protocol() -> None:
         "output_loss",
         "grad_norms",
         "update_ratio",
+        "memory",
     }
     for probe in probes:
         assert isinstance(probe, ProbeBase)
@@ -52,7 +53,16 @@ def test_every_probe_meets_the_protocol() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["flops", "check_forward", "activations", "output_loss", "grad_norms", "update_ratio"]
+    "name",
+    [
+        "flops",
+        "check_forward",
+        "activations",
+        "output_loss",
+        "grad_norms",
+        "update_ratio",
+        "memory",
+    ],
 )
 def test_a_failing_probe_is_switched_off_and_the_clock_goes_on(
     name: str, monkeypatch: pytest.MonkeyPatch

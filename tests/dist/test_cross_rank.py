@@ -133,10 +133,14 @@ def test_a_job_on_disk(tmp_path: pathlib.Path) -> None:
     assert isinstance(job, Job) and job.status == "closed" and job.world_size == 2
     assert job.history(1)["phase_data_s"][0] == 0.021
     assert [a.subject for a in job.alerts()] == ["rank1"]
+    before = sorted(p.relative_to(job_dir) for p in job_dir.rglob("*"))
     assert job.summary()["process_rss_bytes"]["max_rank"] == 1
+    # Reading never writes into the folder it reads: the summary is computed in memory.
+    assert sorted(p.relative_to(job_dir) for p in job_dir.rglob("*")) == before
+    assert not (job_dir / "ranks_summary.json").exists()
+    text = finish(job_dir)  # the writer's rank 0 at close writes it
     record = json.loads((job_dir / "ranks_summary.json").read_text())
     assert record["summary"]["phase_data_s"]["max_rank"] == 1 and record["status"] == "closed"
-    text = finish(job_dir)
     assert text is not None and "phase_data_s" in text and "Rank 1 on node1" in text
     table = list_runs(tmp_path / "runs")
     assert [row["name"] for row in table] == ["j1-Net"]

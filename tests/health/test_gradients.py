@@ -44,9 +44,9 @@ def test_exploding_needs_a_sustained_rise_and_history() -> None:
     health, run = Health(), Run()
     run.add(60)
     health.check(run.input())
-    run.add(1, fc2_weight=50.0)  # a single bad batch
+    run.add(1, fc2_weight=50.0)  # a single bad batch: not an explosion
     run.add(2)
-    assert health.check(run.input()) == []
+    assert "exploding_gradients" not in rules(health.check(run.input()))
     # Too little history for a running median: nothing is judged.
     short, fresh = Health(), Run()
     fresh.add(10)
@@ -174,3 +174,47 @@ def test_non_finite_gradient_report_names_parameters_and_module() -> None:
     assert "max |x| 1e+30" in forward.message
     checked = non_finite_gradients(12, 5.0, names[:1], None, forward_checked=True)
     assert "Every module's forward output was finite" in checked.message
+
+
+def test_a_one_step_spike_is_named_at_its_step_with_the_layer_it_came_from() -> None:
+    health, run = Health(), Run()
+    run.add(80)
+    assert health.check(run.input()) == []
+    # The gradient reaching fc2 is 1000x for one step: fc2 and fc1 before it rise alike, fc3
+    # (after it) does not. fc1 has the largest absolute norm, fc2 is where it came from.
+    run.add(1, fc1_weight=3000.0, fc1_bias=2000.0, fc2_weight=1000.0, fc2_bias=900.0)
+    run.add(4)
+    alert = only(health.check(run.input()), "gradient_spike")
+    assert alert.step == 81
+    assert alert.layers == ("fc2.weight", "fc2.bias")
+    assert "step 81" in alert.message and "fc2.weight" in alert.message
+    assert "\n" not in alert.message
+    # One step: no explosion alert, and nothing more while the run stays healthy.
+    run.add(200)
+    assert health.check(run.input()) == []
+
+
+def test_a_spike_in_every_layer_comes_from_the_loss() -> None:
+    health, run = Health(), Run()
+    run.add(60)
+    health.check(run.input())
+    run.add(1, **{name.replace(".", "_"): 500.0 for name in LAYERS})
+    alert = only(health.check(run.input()), "gradient_spike")
+    assert alert.layers == () and alert.subject == "grad_norm"
+    assert "came from the loss" in alert.message
+
+
+def test_no_spike_below_the_factor_or_without_history() -> None:
+    health, run = Health(), Run()
+    run.add(60)
+    run.add(1, fc3_weight=8.0)  # 3x the total: noise, not a spike
+    assert health.check(run.input()) == []
+    fresh, short = Health(), Run()
+    short.add(10)
+    short.add(1, fc3_weight=1e4)  # before min_history steps: nothing to judge against
+    assert fresh.check(short.input()) == []
+    # The factor is a threshold.
+    strict, again = Health(Thresholds(grad_spike_factor=2.0)), Run()
+    again.add(60)
+    again.add(1, fc3_weight=8.0)
+    assert rules(strict.check(again.input())) == ["gradient_spike"]

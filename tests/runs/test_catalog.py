@@ -81,7 +81,7 @@ def test_damaged_meta_is_a_row_not_an_error(tmp_path: pathlib.Path) -> None:
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "meta.json").write_text("{")
     (row,) = list_runs(tmp_path).rows
-    assert row["name"] == "bad" and row["status"] == "unreadable"
+    assert row["name"] == "bad" and row["status"] == "unreadable (damaged meta.json)"
 
 
 def test_count_rows_uses_chunks_and_text(

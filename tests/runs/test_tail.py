@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import pathlib
-from typing import Any
 
 import pytest
 from tests.runs.runs_helpers import make_log
 
-from nbmonitor.runs import RunDirError, RunNotFoundError, Tail, open_run, tail
+from nbmonitor.runs import RunDataWarning, RunNotFoundError, Tail, open_run, tail
 from nbmonitor.sinks import Batch
 
 
@@ -45,28 +44,14 @@ def test_poll_reads_only_the_new_bytes(
     grown = (log.path / "steps.jsonl").stat().st_size - before
 
     reads: list[tuple[int, int]] = []
-    real_open = open
+    real_read = tail.read_fd
 
-    class Spy:
-        def __init__(self, f: Any) -> None:
-            self.f, self.at = f, 0
+    def spy(fd: int, start: int, limit: int | None, where: object) -> bytes:
+        data = real_read(fd, start, limit, where)
+        reads.append((start, len(data)))
+        return data
 
-        def __enter__(self) -> Spy:
-            return self
-
-        def __exit__(self, *exc: object) -> None:
-            self.f.close()
-
-        def seek(self, n: int) -> int:
-            self.at = n
-            return int(self.f.seek(n))
-
-        def read(self, n: int = -1) -> bytes:
-            data = self.f.read(n)
-            reads.append((self.at, len(data)))
-            return bytes(data)
-
-    monkeypatch.setattr(tail, "open", lambda p, mode: Spy(real_open(p, mode)), raising=False)
+    monkeypatch.setattr(tail, "read_fd", spy)
     new = t.poll()["steps"]
     assert [r["step"] for r in new] == [float(i) for i in range(5000, 5010)]
     assert reads == [(before, grown)]  # one read, from the old end, of exactly the new bytes
@@ -118,20 +103,21 @@ def test_bad_complete_line_is_skipped_and_counted(tmp_path: pathlib.Path) -> Non
     run.mkdir()
     (run / "steps.jsonl").write_bytes(b'{"step":0}\nnot json\n{"step":2}\n')
     t = Tail(run)
-    assert t.poll() == {"steps": [{"step": 0}, {"step": 2}]}
+    with pytest.warns(RunDataWarning, match="line 2: not JSON"):
+        assert t.poll() == {"steps": [{"step": 0}, {"step": 2}]}
     assert t.bad_lines == 1
 
 
-def test_rewritten_file_raises_one_line(tmp_path: pathlib.Path) -> None:
+def test_rewritten_file_is_read_again_with_a_warning(tmp_path: pathlib.Path) -> None:
     run = tmp_path / "r"
     run.mkdir()
     (run / "steps.jsonl").write_bytes(b'{"step":0}\n{"step":1}\n')
     t = Tail(run)
     t.poll()
-    (run / "steps.jsonl").write_bytes(b'{"step":0}\n')
-    with pytest.raises(RunDirError, match="shrank") as info:
-        t.poll()
-    assert "\n" not in str(info.value)
+    (run / "steps.jsonl").write_bytes(b'{"step":5}\n')  # shrank in place: rewritten
+    with pytest.warns(RunDataWarning, match="shrank") as got:
+        assert t.poll() == {"steps": [{"step": 5}]}
+    assert "\n" not in str(got[0].message)
 
 
 def test_run_tail_starts_where_the_read_ended(tmp_path: pathlib.Path) -> None:

@@ -32,6 +32,7 @@ def test_create_makes_the_layout_and_meta(tmp_path: pathlib.Path) -> None:
         assert names == [
             "events.jsonl",
             "layers.jsonl",
+            "memory.jsonl",
             "meta.json",
             "spans.jsonl",
             "steps.jsonl",
@@ -46,6 +47,7 @@ def test_create_makes_the_layout_and_meta(tmp_path: pathlib.Path) -> None:
             "events": "events.jsonl",
             "layers": "layers.jsonl",
             "spans": "spans.jsonl",
+            "memory": "memory.jsonl",
         }
     finally:
         log.close()
@@ -222,7 +224,7 @@ def test_chunks_cut_when_due_and_at_close(
     assert sorted(p.name for p in folder.iterdir()) == ["000000.npz", "000001.npz"]
     assert sorted(p.name for p in (log.path / "columns").iterdir()) == ["steps"]
     with np.load(folder / "000000.npz") as z:
-        assert list(z["names"]) == ["step", "loss"] and z["data"].shape == (2, 60)
+        assert json.loads(z["keys"].tobytes()) == ["step", "loss"] and z["data"].shape == (2, 60)
         assert list(z["span"])[::2] == [0, 60]
     np.testing.assert_array_equal(open_run(log.path).history()["step"], np.arange(61.0))
     assert json.loads((log.path / "meta.json").read_text())["sidecar"] == "columns"

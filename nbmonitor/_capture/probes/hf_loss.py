@@ -1,5 +1,5 @@
 """The loss of a model whose output carries one (Hugging Face style ``output.loss``), for steps
-in which ``mon.log(loss=...)`` gives none."""
+in which neither ``mon.log(loss=...)`` nor a backward pass (``backward_loss.py``) gives one."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 from nbmonitor._capture.inputs import output_loss
 from nbmonitor._capture.probes.base import ProbeBase, StepContext
 from nbmonitor._capture.recorder import make_log_record
+from nbmonitor.records import FROM_OUTPUT
 
 
 class OutputLossProbe(ProbeBase):
@@ -20,5 +21,5 @@ class OutputLossProbe(ProbeBase):
         loss = output_loss(output)
         if loss is not None:
             record = make_log_record(ctx.log_step, {"loss": loss})
-            record.implicit = True  # mon.log(loss=...) in the same step wins
+            record.source = FROM_OUTPUT  # mon.log(loss=...) or a backward's root wins
             ctx.recorder.put(record)

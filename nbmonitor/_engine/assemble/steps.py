@@ -16,6 +16,8 @@ import numpy.typing as npt
 from nbmonitor._engine.assemble.spans import phase_columns
 from nbmonitor._engine.derive.mfu import StepFlops
 from nbmonitor.records import (
+    FROM_BACKWARD,
+    LOGGED,
     AuxRecord,
     FlopsRecord,
     LogRecord,
@@ -37,11 +39,11 @@ class _Row:
     values: dict[str, float] = field(default_factory=dict)
     sums: dict[str, float] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
-    # Values read from the model's output, used for keys mon.log() did not give this step.
-    implicit: _Row | None = None
+    # Values from the other sources (records.LogRecord.source), for keys mon.log() did not
+    # give this step: the backward passes' roots, then the model output's .loss.
+    implicit: dict[int, _Row] | None = None
 
     def add_logged(self, key: str, value: float) -> None:
-        # Several values for one key in one step (gradient accumulation) are averaged.
         self.sums[key] = self.sums.get(key, 0.0) + value
         self.counts[key] = self.counts.get(key, 0) + 1
 
@@ -49,9 +51,16 @@ class _Row:
         row = {"step": float(step)}
         row.update(self.values)
         if self.implicit is not None:
-            for key, total in self.implicit.sums.items():
-                if key not in self.sums:
-                    row[key] = total / self.implicit.counts[key]
+            # The lowest-precedence source first, each overwritten by the ones before it.
+            for source in sorted(self.implicit, reverse=True):
+                part = self.implicit[source]
+                # The roots of a step's backward passes add up (each micro-batch's share of the
+                # step's loss); several .loss outputs (micro-batches) are averaged.
+                summed = source == FROM_BACKWARD
+                for key, total in part.sums.items():
+                    if key not in self.sums:
+                        row[key] = total if summed else total / part.counts[key]
+        # Several values for one key in one step (gradient accumulation) are averaged.
         for key, total in self.sums.items():
             row[key] = total / self.counts[key]
         return row
@@ -145,10 +154,10 @@ class StepAssembler:
     def _add_logged(self, record: LogRecord) -> None:
         values, failed = record.resolve()
         row = self._open.setdefault(record.step, _Row())
-        if record.implicit:
+        if record.source != LOGGED:
             if row.implicit is None:
-                row.implicit = _Row()
-            row = row.implicit
+                row.implicit = {}
+            row = row.implicit.setdefault(record.source, _Row())
         for key, value in values.items():
             row.add_logged(key, value)
         self.failures.extend((f"log:{key}", exc) for key, exc in failed)

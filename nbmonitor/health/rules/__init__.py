@@ -10,7 +10,11 @@ from nbmonitor.health.rule import RuleFactory
 from nbmonitor.health.rules.activations import DeadUnits
 from nbmonitor.health.rules.clipping import ClippingActive
 from nbmonitor.health.rules.devices import DeviceMemory, GpuIdle, GpuTemperature, GpuThrottling
-from nbmonitor.health.rules.gradients import ExplodingGradients, VanishingGradients
+from nbmonitor.health.rules.gradients import (
+    ExplodingGradients,
+    GradientSpike,
+    VanishingGradients,
+)
 from nbmonitor.health.rules.loss import LossPlateau, LossSpike, NonFiniteLoss
 from nbmonitor.health.rules.scaler import ScalerSkipping
 from nbmonitor.health.rules.stragglers import Stragglers
@@ -20,6 +24,7 @@ from nbmonitor.health.rules.updates import UpdateRatioHigh, UpdateRatioLow
 RULES: tuple[RuleFactory, ...] = (
     NonFiniteLoss,
     ExplodingGradients,
+    GradientSpike,
     VanishingGradients,
     UpdateRatioHigh,
     UpdateRatioLow,

@@ -235,7 +235,14 @@ class GpuIdle(_DeviceRule):
         return idle_rule(system, threshold_percent=t.idle_util_percent, gpus=view.inp.gpus)
 
 
+# The rules a watch of the machine without a model runs (nbmonitor.devices(), nbmonitor top):
+# a run's device rules, in the same order, but GpuIdle, which needs a run's steps (a run
+# being written reports its own idle GPU in its events, which the machine view shows).
+DEVICE_RULES = (GpuTemperature, DeviceMemory, GpuThrottling)
+
+
 __all__ = [
+    "DEVICE_RULES",
     "DeviceMemory",
     "GpuIdle",
     "GpuTemperature",

@@ -1,5 +1,6 @@
-"""Rules on gradient norms: exploding (per layer and total), vanishing, and the wording of the
-non-finite gradient report the engine detects exactly per step.
+"""Rules on gradient norms: exploding (per layer and total), a one-step spike and the layer it
+came from, vanishing, and the wording of the non-finite gradient report the engine detects
+exactly per step.
 
 Subjects: ``"layers"`` when an alert lists layers, ``"grad_norm"`` for the total norm alone.
 """
@@ -10,10 +11,11 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 from nbmonitor.health import alert as subjects
 from nbmonitor.health.alert import Alert
-from nbmonitor.health.rule import Base, Outcome, never, nothing
+from nbmonitor.health.rule import Base, Outcome, always, clear, never, nothing
 from nbmonitor.health.thresholds import Thresholds
 from nbmonitor.health.view import View
 from nbmonitor.health.window import (
@@ -233,6 +235,123 @@ class ExplodingGradients(Base):
         return judged, held, ratio
 
 
+# A layer is where a spike came from when its rise is within this factor of the largest rise.
+# The gradient reaching the layers before the origin is multiplied alike (backward is linear),
+# so the origin is the last of those, in the model's parameter order.
+ORIGIN_SHARE = 4.0
+
+
+class GradientSpike(Base):
+    """One step whose total gradient norm is ``grad_spike_factor`` x the median of the steps
+    before it (``window`` of them, at least ``min_history``) and above the run's starting
+    scale; it holds at that step, for the layer it came from: of the layers whose norm rose
+    most against their own recent median (within ``ORIGIN_SHARE``), the last in parameter
+    order, since a spike injected at a layer multiplies every gradient behind it alike.
+    Clipping does not hide it: ``grad_norm`` is the norm before clipping."""
+
+    name = "gradient_spike"
+
+    def __init__(self, thresholds: Thresholds) -> None:
+        super().__init__(thresholds)
+        self.reset()
+
+    def reset(self) -> None:
+        self._start = math.nan  # the median of the run's first min_history norms
+
+    def check(self, view: View) -> Outcome:
+        rule = self.name
+        t = self.thresholds
+        total = view.column("grad_norm")
+        if total is None or not view.has_new_rows:
+            return nothing(rule)
+        if not math.isfinite(self._start):
+            clean = total[np.isfinite(total)]
+            if clean.size >= t.min_history:
+                self._start = float(row_medians(clean[None, : t.min_history])[0][0])
+        if not math.isfinite(self._start):
+            return nothing(rule)
+        # Row k: the `window` norms before new row new_from + k (NaN-padded at the start).
+        padded = np.concatenate((np.full(t.window, np.nan), total))
+        before = sliding_window_view(padded[:-1], t.window)[view.new_from :]
+        median, count = row_medians(before)
+        value = total[view.new_from :]
+        judged = (count >= t.min_history) & np.isfinite(value)
+        if not judged.any():
+            return nothing(rule)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            factor = np.where(judged & (median > 0), value / median, np.nan)
+        spike = (np.nan_to_num(factor) > t.grad_spike_factor) & (value > self._start)
+        if not spike.any():
+            return clear(rule)
+        k = int(np.nanargmax(np.where(spike, factor, np.nan)))
+        peak, times = float(value[k]), float(factor[k])
+        step = float(view.step_col[view.new_from + k])
+        layers, everywhere = self._origin(view, step)
+        subject = ",".join(layers) if layers else TOTAL
+
+        def make(new: list[str]) -> list[Alert]:
+            if layers:
+                where = (
+                    f"It came from {layer_list(layers, view.inp.module_kinds)}, whose gradient "
+                    "rose most against its own recent median (layers before it only pass it on)."
+                )
+            elif everywhere:
+                where = (
+                    "Every layer's gradient rose alike: it came from the loss (an outlier batch, "
+                    "a bad label or a loss spike), not from one layer."
+                )
+            else:
+                where = "The per-layer norms of that step are not known."
+            return [
+                Alert(
+                    rule,
+                    "warning",
+                    f"Gradient spike at step {int(step)}: grad norm {num(peak)}, "
+                    f"{num(times)}x its recent median. {where} Check that step's batch; "
+                    "clip gradients (torch.nn.utils.clip_grad_norm_) or lower the learning rate "
+                    "if it recurs.",
+                    int(step),
+                    view.time_at(step),
+                    tuple(layers),
+                    subject=subjects.LAYERS if layers else subjects.GRAD_NORM,
+                )
+            ]
+
+        return Outcome(rule, [subject], always, make)
+
+    def _origin(self, view: View, step: float) -> tuple[list[str], bool]:
+        """The parameters of the layer the spike at ``step`` came from, and whether every
+        layer rose alike instead."""
+        grads = view.grads
+        if grads is None:
+            return [], False
+        cols = view.layer_step_col
+        j = int(np.searchsorted(cols, step))
+        if j >= cols.size or cols[j] != step:
+            return [], False
+        t = self.thresholds
+        median, count = row_medians(grads[:, max(0, j - t.window) : j])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rise = np.where((count >= t.min_history) & (median > 0), grads[:, j] / median, np.nan)
+        if not np.isfinite(rise).any():
+            return [], False
+        top = float(np.nanmax(rise))
+        near = np.isfinite(rise) & (rise >= top / ORIGIN_SHARE)
+        measured = np.isfinite(rise)
+        if near[measured].all() and measured.sum() > 1:
+            return [], True
+        last = int(np.flatnonzero(near)[-1])
+        names = view.layer_names
+        module = names[last].rpartition(".")[0]
+        # The origin's other parameters that rose with it (a weight and its bias).
+        same = [
+            names[i]
+            for i in np.flatnonzero(near)
+            if names[i].rpartition(".")[0] == module and module
+        ]
+        return same or [names[last]], False
+
+
 class VanishingGradients(Base):
     """A layer's grad norm / param norm below ``vanish_ratio`` for ``vanish_steps`` steps.
 
@@ -350,4 +469,10 @@ def non_finite_gradients(
     return Alert("grad_non_finite", "error", message, step, time, tuple(bad), subject=subject)
 
 
-__all__ = ["TOTAL", "ExplodingGradients", "VanishingGradients", "non_finite_gradients"]
+__all__ = [
+    "TOTAL",
+    "ExplodingGradients",
+    "GradientSpike",
+    "VanishingGradients",
+    "non_finite_gradients",
+]

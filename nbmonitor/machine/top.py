@@ -1,0 +1,160 @@
+"""``nbmonitor top`` and ``nbmonitor tail RUN --tui``: the terminal's composition root. A
+device watch (``machine/watch.py``: the machine backend, a run's sampler and device rules) and a
+:class:`~nbmonitor.runs.watch.RunsWatch` feed the terminal app (``ui/tui/app.py``), or, with
+``--once`` or when the output is not a terminal, print the tables once. No torch.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TextIO
+
+from nbmonitor._engine.devices_frame import DevicesFrame
+from nbmonitor.machine.watch import DeviceWatch
+from nbmonitor.runs.watch import RunDetail, RunRow, RunsWatch
+
+TUI_HINT = "pip install 'nbmonitor[tui]' (Textual)"
+
+
+class TopFeed:
+    """What the app reads: the device watch's newest frame (it publishes to this feed from
+    its sampler) and the runs, read when the app asks."""
+
+    wants_detail = False
+
+    def __init__(
+        self,
+        runs: RunsWatch | None,
+        interval: float,
+        *,
+        devices: bool = True,
+        pcie: bool = False,
+        watch: DeviceWatch | None = None,
+    ) -> None:
+        self.interval = interval
+        self.runs_watch = runs
+        self._frame: DevicesFrame | None = None
+        self.watch = watch
+        if self.watch is None and devices:
+            self.watch = DeviceWatch(interval=interval, pcie=pcie)
+        if self.watch is not None:
+            self.watch.add_view(self)
+            self.watch.start()
+
+    # DevicesView: called on the watch's view worker; the app reads the newest.
+    def publish(self, frame: DevicesFrame) -> None:
+        self._frame = frame
+
+    def close(self, frame: DevicesFrame) -> None:
+        self._frame = frame
+
+    def devices(self) -> DevicesFrame | None:
+        return self._frame
+
+    def runs(self) -> Sequence[RunRow]:
+        return self.runs_watch.poll() if self.runs_watch is not None else ()
+
+    def detail(self, path: str) -> RunDetail | None:
+        if self.runs_watch is None:
+            return None
+        if self.runs_watch.only:
+            self.runs_watch.poll()  # the app shows only this run: it is read here, not in runs()
+        return self.runs_watch.detail(path)
+
+    def stop(self) -> None:
+        if self.watch is not None:
+            self.watch.close()
+
+
+def once_text(feed: TopFeed, width: int = 200) -> str:
+    """The tables as text, from one sample (``--once``, and output that is not a terminal)."""
+    from nbmonitor.ui.tui.tables import (
+        alerts_lines,
+        devices_table,
+        machine_line,
+        plain,
+        processes_table,
+        runs_table,
+    )
+
+    parts = []
+    if feed.watch is not None:
+        # Two samples: rates (disk, network) are over the time between them.
+        feed.watch.flush()
+        time.sleep(min(feed.interval, 1.0))
+        feed.watch.flush()
+        frame = feed.watch.frame()
+        parts += [
+            plain(devices_table(frame, 0), width),
+            plain(processes_table(frame), width),
+            machine_line(frame, 0),
+            "Alerts\n" + ("\n".join(t for t, _ in alerts_lines(frame)) or "none"),
+        ]
+    if feed.runs_watch is not None:
+        parts.append(plain(runs_table(feed.runs()), width))
+    return "\n\n".join(parts) + "\n"
+
+
+def _interactive(out: TextIO) -> bool:
+    try:
+        return out.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def top(
+    runs_dir: str,
+    interval: float,
+    *,
+    once: bool = False,
+    devices: bool = True,
+    pcie: bool = False,
+    save_dir: str = ".",
+    out: TextIO | None = None,
+) -> int:
+    """``nbmonitor top``: the app, or the tables once (``once``, or not a terminal)."""
+    out = out if out is not None else sys.stdout
+    runs: RunsWatch | None = RunsWatch(runs_dir)
+    if not Path(runs_dir).is_dir():
+        print(f"nbmonitor top: no folder {runs_dir!r}; showing devices only.", file=sys.stderr)
+        runs = None
+    if once or not _interactive(out):
+        feed = TopFeed(runs, interval, devices=devices, pcie=pcie)
+        try:
+            out.write(once_text(feed))
+        finally:
+            feed.stop()
+        return 0
+    try:
+        from nbmonitor.ui.tui.app import TopApp
+    except ImportError as exc:
+        print(f"nbmonitor top needs Textual ({exc}); {TUI_HINT}, or use --once.", file=sys.stderr)
+        return 2
+    feed = TopFeed(runs, interval, devices=devices, pcie=pcie)
+    try:
+        TopApp(feed, save_dir=save_dir).run()
+    finally:
+        feed.stop()
+    return 0
+
+
+def tail_tui(run: str, interval: float, save_dir: str = ".") -> int:
+    """``nbmonitor tail RUN --tui``: the app on one run's view, no devices."""
+    path = Path(run)
+    if not (path / "meta.json").is_file():
+        print(f"nbmonitor tail: {run!r} is not a run folder (no meta.json).", file=sys.stderr)
+        return 2
+    try:
+        from nbmonitor.ui.tui.app import TopApp
+    except ImportError as exc:
+        print(f"nbmonitor tail --tui needs Textual ({exc}); {TUI_HINT}.", file=sys.stderr)
+        return 2
+    feed = TopFeed(RunsWatch(path, only=True), interval, devices=False)
+    TopApp(feed, run_path=str(path), save_dir=save_dir).run()
+    return 0
+
+
+__all__ = ["TopFeed", "once_text", "tail_tui", "top"]

@@ -1,0 +1,323 @@
+"""``nbmonitor top``: the terminal app (Textual). Devices with sparklines, graded against the
+alert thresholds; the processes on each GPU; the machine; the runs under a folder with their
+step, loss, throughput, ETA, status and alerts; the selected run's curves and alerts.
+
+Keys: ``q`` quit, ``s`` save a snapshot of what is shown (text and samples CSV), ``r`` reset
+the history the sparklines show, ``/`` filter runs and processes, arrows move, ``enter``
+opens a run, ``escape`` goes back. It reads a :class:`TopSource` once per interval on its
+event loop: the source does the sampling and the reading (``nbmonitor/machine/top.py``).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+from rich.table import Table as RichTable
+from rich.text import Text
+from textual.app import App, ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import VerticalScroll
+from textual.widgets import DataTable, Footer, Input, Static
+
+from nbmonitor._engine.devices_frame import DevicesFrame
+from nbmonitor.ui.tui.tables import (
+    RunDetailLike,
+    RunRowLike,
+    Table,
+    alerts_lines,
+    detail_lines,
+    devices_table,
+    machine_line,
+    plain,
+    processes_table,
+    runs_table,
+    samples_csv,
+)
+
+STYLES = {"ok": "", "warn": "yellow", "alert": "bold red", "none": "dim", "dim": "dim",
+          "head": "bold"}  # fmt: skip
+# Columns of the devices table left out below these terminal widths (80x24 over SSH).
+NARROW = 120
+NARROW_DROP = frozenset({"name", "SM MHz", "procs"})
+VERY_NARROW = 90
+VERY_NARROW_DROP = NARROW_DROP | {"power"}
+
+
+class TopSource(Protocol):
+    """What the app reads each interval: the machine (None until the first sample, or
+    without a device watch), the runs (reading what they wrote since the last call), one
+    run's detail."""
+
+    interval: float
+
+    def devices(self) -> DevicesFrame | None: ...
+
+    def runs(self) -> Sequence[RunRowLike]: ...
+
+    def detail(self, path: str) -> RunDetailLike | None: ...
+
+
+def _drop(table: Table, names: frozenset[str]) -> Table:
+    keep = [i for i, h in enumerate(table.header) if h not in names]
+    return Table(
+        table.title,
+        tuple(table.header[i] for i in keep),
+        tuple(tuple(row[i] for i in keep) for row in table.rows),
+        table.empty,
+    )
+
+
+def rich_table(table: Table) -> RichTable:
+    out = RichTable(title=None, expand=False, box=None, pad_edge=False, header_style="bold")
+    for name in table.header:
+        out.add_column(name, no_wrap=True, overflow="ellipsis")
+    for row in table.rows:
+        out.add_row(*(Text(c.text, style=STYLES.get(c.grade, "")) for c in row))
+    return out
+
+
+class TopApp(App[None]):
+    """The terminal app over a :class:`TopSource`. ``run_path`` opens that run's view
+    directly (``nbmonitor tail RUN --tui``)."""
+
+    TITLE = "nbmonitor top"
+    CSS = """
+    Screen { layout: vertical; }
+    #title { height: 1; background: $boost; }
+    #main { height: 1fr; }
+    #runs { height: auto; max-height: 50%; }
+    #detail { height: 1fr; display: none; }
+    #filter { display: none; height: 3; }
+    .section { height: auto; }
+    """
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("q", "quit", "quit"),
+        Binding("s", "save", "save"),
+        Binding("r", "reset", "reset history"),
+        Binding("slash", "filter", "filter"),
+        Binding("escape", "go_back", "back"),
+    ]
+
+    def __init__(
+        self,
+        source: TopSource,
+        *,
+        run_path: str | None = None,
+        save_dir: str | Path = ".",
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        super().__init__()
+        self.source = source
+        self.save_dir = Path(save_dir)
+        self.clock = clock
+        self.since = -math.inf  # sparklines show samples from here (``r``)
+        self.needle = ""
+        self.selected: str | None = run_path
+        self.only_run = run_path is not None
+        self.frame: DevicesFrame | None = None
+        self.rows: Sequence[RunRowLike] = ()
+        self.detail: RunDetailLike | None = None
+        self.refreshes = 0
+        self.saved: list[Path] = []
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="title")
+        with VerticalScroll(id="main"):
+            yield Static(id="devices", classes="section")
+            yield Static(id="processes", classes="section")
+            yield Static(id="machine", classes="section")
+            yield Static(id="alerts", classes="section")
+            runs: DataTable[Any] = DataTable(id="runs", cursor_type="row", zebra_stripes=False)
+            yield runs
+        yield Static(id="detail")
+        yield Input(placeholder="filter runs and processes (enter to apply)", id="filter")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        table = self.query_one("#runs", DataTable)
+        for name in ("run", "status", "step", "loss", "throughput", "ETA", "alerts", "last alert"):
+            table.add_column(name, key=name)
+        if self.only_run:
+            self._show_detail(True)
+        self.refresh_data()
+        self.set_interval(self.source.interval, self.refresh_data)
+
+    # -- data -----------------------------------------------------------------------------
+
+    def refresh_data(self) -> None:
+        """Read the source once and redraw."""
+        self.frame = self.source.devices()
+        if not self.only_run:
+            self.rows = self.source.runs()
+        if self.selected is not None:
+            self.detail = self.source.detail(self.selected)
+        self.refreshes += 1
+        self._draw()
+
+    def _spark_width(self) -> int:
+        return max(6, min(40, self.size.width // 12))
+
+    def _devices_table(self) -> Table | None:
+        if self.frame is None:
+            return None
+        table = devices_table(self.frame, self._spark_width(), self.since)
+        width = self.size.width
+        if width < VERY_NARROW:
+            return _drop(table, VERY_NARROW_DROP)
+        return _drop(table, NARROW_DROP) if width < NARROW else table
+
+    def _draw(self) -> None:
+        now = _dt.datetime.fromtimestamp(self.clock()).strftime("%H:%M:%S")
+        frame = self.frame
+        host = f"{frame.host} · " if frame is not None else ""
+        filt = f" · filter: {self.needle}" if self.needle else ""
+        self.query_one("#title", Static).update(
+            f" nbmonitor top · {host}{now} · every {self.source.interval:g} s{filt}"
+        )
+        if self.only_run or self.query_one("#detail", Static).display:
+            self._draw_detail()
+            return
+        devices = self._devices_table()
+        if frame is not None and devices is not None:
+            self.query_one("#devices", Static).update(
+                rich_table(devices) if devices.rows else Text(devices.empty, style="dim")
+            )
+            procs = processes_table(frame, self.needle)
+            self.query_one("#processes", Static).update(
+                rich_table(procs) if procs.rows else Text(procs.empty, style="dim")
+            )
+            self.query_one("#machine", Static).update(
+                machine_line(frame, self._spark_width(), self.since)
+            )
+            alerts = alerts_lines(frame)
+            self.query_one("#alerts", Static).update(
+                Text("\n").join(Text(t, style=STYLES[g]) for t, g in alerts)
+                if alerts
+                else Text("no device alerts", style="dim")
+            )
+        self._draw_runs()
+
+    def _draw_runs(self) -> None:
+        table = self.query_one("#runs", DataTable)
+        shown = runs_table(self.rows, self.needle)
+        keys = [r.path for r in self.rows if not self.needle or self.needle.lower() in
+                f"{r.name} {r.status}".lower()]  # fmt: skip
+        cursor = table.cursor_row
+        current = keys[cursor] if 0 <= cursor < len(keys) else None
+        table.clear()
+        for key, row in zip(keys, shown.rows, strict=True):
+            table.add_row(*(Text(c.text, style=STYLES.get(c.grade, "")) for c in row), key=key)
+        if current is not None and current in keys:
+            table.move_cursor(row=keys.index(current))
+        elif cursor < len(keys):
+            table.move_cursor(row=max(cursor, 0))
+
+    def _draw_detail(self) -> None:
+        widget = self.query_one("#detail", Static)
+        if self.detail is None:
+            widget.update(Text(f"{self.selected}: not a run (yet)", style="dim"))
+            return
+        lines = detail_lines(self.detail, self.size.width - 2)
+        widget.update(Text("\n").join(Text(t, style=STYLES.get(g, "")) for t, g in lines))
+
+    def _show_detail(self, on: bool) -> None:
+        self.query_one("#main").display = not on
+        self.query_one("#detail").display = on
+
+    # -- keys -----------------------------------------------------------------------------
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        if event.row_key.value is not None:
+            self.selected = str(event.row_key.value)
+            self.detail = self.source.detail(self.selected)
+            self._show_detail(True)
+            self._draw()
+
+    def action_go_back(self) -> None:
+        filt = self.query_one("#filter", Input)
+        if filt.display:
+            filt.display = False
+            self.query_one("#runs").focus()
+            return
+        if self.only_run:
+            return
+        self.selected, self.detail = None, None
+        self._show_detail(False)
+        self._draw()
+
+    def action_reset(self) -> None:
+        self.since = self.clock()
+        self._draw()
+
+    def action_filter(self) -> None:
+        filt = self.query_one("#filter", Input)
+        filt.display = True
+        filt.value = self.needle
+        filt.focus()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        self.needle = event.value.strip()
+        self._draw()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.input.display = False
+        self.query_one("#runs").focus()
+
+    def snapshot_text(self) -> str:
+        """What is shown, as text."""
+        width = self.size.width
+        if self.only_run or self.query_one("#detail", Static).display:
+            if self.detail is None:
+                return f"{self.selected}: not a run (yet)\n"
+            return "\n".join(t for t, _ in detail_lines(self.detail, width)) + "\n"
+        parts = []
+        devices = self._devices_table()
+        if self.frame is not None and devices is not None:
+            parts += [
+                plain(devices),
+                plain(processes_table(self.frame, self.needle)),
+                machine_line(self.frame, self._spark_width(), self.since),
+                "Alerts\n" + ("\n".join(t for t, _ in alerts_lines(self.frame)) or "none"),
+            ]
+        parts.append(plain(runs_table(self.rows, self.needle)))
+        return "\n\n".join(parts) + "\n"
+
+    def snapshot_csv(self) -> str:
+        """The samples behind what is shown: the device samples (since the last reset), or
+        the selected run's steps."""
+        if self.selected is not None and self.detail is not None:
+            return samples_csv(self.detail.series, first=("step", "time"))
+        if self.frame is None:
+            return samples_csv({})
+        history = self.frame.history
+        times = history.get("time")
+        if times is not None and math.isfinite(self.since):
+            keep = times >= self.since
+            history = {k: v[keep] for k, v in history.items()}
+        return samples_csv(history)
+
+    def action_save(self) -> None:
+        stamp = _dt.datetime.fromtimestamp(self.clock()).strftime("%Y%m%d-%H%M%S")
+        base = self.save_dir / f"nbmonitor-top-{stamp}"
+        n = 1
+        while base.with_suffix(".txt").exists():
+            n += 1
+            base = self.save_dir / f"nbmonitor-top-{stamp}-{n}"
+        try:
+            self.save_dir.mkdir(parents=True, exist_ok=True)
+            text, csv = base.with_suffix(".txt"), base.with_suffix(".csv")
+            text.write_text(self.snapshot_text(), encoding="utf-8")
+            csv.write_text(self.snapshot_csv(), encoding="utf-8")
+        except OSError as exc:
+            self.notify(f"snapshot not saved: {exc.strerror or exc}", severity="error")
+            return
+        self.saved += [text, csv]
+        self.notify(f"saved {text} and {csv.name}")
+
+
+__all__ = ["TopApp", "TopSource", "rich_table"]

@@ -1,0 +1,201 @@
+"""nbmonitor top: the Textual app driven headless by its own pilot (App.run_test), against fake
+NVML devices and runs written by another process; --once and nbmonitor tail RUN --tui."""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import io
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from fake_pynvml import FakeGpu, FakeNvml
+
+pytest.importorskip("textual")
+
+from nbmonitor.machine.top import TopFeed, top
+from nbmonitor.machine.watch import close_all
+from nbmonitor.runs.watch import RunsWatch
+from nbmonitor.ui.tui.app import TopApp
+
+WRITER = Path(__file__).with_name("run_writer.py")
+
+
+@pytest.fixture
+def gpus() -> list[FakeGpu]:
+    return [
+        FakeGpu("GPU-0", temperature=91, processes=[(os.getpid(), 3 * 2**30)]),
+        FakeGpu("GPU-1", util=5),
+    ]
+
+
+@pytest.fixture(autouse=True)
+def nvml(monkeypatch: pytest.MonkeyPatch, gpus: list[FakeGpu]) -> Iterator[FakeNvml]:
+    fake = FakeNvml(gpus)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    yield fake
+    close_all()
+
+
+def start_writer(root: Path, name: str, steps: int, *extra: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen(
+        [sys.executable, str(WRITER), str(root), name, str(steps), *extra],
+        stdout=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    return proc
+
+
+def screen_text(app: TopApp) -> str:
+    """The screen as text (from the app's own screenshot)."""
+    svg = app.export_screenshot()
+    body = svg[svg.find("<g") :]
+    return html.unescape(re.sub(r"<[^>]+>", "", body)).replace("\xa0", " ")
+
+
+async def until(pilot: object, condition: Callable[[], bool], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await pilot.pause(0.05)  # type: ignore[attr-defined]
+
+
+def drive(app: TopApp, size: tuple[int, int], script: Callable[[object], Awaitable[None]]) -> None:
+    async def main() -> None:
+        async with app.run_test(size=size) as pilot:
+            await script(pilot)
+
+    asyncio.run(main())
+
+
+def test_devices_runs_live_step_and_keys(tmp_path: Path) -> None:
+    runs, saves = tmp_path / "runs", tmp_path / "saves"
+    runs.mkdir()
+    (runs / "hold").touch()
+    old = start_writer(runs, "old", 20, "--total", "20")
+    old.communicate(timeout=120)
+    live = start_writer(runs, "live", 400, "--total", "1000", "--delay", "0.02", "--hold")
+    live_path = Path(live.stdout.readline().strip())  # type: ignore[union-attr]
+    live.stdout.close()  # type: ignore[union-attr]
+    feed = TopFeed(RunsWatch(runs, rescan_s=0.2), 0.2)
+    app = TopApp(feed, save_dir=saves)
+
+    def live_step() -> int:
+        return next((r.step for r in app.rows if r.path == str(live_path)), -1)
+
+    async def script(pilot: object) -> None:
+        await until(pilot, lambda: app.frame is not None and live_step() > 0)
+        first = live_step()
+        await until(pilot, lambda: live_step() > first + 5)  # it follows the live step
+        text = screen_text(app)
+        assert "H100 80GB HBM3" in text and "91C" in text
+        assert "live" in text and "running" in text and "old" in text and "closed" in text
+        assert f"{live_step()}/1000" in text or "/1000" in text
+        assert "GPU 0 is at 91" in text  # the device rule's alert
+        assert "python" in text  # the process on GPU 0, by name
+
+        await pilot.press("s")  # type: ignore[attr-defined]
+        await until(pilot, lambda: len(app.saved) == 2)
+        txt, csv = app.saved
+        assert "Devices" in txt.read_text() and live_path.name in txt.read_text()
+        header = csv.read_text().splitlines()[0].split(",")
+        assert header[:2] == ["time", "step"] and "gpu0_temperature_c" in header
+
+        await pilot.press("r")  # type: ignore[attr-defined]
+        assert app.since > 0
+
+        await pilot.press("slash", "o", "l", "d", "enter")  # type: ignore[attr-defined]
+        table = app.query_one("#runs")
+        await until(pilot, lambda: table.row_count == 1)  # type: ignore[attr-defined]
+        await pilot.press("enter")  # type: ignore[attr-defined]
+        await until(pilot, lambda: app.detail is not None)
+        assert app.selected is not None and app.selected.endswith("-old")
+        text = screen_text(app)
+        assert "loss" in text and "grad_norm" in text and "loss spiked at 3" in text
+        await pilot.press("escape")  # type: ignore[attr-defined]
+        assert app.selected is None
+
+        await pilot.press("slash", "backspace", "backspace", "backspace", "enter")  # type: ignore[attr-defined]
+        await until(pilot, lambda: table.row_count == 2)  # type: ignore[attr-defined]
+        await pilot.press("down", "up", "q")  # type: ignore[attr-defined]
+
+    try:
+        drive(app, (250, 70), script)
+    finally:
+        (runs / "hold").unlink()
+        live.wait(120)
+        feed.stop()
+    assert app.return_code in (0, None) and not app.is_running
+
+
+@pytest.mark.parametrize("size", [(80, 24), (250, 70)])
+def test_small_and_large_terminals(tmp_path: Path, size: tuple[int, int]) -> None:
+    feed = TopFeed(RunsWatch(tmp_path), 0.1)
+    app = TopApp(feed, save_dir=tmp_path)
+
+    async def script(pilot: object) -> None:
+        await until(pilot, lambda: app.frame is not None and "91C" in screen_text(app))
+        text = screen_text(app)
+        lines = text.splitlines()
+        assert "util" in text
+        assert ("SM MHz" in text) == (size[0] >= 120)
+        assert max(len(line) for line in lines) <= size[0] + 1
+
+    try:
+        drive(app, size, script)
+    finally:
+        feed.stop()
+
+
+def test_no_color(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("NO_COLOR", "1")
+    feed = TopFeed(RunsWatch(tmp_path), 0.1, devices=False)
+    app = TopApp(feed)
+    try:
+        drive(app, (80, 24), lambda pilot: until(pilot, lambda: app.refreshes >= 1))
+    finally:
+        feed.stop()
+    assert app.no_color
+
+
+def test_once_prints_the_tables_when_not_a_terminal(tmp_path: Path) -> None:
+    proc = start_writer(tmp_path, "done", 12)
+    proc.communicate(timeout=120)
+    out = io.StringIO()
+    assert top(str(tmp_path), 0.05, out=out) == 0
+    text = out.getvalue()
+    assert "H100 80GB HBM3" in text and "91C" in text
+    assert "done" in text and "closed" in text and "12" in text
+    assert "\x1b[" not in text  # no colour codes
+
+
+def test_tail_tui_opens_the_run_view(tmp_path: Path) -> None:
+    proc = start_writer(tmp_path, "one", 30)
+    path = Path(proc.communicate(timeout=120)[0].strip())
+    feed = TopFeed(RunsWatch(path, only=True), 0.1, devices=False)
+    app = TopApp(feed, run_path=str(path), save_dir=tmp_path)
+
+    async def script(pilot: object) -> None:
+        await until(pilot, lambda: app.detail is not None and app.detail.row.step == 30)
+        text = screen_text(app)
+        assert "one" in text and "step 30" in text and "loss spiked at 3" in text
+        await pilot.press("escape", "s")  # type: ignore[attr-defined]
+        await until(pilot, lambda: len(app.saved) == 2)
+        assert app.saved[1].read_text().splitlines()[0].startswith("step,time,")
+
+    drive(app, (80, 24), script)
+    assert app.selected == str(path)
+
+
+def test_cli_top_once_and_tail_tui_errors(tmp_path: Path) -> None:
+    from nbmonitor.__main__ import main
+
+    assert main(["top", "--once", "--runs", str(tmp_path), "--interval", "0.05"]) == 0
+    assert main(["tail", str(tmp_path / "absent"), "--tui"]) == 2
