@@ -271,10 +271,11 @@ class _Bar:
     0.1 s."""
 
     def __init__(self, label: str) -> None:
-        import sys
+        from nbmonitor.runs.text import strip_controls
 
-        self.label = label
-        self.stream = sys.stderr
+        self.label = strip_controls(label)  # a folder's name
+        # Its own "\r" must reach the terminal: past the filter of what run folders hold.
+        self.stream = sys.stderr.raw if isinstance(sys.stderr, _Printable) else sys.stderr
         self.last = -1.0
 
     def __call__(self, done: int, total: int) -> None:
@@ -379,6 +380,12 @@ class _Printable(io.TextIOBase):
 
     def isatty(self) -> bool:
         return self._stream.isatty()
+
+    @property
+    def raw(self) -> TextIO:
+        """The stream itself, for text of our own with control characters (a progress bar's
+        carriage return)."""
+        return self._stream
 
 
 def _show_warning(

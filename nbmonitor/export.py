@@ -144,15 +144,20 @@ def runs_of(path: str | os.PathLike[str]) -> list[pathlib.Path]:
     return [folder]
 
 
+def size(path: pathlib.Path) -> int:
+    """The bytes of the run's record files (what a progress bar counts)."""
+    files, total = RunFiles(path), 0
+    for stream in STREAMS:
+        with contextlib.suppress(OSError):
+            total += files.file(stream).stat().st_size
+    return total
+
+
 def batches(path: pathlib.Path) -> Iterator[tuple[Batch, int, int]]:
     """The run's rows, as it is on disk now, in batches of at most ``BATCH_ROWS`` rows per
     stream, with the bytes read so far and in all (for a progress bar). Bounded memory: the
     files are read a slice at a time (``Tail``), a torn last line is left for later."""
-    files = RunFiles(path)
-    total = 0
-    for stream in STREAMS:
-        with contextlib.suppress(OSError):
-            total += files.file(stream).stat().st_size
+    total = size(path)
     tail = Tail(path, streams=STREAMS)
     while True:
         new = tail.poll()
@@ -207,7 +212,8 @@ def export_run(
             raise
         sink.close({"status": "degraded" if status == "degraded" else "closed"})
         if progress is not None:
-            progress(1, 1)
+            total = size(folder)
+            progress(total, total)
         out.append(Exported(folder, exp.name, _where(sink)))
     return out
 

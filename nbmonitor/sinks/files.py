@@ -46,7 +46,7 @@ def frames(run: Run) -> dict[str, Any]:
         if stream == "events":
             out[table] = pd.DataFrame.from_records(run.events())
         else:
-            out[table] = pd.DataFrame(run.columns(stream))
+            out[table] = pd.DataFrame(dict(run.columns(stream)))
     return out
 
 
