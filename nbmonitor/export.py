@@ -36,7 +36,7 @@ from nbmonitor.sinks.base import Batch, Sink
 from nbmonitor.sinks.exporter import ExportContext, Exporter, ExportError
 from nbmonitor.sinks.files import CSV, Parquet
 from nbmonitor.sinks.mlflow import MLflow
-from nbmonitor.sinks.prometheus import Prometheus
+from nbmonitor.sinks.prometheus import Prometheus, endpoints
 from nbmonitor.sinks.tensorboard import TensorBoard
 from nbmonitor.sinks.trackio import Trackio
 from nbmonitor.sinks.wandb import WandB
@@ -247,6 +247,7 @@ __all__ = [
     "TensorBoard",
     "Trackio",
     "WandB",
+    "endpoints",
     "export_run",
     "exporter",
     "exporters",

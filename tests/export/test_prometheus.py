@@ -237,3 +237,65 @@ def test_attaching_again_ten_times_keeps_one_endpoint(tmp_path: pathlib.Path) ->
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do (TIME_WAIT)
         s.bind(("127.0.0.1", port))
         s.listen()
+
+
+def exposition(ranks: int = 1) -> str:
+    """The exposition of a run with every CPU, GPU and step key nbmonitor writes."""
+    from nbmonitor.backends._nvml_queries import GPU_FIELDS
+    from nbmonitor.backends.cpu import CPU_KEYS
+    from nbmonitor.backends.cuda import ALLOCATOR_KEYS
+
+    steps = {"step": 2.0, "time": 1.0, "loss": 1.0, "lr": 0.1, "grad_norm": 1.0, "samples": 8.0}
+    steps.update(step_time=0.1, samples_per_s=80.0, tokens=64.0, tokens_per_s=640.0)
+    phases = ("data", "forward", "backward", "optimizer", "other")
+    steps.update({f"phase_{p}_s": 0.01 for p in phases})
+    system = {"step": 2.0, "time": 1.0, **dict.fromkeys(CPU_KEYS, 1.0)}
+    system.update({f"gpu0_{f}": 1.0 for f in GPU_FIELDS})
+    system.update(dict.fromkeys(ALLOCATOR_KEYS, 1.0))
+    sink = Prometheus(port=0).open(ExportContext("run", None, {"host": "h"}))
+    try:
+        sink.write(Batch({"steps": [steps], "system": [system]}))
+        return get(sink.url).decode()
+    finally:
+        sink.close({})
+
+
+def test_the_grafana_dashboard_asks_for_series_the_exporter_serves() -> None:
+    import re
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    served = {s.name for f in text_string_to_metric_families(exposition()) for s in f.samples}
+    board = json.loads(
+        (pathlib.Path(__file__).parents[2] / "docs" / "grafana-dashboard.json").read_text()
+    )
+    exprs = [t["expr"] for p in board["panels"] for t in p["targets"]]
+    asked = {n for e in exprs for n in re.findall(r"nbmonitor_[a-z_]+", e)}
+    assert asked and asked <= served, asked - served
+
+
+def test_rank_zero_serves_every_rank_of_a_job(tmp_path: pathlib.Path) -> None:
+    from nbmonitor.sinks import RunLogSink
+
+    logs = [
+        RunLogSink.create(tmp_path, "ddp", {"rank": r, "host": f"node{r}"}, job_id="j", rank=r,
+                          world_size=2)
+        for r in (0, 1)
+    ]  # fmt: skip
+    logs[1].write(Batch({"steps": [{"step": 7.0, "time": 1.0, "loss": 0.25}]}))
+    logs[1].flush()
+    context = ExportContext(f"{logs[0].path.parent.name}/rank0", logs[0].path, logs[0].meta, rank=0,
+                            world_size=2)  # fmt: skip
+    sink = Prometheus(port=0).open(context)
+    try:
+        sink.write(Batch({"steps": [{"step": 9.0, "time": 1.0, "loss": 0.5}]}))
+        sink.flush()  # reads the other ranks' new rows
+        text = get(sink.url).decode()
+    finally:
+        sink.close({})
+        for log in logs:
+            log.close({"status": "closed"})
+    run = logs[0].path.parent.name
+    assert _has(text, "nbmonitor_loss", {"run": run, "rank": "0", "host": "node0"}, 0.5)
+    assert _has(text, "nbmonitor_loss", {"run": run, "rank": "1", "host": "node1"}, 0.25)
+    assert _has(text, "nbmonitor_steps_total", {"rank": "1"}, 7.0)
