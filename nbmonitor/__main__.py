@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import io
 import math
+import os
 import sys
 import time
 import warnings
@@ -133,9 +134,8 @@ def _say(message: str) -> None:
 
 
 def _is_run(path: Path) -> bool:
-    from nbmonitor.runs.files import RunFolder
-
-    return RunFolder(path).is_file(["meta.json"])
+    """Whether ``path`` holds a meta.json (of any kind: reading it says what is wrong)."""
+    return os.path.lexists(path / "meta.json")
 
 
 def _wait_for(path: Path, wait: float, interval: float) -> bool:
