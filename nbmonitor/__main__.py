@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import io
 import math
 import os
 import sys
@@ -271,11 +270,12 @@ class _Bar:
     0.1 s."""
 
     def __init__(self, label: str) -> None:
-        from nbmonitor.runs.text import strip_controls
+        from nbmonitor.runs.text import StrippedStream, strip_controls
 
         self.label = strip_controls(label)  # a folder's name
         # Its own "\r" must reach the terminal: past the filter of what run folders hold.
-        self.stream = sys.stderr.raw if isinstance(sys.stderr, _Printable) else sys.stderr
+        err = sys.stderr
+        self.stream = err.raw if isinstance(err, StrippedStream) else err
         self.last = -1.0
 
     def __call__(self, done: int, total: int) -> None:
@@ -361,33 +361,6 @@ def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.set_defaults(run=lambda args: export(args.target, args.to.lower(), args.out))
 
 
-class _Printable(io.TextIOBase):
-    """A text stream that passes on what it is given with control characters (ESC among
-    them) shown as ``?``: the reading commands print names, alert messages and keys that came
-    from run folders, and nothing in a file may drive the terminal."""
-
-    def __init__(self, stream: TextIO) -> None:
-        self._stream = stream
-
-    def write(self, s: str) -> int:
-        from nbmonitor.runs.text import strip_controls
-
-        self._stream.write(strip_controls(s))
-        return len(s)
-
-    def flush(self) -> None:
-        self._stream.flush()
-
-    def isatty(self) -> bool:
-        return self._stream.isatty()
-
-    @property
-    def raw(self) -> TextIO:
-        """The stream itself, for text of our own with control characters (a progress bar's
-        carriage return)."""
-        return self._stream
-
-
 def _show_warning(
     message: Warning | str,
     category: type[Warning],
@@ -404,13 +377,15 @@ def _show_warning(
 def _reading_output() -> Iterator[None]:
     """For the commands that print what run folders hold: control characters stripped from
     stdout and stderr, warnings one line each, errors one line and an exit status."""
-    out, err, show = sys.stdout, sys.stderr, warnings.showwarning
-    sys.stdout, sys.stderr = _Printable(out), _Printable(err)
+    from nbmonitor.runs.text import stripped_output
+
+    show = warnings.showwarning
     warnings.showwarning = _show_warning
     try:
-        yield
+        with stripped_output():
+            yield
     finally:
-        sys.stdout, sys.stderr, warnings.showwarning = out, err, show
+        warnings.showwarning = show
 
 
 def _add_top(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
