@@ -64,6 +64,8 @@ class RunRow:
     alerts: int
     last_alert: str
     kind: str = "run"  # "run", "job" (several ranks) or "devices" (a device watch)
+    pid: int | None = None  # the writer's process and host, as meta.json says
+    host: str = ""
 
 
 @dataclass(frozen=True)
@@ -169,6 +171,7 @@ class _Followed:
         total = total if isinstance(total, int) and not isinstance(total, bool) else None
         step = int(last.get("step", 0))
         alert = self.alerts[-1] if self.alerts else None
+        pid = meta.get("pid")
         kind = "devices" if meta.get("kind") == "devices" else self.kind
         return RunRow(
             name=self.name,
@@ -184,6 +187,8 @@ class _Followed:
             alerts=self.alert_count,
             last_alert=str(alert.get("message", "")) if alert is not None else self.error,
             kind=kind,
+            pid=pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
+            host=str(meta.get("host", "")),
         )
 
     def _eta(self, total: int | None, step: int) -> float:
