@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 STATIC = ROOT / "nbmonitor" / "static"
 
 PAGE = """<!doctype html>
-<html><head><meta charset="utf-8"><link rel="icon" href="data:,"><link rel="stylesheet" href="widget.css">
+<html><head><meta charset="utf-8"><link rel="icon" href="data:,">
+<link rel="stylesheet" href="widget.css">
 <style>body { margin: 8px; background: #fff; } #root { width: 1000px; }</style></head>
 <body><div id="root"></div>
 <script type="module">
