@@ -158,7 +158,7 @@ class Pipeline:
         memory = [r.breakdown for r in records if isinstance(r, MemoryRecord)]
         if memory:
             self._pending["memory"].extend(b.to_record() for b in memory)
-            self.published = dataclasses.replace(self.published, memory=memory[-1])
+            self.model.add_memory(memory)
         self._report_failures(assembler.take_failures())
         added = assembler.take_groups_added()
         if added:

@@ -19,10 +19,12 @@ from nbmonitor._engine.assemble.layers import LayerStats
 from nbmonitor._engine.assemble.spans import SpanLog
 from nbmonitor._engine.derive.clipping import clip_share
 from nbmonitor._engine.derive.energy import energy_rates
+from nbmonitor._engine.derive.headroom import headroom
 from nbmonitor._engine.store import FloatArray, Store
 from nbmonitor.health import HealthInput
 from nbmonitor.health.alert import Alert
 from nbmonitor.health.view import RankColumns
+from nbmonitor.memory import MemoryBreakdown
 from nbmonitor.records import PHASE_KEYS
 
 # The alerts a run keeps (the frame shows the newest few; the run log keeps every one).
@@ -61,6 +63,8 @@ class RunModel:
         self._last_sample: dict[str, float] = {}
         self._first_time = math.nan
         self._last_time = math.nan
+        # The newest memory breakdown (nbmonitor.memory), from a probe or memory.jsonl.
+        self.memory: MemoryBreakdown | None = None
 
     # -- input: the same for a live run and a run on disk ---------------------------------------
 
@@ -104,6 +108,11 @@ class RunModel:
         self._alerts += added
         del self._alerts[:-MAX_ALERTS]
         return added
+
+    def add_memory(self, breakdowns: Sequence[MemoryBreakdown]) -> None:
+        """Breakdowns of sampled steps, oldest first: the newest is kept."""
+        if breakdowns:
+            self.memory = breakdowns[-1]
 
     def set_layers(self, layers: LayerStats) -> None:
         """The layers of a run on disk, once its first per-layer rows name them."""
@@ -156,10 +165,12 @@ class RunModel:
 
     def derived(self) -> dict[str, float]:
         """The figures derived from the stores that the frame shows beside the newest row:
-        best loss, energy per step and per sample, the share of recent steps clipped."""
+        best loss, energy per step and per sample, the share of recent steps clipped, the
+        memory headroom and the batch that fits."""
         out = {"best_loss": self._best_loss}
         out.update(energy_rates(self.system, self.steps, self.device_index))
         out.update(clip_share(self.steps))
+        out.update(headroom(self.system, self.steps, self.memory, self.device_index))
         return out
 
     def layer_table(self) -> list[dict[str, object]]:

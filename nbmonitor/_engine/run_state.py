@@ -16,6 +16,7 @@ from nbmonitor._engine.frame import Frame, FrameBuilder, FrameState, RunInfo
 from nbmonitor._engine.run_model import RunModel, floats
 from nbmonitor._engine.store import Store
 from nbmonitor.health.alert import Alert
+from nbmonitor.memory import MemoryBreakdown
 
 GRAD_PREFIX = "grad_norm/"
 PARAM_PREFIX = "param_norm/"
@@ -85,12 +86,23 @@ class RunState:
         self.model.add_system_rows([floats(r) for r in streams.get("system", ())])
         self.add_events(streams.get("events", ()))
         self.model.add_span_rows(streams.get("spans", ()))
+        self.add_memory(streams.get("memory", ()))
         layers = [floats(r) for r in streams.get("layers", ())]
         if layers:
             keys = sorted({k for r in layers for k in r})
             self._add_layer_columns(
                 {k: np.array([r.get(k, math.nan) for r in layers], dtype=np.float64) for k in keys}
             )
+
+    def add_memory(self, records: Sequence[Mapping[str, Any]]) -> None:
+        """memory.jsonl records: the newest that reads as a breakdown is kept (one that does
+        not is skipped here; ``Run.memory()`` reports it)."""
+        for record in reversed(records):
+            try:
+                self.model.add_memory([MemoryBreakdown.from_record(record)])
+            except ValueError:
+                continue
+            return
 
     def add_events(self, events: Iterable[Mapping[str, Any]]) -> None:
         alerts = []

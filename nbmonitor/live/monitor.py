@@ -317,7 +317,7 @@ class Monitor:
         saved for backward on the newest sampled step. See ``nbmonitor.memory``."""
         from nbmonitor.live.memory_reads import live_memory
 
-        return live_memory(self._memory_probe(), self._pipeline.published.memory, self.step)
+        return live_memory(self._memory_probe(), self._pipeline.model.memory, self.step)
 
     def span(self, name: str) -> Span:
         """A named span of time: ``with mon.span("data"): ...`` or ``@mon.span("eval")``.

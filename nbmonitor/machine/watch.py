@@ -9,6 +9,7 @@ No torch: ``nbmonitor top`` builds the same watch in a terminal. One watch per k
 
 from __future__ import annotations
 
+import atexit
 import datetime as _dt
 import math
 import os
@@ -386,8 +387,10 @@ def devices(
     return watch
 
 
+@atexit.register
 def close_all() -> None:
-    """Close the kernel's watch (tests, interpreter exit)."""
+    """Close the kernel's watch (tests, and interpreter exit: its run folder then says
+    "closed", not "killed"; a source that hangs costs the exit at most a few seconds)."""
     global _current
     with _current_lock:
         earlier, _current = _current, None

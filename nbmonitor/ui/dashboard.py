@@ -33,6 +33,10 @@ _HEADER_KEYS = (
     "tokens_per_s",
     "tflops_per_s",
     "mfu_percent",
+    "memory_peak_bytes",
+    "memory_limit_bytes",
+    "batch_size",
+    "batch_fits",
 )
 _SYSTEM_KEYS = (
     "cpu_percent",

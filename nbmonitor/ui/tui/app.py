@@ -31,6 +31,7 @@ from nbmonitor.ui.tui.tables import (
     alerts_lines,
     detail_lines,
     devices_table,
+    drop_columns,
     machine_line,
     plain,
     processes_table,
@@ -59,16 +60,6 @@ class TopSource(Protocol):
     def runs(self) -> Sequence[RunRowLike]: ...
 
     def detail(self, path: str) -> RunDetailLike | None: ...
-
-
-def _drop(table: Table, names: frozenset[str]) -> Table:
-    keep = [i for i, h in enumerate(table.header) if h not in names]
-    return Table(
-        table.title,
-        tuple(table.header[i] for i in keep),
-        tuple(tuple(row[i] for i in keep) for row in table.rows),
-        table.empty,
-    )
 
 
 def styled(table: Table, width: int, selected: int | None = None) -> Text:
@@ -184,8 +175,8 @@ class TopApp(App[None]):
         table = devices_table(self.frame, self._spark_width(), self.since)
         width = self.size.width
         if width < VERY_NARROW:
-            return _drop(table, VERY_NARROW_DROP)
-        return _drop(table, NARROW_DROP) if width < NARROW else table
+            return drop_columns(table, VERY_NARROW_DROP)
+        return drop_columns(table, NARROW_DROP) if width < NARROW else table
 
     def _update(self, widget_id: str, content: Text | str) -> None:
         """Update a widget only when what it shows changed: a refresh that changes nothing
