@@ -295,6 +295,14 @@ class Monitor:
             return pd.DataFrame(rows)
         return rows
 
+    def figure(self, *keys: str, log: bool = False) -> Any:
+        """A bqplot Figure of these metrics against the step, to compose in your own layout:
+        ``mon.figure("loss", "grad_norm")``. The series are the dashboard's (decimated to about
+        2,000 points); the figure is a snapshot, made again to refresh it."""
+        from nbmonitor.ui.figures import metrics_figure
+
+        return metrics_figure(self.frame().series, keys, log=log)
+
     def frame(self, detail: bool = True) -> Frame:
         """The snapshot the views show now (see ``nbmonitor._engine.frame.Frame``).
 

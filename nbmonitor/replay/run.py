@@ -111,6 +111,12 @@ class Run(RunFiles):
         """What the dashboard shows of this run now."""
         return self.state().frame(self.status, detail)
 
+    def figure(self, *keys: str, log: bool = False) -> Any:
+        """A bqplot Figure of these metrics of the run against the step (``mon.figure``)."""
+        from nbmonitor.ui.figures import metrics_figure
+
+        return metrics_figure(self.frame().series, keys, log=log)
+
     def dashboard(self, live: bool = False, interval: float = 1.0) -> Any:
         """The notebook dashboard of this run (display it, or leave it last in a cell).
 
