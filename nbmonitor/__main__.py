@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import io
 import math
 import os
 import sys
@@ -260,27 +259,6 @@ def _add_runs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(run=lambda args: runs(args.folder))
 
 
-class _Printable(io.TextIOBase):
-    """A text stream that passes on what it is given with control characters (ESC among
-    them) shown as ``?``: the reading commands print names, alert messages and keys that came
-    from run folders, and nothing in a file may drive the terminal."""
-
-    def __init__(self, stream: TextIO) -> None:
-        self._stream = stream
-
-    def write(self, s: str) -> int:
-        from nbmonitor.runs.text import strip_controls
-
-        self._stream.write(strip_controls(s))
-        return len(s)
-
-    def flush(self) -> None:
-        self._stream.flush()
-
-    def isatty(self) -> bool:
-        return self._stream.isatty()
-
-
 def _show_warning(
     message: Warning | str,
     category: type[Warning],
@@ -297,13 +275,15 @@ def _show_warning(
 def _reading_output() -> Iterator[None]:
     """For the commands that print what run folders hold: control characters stripped from
     stdout and stderr, warnings one line each, errors one line and an exit status."""
-    out, err, show = sys.stdout, sys.stderr, warnings.showwarning
-    sys.stdout, sys.stderr = _Printable(out), _Printable(err)
+    from nbmonitor.runs.text import stripped_output
+
+    show = warnings.showwarning
     warnings.showwarning = _show_warning
     try:
-        yield
+        with stripped_output():
+            yield
     finally:
-        sys.stdout, sys.stderr, warnings.showwarning = out, err, show
+        warnings.showwarning = show
 
 
 def _add_top(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -219,6 +219,8 @@ class Pipeline:
         # Paced, the rules may run seconds apart: they get every step since their last run.
         window = min(HEALTH_WINDOW + step - self._health_step, HEALTH_WINDOW_MAX)
         self._health_step = step
+        # What the optimizer is (recorded once by the training side), for the time rules.
+        self.model.optimizer = self._assembler.optimizer
         inp = self.model.health_input(step, parts.clock(), window, self._ranks())
         self.add_alerts(parts.health.check(inp))
         self._publish_layers()
