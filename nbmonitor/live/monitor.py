@@ -32,8 +32,8 @@ from nbmonitor.errors import ErrorLog, Guard
 from nbmonitor.health import Alert, Health
 from nbmonitor.live import ranks as _ranks
 from nbmonitor.live import registry as _registry
-from nbmonitor.live.build import SamplerParts, build_sampler
-from nbmonitor.live.lifetime import Lifetime, flush_tick
+from nbmonitor.live.build import build_sampler
+from nbmonitor.live.lifetime import StepCount, flush_tick
 from nbmonitor.live.parts import layer_stats, run_meta
 from nbmonitor.live.setup_check import check_setup
 from nbmonitor.options import AttachOptions, Options, WrappedOptimizer, check_model
@@ -99,12 +99,10 @@ class Monitor:
         # Held until start(); then the model's hooks hold the step clock and this only weakly.
         self._capture: Any = capture
         self._recorder = capture.recorder
-        life = self._life = Lifetime(capture.clock, errors_log, clock)
+        count = StepCount(capture.clock)
         self._spans = SpanTimer(
-            capture.clock.ctx, Guard("probe:spans", errors_log), life, timer, clock
+            capture.clock.ctx, Guard("probe:spans", errors_log), count, timer, clock
         )
-        # A model collected (dropped by the user) closes its run; see lifetime.py.
-        self._model_ref = weakref.ref(model, life.release_soon)
         self._memory_probe = weakref.ref(capture.memory)
         layers = layer_stats(capture.params, capture.param_names, optimizer, opts.layer_group)
         layers.module_kinds = {n: type(m).__name__ for n, m in model.named_modules() if n}
@@ -117,24 +115,24 @@ class Monitor:
         self._runlog, self.name = _ranks.create_runlog(
             opts, run_name, meta, self.rank, device, self.backend.device_index
         )
-        self._pipeline, self._thread = build_sampler(
-            SamplerParts(
-                info=RunInfo(
-                    self.name, self.backend.name, self.total_steps, len(self.backend.devices)
-                ),
-                backend=self.backend,
-                capture=capture,
-                life=life,
-                layers=layers,
-                health=Health(opts.thresholds),
-                forward_checked=opts.check_forward,
-                runlog=self._runlog,
-                errors=errors_log,
-                ranks=_ranks.rank_follower(self.rank, self.displays, self._runlog.path),
-                clock=clock,
-                interval=self.interval,
-            )
+        sampler = build_sampler(
+            info=RunInfo(self.name, self.backend.name, self.total_steps, len(self.backend.devices)),
+            backend=self.backend,
+            capture=capture,
+            count=count,
+            layers=layers,
+            health=Health(opts.thresholds),
+            forward_checked=opts.check_forward,
+            sinks=[self._runlog],  # the run log first; exporters join it here
+            errors=errors_log,
+            ranks=_ranks.rank_follower(self.rank, self.displays, self._runlog.path),
+            clock=clock,
+            interval=self.interval,
         )
+        self._pipeline, self._thread = sampler.pipeline, sampler.thread
+        life = self._life = sampler.life
+        # A model collected (dropped by the user) closes its run; see lifetime.py.
+        self._model_ref = weakref.ref(model, life.release_soon)
         self._pipeline.add_alerts(
             check_setup(model, optimizer, step=opts.start_step, time=self._start)
         )
@@ -270,6 +268,14 @@ class Monitor:
                 ) from exc
             return pd.DataFrame(rows)
         return rows
+
+    def figure(self, *keys: str, log: bool = False) -> Any:
+        """A bqplot Figure of these metrics against the step, to compose in your own layout:
+        ``mon.figure("loss", "grad_norm")``. The series are the dashboard's (decimated to about
+        2,000 points); the figure is a snapshot, made again to refresh it."""
+        from nbmonitor.ui.figures import metrics_figure
+
+        return metrics_figure(self.frame().series, keys, log=log)
 
     def frame(self, detail: bool = True) -> Frame:
         """The snapshot the views show now (see ``nbmonitor._engine.frame.Frame``).
