@@ -32,11 +32,12 @@ from nbmonitor.errors import ErrorLog, Guard
 from nbmonitor.health import Alert, Health
 from nbmonitor.live import ranks as _ranks
 from nbmonitor.live import registry as _registry
-from nbmonitor.live.build import SamplerParts, build_sampler
-from nbmonitor.live.lifetime import Lifetime, flush_tick
+from nbmonitor.live.build import build_sampler
+from nbmonitor.live.lifetime import StepCount, flush_tick
 from nbmonitor.live.parts import layer_stats, run_meta
 from nbmonitor.live.setup_check import check_setup
 from nbmonitor.options import AttachOptions, Options, WrappedOptimizer, check_model
+from nbmonitor.sinks import Sink
 
 if TYPE_CHECKING:
     from nbmonitor.live.profile import Profile
@@ -99,12 +100,10 @@ class Monitor:
         # Held until start(); then the model's hooks hold the step clock and this only weakly.
         self._capture: Any = capture
         self._recorder = capture.recorder
-        life = self._life = Lifetime(capture.clock, errors_log, clock)
+        count = StepCount(capture.clock)
         self._spans = SpanTimer(
-            capture.clock.ctx, Guard("probe:spans", errors_log), life, timer, clock
+            capture.clock.ctx, Guard("probe:spans", errors_log), count, timer, clock
         )
-        # A model collected (dropped by the user) closes its run; see lifetime.py.
-        self._model_ref = weakref.ref(model, life.release_soon)
         self._memory_probe = weakref.ref(capture.memory)
         layers = layer_stats(capture.params, capture.param_names, optimizer, opts.layer_group)
         layers.module_kinds = {n: type(m).__name__ for n, m in model.named_modules() if n}
@@ -117,24 +116,25 @@ class Monitor:
         self._runlog, self.name = _ranks.create_runlog(
             opts, run_name, meta, self.rank, device, self.backend.device_index
         )
-        self._pipeline, self._thread = build_sampler(
-            SamplerParts(
-                info=RunInfo(
-                    self.name, self.backend.name, self.total_steps, len(self.backend.devices)
-                ),
-                backend=self.backend,
-                capture=capture,
-                life=life,
-                layers=layers,
-                health=Health(opts.thresholds),
-                forward_checked=opts.check_forward,
-                runlog=self._runlog,
-                errors=errors_log,
-                ranks=_ranks.rank_follower(self.rank, self.displays, self._runlog.path),
-                clock=clock,
-                interval=self.interval,
-            )
+        sampler = build_sampler(
+            info=RunInfo(self.name, self.backend.name, self.total_steps, len(self.backend.devices)),
+            backend=self.backend,
+            capture=capture,
+            count=count,
+            layers=layers,
+            health=Health(opts.thresholds),
+            forward_checked=opts.check_forward,
+            # The run log first, then the exporters (each behind its own guard).
+            sinks=[self._runlog, *self._open_exports(meta)],
+            errors=errors_log,
+            ranks=_ranks.rank_follower(self.rank, self.displays, self._runlog.path),
+            clock=clock,
+            interval=self.interval,
         )
+        self._pipeline, self._thread = sampler.pipeline, sampler.thread
+        life = self._life = sampler.life
+        # A model collected (dropped by the user) closes its run; see lifetime.py.
+        self._model_ref = weakref.ref(model, life.release_soon)
         self._pipeline.add_alerts(
             check_setup(model, optimizer, step=opts.start_step, time=self._start)
         )
@@ -143,6 +143,30 @@ class Monitor:
         self._setup_views(opts.display)
 
     # -- construction helpers --------------------------------------------------------------
+
+    def _open_exports(self, meta: dict[str, object]) -> list[Sink]:
+        """The exporters' sinks, opened here on the attaching thread (W&B's and MLflow's
+        current run are per thread); one that cannot start is one line in ``errors``. In a
+        job, the tools with one run for the job (W&B, MLflow, trackio, Prometheus, which
+        serves every rank) export from the display rank only; files, from every rank."""
+        exps = self.options.export
+        if not exps:
+            return []
+        from nbmonitor.export import PER_RANK, open_sinks
+        from nbmonitor.sinks.exporter import ExportContext
+
+        if not self.displays:
+            exps = tuple(e for e in exps if e.name in PER_RANK)
+        context = ExportContext(
+            name=self.name,
+            run_dir=self._runlog.path,
+            meta=meta,
+            rank=self.rank.rank if self.rank is not None else None,
+            world_size=self.rank.world_size if self.rank is not None else 1,
+            live=True,
+            uuids=gpu_uuids(self.backend.name),
+        )
+        return open_sinks(exps, context, self.errors_log)
 
     def _setup_views(self, display: bool) -> None:
         from nbmonitor.ui.console import ConsoleView, console_logger
@@ -271,6 +295,14 @@ class Monitor:
                 ) from exc
             return pd.DataFrame(rows)
         return rows
+
+    def figure(self, *keys: str, log: bool = False) -> Any:
+        """A bqplot Figure of these metrics against the step, to compose in your own layout:
+        ``mon.figure("loss", "grad_norm")``. The series are the dashboard's (decimated to about
+        2,000 points); the figure is a snapshot, made again to refresh it."""
+        from nbmonitor.ui.figures import metrics_figure
+
+        return metrics_figure(self.frame().series, keys, log=log)
 
     def frame(self, detail: bool = True) -> Frame:
         """The snapshot the views show now (see ``nbmonitor._engine.frame.Frame``).
@@ -493,6 +525,21 @@ class Monitor:
             f"<nbmonitor.Monitor {self.name!r} backend={self.backend.name!r} step={self.step} "
             f"status={self.status!r}>"
         )
+
+
+def gpu_uuids(backend: str) -> list[str]:
+    """The visible GPUs' UUIDs as NVML and DCGM spell them (``GPU-...``), by torch index."""
+    if backend != "cuda":
+        return []
+    from nbmonitor.backends._nvml import nvml_uuid
+
+    try:
+        return [
+            nvml_uuid(str(torch.cuda.get_device_properties(i).uuid))[0]
+            for i in range(torch.cuda.device_count())
+        ]
+    except Exception:  # an old torch without .uuid: the label stays empty
+        return []
 
 
 def attach(
