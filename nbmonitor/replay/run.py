@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +76,36 @@ class Run(RunFiles):
         from nbmonitor.runs.trace import write_trace
 
         return write_trace(self.path, path)
+
+    def export(
+        self, to: Any, progress: Callable[[int, int], None] | None = None, **options: Any
+    ) -> list[Path]:
+        """Hand this run, as it is on disk now, on to ``to``: ``"tensorboard"``, ``"wandb"``,
+        ``"mlflow"``, ``"trackio"``, ``"parquet"``, ``"csv"`` (with that exporter's options,
+        e.g. ``log_dir=`` or ``out=``) or an exporter object (``nbmonitor.export.*``). Returns
+        where it went. Raises ``nbmonitor.export.ExportError`` (one line) if it cannot."""
+        from nbmonitor.export import export_run
+
+        return [Path(e.where) for e in export_run(self.path, to, progress, **options)]
+
+    def to_pandas(self) -> dict[str, Any]:
+        """This run's tables as pandas DataFrames: ``history``, ``system``, ``layers`` (as
+        :meth:`history` reads them) and ``events``."""
+        from nbmonitor.sinks.files import frames
+
+        return frames(self)
+
+    def to_parquet(self, out: str | os.PathLike[str]) -> list[Path]:
+        """Write this run's tables as ``<out>/<table>.parquet`` (those with rows); the paths."""
+        from nbmonitor.sinks.files import write_tables
+
+        return write_tables(self, out, "parquet")
+
+    def to_csv(self, out: str | os.PathLike[str]) -> list[Path]:
+        """Write this run's tables as ``<out>/<table>.csv`` (those with rows); the paths."""
+        from nbmonitor.sinks.files import write_tables
+
+        return write_tables(self, out, "csv")
 
     def frame(self, detail: bool = True) -> Frame:
         """What the dashboard shows of this run now."""
