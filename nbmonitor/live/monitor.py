@@ -34,6 +34,7 @@ from nbmonitor.live import ranks as _ranks
 from nbmonitor.live import registry as _registry
 from nbmonitor.live.build import build_sampler
 from nbmonitor.live.lifetime import StepCount, flush_tick
+from nbmonitor.live.memory_history import MemoryHistory
 from nbmonitor.live.parts import layer_stats, run_meta
 from nbmonitor.live.setup_check import check_setup
 from nbmonitor.options import AttachOptions, Options, WrappedOptimizer, check_model
@@ -83,6 +84,7 @@ class Monitor:
         _ranks.check_display_rank(self.rank, opts.display_rank)
 
         self.backend = _backends.select(model, opts.backend)
+        self._history = MemoryHistory(self.backend.name) if opts.memory_history else None
         capture = build_capture(
             model,
             optimizer,
@@ -203,6 +205,11 @@ class Monitor:
             self.close()
             raise
         _registry.started(self)
+        if self._history is not None:
+            try:
+                self._history.start()
+            except Exception as exc:  # recording off: the run goes on without snapshots
+                self.errors_log.add("memory_history", exc)
         self._watch_oom()
         clock = self._life.clock()
         if self._dashboard is not None and self._dashboard.route == "main" and clock is not None:
@@ -355,11 +362,27 @@ class Monitor:
         index = self.backend.device_index if self.backend.name == "cuda" else None
         return oom.free_oom(shell, index)
 
+    def memory_snapshot(self, path: str | Path) -> Path:
+        """With ``attach(..., memory_history=True)`` on CUDA: write the allocator's history
+        (segments, and the recent allocations with their stacks) to ``path``, a pickle that
+        https://pytorch.org/memory_viz opens. RuntimeError without the history on."""
+        if self._history is None:
+            raise RuntimeError(
+                "nbmonitor: memory_snapshot() needs attach(..., memory_history=True) on CUDA."
+            )
+        return self._history.dump(path)
+
     def _oom_report(self, exc: BaseException, kind: str) -> OomReport:
         from nbmonitor.live import oom
 
         clock = self._life.clock()
-        return oom.build_report(
+        snapshot = None
+        if self._history is not None and self._history.on and kind == "cuda":
+            try:  # taken at the failure: the allocations that led to it are in it
+                snapshot = str(self._history.dump(self.run_dir / f"oom-step{self.step + 1}.pickle"))
+            except Exception as failure:
+                self.errors_log.add("memory_history", failure)
+        report = oom.build_report(
             exc,
             kind,
             model=self._model_ref(),
@@ -369,6 +392,7 @@ class Monitor:
             step=self.step,
             device_index=self.backend.device_index,
         )
+        return dataclasses.replace(report, snapshot=snapshot)
 
     def _watch_oom(self) -> None:
         """In a kernel, a card under any cell that ends in an out-of-memory error."""
@@ -475,6 +499,11 @@ class Monitor:
         """
         self._finalizer.detach()
         closing = not self._life.closed
+        if self._history is not None:
+            try:
+                self._history.stop()
+            except Exception as exc:  # close never raises
+                self.errors_log.add("memory_history", exc)
         self._life.close(CLOSE_WAIT_S)
         if self._dashboard is not None:
             self._dashboard.pump()  # the final frame, where it waits for the main thread

@@ -11,6 +11,7 @@ from typing import Any
 
 from nbmonitor.memory import CATEGORIES, OomReport, fmt_bytes
 
+_VIZ = "https://pytorch.org/memory_viz"
 _PLACE = {"cuda": "CUDA", "mps": "MPS", "cpu": "CPU"}
 
 
@@ -44,6 +45,8 @@ def card_text(report: OomReport) -> str:
             f"  {fmt_bytes(t.nbytes):>10}  {t.dtype} {list(t.shape)} on {t.device}: {t.what}"
         )
     lines += [f"  - {a}" for a in report.advice]
+    if report.snapshot:
+        lines.append(f"  memory snapshot at the failure: {report.snapshot} ({_VIZ})")
     return "\n".join(lines)
 
 
@@ -81,7 +84,14 @@ def card_html(report: OomReport) -> str:
             if tensors
             else ""
         )
-        + f"<p><b>What to change</b></p><ul>{advice}</ul></div>"
+        + f"<p><b>What to change</b></p><ul>{advice}</ul>"
+        + (
+            f"<p>Memory snapshot at the failure: <code>{esc(report.snapshot)}</code> (open it "
+            f"in <a href='{_VIZ}' target='_blank'>{_VIZ}</a>)</p>"
+            if report.snapshot
+            else ""
+        )
+        + "</div>"
     )
 
 
