@@ -288,6 +288,20 @@ class Pipeline:
 
         self.sources.view.call(publish_all)
 
+    def status(self) -> str:
+        """``running``; ``degraded`` once something failed, saying which source hangs and
+        for how long while one does; ``closed``."""
+        parts = self.parts
+        if parts.status is not None:
+            return parts.status()
+        if parts.closed():
+            return "closed"
+        hung = self.sources.hung()
+        if hung:
+            what = "; ".join(f"{source} hung for {s:.0f} s" for source, s in hung.items())
+            return f"degraded: {what}"
+        return "degraded" if len(parts.errors) else "running"
+
     # -- alerts and published state ------------------------------------------------------------
 
     def add_alerts(self, alerts: Iterable[Alert]) -> None:
@@ -322,7 +336,7 @@ class Pipeline:
         if detail:
             self.flow.take_waiting()
         state = FrameState(
-            status=parts.status(),
+            status=self.status(),
             step=parts.current_step(),
             elapsed_s=parts.monotonic() - self._start,
             open_rows=self.published.open_rows,
