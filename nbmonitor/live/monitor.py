@@ -150,13 +150,13 @@ class Monitor:
 
         if not self.displays:
             return  # another rank of the job shows it; this one records silently
+        if not display:
+            return  # nothing shown or printed, not even through a logging handler set up
         if in_notebook():
-            if display:
-                self._pipeline.views = (self._make_dashboard(),)
+            self._pipeline.views = (self._make_dashboard(),)
         else:
-            # In a script the console line is the view; with display=False it still goes to
-            # the "nbmonitor" logger but no handler is installed for it.
-            self._pipeline.views = (ConsoleView(console_logger(install_handler=display)),)
+            # In a script the console line is the view.
+            self._pipeline.views = (ConsoleView(console_logger(install_handler=True)),)
 
     def _make_dashboard(self) -> Any:
         from nbmonitor.ui.dashboard import Dashboard
