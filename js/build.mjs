@@ -14,7 +14,7 @@ const options = {
   entryPoints: [
     path.join(here, "src", "widget.js"),
     path.join(here, "src", "widget.css"),
-    path.join(here, "src", "profile.js"),
+    path.join(here, "src", "panels", "profile.js"),
     path.join(here, "src", "devices.js"),
   ],
   outdir,

@@ -534,6 +534,7 @@ def test_energy_per_step_and_sample_from_gpu_counter(model, tmp_path):
             return {**sample(), "gpu0_energy_j": next(energy)}
 
         mon.backend.device_index = 0  # type: ignore[attr-defined]
+        mon._pipeline.model.device_index = 0  # the run model reads the training GPU's counter
         mon.backend.sample = with_energy  # type: ignore[method-assign]
         for _ in range(3):
             train(model, opt, mon, 2, batch=5)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 from benchmarks.diagnosis.harness import Attach, Scenario
-from benchmarks.diagnosis.healthy import regression
+from benchmarks.diagnosis.healthy import _slow_forward, regression
 from benchmarks.diagnosis.models import Patterns, Teacher, TwoTower, mlp
 from torch import nn
 
@@ -255,6 +255,28 @@ def clip_every_step(steps: int, attach: Attach) -> None:
     classify(model, torch.optim.SGD(model.parameters(), lr=0.05), steps, attach, clip=1e-3)
 
 
+def leaking_loop(steps: int, attach: Attach) -> None:
+    # Each step keeps its output with its graph (``kept.append(out)`` instead of a number):
+    # 2 MiB of features a step that are never freed. A real step takes tens of milliseconds;
+    # a sleep in the forward stands in for that work, so that the leak is judged per step as
+    # it would be.
+    model = nn.Sequential(nn.Linear(16, 2048), nn.ReLU(), nn.Linear(2048, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    task = Teacher(16)
+    model[0].register_forward_hook(_slow_forward)  # the loop calls the layers one by one
+    mon = attach(model, opt, total_steps=steps)
+    kept = []
+    for _ in range(steps):
+        x, y = task.batch(256)
+        hidden = model[1](model[0](x))
+        loss = (model[2](hidden) - y).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        kept.append(hidden)  # the leak: 256 x 2048 floats a step, kept for good
+        mon.log(loss=loss)
+
+
 BROKEN = (
     Scenario("lr_too_high", "MLP", "SGD lr 1.0: the loss climbs 50x in a few steps",
              lr_too_high, 300, 80, ("loss_spike", "update_ratio_high", "exploding_gradients")),
@@ -300,4 +322,6 @@ BROKEN = (
              500, 300, ("loss_plateau",), why_late=PLATEAU_LATE),
     Scenario("clip_every_step", "MLP", "clip_grad_norm_(max_norm=1e-3)", clip_every_step, 300,
              80, ("clipping_active",)),
+    Scenario("leaking_loop", "MLP", "each step's hidden features kept in a list (2 MiB a step)",
+             leaking_loop, 300, 100, ("memory_leak",)),
 )  # fmt: skip

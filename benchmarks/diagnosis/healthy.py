@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import torch
 from benchmarks.diagnosis.harness import Attach, Scenario
 from benchmarks.diagnosis.models import (
@@ -166,6 +168,30 @@ def classify_sgd_long(steps: int, attach: Attach) -> None:
         mon.log(loss=loss)
 
 
+def _slow_forward(module: nn.Module, args: object, output: object) -> None:
+    time.sleep(0.05)
+
+
+def wide_activations(steps: int, attach: Attach) -> None:
+    # Large activations every step (a 256 x 2048 hidden layer, freed after the backward):
+    # memory rises and falls each step and its floor stays put. Losses kept as numbers. A
+    # sleep in the forward stands in for a real step's work, as in ``broken.leaking_loop``.
+    model = nn.Sequential(nn.Linear(16, 2048), nn.ReLU(), nn.Linear(2048, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    task = Teacher(16)
+    model.register_forward_hook(_slow_forward)
+    mon = attach(model, opt, total_steps=steps)
+    losses = []
+    for _ in range(steps):
+        x, y = task.batch(256)
+        loss = (model(x) - y).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+        mon.log(loss=loss)
+
+
 HEALTHY = (
     Scenario("mlp_adam_long", "MLP", "Adam + cosine decay, converges to ~1e-5", mlp_adam_long,
              6000, 2500),
@@ -185,4 +211,6 @@ HEALTHY = (
     Scenario("transformer", "transformer", "2 blocks, AdamW + warm-up/cosine + clipping",
              transformer, 1500, 300),
     Scenario("lora", "LoRA", "frozen base, rank-4 adapters, AdamW", lora, 1500, 300),
+    Scenario("wide_activations", "MLP", "256 x 2048 activations a step, losses kept as numbers",
+             wide_activations, 600, 200),
 )  # fmt: skip

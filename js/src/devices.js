@@ -15,7 +15,7 @@ const CSS = `
 .nbm-dev-card { border: 1px solid var(--jp-border-color2, #ddd); border-radius: 4px;
   padding: 6px 8px; }
 .nbm-dev-card h4 { margin: 0 0 4px; font-size: 12px; font-weight: 600; }
-.nbm-dev-row { display: grid; grid-template-columns: 58px 1fr 90px; gap: 6px;
+.nbm-dev-row { display: grid; grid-template-columns: 58px 1fr 132px; gap: 6px;
   align-items: center; }
 .nbm-dev-bar { height: 8px; background: var(--jp-layout-color2, #eee); border-radius: 2px;
   overflow: hidden; }
@@ -151,7 +151,7 @@ function machineCard(state) {
 }
 
 /** @param {{ model: any, el: HTMLElement }} ctx */
-export function render({ model, el }) {
+function render({ model, el }) {
   const root = h("div", "nbm-dev");
   const style = h("style");
   style.textContent = CSS;

@@ -1,10 +1,11 @@
-// nbmonitor dashboard panel (anywidget ESM): header, gauges, alerts and the per-layer panel.
-// Curves are bqplot figures composed beside this widget on the Python side.
+// nbmonitor dashboard (anywidget ESM): a header, gauges and alerts, then one tab per panel
+// (js/src/panels/, drawn with our canvas charts), all in this one widget: nothing is fetched at
+// run time, so it renders wherever anywidget does (JupyterLab, Notebook 7, VS Code, Colab,
+// marimo).
 //
 // The sampler may publish several times per second; every model change only marks a section
 // dirty and one requestAnimationFrame redraws what changed, so bursts cost one redraw.
 
-import { toTypedArray } from "./binary.js";
 import {
   DASH,
   fmtBytes,
@@ -16,20 +17,20 @@ import {
   fmtStepTime,
   isNum,
 } from "./format.js";
-import { Heatmap } from "./heatmap.js";
-import { LayerTable } from "./table.js";
+import { PANELS, panelNamed } from "./panels/index.js";
 
-/** Traits this view reads, and the section each one dirties. */
+/** Traits this view reads, and the section each one dirties (panel traits: see panelTrait). */
 export const SECTIONS = {
   header: ["header"],
   system: ["gauges"],
   devices: ["gauges"],
   alerts: ["alerts"],
   errors: ["alerts"],
-  layers: ["layers"],
-  layers_grid: ["layers"],
-  layers_steps: ["layers"],
+  panels: ["tabs"],
 };
+
+/** @param {string} name */
+export const panelTrait = (name) => `panel_${name}`;
 
 /**
  * @param {string} tag @param {string} [className] @param {string} [text]
@@ -150,7 +151,6 @@ export function deviceCard(d, index) {
 }
 
 const MAX_LAYER_NAMES = 4;
-const LAYERS_TITLE = "Per-layer gradients (log10 norm, layers \u00d7 steps)";
 // The strip shows the newest few alerts; older ones stay in mon.events() and the run log.
 export const MAX_ALERTS_SHOWN = 3;
 
@@ -171,12 +171,17 @@ export function alertItem(alert) {
   return item;
 }
 
+let views = 0;
+
 class Dashboard {
   /** @param {HTMLElement} el */
   constructor(el) {
     this.el = el;
     this.root = h("div", "nbm-root");
     el.append(this.root);
+    views += 1;
+    // Hovering one chart shows the same step on every chart of this view.
+    this.sync = `nbm-${views}-${Math.random().toString(36).slice(2, 8)}`;
 
     const header = h("div", "nbm-header");
     const title = h("div", "nbm-title");
@@ -202,15 +207,67 @@ class Dashboard {
 
     this.gauges = h("div", "nbm-gauges");
     this.alerts = h("ul", "nbm-alerts");
-    this.layers = h("div", "nbm-layers");
-    this.layersTitle = h("div", "nbm-section-title", LAYERS_TITLE);
-    this.layers.append(this.layersTitle);
-    this.heatmap = new Heatmap(this.layers);
-    this.table = new LayerTable(this.layers);
-    this.layers.hidden = true;
-    this.root.append(header, this.gauges, this.alerts, this.layers);
+    this.tabs = h("div", "nbm-tabs");
+    this.tabs.setAttribute("role", "tablist");
+    this.body = h("div", "nbm-panels");
+    this.root.append(header, this.gauges, this.alerts, this.tabs, this.body);
+    /** @type {Map<string, {tab: HTMLButtonElement, box: HTMLElement, panel: {update: (s: any) => boolean, destroy: () => void}, has: boolean}>} */
+    this.panels = new Map();
+    this.active = "";
+    this.chosen = false; // the user picked a tab: keep it
   }
 
+  /** @param {string[]} names the panels of this view, in tab order */
+  setPanels(names) {
+    for (const name of names ?? []) {
+      if (this.panels.has(name)) continue;
+      const module = panelNamed(name);
+      if (!module) continue; // a newer kernel-side panel than this front end: skip it
+      const tab = /** @type {HTMLButtonElement} */ (h("button", "nbm-tab", module.title));
+      tab.type = "button";
+      tab.dataset.tab = name;
+      tab.setAttribute("role", "tab");
+      tab.hidden = true;
+      tab.addEventListener("click", () => {
+        this.chosen = true;
+        this.select(name);
+      });
+      const box = h("div", "nbm-panel");
+      box.dataset.panel = name;
+      box.hidden = true;
+      this.tabs.append(tab);
+      this.body.append(box);
+      this.panels.set(name, { tab, box, panel: module.create(box, { sync: this.sync }), has: false });
+    }
+  }
+
+  /** @param {string} name */
+  select(name) {
+    this.active = name;
+    for (const [key, p] of this.panels) {
+      const on = key === name;
+      p.box.hidden = !on;
+      p.tab.classList.toggle("nbm-tab-active", on);
+      p.tab.setAttribute("aria-selected", String(on));
+    }
+  }
+
+  /** @param {string} name @param {any} state */
+  drawPanel(name, state) {
+    const p = this.panels.get(name);
+    if (!p) return;
+    p.has = Boolean(state) && p.panel.update(state);
+    p.tab.hidden = !p.has;
+    const shown = [...this.panels.values()].filter((q) => q.has).length;
+    // One panel alone needs no tab bar.
+    this.tabs.hidden = shown < 2;
+    // Until the user picks a tab, the first panel (in tab order) that has data is shown.
+    const current = this.panels.get(this.active);
+    if (!this.chosen || !current || !current.has) {
+      const first = [...this.panels.entries()].find(([, q]) => q.has);
+      if (first && first[0] !== this.active) this.select(first[0]);
+    }
+  }
   /** @param {Record<string, any>} s */
   drawHeader(s) {
     this.run.textContent = s.run ?? "";
@@ -259,58 +316,52 @@ class Dashboard {
     this.alerts.hidden = items.length === 0;
   }
 
-  drawLayers(meta, grid, steps) {
-    const rows = meta?.n_layers ?? 0;
-    const cols = meta?.n_steps ?? 0;
-    this.layers.hidden = !meta || !Array.isArray(meta.names) || meta.names.length === 0;
-    if (this.layers.hidden) return;
-    const values = toTypedArray(grid, "float32");
-    const complete = values.length === rows * cols;
-    // Other panels (the ranks panel) reuse the heatmap with their own title and value label.
-    this.layersTitle.textContent = typeof meta.title === "string" ? meta.title : LAYERS_TITLE;
-    this.heatmap.draw({
-      values: complete ? values : new Float32Array(0),
-      rows: complete ? rows : 0,
-      cols: complete ? cols : 0,
-      names: meta.names,
-      steps: toTypedArray(steps, "float64"),
-      label: typeof meta.label === "string" ? meta.label : undefined,
-    });
-    const table = Array.isArray(meta.table) ? meta.table : [];
-    this.table.table.hidden = table.length === 0;
-    this.table.update(table);
-  }
-
   destroy() {
-    this.heatmap.destroy();
-    this.table.destroy();
+    for (const p of this.panels.values()) p.panel.destroy();
+    this.panels.clear();
     this.root.remove();
   }
 }
 
-/** @param {{ model: any, el: HTMLElement }} ctx */
-export function render({ model, el }) {
+/**
+ * Draw the model in `el`; returns the cleanup anywidget calls when the view goes away.
+ * @param {{ model: any, el: HTMLElement }} ctx
+ */
+function render({ model, el }) {
   const view = new Dashboard(el);
-  const dirty = new Set(["header", "gauges", "alerts", "layers"]);
+  const dirty = new Set(["header", "gauges", "alerts", "tabs"]);
   let frame = 0;
 
   const redraw = () => {
     frame = 0;
+    if (dirty.has("tabs")) {
+      view.setPanels(model.get("panels") ?? []);
+      for (const name of view.panels.keys()) dirty.add(panelTrait(name));
+    }
     if (dirty.has("header")) view.drawHeader(model.get("header") ?? {});
     if (dirty.has("gauges")) view.drawGauges(model.get("system"), model.get("devices"));
     if (dirty.has("alerts")) view.drawAlerts(model.get("alerts"), model.get("errors"));
-    if (dirty.has("layers")) view.drawLayers(model.get("layers"), model.get("layers_grid"), model.get("layers_steps"));
+    for (const name of view.panels.keys()) {
+      if (dirty.has(panelTrait(name))) view.drawPanel(name, model.get(panelTrait(name)));
+    }
     dirty.clear();
   };
 
+  const schedule = (/** @type {string} */ section) => {
+    dirty.add(section);
+    if (!frame) frame = requestAnimationFrame(redraw);
+  };
   /** @type {[string, () => void][]} */
   const listeners = Object.entries(SECTIONS).map(([trait, sections]) => [
     `change:${trait}`,
     () => {
-      for (const s of sections) dirty.add(s);
-      if (!frame) frame = requestAnimationFrame(redraw);
+      for (const s of sections) schedule(s);
     },
   ]);
+  // Every panel the front end knows; a view listens whether or not it shows the panel yet.
+  for (const { name } of PANELS) {
+    listeners.push([`change:${panelTrait(name)}`, () => schedule(panelTrait(name))]);
+  }
   for (const [event, fn] of listeners) model.on(event, fn);
   redraw();
 

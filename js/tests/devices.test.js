@@ -1,5 +1,9 @@
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import devices, { bytes, render, sparkline } from "../src/devices.js";
+import * as module from "../src/devices.js";
+
+const { bytes, sparkline } = module;
+const devices = module.default;
+const render = devices.render;
 import { FakeModel } from "./fake-model.js";
 
 const GPU = {
@@ -25,8 +29,9 @@ beforeEach(() => {
 afterEach(() => el.remove());
 
 describe("devices panel", () => {
-  it("is the default export's render", () => {
-    expect(devices.render).toBe(render);
+  it("uses anywidget's default-export form only (no deprecated named render)", () => {
+    expect(typeof devices.render).toBe("function");
+    expect("render" in module).toBe(false);
   });
 
   it("draws a card per GPU with its grades, processes and links, then the machine", () => {

@@ -56,9 +56,11 @@ export function baseState(overrides = {}) {
     devices: [],
     alerts: [],
     errors: [],
-    layers: {},
-    layers_grid: new DataView(new ArrayBuffer(0)),
-    layers_steps: new DataView(new ArrayBuffer(0)),
+    panels: ["training", "system", "layers", "timeline"],
+    panel_training: {},
+    panel_system: {},
+    panel_layers: {},
+    panel_timeline: {},
     ...overrides,
   };
 }
@@ -66,4 +68,16 @@ export function baseState(overrides = {}) {
 /** Run pending requestAnimationFrame callbacks (jsdom's rAF fires on a ~16 ms timer). */
 export function nextFrame() {
   return new Promise((resolve) => requestAnimationFrame(() => resolve()));
+}
+
+/** An array in the codec, as ipywidgets hands it over: {view: DataView, dtype, shape}. */
+export function enc(values, dtype = "float32", shape) {
+  const Type = dtype === "float64" ? Float64Array : Float32Array;
+  const array = Type.from(values);
+  return { view: new DataView(array.buffer), dtype, shape: shape ?? [array.length] };
+}
+
+/** A curve {x, y} in the codec. */
+export function curve(x, y) {
+  return { x: enc(x), y: enc(y) };
 }

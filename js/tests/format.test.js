@@ -20,3 +20,19 @@ describe("formatting", () => {
     expect(fmtStepTime(0.0251)).toBe("25.1 ms");
   });
 });
+
+import { si, siBytes, siSeconds, tickLabels } from "../src/format.js";
+
+describe("SI formatting for charts", () => {
+  it("writes short numbers", () => {
+    expect([si(18000), si(1.2e6), si(0.25), si(3e-4), si(0), si(-4500), si(1)]).toEqual(["18k", "1.2M", "0.25", "3e-4", "0", "-4.5k", "1"]);
+    expect([siBytes(1.2 * 2 ** 30), siBytes(512)]).toEqual(["1.2 GiB", "512 B"]);
+    expect([siSeconds(0.045), siSeconds(2e-5), siSeconds(3), siSeconds(600)]).toEqual(["45 ms", "20 \u00b5s", "3 s", "10 min"]);
+  });
+
+  it("gives neighbouring ticks distinct labels with as few digits as that needs", () => {
+    expect(tickLabels([0.0099, 0.01, 0.0101], "")).toEqual(["9.9e-3", "1e-2", "1.01e-2"]);
+    expect(tickLabels([0, 5000, 10000, 15000], "")).toEqual(["0", "5k", "10k", "15k"]);
+    expect(tickLabels([10, 20], "%")).toEqual(["10%", "20%"]);
+  });
+});

@@ -1,7 +1,10 @@
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
-import widget, { render } from "../src/widget.js";
-import { sortRows } from "../src/table.js";
-import { FakeModel, baseState, nextFrame } from "./fake-model.js";
+import * as module from "../src/widget.js";
+import { sortRows } from "../src/panels/table.js";
+import { FakeModel, baseState, curve, enc, nextFrame } from "./fake-model.js";
+
+const widget = module.default;
+const render = widget.render;
 
 const field = (el, name) => el.querySelector(`[data-field="${name}"]`)?.textContent;
 
@@ -16,8 +19,9 @@ afterEach(() => {
 });
 
 describe("render", () => {
-  it("is the default export's render", () => {
-    expect(widget.render).toBe(render);
+  it("uses anywidget's default-export form only (no deprecated named render)", () => {
+    expect(typeof widget.render).toBe("function");
+    expect("render" in module).toBe(false);
   });
 
   it("builds the header and the CPU/RAM gauges", () => {
@@ -38,7 +42,8 @@ describe("render", () => {
     expect(el.querySelectorAll(".nbm-card-gpu").length).toBe(0);
     expect(el.querySelector(".nbm-card-energy")).toBeNull();
     expect(el.querySelector(".nbm-alerts").hidden).toBe(true);
-    expect(el.querySelector(".nbm-layers").hidden).toBe(true);
+    // No panel has data yet: no tabs.
+    expect(el.querySelector(".nbm-tabs").hidden).toBe(true);
   });
 
   it("labels the CPU gauge as the machine's and the process's figure as of one core", () => {
@@ -183,21 +188,21 @@ describe("render", () => {
     };
     const model = new FakeModel(baseState());
     render({ model, el });
-    const grid = new Float32Array([-1, -2, Number.NaN, 0, 1, 2]); // 2 layers x 3 steps
-    model.set("layers_grid", new DataView(grid.buffer));
-    model.set("layers_steps", new DataView(new Float64Array([10, 20, 30]).buffer));
-    model.set("layers", {
-      names: ["fc1.weight", "fc2.weight"],
-      n_layers: 2,
-      n_steps: 3,
+    const layers = {
+      names: ["fc1.weight", "out_proj.weight_orig"],
+      grid: enc([-1, -2, Number.NaN, 0, 1, 2], "float32", [2, 3]), // 2 layers x 3 steps
+      steps: enc([10, 20, 30], "float64"),
       table: [
         { name: "fc1.weight", shape: [4, 8], numel: 32, dtype: "float32", grad_norm: 0.1, param_norm: 2, update_ratio: 1e-3, flags: [] },
-        { name: "fc2.weight", shape: [8, 1], numel: 8, dtype: "float32", grad_norm: 100, param_norm: 1, update_ratio: null, flags: ["exploding"] },
+        { name: "out_proj.weight_orig", shape: [8, 1], numel: 8, dtype: "float32", grad_norm: 100, param_norm: 1, update_ratio: null, flags: ["exploding"] },
       ],
-    });
+    };
+    model.set("panel_layers", layers);
     await nextFrame();
-    expect(el.querySelector(".nbm-layers").hidden).toBe(false);
-    const canvas = el.querySelector("canvas");
+    const box = el.querySelector('.nbm-panel[data-panel="layers"]');
+    expect(box.hidden).toBe(false); // the only panel with data is shown
+    expect(el.querySelector('.nbm-tab[data-tab="layers"]').hidden).toBe(false);
+    const canvas = box.querySelector("canvas");
     expect([canvas.width, canvas.height]).toEqual([3, 2]);
     expect(put).toHaveBeenCalledTimes(1);
     const image = put.mock.calls[0][0];
@@ -207,31 +212,69 @@ describe("render", () => {
     const legend = el.querySelector(".nbm-heatmap-legend").textContent;
     expect(legend).toContain("-2");
     expect(legend).toContain("steps 10\u201330");
-    const labels = Array.from(el.querySelectorAll(".nbm-heatmap-label")).map((n) => n.textContent);
-    expect(labels).toEqual(["fc1.weight", "fc2.weight"]);
+    // Full names, underscores kept, the whole name in the tooltip.
+    const labels = Array.from(el.querySelectorAll(".nbm-heatmap-label"));
+    expect(labels.map((n) => n.textContent)).toEqual(["fc1.weight", "out_proj.weight_orig"]);
+    expect(labels[1].title).toBe("out_proj.weight_orig");
 
     const rows = () => Array.from(el.querySelectorAll(".nbm-table tbody tr"));
-    expect(rows().map((r) => r.firstChild.textContent)).toEqual(["fc1.weight", "fc2.weight"]);
+    expect(rows().map((r) => r.firstChild.textContent)).toEqual(["fc1.weight", "out_proj.weight_orig"]);
     expect(rows()[1].classList.contains("nbm-flagged")).toBe(true);
     expect(rows()[1].querySelector(".nbm-flag").textContent).toBe("exploding");
     expect(rows()[0].children[1].textContent).toBe("(4, 8)");
     // Click "grad norm": largest first; click again: ascending.
     const th = el.querySelector('th[data-key="grad_norm"]');
     th.click();
-    expect(rows()[0].firstChild.textContent).toBe("fc2.weight");
+    expect(rows()[0].firstChild.textContent).toBe("out_proj.weight_orig");
     th.click();
     expect(rows()[0].firstChild.textContent).toBe("fc1.weight");
     // Sorting survives a data update.
-    model.set("layers", { ...model.get("layers") });
+    model.set("panel_layers", { ...layers });
     await nextFrame();
     expect(rows()[0].firstChild.textContent).toBe("fc1.weight");
   });
 
-  it("hides the layer panel when the matrix does not match its shape", async () => {
-    const model = new FakeModel(baseState({ layers: { names: ["a"], n_layers: 1, n_steps: 4, table: [] } }));
+  it("does not draw a heatmap whose buffer does not match its shape", async () => {
+    const model = new FakeModel(baseState());
     render({ model, el });
-    expect(el.querySelector(".nbm-layers").hidden).toBe(false);
-    expect(el.querySelector("canvas").width).toBe(1);
+    model.set("panel_layers", { names: ["a"], grid: enc([1, 2, 3], "float32", [1, 4]), steps: enc([1, 2, 3, 4], "float64"), table: [] });
+    await nextFrame();
+    expect(el.querySelector(".nbm-heatmap-canvas").width).toBe(1);
+  });
+
+  it("shows a tab per panel with data, keeps the user's choice, and draws curves", async () => {
+    const model = new FakeModel(baseState());
+    render({ model, el });
+    model.set("panel_training", { series: { loss: curve([1, 2, 3], [3, 2, 1]) }, notes: { grad_norm: "" } });
+    model.set("panel_system", { series: { cpu_percent: curve([1, 2], [10, 20]) }, notes: { devices: [] } });
+    await nextFrame();
+    const tabs = () => Array.from(el.querySelectorAll(".nbm-tab")).filter((t) => !t.hidden).map((t) => t.textContent);
+    expect(tabs()).toEqual(["Training", "System"]);
+    expect(el.querySelector(".nbm-tabs").hidden).toBe(false);
+    const training = el.querySelector('.nbm-panel[data-panel="training"]');
+    expect(training.hidden).toBe(false);
+    const loss = training.querySelector('[data-chart="loss"]');
+    expect(loss.hidden).toBe(false);
+    expect(loss.querySelector("canvas")).not.toBeNull();
+    expect(training.querySelector('[data-chart="lr"]').hidden).toBe(true); // no lr series
+    el.querySelector('.nbm-tab[data-tab="system"]').click();
+    expect(el.querySelector('.nbm-panel[data-panel="system"]').hidden).toBe(false);
+    expect(training.hidden).toBe(true);
+    model.set("panel_training", { series: { loss: curve([1, 2, 3, 4], [3, 2, 1, 0.5]) }, notes: {} });
+    await nextFrame();
+    expect(training.hidden).toBe(true); // the user's tab stays
+  });
+
+  it("puts the clipping summary in the gradient-norm title", async () => {
+    const model = new FakeModel(baseState());
+    render({ model, el });
+    model.set("panel_training", {
+      series: { grad_norm: curve([1, 2], [3, 4]) },
+      notes: { grad_norm: "clipped on 50% of recent steps, coef 0.25" },
+    });
+    await nextFrame();
+    const title = el.querySelector('[data-chart="grad_norm"] .nbm-chart-title').textContent;
+    expect(title).toBe("Gradient norm: clipped on 50% of recent steps, coef 0.25");
   });
 
   it("cleans up: removes listeners, cancels the pending frame and the DOM", async () => {

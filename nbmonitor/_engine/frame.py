@@ -9,9 +9,9 @@ drawn by the same builder from stores filled from disk. Keeping this the single 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -25,6 +25,9 @@ from nbmonitor._engine.store import Store
 from nbmonitor.health.alert import Alert as Alert
 from nbmonitor.health.wording import MAX_NAMED as MAX_NAMED
 from nbmonitor.health.wording import name_list as name_list
+
+if TYPE_CHECKING:  # the run model's parts import this module's dataclasses
+    from nbmonitor._engine.run_model import RunModel
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -151,41 +154,38 @@ class RunInfo:
 
 @dataclass
 class FrameState:
-    """What changes between frames and is not in the stores."""
+    """What a frame says that is not in the run model: the run's status and step, how long it
+    has run, the rows still open (a live run's steps not yet complete), what failed, the
+    accelerators' gauges and why a figure is missing."""
 
     status: str
     step: int
     elapsed_s: float
-    latest_sample: Mapping[str, float] = field(default_factory=dict)
     open_rows: Sequence[Mapping[str, float]] = ()
-    alerts: Sequence[Alert] = ()
     errors: Sequence[str] = ()
     devices: tuple[dict[str, float | str], ...] = ()
-    extra_latest: Mapping[str, float] = field(default_factory=dict)
-    layers: Callable[[], LayerFrame | None] | None = None
-    spans: TimelineSource | None = None
     notes: Mapping[str, str] = field(default_factory=dict)
 
 
 class FrameBuilder:
-    """Builds the Frame a view shows from a steps store and a system store: the same for a live
-    run (the sampler's stores), a replayed run and a tailed one (stores filled from disk)."""
+    """Builds the Frame a view shows from the run model (``run_model.RunModel``): the same for
+    a live run (filled by the sampler), a replayed run and a tailed one (filled from disk)."""
 
-    def __init__(self, info: RunInfo, steps: Store, system: Store) -> None:
+    def __init__(self, info: RunInfo, model: RunModel) -> None:
         self.info = info
-        self.steps = steps
-        self.system = system
+        self.model = model
 
     def build(self, state: FrameState, detail: bool = True) -> Frame:
         """Without ``detail`` the chart series and the per-layer panel are left out: a console
         line needs neither, and decimating every series is the costly part of a frame."""
-        steps, system = self.steps, self.system
-        latest: dict[str, float] = {k: v for k, v in state.latest_sample.items() if k != "step"}
+        model = self.model
+        steps, system = model.steps, model.system
+        latest: dict[str, float] = {k: v for k, v in model.last_sample.items() if k != "step"}
         if len(steps):
             latest.update(steps.last_row())
         for row in state.open_rows:
             latest.update({k: v for k, v in row.items() if not math.isnan(v) or k not in latest})
-        latest.update(state.extra_latest)
+        latest.update(model.derived())
         series: dict[str, Series] = {}
         names: list[tuple[Store, str]] = []
         if detail:
@@ -197,11 +197,13 @@ class FrameBuilder:
             if name in store.columns:
                 x, y = store.series(name, MAX_POINTS)
                 series[name] = Series(x, y)
-        timeline = None
+        timeline = layers = None
         if detail:
             series.update((k, Series(*xy)) for k, xy in step_time_band(steps).items())
             open_s = sum(r.get("step_time", 0.0) for r in state.open_rows)
-            timeline = _timeline(steps, state.spans, open_s if math.isfinite(open_s) else 0.0)
+            timeline = _timeline(steps, model.spans, open_s if math.isfinite(open_s) else 0.0)
+            if model.layers is not None and model.layers.names:
+                layers = model.layers.frame(model.layer_flags)
         return Frame(
             run=self.info.run,
             backend=self.info.backend,
@@ -213,9 +215,9 @@ class FrameBuilder:
             latest=latest,
             series=series,
             devices=state.devices,
-            alerts=tuple(state.alerts[-ALERTS_SHOWN:]),
+            alerts=model.alerts[-ALERTS_SHOWN:],
             errors=tuple(state.errors[-ERRORS_SHOWN:]),
-            layers=state.layers() if detail and state.layers is not None else None,
+            layers=layers,
             timeline=timeline,
             notes=dict(state.notes),
         )

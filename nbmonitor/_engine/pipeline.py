@@ -14,27 +14,24 @@ import math
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
 import numpy as np
 
 from nbmonitor._engine.assemble.layer_flow import LayerFlow
 from nbmonitor._engine.assemble.param_groups import groups_added_notes
-from nbmonitor._engine.assemble.spans import SpanLog, span_rows
+from nbmonitor._engine.assemble.spans import span_rows
 from nbmonitor._engine.assemble.steps import StepAssembler
 from nbmonitor._engine.column_cap import ColumnCap
-from nbmonitor._engine.derive.clipping import clip_share
-from nbmonitor._engine.derive.energy import energy_rates
 from nbmonitor._engine.frame import Frame, FrameBuilder, FrameState, View
 from nbmonitor._engine.isolated import Hung, Sources, bound_waiting
 from nbmonitor._engine.pipeline_parts import PipelineParts, device_name
 from nbmonitor._engine.published import Published
+from nbmonitor._engine.run_model import RunModel
 from nbmonitor._engine.sampler import Stage
-from nbmonitor._engine.store import FloatArray, Store
-from nbmonitor.health import HealthInput
 from nbmonitor.health.alert import BACKEND, Alert
 from nbmonitor.health.view import RankColumns
-from nbmonitor.records import PHASE_KEYS, MemoryRecord
+from nbmonitor.records import MemoryRecord
+from nbmonitor.sinks import Batch
 
 # About the most of one core that the health rules and the view may take on scheduled ticks
 # (see Stage): the rules cost ~1 ms for 50 layers and a dashboard frame 2-20 ms, which at
@@ -48,9 +45,6 @@ PUBLISH_EVERY_S = 0.25
 # HEALTH_WINDOW_MAX in all.
 HEALTH_WINDOW = 512
 HEALTH_WINDOW_MAX = 8192
-MAX_ALERTS = 200
-# The step columns the health rules read.
-HEALTH_COLUMNS = ("step", "time", "loss", "grad_norm", "lr", "grad_clip_coef", "step_skipped")
 # The most a health check waits for the other ranks' steps (read from their files).
 RANKS_TIMEOUT_S = 1.0
 # A sink that failed repeatedly (a full disk) is tried again after this many seconds.
@@ -60,17 +54,15 @@ SINK_RETRY_S = 30.0
 class Pipeline:
     def __init__(self, parts: PipelineParts) -> None:
         self.parts = parts
-        self.steps = Store()
-        self.system = Store()
-        self.frames = FrameBuilder(parts.info, self.steps, self.system)
+        # Everything known about the run; frames, rules and sinks read only this.
+        model = parts.model or RunModel(parts.layers, parts.backend.device_index)
+        self.model = model
+        self.frames = FrameBuilder(parts.info, self.model)
         self.lock = threading.RLock()
         self.views: tuple[View, ...] = ()
         self.published = Published()
         self._assembler = StepAssembler(device=lambda: device_name(parts.backend))
-        self.spans = SpanLog()
         self._columns = ColumnCap()
-        self._alerts: list[Alert] = []
-        self._layer_flags: dict[str, list[str]] = {}
         self.flow = LayerFlow(
             parts.layers,
             self.add_alerts,
@@ -86,10 +78,8 @@ class Pipeline:
             "spans": [],
             "memory": [],
         }
-        self._last_sample: dict[str, float] = {}
         self._notes_seen = 0
         self._health_step = 0
-        self._best_loss = math.nan
         self._copy_skip_reported = False
         self._layer_row_step = -math.inf
         self._last_publish = -math.inf
@@ -154,8 +144,7 @@ class Pipeline:
             dict.fromkeys(parts.backend.keys, math.nan) if isinstance(sampled, Hung) else sampled
         )
         row = {"time": parts.clock(), "step": float(parts.current_step()), **sample}
-        self._last_sample = row
-        self.system.append(row)
+        self.model.add_system_rows([row])
         self._pending["system"].append(row)
 
     def collect(self, wait: bool = False, everything: bool = False) -> None:
@@ -164,38 +153,29 @@ class Pipeline:
         assembler.add(records)
         spans = span_rows(records)
         if spans:
-            self.spans.add_spans(spans)
+            self.model.add_span_rows(spans)
             self._pending["spans"].extend(spans)
         memory = [r.breakdown for r in records if isinstance(r, MemoryRecord)]
         if memory:
             self._pending["memory"].extend(b.to_record() for b in memory)
-            self.published = dataclasses.replace(self.published, memory=memory[-1])
-        self._report_failures(assembler.failures)
-        assembler.failures = []
-        if assembler.groups_added:
-            self.add_alerts(groups_added_notes(assembler.groups_added))
-            assembler.groups_added = []
+            self.model.add_memory(memory)
+        self._report_failures(assembler.take_failures())
+        added = assembler.take_groups_added()
+        if added:
+            self.add_alerts(groups_added_notes(added))
         rows = assembler.take_final(everything=everything)
         # The rows are stored before anything else here can fail: they have left the
         # assembler and exist nowhere else.
         if rows:
-            for row in rows:
-                loss = row.get("loss", math.nan)
-                if math.isfinite(loss) and not loss >= self._best_loss:
-                    self._best_loss = loss
-            self.steps.extend(self._cap_columns(rows))
+            self.model.add_step_rows(self._cap_columns(rows))
             self._pending["steps"].extend(rows)
-            self.spans.add_steps(rows)
-        blocks, aux = assembler.layer_norms, assembler.aux
-        assembler.layer_norms, assembler.aux = [], []
+        blocks, aux = assembler.take_layer_blocks()
         step = self.parts.current_step()
         open_rows = tuple(self._columns.filter(assembler.peek_open()))
         self._publish_state(step, open_rows=open_rows)
         self.flow.add(blocks, aux, step)
         self._report_copy_skip(step)
-        if self.flow.pending_rows:
-            self._pending["layers"].extend(self.flow.pending_rows)
-            self.flow.pending_rows = []
+        self._pending["layers"].extend(self.flow.take_rows())
 
     def _cap_columns(self, rows: list[dict[str, float]]) -> Sequence[dict[str, float]]:
         cap = self._columns
@@ -234,39 +214,12 @@ class Pipeline:
 
     def check_health(self) -> None:
         self.flow.take_waiting()
-        parts, steps = self.parts, self.steps
+        parts = self.parts
         step = parts.current_step()
         # Paced, the rules may run seconds apart: they get every step since their last run.
         window = min(HEALTH_WINDOW + step - self._health_step, HEALTH_WINDOW_MAX)
         self._health_step = step
-        columns: dict[str, FloatArray] = {
-            key: steps.tail(key, window)
-            for key in (*HEALTH_COLUMNS, "step_time", *PHASE_KEYS)
-            if key in steps.columns
-        }
-        layers = parts.layers
-        layer_steps, layer_norms = layers.recent()
-        update_steps, update_series, param_series = layers.update_history()
-        system = {key: self.system.tail(key, 120) for key in self.system.columns}
-        index = parts.backend.device_index
-        inp = HealthInput(
-            step=step,
-            time=parts.clock(),
-            steps=columns,
-            layer_names=layers.names,
-            layer_steps=layer_steps,
-            layer_grad_norms=layer_norms,
-            param_norms=layers.param_norm,
-            update_ratios=layers.update_ratio,
-            update_steps=update_steps,
-            update_series=update_series,
-            param_series=param_series,
-            module_kinds=layers.module_kinds,
-            activations=layers.activations or None,
-            system=system,
-            gpus=[index] if index is not None else None,
-            ranks=self._ranks(),
-        )
+        inp = self.model.health_input(step, parts.clock(), window, self._ranks())
         self.add_alerts(parts.health.check(inp))
         self._publish_layers()
         self._write_layer_grads()
@@ -304,14 +257,13 @@ class Pipeline:
         if busy and not final:
             bound_waiting(self._pending, self.parts.errors)
             return
-        pending = {k: v for k, v in self._pending.items() if v}
+        batch = Batch({k: v for k, v in self._pending.items() if v})
         self._pending = {k: [] for k in self._pending}
-        write, flush = self.parts.write, self.parts.flush_sinks
+        sinks = self.parts.sinks
 
         def write_and_flush() -> None:
-            if pending:
-                write(pending)
-            flush()
+            sinks.write(batch)  # every sink behind its own guard (FanOut)
+            sinks.flush()
 
         if busy:  # final: after the call in progress
             writer.defer(write_and_flush)
@@ -337,22 +289,16 @@ class Pipeline:
     # -- alerts and published state ------------------------------------------------------------
 
     def add_alerts(self, alerts: Iterable[Alert]) -> None:
-        added = False
-        for alert in alerts:
-            added = True
-            self._alerts.append(alert)
-            del self._alerts[:-MAX_ALERTS]
-            self._pending["events"].append(dataclasses.asdict(alert))
-            for layer in alert.layers:
-                self._layer_flags.setdefault(layer, []).append(alert.rule)
+        added = self.model.add_alerts(alerts)
         if added:
-            self.published = dataclasses.replace(self.published, alerts=tuple(self._alerts))
+            self._pending["events"].extend(dataclasses.asdict(a) for a in added)
+            self.published = dataclasses.replace(self.published, alerts=self.model.alerts)
 
     def _publish_state(self, step: int, open_rows: tuple[dict[str, float], ...]) -> None:
         self.published = dataclasses.replace(self.published, open_rows=open_rows, step=step)
 
     def _publish_layers(self) -> None:
-        table = tuple(self.parts.layers.table(self._layer_flags))
+        table = tuple(self.model.layer_table())
         self.published = dataclasses.replace(self.published, layer_table=table)
 
     def refresh_layers(self) -> None:
@@ -370,30 +316,16 @@ class Pipeline:
     def frame(self, detail: bool = True) -> Frame:
         """A snapshot of everything the views show (on the sampler, or under ``lock``); with
         ``detail`` it takes the per-layer norms waiting for a reader."""
-        parts = self.parts
-        extra = {"best_loss": self._best_loss}
-        extra.update(energy_rates(self.system, self.steps, parts.backend.device_index))
-        extra.update(clip_share(self.steps))
-        layers = parts.layers
-
-        def layer_frame() -> Any:
-            if not layers.names:
-                return None
+        parts, model = self.parts, self.model
+        if detail:
             self.flow.take_waiting()
-            return layers.frame(self._layer_flags)
-
         state = FrameState(
             status=parts.status(),
             step=parts.current_step(),
             elapsed_s=parts.monotonic() - self._start,
-            latest_sample=self._last_sample,
             open_rows=self.published.open_rows,
-            alerts=self._alerts,
             errors=[str(e) for e in parts.errors.entries()],
-            devices=tuple(parts.backend.device_gauges(self._last_sample)),
-            extra_latest=extra,
-            layers=layer_frame,
-            spans=self.spans,
+            devices=tuple(parts.backend.device_gauges(dict(model.last_sample))),
             notes=self._notes(),
         )
         return self.frames.build(state, detail=detail)

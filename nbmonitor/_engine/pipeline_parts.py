@@ -4,17 +4,19 @@ device the run trains on, as the MFU peak table matches it."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from nbmonitor._engine.assemble.layer_flow import NonFiniteReport
 from nbmonitor._engine.assemble.layers import LayerStats
 from nbmonitor._engine.frame import RunInfo
+from nbmonitor._engine.run_model import RunModel
 from nbmonitor.backends.base import Backend
 from nbmonitor.errors import ErrorLog
 from nbmonitor.health import Health
 from nbmonitor.health.view import RankColumns
 from nbmonitor.records import Record
+from nbmonitor.sinks import Sink
 
 
 @dataclass
@@ -29,8 +31,7 @@ class PipelineParts:
     health: Health
     non_finite_report: NonFiniteReport
     forward_checked: bool
-    write: Callable[[Mapping[str, Sequence[Mapping[str, object]]]], None]  # the sinks
-    flush_sinks: Callable[[], None]
+    sinks: Sink  # every tick's rows go here (a FanOut: each sink behind its own guard)
     errors: ErrorLog
     status: Callable[[], str]
     update_copy_skipped: Callable[[], float | None] = lambda: None
@@ -40,6 +41,8 @@ class PipelineParts:
     clock: Callable[[], float] = time.time
     monotonic: Callable[[], float] = time.monotonic
     interval: float = 0.5
+    # The run model the pipeline fills; None: a new one for ``layers`` and the backend's device.
+    model: RunModel | None = None
 
 
 def device_name(backend: Backend) -> str:

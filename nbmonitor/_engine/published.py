@@ -11,7 +11,6 @@ import numpy.typing as npt
 
 from nbmonitor._engine.frame import Alert
 from nbmonitor._engine.store import Store
-from nbmonitor.memory import MemoryBreakdown
 
 Columns = dict[str, npt.NDArray[np.float64]]
 
@@ -24,8 +23,6 @@ class Published:
     alerts: tuple[Alert, ...] = ()
     layer_table: tuple[dict[str, object], ...] = ()
     step: int = 0
-    # The newest memory breakdown a probe recorded (nbmonitor.memory), or None.
-    memory: MemoryBreakdown | None = None
 
 
 def history(steps: Store, published: Published) -> Columns:

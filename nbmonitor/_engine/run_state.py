@@ -1,5 +1,6 @@
-"""A run read from disk (whole, or record by record as it is written) in the stores a live
-run fills, so that the one FrameBuilder draws it: the replay's and the tail's engine state."""
+"""A run read from disk (whole, or record by record as it is written) into the run model a
+live run fills (``run_model.RunModel``), so that the one FrameBuilder draws it: the replay's
+and the tail's engine state."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ import numpy as np
 
 from nbmonitor._engine.assemble.layers import LayerStats, ParamInfo
 from nbmonitor._engine.assemble.spans import SpanLog
-from nbmonitor._engine.derive.clipping import clip_share
 from nbmonitor._engine.frame import Frame, FrameBuilder, FrameState, RunInfo
+from nbmonitor._engine.run_model import RunModel, floats
 from nbmonitor._engine.store import Store
 from nbmonitor.health.alert import Alert
+from nbmonitor.memory import MemoryBreakdown
 
 GRAD_PREFIX = "grad_norm/"
 PARAM_PREFIX = "param_norm/"
@@ -22,103 +24,104 @@ RATIO_PREFIX = "update_ratio/"
 ALERT_FIELDS = ("rule", "severity", "message", "step", "time", "layers", "subject")
 
 
+def run_info(meta: Mapping[str, Any], name: str) -> RunInfo:
+    """What meta.json says of the run itself (its backend, planned steps, accelerators)."""
+    backend = meta.get("backend") or {}
+    devices = backend.get("devices") if isinstance(backend, Mapping) else None
+    attach = meta.get("attach") or {}
+    total = attach.get("total_steps") if isinstance(attach, Mapping) else None
+    return RunInfo(
+        name,
+        str(backend.get("name", "?")) if isinstance(backend, Mapping) else "?",
+        total if isinstance(total, int) else None,
+        len(devices) if isinstance(devices, list) else 0,
+    )
+
+
+def device_index(meta: Mapping[str, Any]) -> int | None:
+    """The accelerator the run trained on, as meta.json says (None on the CPU)."""
+    backend = meta.get("backend")
+    index = backend.get("device_index") if isinstance(backend, Mapping) else None
+    if index is None:
+        index = meta.get("device_index")  # a rank of a job says it at the top level
+    return index if isinstance(index, int) and not isinstance(index, bool) else None
+
+
 class RunState:
-    """What a run on disk has said so far, in the stores the FrameBuilder reads."""
+    """What a run on disk has said so far, in the run model the FrameBuilder reads."""
 
     def __init__(self, meta: Mapping[str, Any], name: str) -> None:
         self.meta = meta
-        backend = meta.get("backend") or {}
-        devices = backend.get("devices") if isinstance(backend, Mapping) else None
-        attach = meta.get("attach") or {}
-        total = attach.get("total_steps") if isinstance(attach, Mapping) else None
-        self.info = RunInfo(
-            name,
-            str(backend.get("name", "?")) if isinstance(backend, Mapping) else "?",
-            total if isinstance(total, int) else None,
-            len(devices) if isinstance(devices, list) else 0,
-        )
-        self.steps = Store()
-        self.system = Store()
-        self.builder = FrameBuilder(self.info, self.steps, self.system)
-        self.alerts: list[Alert] = []
-        self.spans = SpanLog()
-        self._flags: dict[str, list[str]] = {}
-        self._layers: LayerStats | None = None
-        self._best_loss = math.nan
-        self._last_sample: dict[str, float] = {}
-        self._first_time = math.nan
-        self._last_time = math.nan
+        self.info = run_info(meta, name)
+        self.model = RunModel(device_index=device_index(meta))
+        self.builder = FrameBuilder(self.info, self.model)
+
+    @property
+    def steps(self) -> Store:
+        return self.model.steps
+
+    @property
+    def spans(self) -> SpanLog:
+        return self.model.spans
+
+    @property
+    def alerts(self) -> tuple[Alert, ...]:
+        return self.model.alerts
 
     # -- input ---------------------------------------------------------------------------------
 
     def add_columns(self, stream: str, columns: Mapping[str, np.ndarray[Any, Any]]) -> None:
         """A whole stream read at once (``open``): columns, not rows."""
-        if not columns or not len(next(iter(columns.values()))):
-            return
         if stream == "steps":
-            self.steps.extend_columns(columns)
-            self.spans.add_step_columns(columns)
-            self._note_steps(columns.get("loss"), columns.get("time"))
+            self.model.add_step_columns(columns)
         elif stream == "system":
-            self.system.extend_columns(columns)
-            self._last_sample = {k: float(v[-1]) for k, v in columns.items()}
-        elif stream == "layers":
+            self.model.add_system_columns(columns)
+        elif stream == "layers" and columns and len(next(iter(columns.values()))):
             self._add_layer_columns(columns)
 
     def add_rows(self, streams: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:
         """New records of a run being written (``tail``), per stream."""
         steps = [r for r in streams.get("steps", ()) if isinstance(r.get("step"), (int, float))]
-        if steps:
-            rows = [_floats(r) for r in steps]
-            self.steps.extend(rows)
-            self.spans.add_steps(rows)
-            self._note_steps(
-                np.array([r.get("loss", math.nan) for r in steps], dtype=np.float64),
-                np.array([r.get("time", math.nan) for r in steps], dtype=np.float64),
-            )
-        system = [_floats(r) for r in streams.get("system", ())]
-        if system:
-            self.system.extend(system)
-            self._last_sample = system[-1]
+        self.model.add_step_rows([floats(r) for r in steps])
+        self.model.add_system_rows([floats(r) for r in streams.get("system", ())])
         self.add_events(streams.get("events", ()))
-        self.spans.add_spans(streams.get("spans", ()))
-        layers = [_floats(r) for r in streams.get("layers", ())]
+        self.model.add_span_rows(streams.get("spans", ()))
+        self.add_memory(streams.get("memory", ()))
+        layers = [floats(r) for r in streams.get("layers", ())]
         if layers:
             keys = sorted({k for r in layers for k in r})
             self._add_layer_columns(
                 {k: np.array([r.get(k, math.nan) for r in layers], dtype=np.float64) for k in keys}
             )
 
+    def add_memory(self, records: Sequence[Mapping[str, Any]]) -> None:
+        """memory.jsonl records: the newest that reads as a breakdown is kept (one that does
+        not is skipped here; ``Run.memory()`` reports it)."""
+        for record in reversed(records):
+            try:
+                self.model.add_memory([MemoryBreakdown.from_record(record)])
+            except ValueError:
+                continue
+            return
+
     def add_events(self, events: Iterable[Mapping[str, Any]]) -> None:
+        alerts = []
         for event in events:
             try:
-                alert = Alert(
-                    rule=str(event["rule"]),
-                    severity=str(event.get("severity", "info")),
-                    message=str(event.get("message", "")),
-                    step=int(event.get("step", 0)),
-                    time=float(event.get("time", math.nan)),
-                    layers=tuple(str(n) for n in event.get("layers", ()) or ()),
-                    subject=str(event.get("subject", "run")),  # runs before subjects: "run"
+                alerts.append(
+                    Alert(
+                        rule=str(event["rule"]),
+                        severity=str(event.get("severity", "info")),
+                        message=str(event.get("message", "")),
+                        step=int(event.get("step", 0)),
+                        time=float(event.get("time", math.nan)),
+                        layers=tuple(str(n) for n in event.get("layers", ()) or ()),
+                        subject=str(event.get("subject", "run")),  # runs before subjects: "run"
+                    )
                 )
             except (KeyError, TypeError, ValueError):
                 continue  # one bad record never costs the others
-            self.alerts.append(alert)
-            for layer in alert.layers:
-                self._flags.setdefault(layer, []).append(alert.rule)
-
-    def _note_steps(self, loss: Any, times: Any) -> None:
-        if loss is not None and len(loss):
-            finite = loss[np.isfinite(loss)]
-            if finite.size:
-                low = float(finite.min())
-                self._best_loss = low if math.isnan(self._best_loss) else min(self._best_loss, low)
-        if times is not None and len(times):
-            finite = times[np.isfinite(times)]
-            if finite.size:
-                if math.isnan(self._first_time):
-                    self._first_time = float(finite[0])
-                self._last_time = float(finite[-1])
+        self.model.add_alerts(alerts)
 
     def _add_layer_columns(self, columns: Mapping[str, np.ndarray[Any, Any]]) -> None:
         names = [k.removeprefix(GRAD_PREFIX) for k in columns if k.startswith(GRAD_PREFIX)]
@@ -127,12 +130,13 @@ class RunState:
             for k in columns
             if k.startswith((PARAM_PREFIX, RATIO_PREFIX)) and k.split("/", 1)[1] not in names
         ]
-        if self._layers is None:
+        if self.model.layers is None:
             if not names:
                 return
             infos = [self._layer_info(n) for n in dict.fromkeys(names)]
-            self._layers = LayerStats(infos, group_by="param")
-        layers = self._layers
+            self.model.set_layers(LayerStats(infos, group_by="param"))
+        layers = self.model.layers
+        assert layers is not None
         known = {n: i for i, n in enumerate(layers.names)}
         steps = columns.get("step")
         if steps is None:
@@ -192,27 +196,6 @@ class RunState:
     # -- output --------------------------------------------------------------------------------
 
     def frame(self, status: str, detail: bool = True) -> Frame:
-        step = int(self.steps.last("step")) if len(self.steps) else 0
-        elapsed = self._last_time - self._first_time
-        layers = self._layers
-        state = FrameState(
-            status=status,
-            step=step,
-            elapsed_s=elapsed if math.isfinite(elapsed) else 0.0,
-            latest_sample=self._last_sample,
-            alerts=self.alerts,
-            extra_latest={"best_loss": self._best_loss, **clip_share(self.steps)},
-            layers=(lambda: layers.frame(self._flags)) if layers is not None else None,
-            spans=self.spans,
-        )
+        model = self.model
+        state = FrameState(status=status, step=model.last_step, elapsed_s=model.steps_span_s)
         return self.builder.build(state, detail=detail)
-
-
-def _floats(row: Mapping[str, Any]) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for key, value in row.items():
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            out[key] = float(value)
-        elif value is None:
-            out[key] = math.nan
-    return out

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import functools
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from nbmonitor._capture.capture import Capture
 from nbmonitor._engine.assemble.layers import LayerStats
@@ -24,7 +23,7 @@ from nbmonitor.errors import ErrorLog
 from nbmonitor.health import Health, non_finite_gradients
 from nbmonitor.health.view import RankColumns
 from nbmonitor.live.lifetime import Lifetime, flush_tick
-from nbmonitor.sinks import Batch, FanOut, RunLogSink
+from nbmonitor.sinks import FanOut, RunLogSink
 
 
 @dataclass
@@ -57,9 +56,6 @@ def build_sampler(parts: SamplerParts) -> tuple[Pipeline, SamplerThread]:
     sinks = life.sinks = FanOut([parts.runlog], errors, retry_after=SINK_RETRY_S)
     life.backend = parts.backend
 
-    def write(streams: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:
-        sinks.write(Batch(streams))
-
     pipeline = Pipeline(
         PipelineParts(
             info=parts.info,
@@ -70,8 +66,7 @@ def build_sampler(parts: SamplerParts) -> tuple[Pipeline, SamplerThread]:
             health=parts.health,
             non_finite_report=non_finite_gradients,
             forward_checked=parts.forward_checked,
-            write=write,
-            flush_sinks=sinks.flush,
+            sinks=sinks,
             errors=errors,
             status=life.status,
             update_copy_skipped=copy_skipped,

@@ -179,6 +179,10 @@ class Monitor:
             self.close()
             raise
         _registry.started(self)
+        clock = self._life.clock()
+        if self._dashboard is not None and self._dashboard.route == "main" and clock is not None:
+            # Colab renders only main-thread sends: the loop sends the newest frame at a step end.
+            clock.step_listeners.append(self._dashboard.pump)
         if self.options.display and self._dashboard is not None:
             from nbmonitor.ui.notebook import show
 
@@ -239,11 +243,11 @@ class Monitor:
         on disk keeps every step.
         """
         pipeline = self._pipeline
-        return history(pipeline.steps, pipeline.published)
+        return history(pipeline.model.steps, pipeline.published)
 
     def system(self) -> dict[str, npt.NDArray[np.float64]]:
         """System samples (time, step, cpu_percent, ram_used_bytes, ...), one row per tick."""
-        return self._pipeline.system.history()
+        return self._pipeline.model.system.history()
 
     def events(self) -> list[Alert]:
         """Alerts raised so far, oldest first (as of the sampler's last tick)."""
@@ -305,7 +309,7 @@ class Monitor:
         saved for backward on the newest sampled step. See ``nbmonitor.memory``."""
         from nbmonitor.live.memory_reads import live_memory
 
-        return live_memory(self._memory_probe(), self._pipeline.published.memory, self.step)
+        return live_memory(self._memory_probe(), self._pipeline.model.memory, self.step)
 
     def span(self, name: str) -> Span:
         """A named span of time: ``with mon.span("data"): ...`` or ``@mon.span("eval")``.
@@ -385,6 +389,8 @@ class Monitor:
         self._finalizer.detach()
         closing = not self._life.closed
         self._life.close(CLOSE_WAIT_S)
+        if self._dashboard is not None:
+            self._dashboard.pump()  # the final frame, where it waits for the main thread
         _registry.closed(self._model_ref(), self)
         if closing and self.rank is not None and self.displays:  # the cross-rank summary
             _ranks.finish_job(self.job_dir, self.errors_log, self.options.display, CLOSE_WAIT_S)

@@ -67,7 +67,12 @@ def run_meta(
             "device": model_device_type(model),
         },
         "optimizer": opt_meta,
-        "backend": {"name": backend.name, "devices": list(backend.devices)},
+        # device_index: whose energy counter a replay reads for the energy per step.
+        "backend": {
+            "name": backend.name,
+            "devices": list(backend.devices),
+            "device_index": backend.device_index,
+        },
         "versions": {
             "nbmonitor": __version__,
             "torch": torch.__version__,

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from nbmonitor._capture.dist import RankInfo
-from nbmonitor._engine.derive.job_report import read_state, straggler_alerts, summary_record
-from nbmonitor._engine.derive.ranks import RankState, divergence, rank_columns
+from nbmonitor._engine.derive.job_report import job_alerts, read_state, summary_record
+from nbmonitor._engine.derive.ranks import RankState, rank_columns
 from nbmonitor.errors import ErrorLog
 from nbmonitor.health.rules.stragglers import WINDOW
 from nbmonitor.health.view import RankColumns
@@ -93,7 +93,7 @@ def finish(job_dir: str | os.PathLike[str]) -> str | None:
     record = summary_record(files.meta, state, status)
     write_json_atomic(path / SUMMARY, record)
     text = summary_text(path.name, record["summary"])
-    alerts = straggler_alerts(state) + divergence(state)
+    alerts = job_alerts(state)
     if alerts:
         text += "\n" + "\n".join(f"  {a.message}" for a in alerts)
     return text

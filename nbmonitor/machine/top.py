@@ -74,6 +74,7 @@ def once_text(feed: TopFeed, width: int = 200) -> str:
     from nbmonitor.ui.tui.tables import (
         alerts_lines,
         devices_table,
+        drop_columns,
         machine_line,
         plain,
         processes_table,
@@ -88,7 +89,8 @@ def once_text(feed: TopFeed, width: int = 200) -> str:
         feed.watch.flush()
         frame = feed.watch.frame()
         parts += [
-            plain(devices_table(frame, 0), width),
+            # Two samples draw no history: the sparkline columns are left out.
+            plain(drop_columns(devices_table(frame, 0), ("util hist", "mem hist")), width),
             plain(processes_table(frame), width),
             machine_line(frame, 0),
             "Alerts\n" + ("\n".join(t for t, _ in alerts_lines(frame)) or "none"),

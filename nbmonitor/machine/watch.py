@@ -9,6 +9,7 @@ No torch: ``nbmonitor top`` builds the same watch in a terminal. One watch per k
 
 from __future__ import annotations
 
+import atexit
 import datetime as _dt
 import math
 import os
@@ -25,10 +26,11 @@ from typing import Any, Protocol
 
 from nbmonitor._engine.assemble.layers import LayerStats
 from nbmonitor._engine.devices_frame import DevicesFrame
-from nbmonitor._engine.frame import Frame, FrameBuilder, RunInfo
+from nbmonitor._engine.frame import Frame, RunInfo
 from nbmonitor._engine.isolated import Hung
 from nbmonitor._engine.pipeline import SINK_RETRY_S, Pipeline
 from nbmonitor._engine.pipeline_parts import PipelineParts
+from nbmonitor._engine.run_model import RunModel
 from nbmonitor._engine.sampler import SamplerThread
 from nbmonitor._engine.store import FloatArray, Store
 from nbmonitor._version import __version__
@@ -36,7 +38,7 @@ from nbmonitor.backends.base import Backend
 from nbmonitor.errors import ErrorLog
 from nbmonitor.health import Health, Thresholds, non_finite_gradients
 from nbmonitor.health.rules.devices import DEVICE_RULES
-from nbmonitor.sinks import Batch, FanOut, RunLogSink
+from nbmonitor.sinks import FanOut, RunLogSink
 
 # How much of the recent past a DevicesFrame carries, for sparklines and snapshots.
 HISTORY_S = 300.0
@@ -132,12 +134,9 @@ class DeviceWatch:
             self.errors_log,
             retry_after=SINK_RETRY_S,
         )
-        sinks = self.sinks
+        # A watch can stay open for days: a store sized for it rather than for a run.
         system = Store(recent=RECENT_SAMPLES, buckets=4096)
-
-        def write(streams: Any) -> None:
-            sinks.write(Batch(streams))
-
+        layers = LayerStats([])
         self._pipeline = pipeline = Pipeline(
             PipelineParts(
                 info=RunInfo(self.name, backend.name, None, len(backend.devices)),
@@ -146,21 +145,18 @@ class DeviceWatch:
                 # A watch has no training steps: its "step" counts the samples taken, so that
                 # an alert that cleared can fire again (rearm_steps samples later).
                 current_step=lambda: len(system),
-                layers=LayerStats([]),
+                layers=layers,
                 health=health,
                 non_finite_report=non_finite_gradients,
                 forward_checked=False,
-                write=write,
-                flush_sinks=sinks.flush,
+                sinks=self.sinks,
                 errors=self.errors_log,
                 status=self._status,
                 clock=clock,
                 interval=self.interval,
+                model=RunModel(layers, system=system),
             )
         )
-        # A watch can stay open for days: a store sized for it rather than for a run.
-        pipeline.system = system
-        pipeline.frames = FrameBuilder(pipeline.parts.info, pipeline.steps, system)
         pipeline.views = (_Feed(self),)
         self._thread = SamplerThread(
             lambda: pipeline.tick(paced=True),
@@ -222,7 +218,7 @@ class DeviceWatch:
             final.update(
                 end_time=_dt.datetime.fromtimestamp(self._clock(), _dt.UTC).isoformat(),
                 steps=0,
-                samples=len(pipeline.system),
+                samples=len(pipeline.model.system),
                 errors=[str(e) for e in errors.entries()],
             )
             sources, sinks, backend = pipeline.sources, self.sinks, self.backend
@@ -280,7 +276,7 @@ class DeviceWatch:
     def history(self) -> dict[str, FloatArray]:
         """Every sample kept in memory, by key (``time``, ``cpu_percent``,
         ``gpu0_util_percent``, ...), oldest first; older ones as bucket means."""
-        return self._pipeline.system.history()
+        return self._pipeline.model.system.history()
 
     def frame(self) -> DevicesFrame:
         """What the views show now."""
@@ -288,7 +284,7 @@ class DeviceWatch:
             return self.devices_frame(self._pipeline.frame(detail=False))
 
     def devices_frame(self, frame: Frame) -> DevicesFrame:
-        backend, system = self.backend, self._pipeline.system
+        backend, system = self.backend, self._pipeline.model.system
         n = max(2, int(HISTORY_S / self.interval))
         history = {key: system.tail(key, n) for key in system.columns}
         processes = getattr(backend, "processes", None)
@@ -391,8 +387,10 @@ def devices(
     return watch
 
 
+@atexit.register
 def close_all() -> None:
-    """Close the kernel's watch (tests, interpreter exit)."""
+    """Close the kernel's watch (tests, and interpreter exit: its run folder then says
+    "closed", not "killed"; a source that hangs costs the exit at most a few seconds)."""
     global _current
     with _current_lock:
         earlier, _current = _current, None

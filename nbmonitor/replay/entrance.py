@@ -7,8 +7,10 @@ import os
 import time
 from typing import Any
 
-from nbmonitor.replay.job import Job, follow_job_in_terminal
-from nbmonitor.replay.run import Follow, Run
+from nbmonitor.replay.follow import Follow
+from nbmonitor.replay.job import Job
+from nbmonitor.replay.run import Run
+from nbmonitor.runs import Tail
 from nbmonitor.runs.layout import is_job
 
 
@@ -46,19 +48,21 @@ def follow_in_terminal(
     from nbmonitor.runs.text import printable
     from nbmonitor.ui.console import ConsoleView, console_logger
 
+    logger = console_logger(install_handler=True)
     if is_job(path):
-        return follow_job_in_terminal(path, interval)
+        from nbmonitor.ui.ranks import RanksConsoleView
 
-    view = ConsoleView(console_logger(install_handler=True), every=interval)
-    follower = Follow(path, [view], interval)
-    wait_for_run(follower.tail, wait, say=lambda m: print(printable(m), flush=True))
+        follower = Follow(path, [RanksConsoleView(logger, every=interval)], interval, job=True)
+    else:
+        follower = Follow(path, [ConsoleView(logger, every=interval)], interval)
+        assert isinstance(follower.tail, Tail)
+        wait_for_run(follower.tail, wait, say=lambda m: print(printable(m), flush=True))
     try:
         while not follower.refresh():
             time.sleep(interval)
     except KeyboardInterrupt:
         pass
-    state = follower.state
-    return int(state.steps.last("step")) if state is not None and len(state.steps) else 0
+    return follower.feed.last_step
 
 
 __all__ = ["follow_in_terminal", "open", "tail"]

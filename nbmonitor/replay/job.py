@@ -11,25 +11,21 @@ writes ``ranks_summary.json`` at close through ``live/ranks.py``.
 from __future__ import annotations
 
 import os
-import threading
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
-from nbmonitor._engine.derive.job_report import read_state, straggler_alerts
+from nbmonitor._engine.derive.job_report import job_alerts, read_state
 from nbmonitor._engine.derive.ranks import (
     RankState,
     align,
-    divergence,
     per_step,
-    rank_columns,
     ranks_summary,
 )
 from nbmonitor._engine.derive.ranks_frame import RanksFrame, ranks_frame
-from nbmonitor.health import Alert, Health, HealthInput, Thresholds
-from nbmonitor.health.rules.stragglers import Stragglers
+from nbmonitor.health import Alert
+from nbmonitor.replay.follow import Follow
 from nbmonitor.replay.run import Run
-from nbmonitor.runs.job import JobFiles, JobTail, job_status
+from nbmonitor.runs.job import JobFiles, job_status
 
 
 class Job:
@@ -48,7 +44,7 @@ class Job:
         self.path = self._files.path
         self.meta = self._files.meta
         self.ranks = {r: Run(run.path) for r, run in self._files.ranks.items()}
-        self._follow: JobFollow | None = None
+        self._follow: Follow | None = None
 
     @property
     def name(self) -> str:
@@ -78,7 +74,7 @@ class Job:
 
     def alerts(self) -> list[Alert]:
         state = self.state()
-        return straggler_alerts(state) + divergence(state)
+        return job_alerts(state)
 
     def summary(self) -> dict[str, dict[str, float]]:
         """Oumi-style cross-rank summary (count, mean, median, std, min, max, min_rank,
@@ -89,7 +85,7 @@ class Job:
 
     def frame(self, heat_metric: str = "step_time") -> RanksFrame:
         state = self.state()
-        alerts = straggler_alerts(state) + divergence(state)
+        alerts = job_alerts(state)
         return ranks_frame(state, self.name, self.status, self.world_size, alerts, heat_metric)
 
     def dashboard(self, live: bool = False, interval: float = 1.0) -> Any:
@@ -100,7 +96,7 @@ class Job:
         panel = RanksPanel(self.name)
         if live:
             self.stop()
-            self._follow = JobFollow(self.path, [panel], interval)
+            self._follow = Follow(self.path, [panel], interval, job=True)
             self._follow.start()
         else:
             panel.close(self.frame())
@@ -118,94 +114,4 @@ class Job:
         return f"<nbmonitor.Job {self.name!r} ranks={sorted(self.ranks)} status={self.status!r}>"
 
 
-class JobFollow:
-    """Reads the new records of every rank every ``interval`` seconds on a daemon thread
-    (``nbmonitor-tail``) and publishes ranks frames to views, until every rank closed."""
-
-    def __init__(self, path: str | os.PathLike[str], views: Sequence[Any], interval: float) -> None:
-        if not (isinstance(interval, (int, float)) and interval > 0):
-            raise ValueError(f"nbmonitor.tail: interval must be > 0 seconds, got {interval!r}.")
-        self.tail = JobTail(path)
-        self.views = tuple(views)
-        self.interval = float(interval)
-        self.state = RankState()
-        self.health = Health(Thresholds(), rules=(Stragglers,))
-        self.alerts: list[Alert] = []
-        self.errors: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="nbmonitor-tail", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
-
-    @property
-    def running(self) -> bool:
-        return self._thread.is_alive()
-
-    def refresh(self) -> bool:
-        """Read what is new and publish a frame; True once every rank has closed."""
-        tail = self.tail
-        for rank, streams in tail.poll().items():
-            for stream in ("steps", "system"):
-                if streams.get(stream):
-                    self.state.add_rows(rank, stream, streams[stream])
-        for rank, rank_tail in tail.tails.items():
-            status = "closed" if rank_tail.closed else "running"
-            self.state.set_meta(rank, rank_tail.meta, status)
-        self._judge()
-        closed = tail.closed
-        status = "closed" if closed else "running"
-        frame = ranks_frame(self.state, tail.path.name, status, tail.world_size, self.alerts)
-        for view in self.views:
-            (view.close if closed else view.publish)(frame)
-        return closed
-
-    def _judge(self) -> None:
-        columns = rank_columns(self.state)
-        if columns is not None:
-            inp = HealthInput(step=int(columns.steps[-1]) if columns.steps.size else 0,
-                              time=time.time(), steps={}, ranks=columns)  # fmt: skip
-            self.alerts += self.health.check(inp)
-        seen = {(a.rule, a.subject) for a in self.alerts}
-        self.alerts += [
-            a for a in divergence(self.state, time.time()) if (a.rule, a.subject) not in seen
-        ]
-
-    def _run(self) -> None:
-        while True:
-            try:
-                if self.refresh():
-                    return
-            except Exception as exc:  # a torn or vanished file must not kill the follower
-                self.errors.append(f"{type(exc).__name__}: {exc}")
-                del self.errors[:-20]
-            if self._stop.wait(self.interval):
-                return
-
-
-def follow_job_in_terminal(path: str | os.PathLike[str], interval: float = 1.0) -> int:
-    """The console view of a job being written, until every rank closed; the newest step."""
-    from nbmonitor.ui.console import console_logger
-    from nbmonitor.ui.ranks import RanksConsoleView
-
-    view = RanksConsoleView(console_logger(install_handler=True), every=interval)
-    follower = JobFollow(path, [view], interval)
-    try:
-        while not follower.refresh():
-            time.sleep(interval)
-    except KeyboardInterrupt:
-        pass
-    steps, _ = align(follower.state, "step_time")
-    return int(steps[-1]) if steps.size else 0
-
-
-__all__ = [
-    "Job",
-    "JobFollow",
-    "follow_job_in_terminal",
-]
+__all__ = ["Job"]

@@ -1,5 +1,4 @@
-"""A run on disk, finished or being written by another process (and its follower), and
-several runs compared.
+"""A run on disk, finished or being written by another process, and several runs compared.
 
 It reads ``runs/`` and fills the same stores that a live run fills, so that the one
 ``FrameBuilder`` draws the same dashboard (curves, layer heatmap, alerts) for a live run, a
@@ -9,17 +8,17 @@ finished one and one being written elsewhere. Importing it loads no torch.
 from __future__ import annotations
 
 import os
-import threading
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from nbmonitor._engine.frame import MAX_POINTS, Frame, Series, View
+from nbmonitor._engine.frame import MAX_POINTS, Frame, Series
 from nbmonitor._engine.run_state import RunState
 from nbmonitor._engine.store import Store
+from nbmonitor.replay.follow import Follow, run_name
 from nbmonitor.runs import Run as RunFiles
-from nbmonitor.runs import RunDataWarning, RunDirError, Tail, list_runs
+from nbmonitor.runs import RunDataWarning, RunDirError, list_runs
 
 
 class Run(RunFiles):
@@ -37,7 +36,7 @@ class Run(RunFiles):
 
     @property
     def name(self) -> str:
-        return self.path.name
+        return run_name(self.path)
 
     def state(self) -> RunState:
         """The run as it is on disk now, in the stores the dashboard is drawn from."""
@@ -47,6 +46,7 @@ class Run(RunFiles):
         state.add_columns("layers", self.layers())
         state.add_events(self.events())
         state.spans.add_spans(self.records("spans"))
+        state.add_memory(self.records("memory"))
         return state
 
     def export_trace(self, path: str | os.PathLike[str]) -> Path:
@@ -89,63 +89,6 @@ class Run(RunFiles):
 
     def __repr__(self) -> str:
         return f"<nbmonitor.Run {self.name!r} status={self.status!r}>"
-
-
-class Follow:
-    """Reads the new records of a run every ``interval`` seconds on a daemon thread
-    (``nbmonitor-tail``) and publishes frames to views, until the run closes or ``stop()``."""
-
-    def __init__(
-        self, path: str | os.PathLike[str], views: Sequence[View], interval: float = 1.0
-    ) -> None:
-        if not (isinstance(interval, (int, float)) and interval > 0):
-            raise ValueError(f"nbmonitor.tail: interval must be > 0 seconds, got {interval!r}.")
-        self.tail = Tail(path)
-        self.views = tuple(views)
-        self.interval = float(interval)
-        self.state: RunState | None = None
-        self.errors: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="nbmonitor-tail", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout)
-
-    @property
-    def running(self) -> bool:
-        return self._thread.is_alive()
-
-    def refresh(self) -> bool:
-        """Read what is new and publish a frame; True once the run has closed."""
-        new = self.tail.poll()
-        if self.state is None:
-            self.state = RunState(self.tail.meta, Path(self.tail.path).name)
-        self.state.add_rows(new)
-        # A writer that died without closing (runs/tail.py, ``ended``) ends the follow too.
-        closed = bool(self.tail.closed) or self.tail.ended is not None
-        frame = self.state.frame("closed" if closed else "running")
-        for view in self.views:
-            if closed:
-                view.close(frame)
-            else:
-                view.publish(frame)
-        return closed
-
-    def _run(self) -> None:
-        while True:
-            try:
-                if self.refresh():
-                    return
-            except Exception as exc:  # a torn or vanished file must not kill the follower
-                self.errors.append(f"{type(exc).__name__}: {exc}")
-                del self.errors[:-20]
-            if self._stop.wait(self.interval):
-                return
 
 
 def compare_series(
@@ -195,4 +138,4 @@ def compare(
     return compare_figure(lines, metric, log=log)
 
 
-__all__ = ["Follow", "Run", "compare", "compare_series"]
+__all__ = ["Run", "compare", "compare_series"]

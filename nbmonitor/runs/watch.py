@@ -17,6 +17,7 @@ import math
 import os
 import pathlib
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +25,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from nbmonitor.runs.format import META, STREAMS, stream_file
+from nbmonitor.errors import RunDirError
+from nbmonitor.runs.files import RunFolder
+from nbmonitor.runs.format import META, STREAMS, RunDataWarning, stream_file
 from nbmonitor.runs.layout import LAYOUT, rank_dirs, read_json
 from nbmonitor.runs.status import run_status
 from nbmonitor.runs.tail import Tail
@@ -34,6 +37,8 @@ FloatArray = npt.NDArray[np.float64]
 # How far back from the end of a run's files the first read starts: about 2,000 steps of a
 # typical run, enough for the curves, whatever the run's length.
 TAIL_BYTES = 1 << 20
+# How far back from there to look for the start of that line.
+_LINE_BYTES = 1 << 16
 # The steps of a run kept for its curves (the newest).
 KEEP_ROWS = 2000
 ALERTS_KEPT = 50
@@ -71,20 +76,22 @@ class RunDetail:
     alerts: tuple[dict[str, Any], ...] = ()
 
 
-def _start_offset(path: pathlib.Path, keep: int) -> int:
-    """The offset of the first whole line in the last ``keep`` bytes of ``path`` (0 when the
-    file is shorter or absent)."""
+def _start_offset(folder: RunFolder, name: str, keep: int) -> int:
+    """Where to start reading the run's file ``name`` for its last ``keep`` bytes: the start of
+    the line holding byte ``size - keep`` (0 when the file is shorter, absent or refused: the
+    tail then says why)."""
     try:
-        size = path.stat().st_size
+        size = folder.size([name])
         if size <= keep:
             return 0
-        with open(path, "rb") as f:
-            f.seek(size - keep)
-            head = f.read(min(keep, 1 << 16))
-    except OSError:
+        back = min(size - keep, _LINE_BYTES)
+        before = folder.read([name], size - keep - back, back)
+    except (OSError, RunDirError):
         return 0
-    cut = head.find(b"\n")
-    return size - keep + cut + 1 if cut >= 0 else size  # one line longer than 64 kB: skip it
+    cut = before.rfind(b"\n")
+    if cut < 0:  # the line starts at the file's start, or is longer than _LINE_BYTES
+        return 0 if back == size - keep else size - keep
+    return size - keep - back + cut + 1
 
 
 def _num(value: object) -> float:
@@ -100,8 +107,9 @@ class _Followed:
         self.path, self.name, self.kind = path, name, kind
         meta = read_json(path / META)
         meta = meta if isinstance(meta, dict) else {}
+        folder = RunFolder(path)
         offsets = {
-            s: _start_offset(path / stream_file(meta, STREAMS[s]), tail_bytes)
+            s: _start_offset(folder, stream_file(meta, STREAMS[s]), tail_bytes)
             for s in ("steps", "events")
         }
         self.tail = Tail(path, offsets=offsets, streams=("steps", "events"))
@@ -117,7 +125,14 @@ class _Followed:
         if self.done:
             return
         try:
-            new = self.tail.poll()
+            # What the tail finds wrong (a torn or bad line, a file rewritten) is a warning:
+            # shown in the run's row, not printed across the terminal app. (catch_warnings
+            # is process-wide: a warning another thread raises meanwhile lands here too.)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", RunDataWarning)
+                new = self.tail.poll()
+            if caught:
+                self.error = str(caught[-1].message)
         except (OSError, ValueError) as exc:  # RunDirError is a RuntimeError: see below
             self.error = f"{type(exc).__name__}: {exc}"
             return
@@ -141,7 +156,10 @@ class _Followed:
             self.status = str(self.tail.meta.get("status") or "closed")
             self.done = True
         elif with_status:
-            files = [self.path / stream_file(self.tail.meta, STREAMS[s]) for s in STREAMS]
+            try:
+                files = [self.path / stream_file(self.tail.meta, STREAMS[s]) for s in STREAMS]
+            except RunDirError:
+                files = []
             self.status = run_status(self.tail.meta, files)
 
     def row(self) -> RunRow:
@@ -233,7 +251,10 @@ class RunsWatch:
                 if not ranks:
                     continue
                 follow, kind = ranks[min(ranks)], "job"
-            found[path] = _Followed(follow, path.name, kind, self.tail_bytes)
+            try:
+                found[path] = _Followed(follow, path.name, kind, self.tail_bytes)
+            except (OSError, ValueError, RunDirError):
+                continue  # not a run nbmonitor can read: `nbmonitor runs` says why
         self._runs = found
 
     def poll(self) -> list[RunRow]:

@@ -68,6 +68,21 @@ def throughput(latest: Mapping[str, float]) -> list[str]:
     return parts
 
 
+def memory_summary(latest: Mapping[str, float]) -> str | None:
+    """ "peak 61.2 of 79.1 GiB, batch up to 96 fits" (the estimate of _engine/derive/headroom),
+    or None while the device's memory is unknown."""
+    peak = latest.get("memory_peak_bytes", math.nan)
+    limit = latest.get("memory_limit_bytes", math.nan)
+    if not (math.isfinite(peak) and math.isfinite(limit)):
+        return None
+    text = f"mem peak {peak / 2**30:.3g} of {limit / 2**30:.3g} GiB"
+    fits = latest.get("batch_fits", math.nan)
+    batch = latest.get("batch_size", math.nan)
+    if math.isfinite(fits) and math.isfinite(batch):
+        text += f", batch {batch:.0f} (up to ~{fits:.0f} fits)"
+    return text
+
+
 def status_line(frame: Frame) -> str:
     """One line with the numbers a person glances at; NaN shows as n/a."""
     latest = frame.latest
@@ -87,6 +102,9 @@ def status_line(frame: Frame) -> str:
     parts.append(f"CPU {_num(latest.get('process_cpu_percent'), '.0f')}% of a core")
     ram = latest.get("process_rss_bytes", math.nan) / 2**30
     parts.append(f"RSS {_num(ram, '.2f')} GiB")
+    memory = memory_summary(latest)
+    if memory:
+        parts.append(memory)
     for i, device in enumerate(frame.devices):
         util = device.get("util_percent", math.nan)
         if isinstance(util, float):

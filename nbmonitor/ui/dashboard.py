@@ -1,10 +1,11 @@
-"""The notebook dashboard: the anywidget panel and the bqplot curves in one VBox.
+"""The notebook dashboard: one anywidget (header, gauges, alerts, then a tab per panel).
 
 ``Dashboard`` is a View: the sampler thread calls ``publish`` (at most a few times a second) and
-``close`` once. Each publish holds every widget's sync while it assigns, so a publish sends at
-most one message per widget that changed, with a bounded size: scalars, ~2,000-point float32
-series, and a bounded heatmap. Keyboard and mouse controls (log/linear, reset zoom) run on the
-kernel's main thread and share one lock with ``publish``.
+``close`` once. Each publish holds the widget's sync while it assigns, so a publish sends at most
+one message, carrying only the traits that changed: the header scalars, and the state of each
+panel (``nbmonitor.ui.panels``) whose data moved, its curves ~2,000-point float32 arrays in the
+binary codec and its heatmap bounded. The charts are drawn by our own front end (uPlot in a
+canvas, ``js/src/``), so the dashboard renders wherever anywidget does.
 """
 
 from __future__ import annotations
@@ -13,24 +14,16 @@ import contextlib
 import html
 import math
 import threading
-from collections.abc import Iterable, Mapping
-from contextlib import ExitStack
+from collections.abc import Mapping
 from typing import Any
 
-import ipywidgets as widgets
-import numpy as np
-import numpy.typing as npt
-
-from nbmonitor._engine.frame import Alert, Frame, LayerFrame
-from nbmonitor.ui._panel import Panel
+from nbmonitor._engine.frame import Alert, Frame
 from nbmonitor.ui.console import clip_summary
-from nbmonitor.ui.figures import Curves
-from nbmonitor.ui.timeline import Timeline
-
-# The heatmap is the one payload that grows with the model: cap its cells (float32) so a publish
-# stays small; columns (steps) are merged by max so a spike survives, rows (layers) are kept.
-MAX_HEATMAP_CELLS = 65_536
-MAX_HEATMAP_COLUMNS = 240
+from nbmonitor.ui.delivery import MainThreadRoute, Route, choose_route
+from nbmonitor.ui.panels import PANELS
+from nbmonitor.ui.panels.layers import jsonable
+from nbmonitor.ui.static import charts_svg
+from nbmonitor.ui.widget import DashboardWidget, set_panel
 
 _HEADER_KEYS = (
     "loss",
@@ -40,6 +33,10 @@ _HEADER_KEYS = (
     "tokens_per_s",
     "tflops_per_s",
     "mfu_percent",
+    "memory_peak_bytes",
+    "memory_limit_bytes",
+    "batch_size",
+    "batch_fits",
 )
 _SYSTEM_KEYS = (
     "cpu_percent",
@@ -53,30 +50,9 @@ _SYSTEM_KEYS = (
 
 
 def _num(value: object) -> float | int | None:
-    """A JSON-safe number: NaN/inf become None (JSON has no NaN), numpy scalars become Python."""
-    if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, int | np.integer):
-        return int(value)
-    if isinstance(value, float | np.floating):
-        f = float(value)
-        return f if math.isfinite(f) else None
-    return None
-
-
-def _json(value: object) -> Any:
-    """Recursively make a value JSON-safe for a sync'd trait (tuples become lists)."""
-    if isinstance(value, str) or value is None:
-        return value
-    if isinstance(value, bool | int | float | np.integer | np.floating):
-        return _num(value)
-    if isinstance(value, Mapping):
-        return {str(k): _json(v) for k, v in value.items()}
-    if isinstance(value, np.ndarray):
-        return [_json(v) for v in value.tolist()]
-    if isinstance(value, Iterable):
-        return [_json(v) for v in value]
-    return str(value)
+    """A JSON-safe number: NaN/inf become None (JSON has no NaN)."""
+    out = jsonable(value)
+    return out if isinstance(out, int | float) else None
 
 
 def _alert(alert: Alert) -> dict[str, Any]:
@@ -87,38 +63,6 @@ def _alert(alert: Alert) -> dict[str, Any]:
         "step": int(alert.step),
         "layers": list(alert.layers),
     }
-
-
-def bound_heatmap(
-    grid: npt.NDArray[np.float64], steps: npt.NDArray[np.float64]
-) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float64]]:
-    """Merge adjacent columns (max, NaN-aware) until the grid fits the cell budget."""
-    rows, cols = grid.shape
-    limit = max(1, min(MAX_HEATMAP_COLUMNS, MAX_HEATMAP_CELLS // max(rows, 1)))
-    if cols <= limit:
-        return np.ascontiguousarray(grid, dtype=np.float32), np.asarray(steps, dtype=np.float64)
-    edges = np.linspace(0, cols, limit + 1).astype(np.int64)
-    # fmax ignores NaN unless the whole bucket is NaN; -inf marks "no finite value" until then.
-    filled = np.where(np.isnan(grid), -np.inf, grid)
-    merged = np.maximum.reduceat(filled, edges[:-1], axis=1)
-    merged[np.isneginf(merged)] = np.nan
-    return merged.astype(np.float32), np.asarray(steps, dtype=np.float64)[edges[1:] - 1]
-
-
-def _layers_state(layers: LayerFrame) -> tuple[dict[str, Any], bytes, bytes]:
-    raw = np.asarray(layers.log10_grad_norm, dtype=np.float64)
-    steps = np.asarray(layers.steps, dtype=np.float64)
-    if raw.ndim != 2 or raw.shape[0] != len(layers.names) or raw.shape[1] != len(steps):
-        grid32, steps64 = np.zeros((0, 0), np.float32), np.zeros(0, np.float64)
-    else:
-        grid32, steps64 = bound_heatmap(raw, steps)
-    meta = {
-        "names": list(layers.names),
-        "n_layers": int(grid32.shape[0]),
-        "n_steps": int(grid32.shape[1]),
-        "table": [_json(row) for row in layers.table],
-    }
-    return meta, grid32.tobytes(), steps64.tobytes()
 
 
 def _fmt(value: float | None, digits: int = 4) -> str:
@@ -132,7 +76,9 @@ class Dashboard:
 
     wants_detail = True  # curves and the per-layer panel
 
-    def __init__(self, run: str, backend: str, total_steps: int | None) -> None:
+    def __init__(
+        self, run: str, backend: str, total_steps: int | None, route: Route | None = None
+    ) -> None:
         self.run = run
         self.backend = backend
         self.total_steps = total_steps
@@ -142,7 +88,11 @@ class Dashboard:
         self.publishes = 0  # accepted publishes, for tests and the benchmark
         self._handles: list[Any] = []  # IPython DisplayHandles of show(), refreshed by close()
 
-        self._panel = Panel(
+        # On Colab the widget is sent updates from the main thread only (delivery.py).
+        self.route = route or choose_route()
+        self._main = MainThreadRoute() if self.route == "main" else None
+        self._panels = [panel() for panel in PANELS]
+        self._widget = DashboardWidget(
             header={
                 "run": run,
                 "backend": backend,
@@ -150,49 +100,15 @@ class Dashboard:
                 "step": 0,
                 "total_steps": total_steps,
             },
-            system={},
-            devices=[],
-            alerts=[],
-            errors=[],
-            layers={},
-        )
-        self._curves = Curves()
-        self._timeline = Timeline(self._curves.x_scale)
-        self._scale_toggles: dict[str, widgets.ToggleButtons] = {}
-        controls: list[widgets.Widget] = []
-        for key, label in (("loss", "loss"), ("grad_norm", "grad norm")):
-            toggle = widgets.ToggleButtons(
-                options=["linear", "log"],
-                value=self._curves.mode(key),
-                description=label,
-                tooltips=[f"{label} on a linear axis", f"{label} on a log axis"],
-                style={"button_width": "64px", "description_width": "initial"},
-            )
-            toggle.observe(lambda change, key=key: self._on_scale(key, change), names="value")
-            self._scale_toggles[key] = toggle
-            controls.append(toggle)
-        reset = widgets.Button(
-            description="reset zoom",
-            icon="search-minus",
-            tooltip="Drag to pan and scroll to zoom the curves; this restores autoscaling.",
-            layout=widgets.Layout(width="auto"),
-        )
-        reset.on_click(lambda _button: self._on_reset())
-        controls.append(reset)
-        self._controls = widgets.HBox(
-            controls, layout=widgets.Layout(flex_flow="row wrap", align_items="center")
-        )
-        self._box = widgets.VBox(
-            [self._panel, self._controls, self._curves.grid, self._timeline.box],
-            layout=widgets.Layout(width="100%"),
+            panels=[p.name for p in self._panels],
         )
 
     # -- View -----------------------------------------------------------------------------------
 
     @property
-    def widget(self) -> widgets.VBox:
-        """The top-level widget (display it, or put it in your own layout)."""
-        return self._box
+    def widget(self) -> Any:
+        """The dashboard's widget (display it, or put it in your own layout)."""
+        return self._widget
 
     @property
     def closed(self) -> bool:
@@ -204,13 +120,36 @@ class Dashboard:
 
     def publish(self, frame: Frame) -> None:
         """Show ``frame``. Safe from any thread; ignored once the dashboard is closed."""
+        if self._main is not None:
+            self._main.offer(lambda: self._publish_now(frame))
+        else:
+            self._publish_now(frame)
+
+    def close(self, frame: Frame) -> None:
+        """Show the final frame as "closed" and stop accepting publishes. Idempotent."""
+        if self._main is not None:
+            self._main.offer(lambda: self._close_now(frame), final=True)
+        else:
+            self._close_now(frame)
+
+    def pump(self, *_: object) -> None:
+        """Send the update waiting for the main thread (the ``main`` route); called at step
+        boundaries by the training loop and on the kernel's event loop. Cheap when none waits."""
+        if self._main is not None:
+            self._main.pump()
+
+    @property
+    def sent_on_main(self) -> int:
+        """Updates the main thread sent on the ``main`` route (0 on the ``thread`` route)."""
+        return self._main.sent_on_main if self._main is not None else 0
+
+    def _publish_now(self, frame: Frame) -> None:
         with self._lock:
             if self._closed:
                 return
             self._apply(frame)
 
-    def close(self, frame: Frame) -> None:
-        """Show the final frame as "closed" and stop accepting publishes. Idempotent."""
+    def _close_now(self, frame: Frame) -> None:
         with self._lock:
             if self._closed:
                 return
@@ -243,8 +182,8 @@ class Dashboard:
         A notebook reopened without its kernel cannot draw the widget; front ends then fall back
         to text/html, which shows the last state instead of "Loading widget...".
         """
-        bundle = self._box._repr_mimebundle_(**kwargs)
-        data: dict[str, Any] = dict(bundle[0] if isinstance(bundle, tuple) else bundle)
+        bundle = self._widget._repr_mimebundle_(**kwargs)
+        data: dict[str, Any] = dict((bundle[0] if isinstance(bundle, tuple) else bundle) or {})
         data["text/plain"] = self.summary_text()
         data["text/html"] = self.summary_html()
         return data
@@ -284,33 +223,27 @@ class Dashboard:
             f"<th style='text-align:left;padding:0 8px'>{html.escape(k)}</th>" for k, _ in cells
         )
         val = "".join(f"<td style='padding:0 8px'>{html.escape(v)}</td>" for _, v in cells)
+        charts = charts_svg(frame.series) if frame is not None else ""
         return (
             "<div class='nbmonitor-summary'><b>nbmonitor</b> (static summary of the last update)"
-            f"<table><tr>{row}</tr><tr>{val}</tr></table></div>"
+            f"<table><tr>{row}</tr><tr>{val}</tr></table>{charts}</div>"
         )
 
     # -- internals ------------------------------------------------------------------------------
 
-    def _widgets(self) -> Iterable[widgets.Widget]:
-        yield self._panel
-        yield from self._curves.all_widgets()
-        yield from self._timeline.widgets()
-
     def _apply(self, frame: Frame) -> None:
-        # GPU figures are created first, so the hold below covers their first data too.
-        self._curves.prepare(frame.series, len(frame.devices))
-        with ExitStack() as stack:
-            for w in self._widgets():
-                stack.enter_context(w.hold_sync())
-            self._apply_panel(frame)
-            self._curves.update(frame.series, frame.latest)
-            self._timeline.update(frame.timeline)
+        with self._widget.hold_sync():
+            self._apply_header(frame)
+            for panel in self._panels:
+                state = panel.state(frame)
+                if state is not None:  # unchanged: nothing sent
+                    set_panel(self._widget, panel.name, state)
         self._last = frame
         self.publishes += 1
 
-    def _apply_panel(self, frame: Frame) -> None:
+    def _apply_header(self, frame: Frame) -> None:
         latest = frame.latest
-        panel = self._panel
+        w = self._widget
         header: dict[str, Any] = {
             "run": frame.run,
             "backend": frame.backend,
@@ -323,23 +256,12 @@ class Dashboard:
         for key in _HEADER_KEYS:
             header[key] = _num(latest.get(key))
         header["mfu_note"] = frame.notes.get("mfu")  # why MFU is missing, if it is
-        panel.header = header
-        panel.system = {key: _num(latest.get(key)) for key in _SYSTEM_KEYS}
-        panel.devices = [_json(d) for d in frame.devices]
-        panel.alerts = [_alert(a) for a in frame.alerts]
-        panel.errors = [str(e) for e in frame.errors]
-        if frame.layers is None:
-            panel.layers, panel.layers_grid, panel.layers_steps = {}, b"", b""
-        else:
-            panel.layers, panel.layers_grid, panel.layers_steps = _layers_state(frame.layers)
-
-    def _on_scale(self, key: str, change: Mapping[str, Any]) -> None:
-        with self._lock:
-            self._curves.set_mode(key, str(change["new"]))
-
-    def _on_reset(self) -> None:
-        with self._lock:
-            self._curves.reset_zoom()
+        # A trait set to an equal value sends nothing.
+        w.header = header
+        w.system = {key: _num(latest.get(key)) for key in _SYSTEM_KEYS}
+        w.devices = [jsonable(d) for d in frame.devices]
+        w.alerts = [_alert(a) for a in frame.alerts]
+        w.errors = [str(e) for e in frame.errors]
 
 
 def _throughput_cells(latest: Mapping[str, float]) -> list[tuple[str, str]]:

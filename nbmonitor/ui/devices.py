@@ -72,7 +72,8 @@ def panel_state(frame: DevicesFrame) -> dict[str, object]:
         "gpus": gpus,
         "alerts": [
             {k: v for k, v in dataclasses.asdict(a).items() if k in ("severity", "message", "rule")}
-            for a in reversed(inner.alerts[-ALERTS_SHOWN:])
+            # The backend's notes (NVML missing, a GPU lost) are shown once, as notes.
+            for a in reversed([a for a in inner.alerts if a.rule != "backend"][-ALERTS_SHOWN:])
         ],
         "errors": list(inner.errors),
         "notes": list(frame.notes),

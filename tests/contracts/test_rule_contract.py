@@ -145,6 +145,19 @@ def every_alert() -> list[Alert]:
         "mps_recommended_max_bytes": np.full(n, 100.0),
     }
     alerts += health.check(run.input())
+    # Memory: the step's peak near the limit, allocation retries climbing, memory growing.
+    n = 40
+    run, health = Run(), Health()
+    run.add(40)
+    run.system = {
+        "step": np.arange(10.0, 10.0 + n),
+        "time": np.arange(float(n)),
+        "cuda_allocated_bytes": 1e9 + np.arange(n) * 2.0**22,
+        "cuda_interval_peak_bytes": np.full(n, 76e9),
+        "cuda_total_bytes": np.full(n, 80e9),
+        "cuda_alloc_retries": np.arange(float(n)),
+    }
+    alerts += health.check(run.input())
     alerts += Health().check(HealthInput(step=30, time=0.0, steps={}, ranks=straggling()))
     # Time: input-bound, the optimizer's share, then the steps get 4x slower.
     steps = np.arange(1.0, 121.0)
@@ -191,6 +204,9 @@ def test_every_rule_raises_alerts_whose_subject_is_data() -> None:
     assert {("device_memory", "gpu1"), ("device_memory", "mps")} <= by_rule
     assert ("grad_non_finite", GRAD_NORM) in by_rule
     assert ("straggler", "rank1") in by_rule
+    assert {("memory_peak", "gpu0"), ("alloc_retries", "gpu0"), ("memory_leak", "gpu0")} <= (
+        by_rule
+    )
 
 
 def test_nothing_in_health_reads_an_alert_message() -> None:

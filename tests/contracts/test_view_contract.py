@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from nbmonitor._engine.frame import FrameBuilder, FrameState, RunInfo, View
-from nbmonitor._engine.store import Store
+from nbmonitor._engine.run_model import RunModel
 from nbmonitor.ui.console import ConsoleView
 
 
@@ -20,9 +20,9 @@ def views() -> list[View]:
 
 @pytest.mark.parametrize("rows", [0, 50])
 def test_every_view_takes_frames_and_closes(rows: int) -> None:
-    steps, system = Store(), Store()
-    steps.extend([{"step": float(i), "loss": 1.0 / (i + 1)} for i in range(1, rows + 1)])
-    builder = FrameBuilder(RunInfo("run", "cpu", 10), steps, system)
+    model = RunModel()
+    model.add_step_rows([{"step": float(i), "loss": 1.0 / (i + 1)} for i in range(1, rows + 1)])
+    builder = FrameBuilder(RunInfo("run", "cpu", 10), model)
     for view in views():
         assert isinstance(view.wants_detail, bool)
         detail = view.wants_detail

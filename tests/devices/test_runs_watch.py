@@ -95,3 +95,20 @@ def test_max_runs_follows_the_newest(tmp_path: Path) -> None:
         (tmp_path / f"2026010{i}-000000-r" / "meta.json").write_text("{}")
     rows = RunsWatch(tmp_path, max_runs=2).poll()
     assert [r.name for r in rows] == ["20260103-000000-r", "20260102-000000-r"]
+
+
+def test_hostile_folders_neither_hang_nor_stop_the_others(tmp_path: Path) -> None:
+    good = finish(write_run(tmp_path, "good", 5))
+    fifo = tmp_path / "20990101-000000-fifo"
+    fifo.mkdir()
+    (fifo / "meta.json").write_text("{}")
+    os.mkfifo(fifo / "steps.jsonl")  # open() would block: the reading contract refuses it
+    evil = tmp_path / "20990101-000001-evil"
+    evil.mkdir()
+    (evil / "meta.json").write_text('{"files": {"steps": "../../etc/passwd"}}')
+    (tmp_path / "20990101-000002-loop").mkdir()
+    os.mkfifo(tmp_path / "20990101-000002-loop" / "meta.json")
+    rows = {r.name: r for r in RunsWatch(tmp_path, tail_bytes=10).poll()}
+    assert rows[good.name].step == 5
+    assert rows[fifo.name].step == 0 and rows[fifo.name].last_alert  # says what is wrong
+    assert "20990101-000002-loop" not in rows  # no readable meta.json: not a run

@@ -112,8 +112,7 @@ def test_devices_runs_live_step_and_keys(tmp_path: Path) -> None:
         assert app.since > 0
 
         await pilot.press("slash", "o", "l", "d", "enter")  # type: ignore[attr-defined]
-        table = app.query_one("#runs")
-        await until(pilot, lambda: table.row_count == 1)  # type: ignore[attr-defined]
+        await until(pilot, lambda: len(app.shown_runs()) == 1)
         await pilot.press("enter")  # type: ignore[attr-defined]
         await until(pilot, lambda: app.detail is not None)
         assert app.selected is not None and app.selected.endswith("-old")
@@ -123,8 +122,14 @@ def test_devices_runs_live_step_and_keys(tmp_path: Path) -> None:
         assert app.selected is None
 
         await pilot.press("slash", "backspace", "backspace", "backspace", "enter")  # type: ignore[attr-defined]
-        await until(pilot, lambda: table.row_count == 2)  # type: ignore[attr-defined]
-        await pilot.press("down", "up", "q")  # type: ignore[attr-defined]
+        await until(pilot, lambda: len(app.shown_runs()) == 2)
+        assert app.cursor == 0
+        await pilot.press("down")  # type: ignore[attr-defined]
+        assert app.cursor == 1
+        await pilot.press("down")  # type: ignore[attr-defined]
+        assert app.cursor == 1  # the last row
+        await pilot.press("up", "q")  # type: ignore[attr-defined]
+        assert app.cursor == 0
 
     try:
         drive(app, (250, 70), script)

@@ -1,5 +1,5 @@
 """The ranks panel and the job's console view, fed with a job written to disk (no torch): the
-heatmap reuses the dashboard's widget with its own title, the tables carry the cross-rank view,
+heatmap is the ranks panel's (rows are ranks), the tables carry the cross-rank view,
 and what is synced stays JSON-safe and bounded."""
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import nbmonitor
 from nbmonitor._engine.derive.ranks import RankState
 from nbmonitor._engine.derive.ranks_frame import ranks_frame
 from nbmonitor.replay.job import Job
-from nbmonitor.ui.dashboard import MAX_HEATMAP_COLUMNS
+from nbmonitor.ui.codec import decode
+from nbmonitor.ui.panels.layers import MAX_HEATMAP_COLUMNS
 from nbmonitor.ui.ranks import RanksConsoleView, RanksPanel, status_line
 
 
@@ -29,20 +30,23 @@ def test_the_panel_shows_ranks_by_steps_and_the_tables(tmp_path: pathlib.Path) -
     job = open_job(tmp_path)
     panel = job.dashboard()
     assert isinstance(panel, RanksPanel) and panel.closed
-    state = panel._panel
-    layers = state.layers
+    state = panel.widget
+    assert state.panels == ["ranks"]
+    layers = state.panel_ranks["heat"]
     assert layers["names"] == ["rank0 (node0)", "rank1 (node1)"]
     assert layers["title"].startswith("step_time per rank") and layers["label"] == "step_time"
-    assert (layers["n_layers"], layers["n_steps"]) == (2, 40) and layers["table"] == []
-    grid = np.frombuffer(state.layers_grid, dtype=np.float32).reshape(2, 40)
-    assert np.allclose(grid, 0.05)
+    grid = decode(layers["grid"])
+    assert grid.shape == (2, 40) and np.allclose(grid, 0.05)
     assert state.header["status"] == "closed" and state.header["step"] == 40
     assert state.header["loss"] == 1 / 40  # the median of the ranks' last losses
     assert [a["message"][:26] for a in state.alerts] == ["Rank 1 on node1 is a strag"]
     assert state.system["process_rss_bytes"] == 1e9  # rank 0's host
     assert state.devices == []  # CPU ranks: no GPU cards
-    json.dumps([state.header, state.alerts, layers, state.system], allow_nan=False)
-    html = panel._tables.value
+    tables = {t["field"]: t for t in state.panel_ranks["tables"]}
+    assert set(tables) == {"ranks", "per_step", "summary"}
+    assert len(tables["ranks"]["rows"]) == 2
+    json.dumps([state.header, state.alerts, state.system, tables], allow_nan=False)
+    html = panel._repr_mimebundle_()["text/html"]
     for field in ("ranks", "per_step", "summary"):
         assert f"data-field='{field}'" in html
     assert "phase_data_s" in html and "straggler" in html  # the summary, the rank's flags
@@ -52,10 +56,11 @@ def test_the_panel_shows_ranks_by_steps_and_the_tables(tmp_path: pathlib.Path) -
 
 def test_a_long_job_is_bounded(tmp_path: pathlib.Path) -> None:
     panel = open_job(tmp_path, steps=1000).dashboard()
-    layers = panel._panel.layers
-    assert layers["n_steps"] <= MAX_HEATMAP_COLUMNS
+    layers = panel.widget.panel_ranks["heat"]
+    assert layers["grid"]["shape"][1] <= MAX_HEATMAP_COLUMNS
     assert layers["label"] == "step_time"  # equal step times: nothing to cap
-    assert panel._tables.value.count("<tr>") < 40  # the newest steps only
+    tables = {t["field"]: t for t in panel.widget.panel_ranks["tables"]}
+    assert len(tables["per_step"]["rows"]) < 40  # the newest steps only
 
 
 def test_the_console_view_of_a_job(tmp_path: pathlib.Path) -> None:
@@ -88,9 +93,9 @@ def test_a_slow_first_step_does_not_darken_the_heatmap() -> None:
         state.add_columns(rank, "steps", {"step": np.arange(1.0, 201), "step_time": times})
     panel = RanksPanel("job")
     panel.close(ranks_frame(state, "job", "closed", 2))
-    layers = panel._panel.layers
+    layers = panel.widget.panel_ranks["heat"]
     assert "capped at the 99th percentile" in layers["label"]
-    grid = np.frombuffer(panel._panel.layers_grid, dtype=np.float32)
+    grid = decode(layers["grid"])
     assert grid.max() < 1.0  # the warm-up step no longer sets the scale
 
 
@@ -103,7 +108,7 @@ def test_each_ranks_gpu_is_a_gauge_card() -> None:
         state.add_columns(rank, "system", {"step": np.arange(3.0), f"gpu{rank}_util_percent": util})
     panel = RanksPanel("job")
     panel.close(ranks_frame(state, "job", "closed", 2))
-    devices = panel._panel.devices
+    devices = panel.widget.devices
     assert [d["name"] for d in devices] == ["rank0 (gpu-node)", "rank1 (gpu-node)"]
     assert [d["util_percent"] for d in devices] == [90.0, 91.0]
     assert devices[0]["temperature_c"] is None  # not measured: null, never NaN

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import nbmonitor
-from nbmonitor.replay.job import Job, JobFollow
+from nbmonitor.replay import Follow, Job
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = pathlib.Path(__file__).with_name("ddp_train.py")
@@ -57,7 +57,7 @@ def test_torchrun_two_ranks(tmp_path: pathlib.Path) -> None:
     job_dir = runs / f"{job_id}-DistributedDataParallel"
     # Followed from here while it runs, as a notebook's nbmonitor.tail(job_dir) would.
     view = Recorder()
-    follow = JobFollow(job_dir, [view], interval=0.2)
+    follow = Follow(job_dir, [view], interval=0.2, job=True)
     follow.start()
     try:
         proc = subprocess.run(

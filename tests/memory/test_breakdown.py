@@ -181,3 +181,19 @@ def test_to_pandas() -> None:
     got = breakdown(model3(), None).to_pandas()
     assert isinstance(got, pd.DataFrame)
     assert got["bytes"].sum() == (N0 + N2) * 4
+
+
+def test_live_and_replayed_frames_say_the_same_headroom(tmp_path) -> None:
+    model = model3()
+    opt = torch.optim.Adam(model.parameters())
+    with nbmonitor.attach(model, opt, run_dir=tmp_path, display=False, interval=0.05) as mon:
+        for _ in range(5):
+            one_step(model, opt)
+            opt.zero_grad()
+        mon.flush()
+        live = mon.frame().latest
+    replayed = nbmonitor.open(mon.run_dir).frame().latest
+    assert live["batch_size"] == replayed["batch_size"] == 8
+    assert live["memory_limit_bytes"] > 0 and "batch_fits" in live and "batch_fits" in replayed
+    # The estimate's fixed part is the breakdown's: the same breakdown live and replayed.
+    assert nbmonitor.open(mon.run_dir).memory() is not None

@@ -2,9 +2,9 @@
 
 Starts JupyterLab on 127.0.0.1 with a random port and token and private Jupyter dirs, runs every
 cell of a copy of notebooks/01-quickstart.ipynb, and checks what a user sees: the dashboard
-renders, its step counter and the loss curve grow while the training cell runs, and the
-console has no nbmonitor errors. A screenshot is always written to test-artifacts/ (it is the
-README picture, docs/dashboard.png), and a full-page one on failure.
+renders, its step counter grows and its loss chart (a canvas) changes while the training cell
+runs, and the browser logs no errors or warnings. A screenshot is always written to
+test-artifacts/ (it is the README picture, docs/dashboard.png), and a full-page one on failure.
 """
 
 from __future__ import annotations
@@ -152,21 +152,29 @@ def lab(tmp_path: Path) -> Iterator[tuple[str, Path]]:
         yield f"{base}/lab/tree/{NOTEBOOK}?token={token}", log
 
 
-_LOSS_PATH_JS = """() => {
-  const figs = [...document.querySelectorAll('.bqplot.figure')]
-    .filter(f => f.querySelector('.mainheading')?.textContent?.trim() === 'Loss');
-  const path = figs[0]?.querySelector('path.line');
-  return path ? path.getAttribute('d') ?? '' : '';
+# Whether a chart's canvas is painted (uPlot draws into one 2D canvas per chart): 1 when it
+# differs from a blank canvas of its size, else 0. toDataURL rather than getImageData, whose
+# repeated readbacks make Chromium log a performance warning.
+_INK_JS = """(c) => {
+  const blank = document.createElement('canvas');
+  blank.width = c.width;
+  blank.height = c.height;
+  return c.width > 0 && c.height > 0 && c.toDataURL() !== blank.toDataURL() ? 1 : 0;
 }"""
+LOSS_CANVAS = ".nbm-root [data-chart=loss] canvas"
 
 
-def _loss_path(page: Any) -> str:
-    """The raw loss line's SVG path: bqplot draws a Lines mark as one path, M then L..."""
-    return str(page.evaluate(_LOSS_PATH_JS))
+def chart_ink(page: Any, selector: str = LOSS_CANVAS) -> int:
+    """1 when the first canvas matching ``selector`` is painted, else 0 (also without one)."""
+    canvas = page.locator(selector).first
+    if not canvas.count():
+        return 0
+    return int(canvas.evaluate(_INK_JS))
 
 
-def _points(d: str) -> int:
-    return len(re.findall(r"[ML]", d))
+def chart_png(page: Any, selector: str = ".nbm-root [data-chart=loss]") -> bytes:
+    """A screenshot of one chart: two of them differ when the chart was redrawn."""
+    return bytes(page.locator(selector).first.screenshot())
 
 
 def _step(page: Any) -> int:
@@ -176,14 +184,23 @@ def _step(page: Any) -> int:
 
 
 IDLE = ".jp-Notebook-ExecutionIndicator[data-status='idle']"
-OUR_ERRORS = re.compile(r"nbmonitor|nbm-|anywidget|bqplot", re.I)
+OUR_ERRORS = re.compile(r"nbmonitor|nbm-|anywidget|bqplot|uplot", re.I)
 
 
-def open_page(playwright: Any, console_errors: list[str]) -> tuple[Any, Any]:
-    """Debian's headless chromium with one tall page whose console errors are collected."""
+def open_page(
+    playwright: Any, console_errors: list[str], viewport: tuple[int, int] = (1400, 2600)
+) -> tuple[Any, Any]:
+    """Debian's headless chromium with one page whose console errors and warnings are kept."""
     browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=BROWSER_ARGS)
-    page = browser.new_page(viewport={"width": 1400, "height": 2600})
-    page.on("console", lambda msg: console_errors.append(msg.text) if msg.type == "error" else None)
+    page = browser.new_page(viewport={"width": viewport[0], "height": viewport[1]})
+    page.on(
+        "console",
+        lambda msg: (
+            console_errors.append(f"{msg.type}: {msg.text}")
+            if msg.type in ("error", "warning")
+            else None
+        ),
+    )
     page.on("pageerror", lambda exc: console_errors.append(f"pageerror: {exc}"))
     page.set_default_timeout(60_000)
     return browser, page
@@ -251,13 +268,35 @@ def interrupt_and_close(page: Any) -> None:
     page.wait_for_timeout(1_500)  # let the last frame's curves draw
 
 
+# The hosts' own console noise, matched whole, that no notebook cell causes: Notebook 7 logs
+# these on every page load (its menus, its collaborative document model, and the "schema" race
+# that run_all() works around). Anything else, an error or a warning, fails the test.
+HOST_NOISE = re.compile(
+    r"warning: \[yjs#509\] Not same Y\.Doc"
+    r"|warning: Menu entry for command '[\w:-]+' is duplicated\."
+    r"|pageerror: Cannot read properties of undefined \(reading 'schema'\)"
+)
+
+
+def assert_console_clean(console_errors: list[str]) -> None:
+    """No error and no warning in the browser's console but the hosts' known noise."""
+    left = [e for e in console_errors if not HOST_NOISE.fullmatch(e)]
+    assert not left, left
+
+
 def assert_rendered_cleanly(page: Any, console_errors: list[str]) -> None:
     body = page.locator("body").inner_text()
     assert "Error displaying widget" not in body
     assert "Loading widget" not in body
-    assert page.locator(".bqplot.figure").count() >= 4
-    ours = [e for e in console_errors if OUR_ERRORS.search(e)]
-    assert not ours, ours
+    assert page.locator(".jp-OutputArea .bqplot.figure").count() == 0  # our own charts only
+    # The training tab's charts are drawn: loss, learning rate, gradient norm, step time, ...
+    painted = page.evaluate(
+        f"""() => [...document.querySelectorAll(
+              '.nbm-root .nbm-panel[data-panel=training] .nbm-chart:not([hidden]) canvas')]
+            .map({_INK_JS})"""
+    )
+    assert len(painted) >= 4 and all(n > 0 for n in painted), painted
+    assert_console_clean(console_errors)
 
 
 def check_package(env: dict[str, str], cwd: Path) -> None:
@@ -300,32 +339,38 @@ def test_quickstart_dashboard_is_live(lab: tuple[str, Path]) -> None:
             page.wait_for_selector(IDLE, timeout=120_000)
             run_all(page)
             wait_for_live_step(page)
-            # The loss curve has drawn a few points (the first frames may precede any step).
+            # The loss chart has drawn (the first frames may precede any step).
             page.wait_for_function(
-                f"() => (({_LOSS_PATH_JS})().match(/[ML]/g) ?? []).length >= 2", timeout=120_000
+                f"() => {{ const c = document.querySelector('{LOSS_CANVAS}');"
+                f" return c && ({_INK_JS})(c) > 0; }}",
+                timeout=120_000,
             )
-            step1, path1 = _step(page), _loss_path(page)
+            step1, png1 = _step(page), chart_png(page)
             page.wait_for_timeout(2_500)
-            step2, path2 = _step(page), _loss_path(page)
+            step2, png2 = _step(page), chart_png(page)
             status = page.locator(".nbm-root [data-field=status]").first.inner_text()
-            reads = f"step {step1} -> {step2}, points {_points(path1)} -> {_points(path2)}"
+            reads = f"step {step1} -> {step2}"
             assert status in ("running", "degraded"), status
             assert step2 < STEPS, f"the training cell finished before the second read: {reads}"
             assert 0 < step1 < step2, reads
-            if _points(path1) < 1_900:
-                assert 0 < _points(path1) < _points(path2), reads
-            else:  # past ~2,000 steps the engine decimates: the count stays, the curve moves
-                assert path1 != path2, reads
+            assert png1 != png2, f"the loss chart did not change between two reads ({reads})"
 
             # Don't wait for the whole run: a loaded CI box can be slow.
             interrupt_and_close(page)
             assert_rendered_cleanly(page, console_errors)
             assert _step(page) >= step2
+            # The layout fits a laptop screen: header, gauges, tabs and the training charts
+            # within 800 px.
+            box = page.locator(".nbm-root").first.bounding_box()
+            assert box is not None and box["height"] < 800, box
             # The per-layer panel: a drawn heatmap and one table row per parameter (4 Linear).
+            page.locator(".nbm-root .nbm-tab[data-tab=layers]").first.click()
             canvas = page.locator(".nbm-root .nbm-heatmap-canvas").first
             assert canvas.evaluate("c => c.width * c.height") > 0
             assert page.locator(".nbm-root .nbm-table tbody tr").count() == 8
 
+            page.locator(".nbm-root .nbm-tab[data-tab=training]").first.click()
+            page.wait_for_timeout(500)
             output = page.locator(".jp-OutputArea-output:has(.nbm-root)").first
             output.scroll_into_view_if_needed()
             output.screenshot(path=str(ARTIFACTS / "dashboard.png"))
@@ -376,14 +421,16 @@ def test_runs_notebook_tails_replays_and_compares(tmp_path: Path) -> None:
                 ".some(h => h.textContent.trim() === 'loss by run')",
                 timeout=300_000,
             )
+            # Both dashboards (the tail and the replay) drew their loss chart.
+            inks = [int(c.evaluate(_INK_JS)) for c in page.locator(LOSS_CANVAS).all()]
+            assert len(inks) == 2 and all(inks), inks
             page.wait_for_selector(IDLE, timeout=120_000)
             statuses = page.locator(".nbm-root [data-field=status]").all_inner_texts()
             assert len(statuses) == 2 and set(statuses) == {"closed"}, statuses
             assert page.locator(".jp-OutputArea-output table").count() >= 1  # list_runs
             body = page.locator("body").inner_text()
             assert "Error displaying widget" not in body and "Traceback" not in body
-            ours = [e for e in console_errors if OUR_ERRORS.search(e)]
-            assert not ours, ours
+            assert_console_clean(console_errors)
             page.screenshot(path=str(ARTIFACTS / "runs.png"), full_page=True)
             last = page.locator(".jp-OutputArea-output").last
             last.scroll_into_view_if_needed()
@@ -437,16 +484,15 @@ def test_ranks_notebook_tails_a_two_rank_job(tmp_path: Path) -> None:
             assert _step(page) > first
             canvas = page.locator(".nbm-root .nbm-heatmap-canvas").last
             assert canvas.evaluate("c => c.width * c.height") > 0
-            title = page.locator(".nbm-root .nbm-section-title").last.inner_text()
-            assert title.startswith("step_time per rank"), title
+            titles = page.locator(".nbm-root .nbm-ranks .nbm-section-title").all_text_contents()
+            assert any(t.startswith("step_time per rank") for t in titles), titles
             rows = page.locator("table.nbm-ranks-table[data-field=ranks]").last
             assert rows.locator("tbody tr").count() == 2
             alerts = page.locator(".nbm-root .nbm-alerts").last.inner_text()
             assert "Rank 1 on" in alerts and "straggler" in alerts, alerts
             body = page.locator("body").inner_text()
             assert "Error displaying widget" not in body and "Traceback" not in body
-            ours = [e for e in console_errors if OUR_ERRORS.search(e)]
-            assert not ours, ours
+            assert_console_clean(console_errors)
             last = page.locator(".jp-OutputArea-output:has(.nbm-root)").last
             last.scroll_into_view_if_needed()
             page.wait_for_timeout(500)

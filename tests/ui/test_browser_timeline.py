@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 from tests.ui.test_browser import (
+    _INK_JS,
     ARTIFACTS,
     IDLE,
-    OUR_ERRORS,
+    assert_console_clean,
     goto_notebook,
     jupyter_server,
     open_page,
@@ -24,7 +25,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 NOTEBOOK = "05-where-the-time-goes.ipynb"
 
-_HEADINGS_JS = """() => [...document.querySelectorAll('.bqplot.figure .mainheading')]
+_HEADINGS_JS = """() => [...document.querySelectorAll('.nbm-root .nbm-chart-title')]
   .map(h => h.textContent.trim())"""
 
 
@@ -52,23 +53,21 @@ def test_timeline_notebook_renders_the_timeline(tmp_path: Path) -> None:
             page.wait_for_timeout(1_500)  # the closed dashboards' last frames draw
             headings = page.evaluate(_HEADINGS_JS)
             for title in (
-                "Step phases (s per step)",
+                "Step phases (per step)",
                 "Last steps: phases and spans",
-                "Step time (s)",
+                "Step time",
                 "Samples/s",
             ):
                 # one per dashboard: slow data, data ready, throughput
                 assert headings.count(title) == 3, (title, headings)
-            # The stacked phases are drawn (a path per phase with points), and the gantt's bars.
+            # The stacked phases and the gantt are drawn in their canvases.
             drawn = page.evaluate(
-                """() => [...document.querySelectorAll('.bqplot.figure')]
-                  .filter(f => f.querySelector('.mainheading')?.textContent?.trim()
-                               === 'Step phases (s per step)')
-                  .map(f => [...f.querySelectorAll('path.line')]
-                            .filter(p => (p.getAttribute('d') ?? '').length > 20).length)"""
+                f"""() => [...document.querySelectorAll(
+                      '.nbm-root [data-chart=phases] canvas, .nbm-root [data-chart=gantt] canvas')]
+                    .map({_INK_JS})"""
             )
-            assert all(n >= 5 for n in drawn), drawn
-            tables = page.locator("table.nbmonitor-timeline-summary")
+            assert len(drawn) == 6 and all(n > 0 for n in drawn), drawn
+            tables = page.locator("table.nbm-timeline-summary")
             assert tables.count() == 3
             # text_content: JupyterLab may have stopped rendering a cell scrolled out of view.
             first = tables.first.text_content() or ""
@@ -76,9 +75,8 @@ def test_timeline_notebook_renders_the_timeline(tmp_path: Path) -> None:
             body = page.evaluate("() => document.body.textContent")  # off-screen cells too
             assert "[input_bound] Input-bound:" in body
             assert "Error displaying widget" not in body and "Traceback" not in body
-            ours = [e for e in console_errors if OUR_ERRORS.search(e)]
-            assert not ours, ours
-            timeline = page.locator(".jp-OutputArea-output:has(table.nbmonitor-timeline-summary)")
+            assert_console_clean(console_errors)
+            timeline = page.locator(".jp-OutputArea-output:has(table.nbm-timeline-summary)")
             timeline.first.scroll_into_view_if_needed()
             timeline.first.screenshot(path=str(ARTIFACTS / "timeline.png"))
         except BaseException:

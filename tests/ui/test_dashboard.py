@@ -1,7 +1,8 @@
 """The notebook dashboard, driven with hand-made Frames (no engine, no kernel).
 
 What a publish sends is measured where ipywidgets hands it to the comm (``Widget._send``): the
-JSON part plus the binary buffers (bqplot arrays, the heatmap), which is what crosses the wire.
+JSON part plus the binary buffers (the curves and the heatmap in the codec), which is what
+crosses the wire.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import pytest
 from nbmonitor._engine.frame import Alert, Frame, LayerFrame, Series
 from nbmonitor._engine.store import Store
 from nbmonitor.ui import Dashboard, in_notebook
-from nbmonitor.ui.dashboard import MAX_HEATMAP_CELLS, bound_heatmap
+from nbmonitor.ui.codec import decode
+from nbmonitor.ui.panels.layers import MAX_HEATMAP_CELLS, bound_heatmap
 
 
 @dataclass
@@ -54,6 +56,12 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> Iterator[Sent]:
 
     monkeypatch.setattr(ipywidgets.Widget, "_send", _send)
     yield record
+
+
+def curve(dash: Dashboard, panel: str, key: str) -> tuple[np.ndarray, np.ndarray]:
+    """The (x, y) of one curve as the widget holds it."""
+    state = getattr(dash.widget, f"panel_{panel}")["series"][key]
+    return decode(state["x"]), decode(state["y"])
 
 
 def make_frame(
@@ -96,30 +104,30 @@ def make_frame(
     )
 
 
-def test_publish_updates_panel_and_marks(sent: Sent) -> None:
+def test_publish_updates_the_header_and_the_panels(sent: Sent) -> None:
     dash = Dashboard("test-run", "cpu", 1000)
     dash.publish(make_frame(100))
-    panel = dash._panel
-    assert panel.header["step"] == 100
-    assert panel.header["loss"] == 0.5
-    assert panel.header["best_loss"] == 0.25
-    assert panel.header["status"] == "running"
-    assert panel.system["cpu_percent"] == 37.0
-    loss = dash._curves.figures["loss"].lines[0].mark
-    assert loss.x.dtype == np.float32 and len(loss.x) == 100
-    np.testing.assert_allclose(loss.y[:3], [1.0, 0.5, 1.0 / 3], rtol=1e-6)
-    # Figures appear once they have data: loss and CPU, not learning rate (no lr series).
-    shown = {k for k, f in dash._curves.figures.items() if f.figure in dash._curves.grid.children}
-    assert shown == {"loss", "cpu"}
-    # One message per changed widget, the panel's carrying every changed trait at once.
-    ids = [mid for mid, _, _ in sent.messages]
-    assert len(ids) == len(set(ids))
-    assert {"header", "system"} <= set(sent.states(panel.model_id)[0])
+    w = dash.widget
+    assert w.header["step"] == 100
+    assert w.header["loss"] == 0.5
+    assert w.header["best_loss"] == 0.25
+    assert w.header["status"] == "running"
+    assert w.system["cpu_percent"] == 37.0
+    assert w.panels == ["training", "system", "layers", "timeline"]
+    x, y = curve(dash, "training", "loss")
+    assert y.dtype == np.float32 and len(x) == 100
+    np.testing.assert_allclose(y[:3], [1.0, 0.5, 1.0 / 3], rtol=1e-6)
+    # Only the series the frame has: no empty "Learning rate" without an optimizer.
+    assert set(w.panel_training["series"]) == {"loss", "loss_smooth"}
+    assert set(w.panel_system["series"]) == {"cpu_percent"}
+    # One message for the whole publish, carrying every changed trait at once.
+    assert len(sent.messages) == 1
+    assert {"header", "system", "panel_training", "panel_system"} <= set(sent.states(w.model_id)[0])
 
     sent.clear()
     dash.publish(make_frame(101))
-    assert panel.header["step"] == 101
-    assert len(dash._curves.figures["loss"].lines[0].mark.x) == 101
+    assert w.header["step"] == 101
+    assert len(curve(dash, "training", "loss")[0]) == 101
 
 
 def test_nan_is_sent_as_null(sent: Sent) -> None:
@@ -127,20 +135,26 @@ def test_nan_is_sent_as_null(sent: Sent) -> None:
     frame = make_frame(10)
     frame.latest["loss"] = float("nan")
     dash.publish(replace(frame, eta_s=float("inf")))
-    assert dash._panel.header["loss"] is None
-    assert dash._panel.header["eta_s"] is None
+    assert dash.widget.header["loss"] is None
+    assert dash.widget.header["eta_s"] is None
     assert sent.nbytes > 0  # json.dumps(allow_nan=False) accepted every message
 
 
-def test_unchanged_series_are_not_resent(sent: Sent) -> None:
+def test_unchanged_panels_are_not_resent(sent: Sent) -> None:
     dash = Dashboard("r", "cpu", None)
     frame = make_frame(50)
     dash.publish(frame)
     sent.clear()
     dash.publish(frame)
-    marks = {ln.mark.model_id for f in dash._curves.figures.values() for ln in f.lines}
-    assert not [m for m in sent.messages if m[0] in marks]
+    assert not [k for st in sent.states(dash.widget.model_id) for k in st if "panel" in k]
     assert sent.nbytes < 2_000
+    # Training paused, the machine still sampled: only the system panel is sent.
+    x = np.arange(51, dtype=np.float64)
+    series = dict(frame.series, cpu_percent=Series(x, np.full(51, 40.0)))
+    sent.clear()
+    dash.publish(replace(frame, series=series))
+    keys = {k for st in sent.states(dash.widget.model_id) for k in st}
+    assert "panel_system" in keys and "panel_training" not in keys
 
 
 def _store_frame(n: int, spike_at: int) -> Frame:
@@ -180,13 +194,11 @@ def test_publish_payload_is_bounded(sent: Sent, n: int) -> None:
     frame = _store_frame(n, spike_at=n // 3)
     dash = Dashboard("r", "cpu", None)
     dash.publish(frame)
-    # 11 lines x (x + y) x <= ~2,002 points x 4 bytes, plus JSON: bounded whatever n is.
-    assert sent.nbytes < 200_000, sent.nbytes
+    # 13 curves x (x + y) x <= ~2,002 points x 4 bytes, plus JSON: bounded whatever n is.
+    assert sent.nbytes < 230_000, sent.nbytes
     # The spike survives decimation into what the browser receives.
-    loss_mark = dash._curves.figures["loss"].lines[0].mark
-    assert float(loss_mark.y.max()) == pytest.approx(50.0)
-    loss_id = loss_mark.model_id
-    buffers = [b for mid, _, bufs in sent.messages if mid == loss_id for b in bufs]
+    assert float(curve(dash, "training", "loss")[1].max()) == pytest.approx(50.0)
+    buffers = [b for _, _, bufs in sent.messages for b in bufs]
     assert any(np.frombuffer(b, dtype=np.float32).max() == pytest.approx(50.0) for b in buffers)
 
 
@@ -195,12 +207,12 @@ def test_close_shows_closed_and_ignores_later_publishes(sent: Sent) -> None:
     dash.publish(make_frame(10))
     dash.close(make_frame(20))  # status "running" in the frame: close marks it closed
     assert dash.closed
-    assert dash._panel.header["status"] == "closed"
-    assert dash._panel.header["step"] == 20
+    assert dash.widget.header["status"] == "closed"
+    assert dash.widget.header["step"] == 20
     sent.clear()
     dash.publish(make_frame(30))
     dash.close(make_frame(40))
-    assert dash._panel.header["step"] == 20
+    assert dash.widget.header["step"] == 20
     assert sent.messages == []
     assert "closed" in dash.summary_text()
 
@@ -217,35 +229,23 @@ def test_repr_mimebundle_has_static_summary() -> None:
     html = bundle["text/html"]
     assert "123 / 1000" in html and "0.5" in html and "running" in html
     assert "<script" not in html
+    # The static fallback draws the main curves (nbviewer and GitHub show no widget).
+    assert "<svg" in html and "loss: " in html
 
 
-def test_dashboard_widget_composes_panel_controls_and_curves() -> None:
+def test_the_dashboard_is_one_anywidget_with_the_built_front_end() -> None:
     dash = Dashboard("r", "cpu", None)
-    box = dash.widget
-    assert isinstance(box, ipywidgets.VBox)
-    assert box.children[0] is dash._panel
-    assert box.children[2] is dash._curves.grid
-    # The panel's ESM is the built bundle, not the "not built" fallback.
-    assert "not built" not in dash._panel._esm
-    assert len(dash._panel._esm) > 1_000
-
-
-def test_scale_toggle_switches_log_and_linear() -> None:
-    dash = Dashboard("r", "cpu", None)
-    curves = dash._curves
-    assert curves.mode("loss") == "linear" and curves.mode("grad_norm") == "log"
-    dash._scale_toggles["loss"].value = "log"
-    assert curves.mode("loss") == "log"
-    fig = curves.figures["loss"]
-    assert all(type(ln.mark.scales["y"]).__name__ == "LogScale" for ln in fig.lines)
-    assert fig.panzoom.scales["y"][0] is fig.y_axis.scale
-    dash._scale_toggles["grad_norm"].value = "linear"
-    assert curves.mode("grad_norm") == "linear"
-    # PanZoom is the figures' interaction (drag to pan, wheel to zoom), and reset clears it.
-    assert type(fig.figure.interaction).__name__ == "PanZoom"
-    curves.x_scale.min, curves.x_scale.max = 10.0, 20.0
-    curves.reset_zoom()
-    assert curves.x_scale.min is None and curves.x_scale.max is None
+    w = dash.widget
+    assert type(w).__name__ == "DashboardWidget"
+    assert {f"panel_{n}" for n in ("training", "system", "layers", "timeline", "ranks")} <= set(
+        w.keys
+    )
+    # The ESM is the built bundle (uPlot inside), not the "not built" fallback, and nothing in
+    # it is fetched at run time.
+    esm = str(w._esm)
+    assert "not built" not in esm and len(esm) > 20_000
+    assert "https://" not in esm.replace("https://github.com/leeoniya/uPlot", "")
+    assert "export{" in esm.replace(" ", "") or "export default" in esm
 
 
 def test_gpu_gauges_and_figures(sent: Sent) -> None:
@@ -270,20 +270,19 @@ def test_gpu_gauges_and_figures(sent: Sent) -> None:
     frame = make_frame(20, series=series, devices=(device, device))
     frame.latest.update({"gpu0_mem_total_bytes": 80e9, "energy_per_step_j": 6.0})
     dash.publish(frame)
-    assert dash._panel.devices[0]["name"] == "H100"
-    assert dash._panel.devices[0]["temperature_c"] is None
-    assert dash._panel.system["energy_per_step_j"] == 6.0
-    gpu0 = dash._curves.figures["gpu0"]
-    np.testing.assert_allclose(gpu0.lines[1].mark.y, 50.0)  # memory as % of total
-    assert "gpu1" in dash._curves.figures
-    assert gpu0.figure in dash._curves.grid.children
+    assert dash.widget.devices[0]["name"] == "H100"
+    assert dash.widget.devices[0]["temperature_c"] is None
+    assert dash.widget.system["energy_per_step_j"] == 6.0
+    np.testing.assert_allclose(curve(dash, "system", "gpu0_mem_used_bytes")[1], 50.0)  # % of total
+    assert dash.widget.panel_system["notes"]["devices"] == [0, 1]
+    assert "gpu1_util_percent" in dash.widget.panel_system["series"]
 
 
 def test_alerts_and_errors_reach_the_panel() -> None:
     dash = Dashboard("r", "cpu", None)
     alert = Alert("vanishing", "warning", "Gradients vanish", 12, 1.0, ("fc1", "fc2"))
     dash.publish(make_frame(20, alerts=(alert,), errors=("sampler: boom",)))
-    assert dash._panel.alerts == [
+    assert dash.widget.alerts == [
         {
             "rule": "vanishing",
             "severity": "warning",
@@ -292,14 +291,14 @@ def test_alerts_and_errors_reach_the_panel() -> None:
             "layers": ["fc1", "fc2"],
         }
     ]
-    assert dash._panel.errors == ["sampler: boom"]
+    assert dash.widget.errors == ["sampler: boom"]
     assert "Gradients vanish" in dash.summary_html()
 
 
 def test_layers_panel_data_is_sent_binary(sent: Sent) -> None:
     dash = Dashboard("r", "cpu", None)
     dash.publish(make_frame(10))
-    assert dash._panel.layers == {} and dash._panel.layers_grid == b""
+    assert dash.widget.panel_layers == {}
     grid = np.log10(np.array([[1.0, 2.0, np.nan], [10.0, 20.0, 30.0]]))
     layers = LayerFrame(
         names=("fc1.weight", "fc2.weight"),
@@ -316,18 +315,17 @@ def test_layers_panel_data_is_sent_binary(sent: Sent) -> None:
     )  # fmt: skip
     sent.clear()
     dash.publish(make_frame(11, layers=layers))
-    meta = dash._panel.layers
+    meta = dash.widget.panel_layers
     assert meta["names"] == ["fc1.weight", "fc2.weight"]
-    assert (meta["n_layers"], meta["n_steps"]) == (2, 3)
+    assert meta["grid"]["shape"] == [2, 3] and meta["grid"]["dtype"] == "float32"
     assert meta["table"][0]["shape"] == [4, 8]
     assert meta["table"][0]["update_ratio"] is None
     assert meta["table"][1]["flags"] == ["exploding"]
-    decoded = np.frombuffer(dash._panel.layers_grid, dtype=np.float32).reshape(2, 3)
-    np.testing.assert_allclose(decoded, grid, rtol=1e-6)
-    np.testing.assert_array_equal(np.frombuffer(dash._panel.layers_steps), [1.0, 2.0, 3.0])
+    np.testing.assert_allclose(decode(meta["grid"]), grid, rtol=1e-6)
+    np.testing.assert_array_equal(decode(meta["steps"]), [1.0, 2.0, 3.0])
     # The grid travels as a binary buffer, not as JSON numbers.
-    (_, msg, buffers) = next(m for m in sent.messages if m[0] == dash._panel.model_id)
-    assert "layers_grid" in msg["buffer_paths"][0] or ["layers_grid"] in msg["buffer_paths"]
+    (_, msg, buffers) = next(m for m in sent.messages if m[0] == dash.widget.model_id)
+    assert ["panel_layers", "grid", "view"] in msg["buffer_paths"]
     assert any(memoryview(b).nbytes == 2 * 3 * 4 for b in buffers)
 
 

@@ -52,7 +52,7 @@ def test_console_shows_tokens_tflops_and_mfu() -> None:
 def test_dashboard_header_carries_throughput_and_the_mfu_note() -> None:
     dash = Dashboard("r", "cpu", None)
     dash.publish(frame({"mfu": NOTE}, tokens_per_s=512.0, tflops_per_s=0.002, mfu_percent=math.nan))
-    header: dict[str, Any] = dash._panel.header
+    header: dict[str, Any] = dash.widget.header
     assert header["tokens_per_s"] == 512.0
     assert header["tflops_per_s"] == 0.002
     assert header["mfu_percent"] is None  # NaN travels as null

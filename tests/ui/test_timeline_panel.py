@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 from tests.ui.test_dashboard import Sent, make_frame, sent  # noqa: F401  (the fixture)
 
 from nbmonitor._engine.frame import GanttBar, Series, TimelineFrame
 from nbmonitor.ui import Dashboard
+from nbmonitor.ui.codec import decode
+from nbmonitor.ui.panels.timeline import MAX_BARS
 
 PHASES = ("data", "forward", "backward", "other", "optimizer")
 
@@ -28,37 +32,40 @@ def timeline(n: int = 50) -> TimelineFrame:
     return TimelineFrame(PHASES, np.arange(1.0, n + 1), seconds, gantt, summary)
 
 
-def test_the_timeline_shows_stacked_phases_a_gantt_and_the_summary(sent: Sent) -> None:  # noqa: F811
+def test_the_timeline_sends_phases_a_gantt_and_the_summary(sent: Sent) -> None:  # noqa: F811
     dash = Dashboard("r", "cpu", None)
     dash.publish(make_frame(10))
-    panel = dash._timeline
-    assert panel.box.layout.display == "none"  # no phases, no spans: hidden
+    assert dash.widget.panel_timeline == {}  # no phases, no spans: nothing to show
     dash.publish(make_frame(50, timeline=timeline()))
-    assert panel.box.layout.display is None
-    # Stacked: each phase's line is the sum of it and the phases before it.
-    tops = {name: mark.y for name, mark in panel._stack.items()}
-    np.testing.assert_allclose(tops["data"], 0.05, rtol=1e-6)
-    np.testing.assert_allclose(tops["forward"], 0.06, rtol=1e-6)
-    np.testing.assert_allclose(tops["optimizer"], 0.085, rtol=1e-6)
-    assert panel._stack["data"].x.dtype == np.float32 and len(panel._stack["data"].x) == 50
-    # The gantt: four bars in ms on three tracks, named where wide enough.
-    np.testing.assert_allclose(panel._bars.x[0], [0.0, 50.0], rtol=1e-6)
-    assert list(panel._bars.y[:, 0]) == [0.0, 0.0, 1.0, 2.0]
-    assert list(panel._tracks.text) == ["phases", "spans", "spans depth 1"]
-    assert "forward" not in panel._names.text and "data" in panel._names.text
-    # The summary table: Oumi's columns, times in ms, NaN as a dash.
-    table = panel.table.value
-    for column in ("count", "mean", "median", "std", "min", "max", "total", "% of run"):
-        assert f"<th>{column}</th>" in table
-    assert "data (phase)" in table and "50 ms" in table and "58.6 %" in table and "–" in table
+    state = dash.widget.panel_timeline
+    assert state["phases"] == list(PHASES)
+    seconds = decode(state["seconds"])
+    assert seconds.shape == (5, 50) and seconds.dtype == np.float32
+    np.testing.assert_allclose(seconds[:, 0], [0.05, 0.01, 0.02, 0.001, 0.004], rtol=1e-6)
+    np.testing.assert_array_equal(decode(state["steps"]), np.arange(1.0, 51))
+    # The gantt: [track, name, step, start s, duration s], in order.
+    assert state["gantt"][0] == ["phases", "data", 49, 0.0, 0.05]
+    assert [b[0] for b in state["gantt"]] == ["phases", "phases", "spans", "spans depth 1"]
+    # The summary rows, NaN as null.
+    assert state["summary"][0]["name"] == "data" and state["summary"][0]["percent"] == 58.6
+    assert state["summary"][1]["percent"] is None
+    json.dumps(state["summary"], allow_nan=False)
     # The same timeline again sends nothing for the panel.
     sent.clear()
     dash.publish(make_frame(51, timeline=timeline()))
-    ids = {mid for mid, _, _ in sent.messages}
-    assert not ids & {w.model_id for w in panel.widgets()}
+    assert not [k for st in sent.states(dash.widget.model_id) for k in st if k == "panel_timeline"]
 
 
-def test_step_time_is_a_median_with_a_band_and_throughput_has_its_own_chart(
+def test_the_gantt_is_bounded() -> None:
+    bars = tuple(GanttBar("phases", "data", i, i * 0.1, 0.05) for i in range(1_000))
+    dash = Dashboard("r", "cpu", None)
+    timeline = TimelineFrame(PHASES, np.zeros(0), np.zeros((5, 0)), bars)
+    dash.publish(make_frame(50, timeline=timeline))
+    gantt = dash.widget.panel_timeline["gantt"]
+    assert len(gantt) == MAX_BARS and gantt[-1][2] == 999  # the newest bars
+
+
+def test_step_time_is_a_median_with_its_band_and_throughput_is_sent(
     sent: Sent,  # noqa: F811
 ) -> None:
     x = np.arange(10.0, 60.0)
@@ -70,17 +77,11 @@ def test_step_time_is_a_median_with_a_band_and_throughput_has_its_own_chart(
     }
     dash = Dashboard("r", "cpu", None)
     dash.publish(make_frame(60, series=series))
-    figures = dash._curves.figures
-    band, median = figures["step_time"].lines
-    assert band.mark.fill == "between" and band.mark.y.shape == (2, 50)
-    np.testing.assert_allclose(band.mark.y[:, 0], [0.08, 0.5], rtol=1e-6)
-    np.testing.assert_allclose(median.mark.y, 0.1, rtol=1e-6)
-    throughput = figures["throughput"]
-    assert [ln.key for ln in throughput.lines] == ["samples_per_s"]
-    assert figures["step_time"].figure.title == "Step time (s)"
-    shown = {k for k, f in figures.items() if f.figure in dash._curves.grid.children}
-    assert {"step_time", "throughput"} <= shown
-    assert "tokens" not in shown  # inputs that are not token ids: no tokens/s chart
+    sent_series = dash.widget.panel_training["series"]
+    assert set(sent_series) == set(series)
+    np.testing.assert_allclose(decode(sent_series["step_time_min"]["y"]), 0.08, rtol=1e-6)
+    np.testing.assert_allclose(decode(sent_series["step_time_max"]["y"]), 0.5, rtol=1e-6)
+    np.testing.assert_allclose(decode(sent_series["step_time_median"]["y"]), 0.1, rtol=1e-6)
     series["tokens_per_s"] = Series(x, np.full(50, 8e4))
     dash.publish(make_frame(61, series=series))
-    assert dash._curves.figures["tokens"].figure in dash._curves.grid.children
+    assert "tokens_per_s" in dash.widget.panel_training["series"]

@@ -93,6 +93,11 @@ class LayerFlow:
         if self._deferred_values >= LAYER_DEFER_MAX_VALUES:
             self.take_waiting()
 
+    def take_rows(self) -> list[dict[str, float]]:
+        """The run-log rows made since the last call (the per-layer values of measured steps)."""
+        out, self.pending_rows = self.pending_rows, []
+        return out
+
     def take_waiting(self) -> None:
         """Hand the waiting finite gradient norms to the layer statistics, consecutive blocks
         of one index in one pass. Everything that reads the layers calls this first."""

@@ -242,6 +242,22 @@ class StepAssembler:
         done = sorted(s for s in self._open if everything or s < self._last_ended)
         return [self._finish(s, self._open.pop(s)) for s in done]
 
+    def take_failures(self) -> list[tuple[str, Exception]]:
+        """What could not be read since the last call, as (source, error)."""
+        out, self.failures = self.failures, []
+        return out
+
+    def take_groups_added(self) -> list[tuple[int, float, tuple[tuple[int, int, int], ...]]]:
+        """The param groups added mid-run since the last call: (step, time, groups_added)."""
+        out, self.groups_added = self.groups_added, []
+        return out
+
+    def take_layer_blocks(self) -> tuple[list[LayerNorms], list[tuple[AuxRecord, list[float]]]]:
+        """The per-layer gradient norms and the auxiliary per-layer values since the last call."""
+        out = self.layer_norms, self.aux
+        self.layer_norms, self.aux = [], []
+        return out
+
     def peek_open(self) -> list[dict[str, float]]:
         """The rows still open, as they stand now (for history() and the header)."""
         ema, weight = self._ema, self._ema_weight

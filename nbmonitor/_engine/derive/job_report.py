@@ -16,27 +16,43 @@ from nbmonitor._engine.derive.ranks import (
     FloatArray,
     RankState,
     align,
+    divergence,
     rank_columns,
     rank_metrics,
     ranks_summary,
 )
-from nbmonitor.health import Alert, Health, HealthInput, Thresholds
+from nbmonitor._engine.run_model import ranks_health_input
+from nbmonitor.health import Alert, Health, Thresholds
 from nbmonitor.health.rules.stragglers import MIN_STEPS, WINDOW, Stragglers
 
 # A finished job is judged at most this many times (evenly spaced), however long it ran.
 MAX_CHECKS = 500
 
 
-def straggler_alerts(state: RankState, health: Health | None = None) -> list[Alert]:
-    """The straggler rule over the whole job so far, judged every half window of steps (so a
-    straggler of the middle of a run is found too); with ``health``, only new episodes."""
+def newest_time(state: RankState) -> float:
+    """When the newest step any rank recorded ended (NaN before one): the time of a job's
+    alerts, as the ranks' own files say, whoever reads them and whenever."""
+    _, times = align(state, "time")
+    finite = times[np.isfinite(times)]
+    return float(finite.max()) if finite.size else math.nan
+
+
+def job_alerts(state: RankState) -> list[Alert]:
+    """The stragglers and the disagreeing ranks of the whole job so far."""
+    return straggler_alerts(state) + divergence(state, newest_time(state))
+
+
+def straggler_alerts(state: RankState, health: Health | None = None, since: int = 0) -> list[Alert]:
+    """The straggler rule over the job's aligned steps after the first ``since``, judged every
+    half window of steps (so a straggler of the middle of a run is found too); with
+    ``health`` (kept between calls), only new episodes."""
     columns = rank_columns(state)
     if columns is None:
         return []
     health = health if health is not None else Health(Thresholds(), rules=(Stragglers,))
     n = columns.steps.size
     every = max(WINDOW // 2, n // MAX_CHECKS)
-    ends = [*range(MIN_STEPS, n, every), n] if n >= MIN_STEPS else []
+    ends = [e for e in ([*range(MIN_STEPS, n, every), n] if n >= MIN_STEPS else []) if e > since]
     _, times = align(state, "time")
     found: list[Alert] = []
     for end in ends:
@@ -53,13 +69,9 @@ def straggler_alerts(state: RankState, health: Health | None = None) -> list[Ale
         )
         when = times[:, end - 1] if times.shape[1] >= end else np.empty(0)
         finite = when[np.isfinite(when)]
-        inp = HealthInput(
-            step=int(columns.steps[end - 1]),
-            time=float(finite.max()) if finite.size else math.nan,
-            steps={},
-            ranks=part,
+        found += health.check(
+            ranks_health_input(part, float(finite.max()) if finite.size else math.nan)
         )
-        found += health.check(inp)
     return found
 
 
@@ -103,4 +115,12 @@ def summary_record(files_meta: dict[str, Any], state: RankState, status: str) ->
     }
 
 
-__all__ = ["MAX_CHECKS", "RankRun", "read_state", "straggler_alerts", "summary_record"]
+__all__ = [
+    "MAX_CHECKS",
+    "RankRun",
+    "job_alerts",
+    "newest_time",
+    "read_state",
+    "straggler_alerts",
+    "summary_record",
+]

@@ -16,6 +16,7 @@ from nbmonitor.health.rules.gradients import (
     VanishingGradients,
 )
 from nbmonitor.health.rules.loss import LossPlateau, LossSpike, NonFiniteLoss
+from nbmonitor.health.rules.memory import AllocRetries, MemoryLeak, MemoryPeak
 from nbmonitor.health.rules.scaler import ScalerSkipping
 from nbmonitor.health.rules.stragglers import Stragglers
 from nbmonitor.health.rules.time import InputBound, OptimizerShare, StepTimeRegression
@@ -35,6 +36,9 @@ RULES: tuple[RuleFactory, ...] = (
     DeadUnits,
     GpuTemperature,
     DeviceMemory,
+    MemoryPeak,
+    AllocRetries,
+    MemoryLeak,
     GpuThrottling,
     GpuIdle,
     Stragglers,

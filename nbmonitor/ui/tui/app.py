@@ -15,14 +15,13 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import ClassVar, Protocol
 
-from rich.table import Table as RichTable
 from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
-from textual.widgets import DataTable, Footer, Input, Static
+from textual.widgets import Footer, Input, Static
 
 from nbmonitor._engine.devices_frame import DevicesFrame
 from nbmonitor.ui.tui.tables import (
@@ -32,6 +31,7 @@ from nbmonitor.ui.tui.tables import (
     alerts_lines,
     detail_lines,
     devices_table,
+    drop_columns,
     machine_line,
     plain,
     processes_table,
@@ -62,22 +62,28 @@ class TopSource(Protocol):
     def detail(self, path: str) -> RunDetailLike | None: ...
 
 
-def _drop(table: Table, names: frozenset[str]) -> Table:
-    keep = [i for i, h in enumerate(table.header) if h not in names]
-    return Table(
-        table.title,
-        tuple(table.header[i] for i in keep),
-        tuple(tuple(row[i] for i in keep) for row in table.rows),
-        table.empty,
-    )
-
-
-def rich_table(table: Table) -> RichTable:
-    out = RichTable(title=None, expand=False, box=None, pad_edge=False, header_style="bold")
-    for name in table.header:
-        out.add_column(name, no_wrap=True, overflow="ellipsis")
+def styled(table: Table, width: int, selected: int | None = None) -> Text:
+    """A table as one styled Text (aligned columns, cut at ``width``; the ``selected`` row
+    reversed). A Text costs far less to render each second than a Rich Table."""
+    if not table.rows:
+        return Text(table.empty, style="dim")
+    widths = [len(h) for h in table.header]
     for row in table.rows:
-        out.add_row(*(Text(c.text, style=STYLES.get(c.grade, "")) for c in row))
+        widths = [max(w, len(c.text)) for w, c in zip(widths, row, strict=True)]
+    out = Text(no_wrap=True, overflow="ellipsis")
+    out.append("  ".join(h.ljust(w) for h, w in zip(table.header, widths, strict=True))[:width],
+               style="bold")  # fmt: skip
+    for i, row in enumerate(table.rows):
+        out.append("\n")
+        line = Text(no_wrap=True, overflow="ellipsis")
+        for j, (cell, w) in enumerate(zip(row, widths, strict=True)):
+            if j:
+                line.append("  ")
+            line.append(cell.text.ljust(w), style=STYLES.get(cell.grade, ""))
+        line.truncate(width)
+        if i == selected:
+            line.stylize("reverse")
+        out.append_text(line)
     return out
 
 
@@ -90,10 +96,10 @@ class TopApp(App[None]):
     Screen { layout: vertical; }
     #title { height: 1; background: $boost; }
     #main { height: 1fr; }
-    #runs { height: auto; max-height: 50%; }
     #detail { height: 1fr; display: none; }
     #filter { display: none; height: 3; }
-    .section { height: auto; }
+    .section { height: auto; text-wrap: nowrap; text-overflow: ellipsis; }
+    #detail, #title { text-wrap: nowrap; text-overflow: ellipsis; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("q", "quit", "quit"),
@@ -101,6 +107,9 @@ class TopApp(App[None]):
         Binding("r", "reset", "reset history"),
         Binding("slash", "filter", "filter"),
         Binding("escape", "go_back", "back"),
+        Binding("up", "move(-1)", "", show=False),
+        Binding("down", "move(1)", "", show=False),
+        Binding("enter", "open", "open run"),
     ]
 
     def __init__(
@@ -124,6 +133,8 @@ class TopApp(App[None]):
         self.detail: RunDetailLike | None = None
         self.refreshes = 0
         self.saved: list[Path] = []
+        self.cursor = 0  # the run row selected in the table
+        self._shown: dict[str, object] = {}  # what each widget shows, to skip unchanged ones
 
     def compose(self) -> ComposeResult:
         yield Static(id="title")
@@ -132,16 +143,12 @@ class TopApp(App[None]):
             yield Static(id="processes", classes="section")
             yield Static(id="machine", classes="section")
             yield Static(id="alerts", classes="section")
-            runs: DataTable[Any] = DataTable(id="runs", cursor_type="row", zebra_stripes=False)
-            yield runs
+            yield Static(id="runs", classes="section")
         yield Static(id="detail")
         yield Input(placeholder="filter runs and processes (enter to apply)", id="filter")
         yield Footer()
 
     def on_mount(self) -> None:
-        table = self.query_one("#runs", DataTable)
-        for name in ("run", "status", "step", "loss", "throughput", "ETA", "alerts", "last alert"):
-            table.add_column(name, key=name)
         if self.only_run:
             self._show_detail(True)
         self.refresh_data()
@@ -168,62 +175,56 @@ class TopApp(App[None]):
         table = devices_table(self.frame, self._spark_width(), self.since)
         width = self.size.width
         if width < VERY_NARROW:
-            return _drop(table, VERY_NARROW_DROP)
-        return _drop(table, NARROW_DROP) if width < NARROW else table
+            return drop_columns(table, VERY_NARROW_DROP)
+        return drop_columns(table, NARROW_DROP) if width < NARROW else table
+
+    def _update(self, widget_id: str, content: Text | str) -> None:
+        """Update a widget only when what it shows changed: a refresh that changes nothing
+        (a paused run, an idle GPU) costs no rendering."""
+        key = (content.plain, tuple(content.spans)) if isinstance(content, Text) else content
+        if self._shown.get(widget_id) != key:
+            self._shown[widget_id] = key
+            self.query_one(f"#{widget_id}", Static).update(content)
 
     def _draw(self) -> None:
         now = _dt.datetime.fromtimestamp(self.clock()).strftime("%H:%M:%S")
         frame = self.frame
+        width = self.size.width
         host = f"{frame.host} · " if frame is not None else ""
         filt = f" · filter: {self.needle}" if self.needle else ""
-        self.query_one("#title", Static).update(
-            f" nbmonitor top · {host}{now} · every {self.source.interval:g} s{filt}"
+        self._update(
+            "title", f" nbmonitor top · {host}{now} · every {self.source.interval:g} s{filt}"
         )
         if self.only_run or self.query_one("#detail", Static).display:
             self._draw_detail()
             return
         devices = self._devices_table()
         if frame is not None and devices is not None:
-            self.query_one("#devices", Static).update(
-                rich_table(devices) if devices.rows else Text(devices.empty, style="dim")
-            )
-            procs = processes_table(frame, self.needle)
-            self.query_one("#processes", Static).update(
-                rich_table(procs) if procs.rows else Text(procs.empty, style="dim")
-            )
-            self.query_one("#machine", Static).update(
-                machine_line(frame, self._spark_width(), self.since)
-            )
+            self._update("devices", styled(devices, width))
+            self._update("processes", styled(processes_table(frame, self.needle), width))
+            self._update("machine", machine_line(frame, self._spark_width(), self.since)[:width])
             alerts = alerts_lines(frame)
-            self.query_one("#alerts", Static).update(
-                Text("\n").join(Text(t, style=STYLES[g]) for t, g in alerts)
+            self._update(
+                "alerts",
+                Text("\n").join(Text(t[:width], style=STYLES[g]) for t, g in alerts)
                 if alerts
-                else Text("no device alerts", style="dim")
+                else Text("no device alerts", style="dim"),
             )
-        self._draw_runs()
+        shown = self.shown_runs()
+        self.cursor = min(self.cursor, max(len(shown) - 1, 0))
+        self._update("runs", styled(runs_table(shown), width, self.cursor))
 
-    def _draw_runs(self) -> None:
-        table = self.query_one("#runs", DataTable)
-        shown = runs_table(self.rows, self.needle)
-        keys = [r.path for r in self.rows if not self.needle or self.needle.lower() in
-                f"{r.name} {r.status}".lower()]  # fmt: skip
-        cursor = table.cursor_row
-        current = keys[cursor] if 0 <= cursor < len(keys) else None
-        table.clear()
-        for key, row in zip(keys, shown.rows, strict=True):
-            table.add_row(*(Text(c.text, style=STYLES.get(c.grade, "")) for c in row), key=key)
-        if current is not None and current in keys:
-            table.move_cursor(row=keys.index(current))
-        elif cursor < len(keys):
-            table.move_cursor(row=max(cursor, 0))
+    def shown_runs(self) -> list[RunRowLike]:
+        """The runs the table shows (those the filter keeps), in order."""
+        needle = self.needle.lower()
+        return [r for r in self.rows if not needle or needle in f"{r.name} {r.status}".lower()]
 
     def _draw_detail(self) -> None:
-        widget = self.query_one("#detail", Static)
         if self.detail is None:
-            widget.update(Text(f"{self.selected}: not a run (yet)", style="dim"))
+            self._update("detail", Text(f"{self.selected}: not a run (yet)", style="dim"))
             return
         lines = detail_lines(self.detail, self.size.width - 2)
-        widget.update(Text("\n").join(Text(t, style=STYLES.get(g, "")) for t, g in lines))
+        self._update("detail", Text("\n").join(Text(t, style=STYLES.get(g, "")) for t, g in lines))
 
     def _show_detail(self, on: bool) -> None:
         self.query_one("#main").display = not on
@@ -231,18 +232,26 @@ class TopApp(App[None]):
 
     # -- keys -----------------------------------------------------------------------------
 
-    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
-        if event.row_key.value is not None:
-            self.selected = str(event.row_key.value)
-            self.detail = self.source.detail(self.selected)
-            self._show_detail(True)
-            self._draw()
+    def action_move(self, delta: int) -> None:
+        if self.query_one("#detail", Static).display:
+            return
+        self.cursor = min(max(self.cursor + delta, 0), max(len(self.shown_runs()) - 1, 0))
+        self._draw()
+
+    def action_open(self) -> None:
+        shown = self.shown_runs()
+        if self.only_run or not shown or self.query_one("#detail", Static).display:
+            return
+        self.selected = shown[min(self.cursor, len(shown) - 1)].path
+        self.detail = self.source.detail(self.selected)
+        self._show_detail(True)
+        self._draw()
 
     def action_go_back(self) -> None:
         filt = self.query_one("#filter", Input)
         if filt.display:
             filt.display = False
-            self.query_one("#runs").focus()
+            self.set_focus(None)
             return
         if self.only_run:
             return
@@ -266,7 +275,7 @@ class TopApp(App[None]):
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         event.input.display = False
-        self.query_one("#runs").focus()
+        self.set_focus(None)
 
     def snapshot_text(self) -> str:
         """What is shown, as text."""
@@ -320,4 +329,4 @@ class TopApp(App[None]):
         self.notify(f"saved {text} and {csv.name}")
 
 
-__all__ = ["TopApp", "TopSource", "rich_table"]
+__all__ = ["TopApp", "TopSource", "styled"]

@@ -149,6 +149,18 @@ def devices_table(frame: DevicesFrame, spark_width: int, since: float = -math.in
     return Table("Devices", header, tuple(rows), empty="no GPUs (NVML: see the notes)")
 
 
+def drop_columns(table: Table, names: Iterable[str]) -> Table:
+    """``table`` without the columns named (a narrow terminal, a one-shot print)."""
+    drop = set(names)
+    keep = [i for i, h in enumerate(table.header) if h not in drop]
+    return Table(
+        table.title,
+        tuple(table.header[i] for i in keep),
+        tuple(tuple(row[i] for i in keep) for row in table.rows),
+        table.empty,
+    )
+
+
 def processes_table(frame: DevicesFrame, needle: str = "") -> Table:
     rows = []
     for gpu in gpu_rows(frame):
@@ -168,7 +180,7 @@ def machine_line(frame: DevicesFrame, spark_width: int, since: float = -math.inf
     cpu = m.get("cpu_percent", math.nan)
     cpu_spark = spark(history.get("cpu_percent", np.zeros(0)), spark_width, 0, 100)
     return (
-        f"CPU {fixed(cpu, '%')} {cpu_spark}"
+        f"CPU {fixed(cpu, '%')}{' ' + cpu_spark if cpu_spark else ''}"
         f"  RAM {si_bytes(m.get('ram_used_bytes', math.nan))}/"
         f"{si_bytes(m.get('ram_total_bytes', math.nan))}"
         f"  disk r {rate(m.get('disk_read_bytes_per_s', math.nan))}"
@@ -289,6 +301,7 @@ __all__ = [
     "alerts_lines",
     "detail_lines",
     "devices_table",
+    "drop_columns",
     "machine_line",
     "plain",
     "processes_table",

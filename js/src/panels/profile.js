@@ -12,7 +12,7 @@ function h(tag, className, text) {
 }
 
 /** @param {{ model: any, el: HTMLElement }} ctx */
-export function render({ model, el }) {
+function render({ model, el }) {
   const root = h("div", "nbm-root nbm-profile");
   const title = h("div", "nbm-section-title");
   const status = h("div", "nbm-note nbm-profile-status");

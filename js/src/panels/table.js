@@ -1,7 +1,7 @@
 // Sortable per-layer table. Sorting is front-end state: it survives data updates but is not
 // synced back to Python (nothing there needs it).
 
-import { DASH, fmtBytes, fmtInt, fmtNumber, isNum } from "./format.js";
+import { DASH, fmtBytes, fmtInt, fmtNumber, isNum } from "../format.js";
 
 export const COLUMNS = [
   { key: "name", label: "layer", kind: "text" },

@@ -2,7 +2,7 @@
 // buffer (row-major, one row per layer); drawing it as an ImageData of one pixel per cell and
 // letting the browser scale it keeps the cost independent of the canvas size.
 
-import { fmtNumber, isNum } from "./format.js";
+import { fmtNumber, isNum, middleEllipsis } from "../format.js";
 
 // A perceptual ramp (viridis stops); dark = small gradients, yellow = large.
 const STOPS = [
@@ -82,7 +82,7 @@ export class Heatmap {
   draw(data) {
     this.data = data;
     const { values, rows, cols } = data;
-    const rowPx = Math.max(3, Math.min(14, Math.floor(320 / Math.max(rows, 1))));
+    const rowPx = Math.max(3, Math.min(16, Math.floor(320 / Math.max(rows, 1))));
     this.canvas.width = Math.max(cols, 1);
     this.canvas.height = Math.max(rows, 1);
     this.canvas.style.height = `${rows * rowPx}px`;
@@ -101,8 +101,10 @@ export class Heatmap {
             const label = document.createElement("div");
             label.className = "nbm-heatmap-label";
             label.style.height = `${rowPx}px`;
+            // Line box taller than the glyphs, so descenders (underscores) are never clipped.
             label.style.lineHeight = `${rowPx}px`;
-            label.textContent = name;
+            label.style.fontSize = `${Math.min(11, rowPx - 2)}px`;
+            label.textContent = middleEllipsis(name);
             label.title = name;
             return label;
           })

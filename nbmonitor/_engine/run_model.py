@@ -1,0 +1,235 @@
+"""The run model: everything known about one run, the one thing frames, rules and sinks read.
+
+A live run fills it from the records the sampler drains (``pipeline.py``); a run on disk fills
+it from its files, whole or record by record as another process writes them (``run_state.py``).
+Both put the same rows in the same places, and everything derived from them (best loss, energy
+per step and per sample, the clipping share, the health rules' input) is computed here once,
+so a live run, a replayed one and a tailed one cannot drift apart. numpy only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from nbmonitor._engine.assemble.layers import LayerStats
+from nbmonitor._engine.assemble.spans import SpanLog
+from nbmonitor._engine.derive.clipping import clip_share
+from nbmonitor._engine.derive.energy import energy_rates
+from nbmonitor._engine.derive.headroom import headroom
+from nbmonitor._engine.store import FloatArray, Store
+from nbmonitor.health import HealthInput
+from nbmonitor.health.alert import Alert
+from nbmonitor.health.view import RankColumns
+from nbmonitor.memory import MemoryBreakdown
+from nbmonitor.records import PHASE_KEYS
+
+# The alerts a run keeps (the frame shows the newest few; the run log keeps every one).
+MAX_ALERTS = 200
+# The step columns the health rules read.
+HEALTH_COLUMNS = ("step", "time", "loss", "grad_norm", "lr", "grad_clip_coef", "step_skipped")
+# The system samples the health rules see.
+HEALTH_SYSTEM_ROWS = 120
+
+
+class RunModel:
+    """One run's stores (steps, system), spans and phases, layers, alerts and the figures
+    derived from them.
+
+    ``layers`` is known from the start of a live run (its parameters); a run on disk gets it
+    from its first per-layer rows (``set_layers``). ``device_index`` is the accelerator the
+    model trains on (None on the CPU): its energy counter gives the energy figures.
+    """
+
+    def __init__(
+        self,
+        layers: LayerStats | None = None,
+        device_index: int | None = None,
+        *,
+        system: Store | None = None,
+    ) -> None:
+        self.steps = Store()
+        # A watch of the machine that may stay open for days passes a store sized for it.
+        self.system = system if system is not None else Store()
+        self.spans = SpanLog()
+        self.layers = layers
+        self.device_index = device_index
+        self._alerts: list[Alert] = []
+        self._layer_flags: dict[str, list[str]] = {}
+        self._best_loss = math.nan
+        self._last_sample: dict[str, float] = {}
+        self._first_time = math.nan
+        self._last_time = math.nan
+        # The newest memory breakdown (nbmonitor.memory), from a probe or memory.jsonl.
+        self.memory: MemoryBreakdown | None = None
+
+    # -- input: the same for a live run and a run on disk ---------------------------------------
+
+    def add_step_rows(self, rows: Sequence[Mapping[str, float]]) -> None:
+        if not rows:
+            return
+        self.steps.extend(rows)
+        self.spans.add_steps(rows)
+        self._note_steps(
+            np.array([r.get("loss", math.nan) for r in rows], dtype=np.float64),
+            np.array([r.get("time", math.nan) for r in rows], dtype=np.float64),
+        )
+
+    def add_step_columns(self, columns: Mapping[str, FloatArray]) -> None:
+        """A whole steps stream read at once (a run opened from disk): columns, not rows."""
+        if not columns or not len(next(iter(columns.values()))):
+            return
+        self.steps.extend_columns(columns)
+        self.spans.add_step_columns(columns)
+        self._note_steps(columns.get("loss"), columns.get("time"))
+
+    def add_system_rows(self, rows: Sequence[Mapping[str, float]]) -> None:
+        if rows:
+            self.system.extend(rows)
+            self._last_sample = dict(rows[-1])
+
+    def add_system_columns(self, columns: Mapping[str, FloatArray]) -> None:
+        if columns and len(next(iter(columns.values()))):
+            self.system.extend_columns(columns)
+            self._last_sample = {k: float(v[-1]) for k, v in columns.items()}
+
+    def add_span_rows(self, rows: Iterable[Mapping[str, object]]) -> None:
+        self.spans.add_spans(rows)
+
+    def add_alerts(self, alerts: Iterable[Alert]) -> list[Alert]:
+        """Keep ``alerts`` (the newest ``MAX_ALERTS``) and the layers they name; the ones added."""
+        added = list(alerts)
+        for alert in added:
+            for layer in alert.layers:
+                self._layer_flags.setdefault(layer, []).append(alert.rule)
+        self._alerts += added
+        del self._alerts[:-MAX_ALERTS]
+        return added
+
+    def add_memory(self, breakdowns: Sequence[MemoryBreakdown]) -> None:
+        """Breakdowns of sampled steps, oldest first: the newest is kept."""
+        if breakdowns:
+            self.memory = breakdowns[-1]
+
+    def set_layers(self, layers: LayerStats) -> None:
+        """The layers of a run on disk, once its first per-layer rows name them."""
+        if self.layers is None:
+            self.layers = layers
+
+    def _note_steps(self, loss: FloatArray | None, times: FloatArray | None) -> None:
+        if loss is not None and len(loss):
+            finite = loss[np.isfinite(loss)]
+            if finite.size:
+                low = float(finite.min())
+                self._best_loss = low if math.isnan(self._best_loss) else min(self._best_loss, low)
+        if times is not None and len(times):
+            finite = times[np.isfinite(times)]
+            if finite.size:
+                if math.isnan(self._first_time):
+                    self._first_time = float(finite[0])
+                self._last_time = float(finite[-1])
+
+    # -- output --------------------------------------------------------------------------------
+
+    @property
+    def alerts(self) -> tuple[Alert, ...]:
+        return tuple(self._alerts)
+
+    @property
+    def layer_flags(self) -> dict[str, list[str]]:
+        """Per layer, the rules whose alerts named it."""
+        return self._layer_flags
+
+    @property
+    def last_sample(self) -> Mapping[str, float]:
+        """The newest system sample."""
+        return self._last_sample
+
+    @property
+    def best_loss(self) -> float:
+        """The lowest finite loss so far (NaN before one)."""
+        return self._best_loss
+
+    @property
+    def last_step(self) -> int:
+        return int(self.steps.last("step")) if len(self.steps) else 0
+
+    @property
+    def steps_span_s(self) -> float:
+        """Seconds from the first step's end to the newest's (0 before two steps)."""
+        span = self._last_time - self._first_time
+        return span if math.isfinite(span) else 0.0
+
+    def derived(self) -> dict[str, float]:
+        """The figures derived from the stores that the frame shows beside the newest row:
+        best loss, energy per step and per sample, the share of recent steps clipped, the
+        memory headroom and the batch that fits."""
+        out = {"best_loss": self._best_loss}
+        out.update(energy_rates(self.system, self.steps, self.device_index))
+        out.update(clip_share(self.steps))
+        out.update(headroom(self.system, self.steps, self.memory, self.device_index))
+        return out
+
+    def layer_table(self) -> list[dict[str, object]]:
+        return self.layers.table(self._layer_flags) if self.layers is not None else []
+
+    def health_input(
+        self, step: int, time: float, window: int, ranks: RankColumns | None = None
+    ) -> HealthInput:
+        """What the health rules read: the last ``window`` steps, the layers, recent system
+        samples and, on a job's display rank, every rank's step times."""
+        steps = self.steps
+        columns: dict[str, FloatArray] = {
+            key: steps.tail(key, window)
+            for key in (*HEALTH_COLUMNS, "step_time", *PHASE_KEYS)
+            if key in steps.columns
+        }
+        system = {key: self.system.tail(key, HEALTH_SYSTEM_ROWS) for key in self.system.columns}
+        gpus = [self.device_index] if self.device_index is not None else None
+        layers = self.layers
+        if layers is None:
+            return HealthInput(step=step, time=time, steps=columns, system=system, gpus=gpus,
+                               ranks=ranks)  # fmt: skip
+        layer_steps, layer_norms = layers.recent()
+        update_steps, update_series, param_series = layers.update_history()
+        return HealthInput(
+            step=step,
+            time=time,
+            steps=columns,
+            layer_names=layers.names,
+            layer_steps=layer_steps,
+            layer_grad_norms=layer_norms,
+            param_norms=layers.param_norm,
+            update_ratios=layers.update_ratio,
+            update_steps=update_steps,
+            update_series=update_series,
+            param_series=param_series,
+            module_kinds=layers.module_kinds,
+            activations=layers.activations or None,
+            system=system,
+            gpus=gpus,
+            ranks=ranks,
+        )
+
+
+def ranks_health_input(columns: RankColumns, time: float) -> HealthInput:
+    """What the straggler rule reads of a job: every rank's step times, and nothing else."""
+    step = int(columns.steps[-1]) if columns.steps.size else 0
+    return HealthInput(step=step, time=time, steps={}, ranks=columns)
+
+
+def floats(row: Mapping[str, Any]) -> dict[str, float]:
+    """A record read from disk as a row of floats (None is NaN; other values are left out)."""
+    out: dict[str, float] = {}
+    for key, value in row.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[key] = float(value)
+        elif value is None:
+            out[key] = math.nan
+    return out
+
+
+__all__ = ["MAX_ALERTS", "RunModel", "floats", "ranks_health_input"]
