@@ -422,3 +422,8 @@ def test_show_displays_and_close_refreshes_the_static_summary(
     dash2.close(make_frame(50))
     assert len(updates) == 1
     assert "closed" in updates[0]["text/html"] and "50 / 1000" in updates[0]["text/html"]
+
+
+def test_marimo_is_shown_the_anywidget_itself() -> None:
+    dash = Dashboard("r", "cpu", None)
+    assert dash._display_() is dash.widget
