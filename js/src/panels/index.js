@@ -5,12 +5,13 @@
 
 import devices from "./devices.js";
 import layers from "./layers.js";
+import memory from "./memory.js";
 import ranks from "./ranks.js";
 import system from "./system.js";
 import timeline from "./timeline.js";
 import training from "./training.js";
 
-export const PANELS = [training, system, layers, timeline, ranks, devices];
+export const PANELS = [training, system, memory, layers, timeline, ranks, devices];
 
 /** @param {string} name */
 export function panelNamed(name) {
