@@ -455,7 +455,13 @@ def concat_columns(blocks: Iterable[Columns]) -> Columns:
     if not blocks:
         return Columns(0)
     if len(blocks) == 1:
-        return blocks[0]
+        b = blocks[0]
+        if all(c.flags.writeable for c in b.dense.values()):
+            return b
+        # A chunk's arrays are views of the bytes read: the caller gets arrays of its own.
+        own = {k: c.copy() for k, c in b.dense.items()}
+        own_sparse = {k: (i.copy(), v.copy()) for k, (i, v) in b.sparse.items()}
+        return Columns(b.rows, own, own_sparse, list(b.order))
     order: dict[str, None] = {}
     for b in blocks:
         order.update(dict.fromkeys(b.order))

@@ -83,4 +83,5 @@ def test_chunks_written_before_sparse_keys_still_read(tmp_path: pathlib.Path) ->
     run = open_run(log.path)
     h = run.history()
     assert_same_columns(dict(h), reference_columns(steps))
+    h["loss"][0] = 5.0  # the caller's own arrays (not views of the file's bytes)
     assert run.offsets["steps"] == steps.stat().st_size  # from the chunk: no text parsed
