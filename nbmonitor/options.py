@@ -11,11 +11,13 @@ import dataclasses
 import difflib
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 from nbmonitor._engine.assemble.layers import GROUPINGS
+from nbmonitor.export import exporters
 from nbmonitor.health import Thresholds
+from nbmonitor.sinks.exporter import Exporter
 
 if TYPE_CHECKING:
     import torch
@@ -62,6 +64,10 @@ class AttachOptions(TypedDict, total=False):
     display_rank: in a distributed job (``torchrun``), the rank that shows the dashboard or
         status lines and writes the cross-rank summary at close; the others record
         silently (default 0).
+    export: hand the run on as it is recorded: ``"tensorboard"``, ``"wandb"``,
+        ``"mlflow"``, ``"trackio"``, ``"prometheus"``, ``"parquet"``, ``"csv"``, an exporter
+        object with options (``nbmonitor.export.TensorBoard(log_dir=...)``), or a list of
+        them. One that cannot start or fails is reported in ``errors``; the run goes on.
 
     """
 
@@ -81,6 +87,7 @@ class AttachOptions(TypedDict, total=False):
     phases: bool
     flops: bool
     display_rank: int
+    export: str | Exporter | Sequence[str | Exporter] | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +110,7 @@ class Options:
     phases: bool = True
     flops: bool = True
     display_rank: int = 0
+    export: tuple[Exporter, ...] = ()
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any]) -> Options:
@@ -115,6 +123,7 @@ class Options:
                 raise TypeError(f"nbmonitor.attach: unknown option {key!r}{hint}")
         values = dict(kwargs)
         values["thresholds"] = coerce_thresholds(values.get("thresholds"))
+        values["export"] = tuple(exporters(values.get("export")))
         options = cls(**values)
         check_options(options)
         return options
@@ -124,6 +133,7 @@ class Options:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["run_dir"] = str(self.run_dir)
         out["thresholds"] = dataclasses.asdict(self.thresholds)
+        out["export"] = [e.name for e in self.export]  # their options may hold credentials
         return out
 
 

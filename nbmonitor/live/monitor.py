@@ -37,6 +37,7 @@ from nbmonitor.live.lifetime import StepCount, flush_tick
 from nbmonitor.live.parts import layer_stats, run_meta
 from nbmonitor.live.setup_check import check_setup
 from nbmonitor.options import AttachOptions, Options, WrappedOptimizer, check_model
+from nbmonitor.sinks import Sink
 
 if TYPE_CHECKING:
     from nbmonitor.live.profile import Profile
@@ -123,7 +124,8 @@ class Monitor:
             layers=layers,
             health=Health(opts.thresholds),
             forward_checked=opts.check_forward,
-            sinks=[self._runlog],  # the run log first; exporters join it here
+            # The run log first, then the exporters (each behind its own guard).
+            sinks=[self._runlog, *self._open_exports(meta)],
             errors=errors_log,
             ranks=_ranks.rank_follower(self.rank, self.displays, self._runlog.path),
             clock=clock,
@@ -141,6 +143,30 @@ class Monitor:
         self._setup_views(opts.display)
 
     # -- construction helpers --------------------------------------------------------------
+
+    def _open_exports(self, meta: dict[str, object]) -> list[Sink]:
+        """The exporters' sinks, opened here on the attaching thread (W&B's and MLflow's
+        current run are per thread); one that cannot start is one line in ``errors``. In a
+        job, the tools with one run for the job (W&B, MLflow, trackio, Prometheus, which
+        serves every rank) export from the display rank only; files, from every rank."""
+        exps = self.options.export
+        if not exps:
+            return []
+        from nbmonitor.export import PER_RANK, open_sinks
+        from nbmonitor.sinks.exporter import ExportContext
+
+        if not self.displays:
+            exps = tuple(e for e in exps if e.name in PER_RANK)
+        context = ExportContext(
+            name=self.name,
+            run_dir=self._runlog.path,
+            meta=meta,
+            rank=self.rank.rank if self.rank is not None else None,
+            world_size=self.rank.world_size if self.rank is not None else 1,
+            live=True,
+            uuids=gpu_uuids(self.backend.name),
+        )
+        return open_sinks(exps, context, self.errors_log)
 
     def _setup_views(self, display: bool) -> None:
         from nbmonitor.ui.console import ConsoleView, console_logger
@@ -268,6 +294,14 @@ class Monitor:
                 ) from exc
             return pd.DataFrame(rows)
         return rows
+
+    def figure(self, *keys: str, log: bool = False) -> Any:
+        """A bqplot Figure of these metrics against the step, to compose in your own layout:
+        ``mon.figure("loss", "grad_norm")``. The series are the dashboard's (decimated to about
+        2,000 points); the figure is a snapshot, made again to refresh it."""
+        from nbmonitor.ui.figures import metrics_figure
+
+        return metrics_figure(self.frame().series, keys, log=log)
 
     def frame(self, detail: bool = True) -> Frame:
         """The snapshot the views show now (see ``nbmonitor._engine.frame.Frame``).
@@ -438,6 +472,21 @@ class Monitor:
             f"<nbmonitor.Monitor {self.name!r} backend={self.backend.name!r} step={self.step} "
             f"status={self.status!r}>"
         )
+
+
+def gpu_uuids(backend: str) -> list[str]:
+    """The visible GPUs' UUIDs as NVML and DCGM spell them (``GPU-...``), by torch index."""
+    if backend != "cuda":
+        return []
+    from nbmonitor.backends._nvml import nvml_uuid
+
+    try:
+        return [
+            nvml_uuid(str(torch.cuda.get_device_properties(i).uuid))[0]
+            for i in range(torch.cuda.device_count())
+        ]
+    except Exception:  # an old torch without .uuid: the label stays empty
+        return []
 
 
 def attach(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -77,9 +77,45 @@ class Run(RunFiles):
 
         return write_trace(self.path, path)
 
+    def export(
+        self, to: Any, progress: Callable[[int, int], None] | None = None, **options: Any
+    ) -> list[Path]:
+        """Hand this run, as it is on disk now, on to ``to``: ``"tensorboard"``, ``"wandb"``,
+        ``"mlflow"``, ``"trackio"``, ``"parquet"``, ``"csv"`` (with that exporter's options,
+        e.g. ``log_dir=`` or ``out=``) or an exporter object (``nbmonitor.export.*``). Returns
+        where it went. Raises ``nbmonitor.export.ExportError`` (one line) if it cannot."""
+        from nbmonitor.export import export_run
+
+        return [Path(e.where) for e in export_run(self.path, to, progress, **options)]
+
+    def to_pandas(self) -> dict[str, Any]:
+        """This run's tables as pandas DataFrames: ``history``, ``system``, ``layers`` (as
+        :meth:`history` reads them) and ``events``."""
+        from nbmonitor.sinks.files import frames
+
+        return frames(self)
+
+    def to_parquet(self, out: str | os.PathLike[str]) -> list[Path]:
+        """Write this run's tables as ``<out>/<table>.parquet`` (those with rows); the paths."""
+        from nbmonitor.sinks.files import write_tables
+
+        return write_tables(self, out, "parquet")
+
+    def to_csv(self, out: str | os.PathLike[str]) -> list[Path]:
+        """Write this run's tables as ``<out>/<table>.csv`` (those with rows); the paths."""
+        from nbmonitor.sinks.files import write_tables
+
+        return write_tables(self, out, "csv")
+
     def frame(self, detail: bool = True) -> Frame:
         """What the dashboard shows of this run now."""
         return self.state().frame(self.status, detail)
+
+    def figure(self, *keys: str, log: bool = False) -> Any:
+        """A bqplot Figure of these metrics of the run against the step (``mon.figure``)."""
+        from nbmonitor.ui.figures import metrics_figure
+
+        return metrics_figure(self.frame().series, keys, log=log)
 
     def dashboard(self, live: bool = False, interval: float = 1.0) -> Any:
         """The notebook dashboard of this run (display it, or leave it last in a cell).

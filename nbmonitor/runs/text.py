@@ -57,6 +57,12 @@ class StrippedStream(io.TextIOBase):
     def isatty(self) -> bool:
         return self._stream.isatty()
 
+    @property
+    def raw(self) -> TextIO:
+        """The stream itself, for text of our own with control characters (the export
+        command's progress bar and its carriage return)."""
+        return self._stream
+
 
 @contextlib.contextmanager
 def stripped_output() -> Iterator[None]:

@@ -96,10 +96,11 @@ def _start_offset(folder: RunFolder, name: str, keep: int) -> int:
     return size - keep - back + cut + 1
 
 
+_NUMBER = (int, float)  # exact types: a bool is not a number here
+
+
 def _num(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return math.nan
-    return float(value)
+    return float(value) if type(value) in _NUMBER else math.nan  # type: ignore[arg-type]
 
 
 class _Followed:
@@ -142,14 +143,18 @@ class _Followed:
             self.error = str(exc)
             self.done = True
             return
-        for record in new.get("steps", ()):
-            if not isinstance(record.get("step"), (int, float)):
-                continue
-            values = tuple(_num(record.get(k)) for k in KEPT)
-            self.rows.append(values)
-            for key, value in zip(KEPT, values, strict=True):
-                if math.isfinite(value):
-                    self.last[key] = value
+        # Every record of every run each second: kept lean (no per-value generator).
+        rows = [
+            tuple([_num(v) for v in map(record.get, KEPT)])
+            for record in new.get("steps", ())
+            if type(record.get("step")) in _NUMBER
+        ]
+        self.rows.extend(rows)
+        for j, key in enumerate(KEPT):  # the newest finite value of each key
+            for row in reversed(rows):
+                if math.isfinite(row[j]):
+                    self.last[key] = row[j]
+                    break
         for event in new.get("events", ()):
             if isinstance(event.get("rule"), str):
                 self.alert_count += 1

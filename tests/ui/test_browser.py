@@ -287,11 +287,15 @@ def interrupt_and_close(page: Any) -> None:
 
 # The hosts' own console noise, matched whole, that no notebook cell causes: Notebook 7 logs
 # these on every page load (its menus, its collaborative document model, and the "schema" race
-# that run_all() works around). Anything else, an error or a warning, fails the test.
+# that run_all() works around), marimo its unused preloaded background images. Anything else,
+# an error or a warning, fails the test.
 HOST_NOISE = re.compile(
     r"warning: \[yjs#509\] Not same Y\.Doc"
     r"|warning: Menu entry for command '[\w:-]+' is duplicated\."
     r"|pageerror: Cannot read properties of undefined \(reading 'schema'\)"
+    r"|warning: The resource http://127\.0\.0\.1:\d+/assets/[\w-]+\.png was preloaded using"
+    r" link preload but not used within a few seconds from the window's load event\. Please"
+    r" make sure it has an appropriate `as` value and it is preloaded intentionally\."
 )
 
 
