@@ -113,7 +113,7 @@ def test_publish_updates_the_header_and_the_panels(sent: Sent) -> None:
     assert w.header["best_loss"] == 0.25
     assert w.header["status"] == "running"
     assert w.system["cpu_percent"] == 37.0
-    assert w.panels == ["training", "system", "layers", "timeline"]
+    assert w.panels == ["training", "system", "memory", "layers", "timeline"]
     x, y = curve(dash, "training", "loss")
     assert y.dtype == np.float32 and len(x) == 100
     np.testing.assert_allclose(y[:3], [1.0, 0.5, 1.0 / 3], rtol=1e-6)
