@@ -64,6 +64,11 @@ class AttachOptions(TypedDict, total=False):
     display_rank: in a distributed job (``torchrun``), the rank that shows the dashboard or
         status lines and writes the cross-rank summary at close; the others record
         silently (default 0).
+    memory_history: on CUDA, record the allocator's history (every allocation and free,
+        with its stack; ``torch.cuda.memory._record_memory_history``) so that
+        ``mon.memory_snapshot(path)`` writes a file for https://pytorch.org/memory_viz and an
+        out-of-memory card links the snapshot taken at the failure. It costs: stacks are
+        captured at every allocation (default False).
     export: hand the run on as it is recorded: ``"tensorboard"``, ``"wandb"``,
         ``"mlflow"``, ``"trackio"``, ``"prometheus"``, ``"parquet"``, ``"csv"``, an exporter
         object with options (``nbmonitor.export.TensorBoard(log_dir=...)``), or a list of
@@ -87,6 +92,7 @@ class AttachOptions(TypedDict, total=False):
     phases: bool
     flops: bool
     display_rank: int
+    memory_history: bool
     export: str | Exporter | Sequence[str | Exporter] | None
 
 
@@ -110,6 +116,7 @@ class Options:
     phases: bool = True
     flops: bool = True
     display_rank: int = 0
+    memory_history: bool = False
     export: tuple[Exporter, ...] = ()
 
     @classmethod
@@ -208,7 +215,7 @@ def check_options(options: Options) -> None:
             f"names the run folder), got {len(name.encode())} bytes; pass a shorter name=."
         )
     check_run_dir(options.run_dir)
-    for flag in ("display", "activations", "check_forward", "phases", "flops"):
+    for flag in ("display", "activations", "check_forward", "phases", "flops", "memory_history"):
         value = getattr(options, flag)
         if not isinstance(value, bool):
             raise TypeError(f"nbmonitor.attach: {flag} must be True or False, got {value!r}.")

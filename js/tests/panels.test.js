@@ -18,7 +18,7 @@ afterEach(() => el.remove());
 
 describe("panel registry", () => {
   it("has one module per panel, named as the Python panels", () => {
-    expect(PANELS.map((p) => p.name)).toEqual(["training", "system", "layers", "timeline", "ranks"]);
+    expect(PANELS.map((p) => p.name)).toEqual(["training", "system", "memory", "layers", "timeline", "ranks"]);
     for (const p of PANELS) {
       expect(typeof p.title).toBe("string");
       expect(typeof p.create).toBe("function");
@@ -87,5 +87,15 @@ describe("time panel", () => {
     expect(spanColor("data")).toBe(spanColor("data"));
     expect(spanColor("load_batch")).toBe(spanColor("load_batch"));
     expect(spanColor("data")).not.toBe(spanColor("forward"));
+  });
+});
+
+describe("memory panel", () => {
+  it("says the headroom and the batch that fits, and nothing while unknown", async () => {
+    const { headroomText } = await import("../src/panels/memory.js");
+    expect(headroomText({})).toBe("");
+    expect(
+      headroomText({ memory_peak_bytes: 60 * 2 ** 30, memory_limit_bytes: 80 * 2 ** 30, batch_size: 8, batch_fits: 10 }),
+    ).toBe("peak 60.0 GiB of 80.0 GiB (20.0 GiB free); batch 8, up to ~10 estimated to fit");
   });
 });

@@ -34,6 +34,7 @@ from nbmonitor.live import ranks as _ranks
 from nbmonitor.live import registry as _registry
 from nbmonitor.live.build import build_sampler
 from nbmonitor.live.lifetime import StepCount, flush_tick
+from nbmonitor.live.memory_history import MemoryHistory
 from nbmonitor.live.parts import layer_stats, run_meta
 from nbmonitor.live.setup_check import check_setup
 from nbmonitor.options import AttachOptions, Options, WrappedOptimizer, check_model
@@ -41,7 +42,7 @@ from nbmonitor.sinks import Sink
 
 if TYPE_CHECKING:
     from nbmonitor.live.profile import Profile
-    from nbmonitor.memory import MemoryBreakdown
+    from nbmonitor.memory import Freed, MemoryBreakdown, OomReport
 
 # How long close() waits for a sampler tick in progress (a hung source) before it gives up on
 # the last interval rather than hang the notebook.
@@ -83,6 +84,7 @@ class Monitor:
         _ranks.check_display_rank(self.rank, opts.display_rank)
 
         self.backend = _backends.select(model, opts.backend)
+        self._history = MemoryHistory(self.backend.name) if opts.memory_history else None
         capture = build_capture(
             model,
             optimizer,
@@ -203,6 +205,12 @@ class Monitor:
             self.close()
             raise
         _registry.started(self)
+        if self._history is not None:
+            try:
+                self._history.start()
+            except Exception as exc:  # recording off: the run goes on without snapshots
+                self.errors_log.add("memory_history", exc)
+        self._watch_oom()
         clock = self._life.clock()
         if self._dashboard is not None and self._dashboard.route == "main" and clock is not None:
             # Colab renders only main-thread sends: the loop sends the newest frame at a step end.
@@ -344,6 +352,77 @@ class Monitor:
 
         return live_memory(self._memory_probe(), self._pipeline.model.memory, self.step)
 
+    def free_oom(self) -> Freed:
+        """After an out-of-memory error in a notebook: drop what the stored error still holds
+        (``sys.last_traceback`` and friends, IPython's last result and output history, the
+        error's frames), collect, empty the allocator's cache, and say how much came back, so
+        that the next cell runs without restarting the kernel. See docs/memory.md."""
+        from nbmonitor.live import oom
+
+        shell = _ipython()
+        index = self.backend.device_index if self.backend.name == "cuda" else None
+        return oom.free_oom(shell, index)
+
+    def memory_snapshot(self, path: str | Path) -> Path:
+        """With ``attach(..., memory_history=True)`` on CUDA: write the allocator's history
+        (segments, and the recent allocations with their stacks) to ``path``, a pickle that
+        https://pytorch.org/memory_viz opens. RuntimeError without the history on."""
+        if self._history is None:
+            raise RuntimeError(
+                "nbmonitor: memory_snapshot() needs attach(..., memory_history=True) on CUDA."
+            )
+        return self._history.dump(path)
+
+    def _oom_report(self, exc: BaseException, kind: str) -> OomReport:
+        from nbmonitor.live import oom
+
+        clock = self._life.clock()
+        snapshot = None
+        if self._history is not None and self._history.on and kind == "cuda":
+            try:  # taken at the failure: the allocations that led to it are in it
+                snapshot = str(self._history.dump(self.run_dir / f"oom-step{self.step + 1}.pickle"))
+            except Exception as failure:
+                self.errors_log.add("memory_history", failure)
+        report = oom.build_report(
+            exc,
+            kind,
+            model=self._model_ref(),
+            optimizer=clock.optimizer if clock is not None else None,
+            run=self._pipeline.model,
+            breakdown=self.memory(),
+            step=self.step,
+            device_index=self.backend.device_index,
+        )
+        return dataclasses.replace(report, snapshot=snapshot)
+
+    def _watch_oom(self) -> None:
+        """In a kernel, a card under any cell that ends in an out-of-memory error."""
+        shell = _ipython()
+        if shell is None or not self.displays:
+            return
+        from nbmonitor.live import oom
+        from nbmonitor.ui.oom_card import show_card
+
+        ref = weakref.ref(self)  # the kernel's callback must not keep this monitor alive
+
+        def report(exc: BaseException, kind: str) -> OomReport | None:
+            mon = ref()
+            return mon._oom_report(exc, kind) if mon is not None else None  # noqa: SLF001
+
+        def free() -> object:
+            mon = ref()
+            return mon.free_oom() if mon is not None else oom.free_oom(_ipython(), None)
+
+        def failed(exc: Exception) -> None:
+            mon = ref()
+            if mon is not None:
+                mon.errors_log.add("oom_card", exc)
+
+        try:
+            oom.watch(report, lambda card: show_card(card, free), failed, shell)
+        except Exception as exc:  # a shell without events: no card, training goes on
+            self.errors_log.add("oom_card", exc)
+
     def span(self, name: str) -> Span:
         """A named span of time: ``with mon.span("data"): ...`` or ``@mon.span("eval")``.
 
@@ -422,6 +501,11 @@ class Monitor:
         """
         self._finalizer.detach()
         closing = not self._life.closed
+        if self._history is not None:
+            try:
+                self._history.stop()
+            except Exception as exc:  # close never raises
+                self.errors_log.add("memory_history", exc)
         self._life.close(CLOSE_WAIT_S)
         if self._dashboard is not None:
             self._dashboard.pump()  # the final frame, where it waits for the main thread
@@ -463,6 +547,11 @@ class Monitor:
         dashboard = self._make_dashboard()
         self.add_view(dashboard)
         return dashboard
+
+    def _display_(self) -> Any:
+        """What marimo shows for this object: the dashboard's anywidget (marimo renders
+        anywidgets, not the ipywidgets view in ``_repr_mimebundle_``)."""
+        return self.dashboard()._display_()
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         return self.dashboard()._repr_mimebundle_(**kwargs)
@@ -519,3 +608,14 @@ def attach(
 
 if attach.__doc__ is not None and AttachOptions.__doc__ is not None:
     attach.__doc__ += "\n    Options:\n" + AttachOptions.__doc__.split("\n", 1)[1]
+
+
+def _ipython() -> Any:
+    """The kernel's shell when this runs in a notebook, else None."""
+    from nbmonitor.ui.notebook import in_notebook
+
+    if not in_notebook():
+        return None
+    from IPython.core.getipython import get_ipython
+
+    return get_ipython()  # type: ignore[no-untyped-call, unused-ignore]

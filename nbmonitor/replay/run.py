@@ -141,6 +141,11 @@ class Run(RunFiles):
             self._follow.stop()
             self._follow = None
 
+    def _display_(self) -> Any:
+        """What marimo shows for this object: the dashboard's anywidget (marimo renders
+        anywidgets, not the ipywidgets view in ``_repr_mimebundle_``)."""
+        return self.dashboard()._display_()
+
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         return self.dashboard()._repr_mimebundle_(**kwargs)
 

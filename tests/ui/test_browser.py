@@ -187,7 +187,6 @@ def _step(page: Any) -> int:
 
 
 IDLE = ".jp-Notebook-ExecutionIndicator[data-status='idle']"
-OUR_ERRORS = re.compile(r"nbmonitor|nbm-|anywidget|bqplot|uplot", re.I)
 
 
 def open_page(

@@ -24,6 +24,7 @@ from tests.ui.test_browser import (
     chart_png,
     open_page,
     start_browser_test,
+    wait_for_progress,
 )
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -79,8 +80,7 @@ def test_the_dashboard_draws_and_updates_in_marimo(tmp_path: Path) -> None:
                     page.wait_for_timeout(500)
                 assert canvas.evaluate(_INK_JS), "the loss chart was not drawn"
                 step1, png1 = _step(page), chart_png(page)
-                page.wait_for_timeout(3_000)
-                step2, png2 = _step(page), chart_png(page)
+                step2, png2 = wait_for_progress(page, step1, png1)
                 reads = f"step {step1} -> {step2}"
                 assert 0 < step1 < step2 < STEPS, reads
                 assert png1 != png2, f"the loss chart did not change ({reads})"

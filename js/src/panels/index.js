@@ -4,12 +4,13 @@
 // {update(state) -> has content, destroy()}.
 
 import layers from "./layers.js";
+import memory from "./memory.js";
 import ranks from "./ranks.js";
 import system from "./system.js";
 import timeline from "./timeline.js";
 import training from "./training.js";
 
-export const PANELS = [training, system, layers, timeline, ranks];
+export const PANELS = [training, system, memory, layers, timeline, ranks];
 
 /** @param {string} name */
 export function panelNamed(name) {
