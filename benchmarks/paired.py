@@ -16,6 +16,7 @@ The total overhead of attaching is the hooks' ratio plus that share.
     python benchmarks/paired.py                        # mlp20, mlp20_b64, gpt; 60 s each
     python benchmarks/paired.py --tasks mlp20 --seconds 120 --dashboard
     python benchmarks/paired.py --clip 1.0             # a loop that clips its gradients
+    python benchmarks/paired.py --export tensorboard prometheus parquet   # exporters on
 """
 
 from __future__ import annotations
@@ -91,9 +92,16 @@ def run_half(
     dashboard: bool,
     tmp: str,
     clip: float | None = None,
+    export: tuple[str, ...] = (),
 ) -> tuple[dict[str, list[float]], list[tuple[float, float]]]:
     """``seconds`` of steps in turn with model ``watched`` monitored (``step_models_in_turn``)."""
-    mon = nbmonitor.attach(models[watched][0], opts[watched], run_dir=tmp, display=False)
+    # Prometheus on a port the OS picks: another process may hold the default one.
+    exporters = [nbmonitor.export.Prometheus(port=0) if e == "prometheus" else e for e in export]
+    mon = nbmonitor.attach(
+        models[watched][0], opts[watched], run_dir=tmp, display=False, export=exporters
+    )
+    if mon.errors:
+        raise SystemExit(f"an exporter did not start: {mon.errors}")
     if dashboard:
         mon._views = (mon._make_dashboard(),)  # what a notebook shows, without a front end
     return step_models_in_turn(models, opts, {watched: mon}, seconds, clip)
@@ -136,7 +144,12 @@ def step_models_in_turn(
 
 
 def measure(
-    task: str, seconds: float, dashboard: bool, tmp: str, clip: float | None = None
+    task: str,
+    seconds: float,
+    dashboard: bool,
+    tmp: str,
+    clip: float | None = None,
+    export: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     models = {"A": make_task(task), "B": make_task(task)}  # same seed: same weights and data
     opts = {k: torch.optim.AdamW(m.parameters(), lr=1e-4) for k, (m, _) in models.items()}
@@ -155,7 +168,9 @@ def measure(
     try:
         for watched, plain in (("A", "B"), ("B", "A")):
             faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-            times, half_spans = run_half(models, opts, watched, seconds / 2, dashboard, tmp, clip)
+            times, half_spans = run_half(
+                models, opts, watched, seconds / 2, dashboard, tmp, clip, export
+            )
             faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
             halves.append((times[watched], times[plain]))
             spans += half_spans
@@ -211,16 +226,20 @@ def main() -> int:
     ap.add_argument("--dashboard", action="store_true", help="the notebook dashboard as view")
     ap.add_argument("--json", help="write results here")
     ap.add_argument("--clip", type=float, help="clip_grad_norm_ to this norm every step")
+    ap.add_argument(
+        "--export", nargs="*", default=[], help="attach(export=...) targets, e.g. tensorboard"
+    )
     args = ap.parse_args()
     results: dict[str, Any] = {
         **environment(),
         "view": "dashboard" if args.dashboard else "console",
         "clip": args.clip,
+        "export": args.export,
         "tasks": {},
     }
     with tempfile.TemporaryDirectory() as tmp:
         for task in args.tasks:
-            r = measure(task, args.seconds, args.dashboard, tmp, args.clip)
+            r = measure(task, args.seconds, args.dashboard, tmp, args.clip, tuple(args.export))
             results["tasks"][task] = r
             print(
                 f"{task:10s} {r['pairs']} pairs, plain {r['step_ms_plain']:.2f} ms: "

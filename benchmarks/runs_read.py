@@ -2,6 +2,10 @@
 
 Run from the repo root: ``PYTHONPATH=. python benchmarks/runs_read.py [--rows N] [--metrics M]``
 
+To compare two checkouts' readers on the same files: ``--write-only DIR`` (with either
+checkout on the path), then ``--read DIR`` with each in turn, interleaved; ``--write-many N
+--list-dir DIR`` writes N small runs and ``--read '' --list-dir DIR`` times ``list_runs``.
+
 Writes, with ``RunLogSink`` in ticks of ``--tick`` rows (step, time and M-2 random metrics,
 so M keys in all), a closed run of N rows and the same run left open as a killed writer leaves
 it (no close: the rows since the last sidecar chunk exist only as text). Then reports the
@@ -18,6 +22,7 @@ median and range of ``--repeats`` timings of:
 from __future__ import annotations
 
 import argparse
+import json
 import pathlib
 import shutil
 import statistics
@@ -29,7 +34,6 @@ import numpy as np
 
 from nbmonitor.runs import Tail, decode, open_run
 from nbmonitor.runs.decode import to_columns
-from nbmonitor.runs.files import RunFolder
 from nbmonitor.runs.format import encode_lines
 from nbmonitor.runs.sidecar import read_chunks
 from nbmonitor.sinks import Batch, RunLogSink
@@ -89,6 +93,44 @@ def _tail_poll(log: RunLogSink, args: argparse.Namespace, start: int) -> list[fl
     return out
 
 
+def write_only(folder: pathlib.Path, args: argparse.Namespace) -> None:
+    """Write the closed and the killed run into ``folder`` (with whichever nbmonitor is on the
+    path: runs written by an older writer, read by both readers, compare the readers)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    closed = _write(folder, "closed", args.rows, args)
+    closed.close({"status": "closed"})
+    _write(folder, "killed", args.rows + args.killed_extra, args)  # never closed
+    print(f"wrote {sorted(p.name for p in folder.iterdir())}")
+
+
+def read_only(folder: pathlib.Path, args: argparse.Namespace) -> None:
+    """Time ``open_run(path).history()`` of every run in ``folder``, and ``list_runs`` of the
+    folder given with --list-dir; one line per timing, for a driver that interleaves
+    checkouts."""
+    from nbmonitor.runs import list_runs
+
+    for path in sorted(folder.iterdir()) if folder.name else []:
+        ts = _times(lambda p=path: open_run(p).history(), args.repeats)
+        print(f"open {path.name} " + " ".join(f"{t:.4f}" for t in ts), flush=True)
+    if args.list_dir:
+        ts = _times(lambda: list_runs(args.list_dir), args.repeats)
+        print(f"list {args.list_dir} " + " ".join(f"{t:.4f}" for t in ts), flush=True)
+
+
+def write_many(folder: pathlib.Path, n: int) -> None:
+    """``n`` small closed runs (meta.json, a few steps), as a long-lived runs/ folder holds."""
+    rows = encode_lines([{"step": float(i), "loss": 1.0 / (i + 1)} for i in range(20)])
+    for i in range(n):
+        path = folder / f"20260101-{i:06d}-run"
+        path.mkdir(parents=True)
+        meta = {"format_version": 1, "status": "closed", "steps": 20,
+                "start_timestamp": 1.7e9 + i, "start_time": "2026-01-01T00:00:00+00:00",
+                "backend": {"name": "cpu"}, "files": {"steps": "steps.jsonl"}}  # fmt: skip
+        (path / "meta.json").write_text(json.dumps(meta))
+        (path / "steps.jsonl").write_bytes(rows)
+    print(f"wrote {n} runs in {folder}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="Reading runs benchmark.")
     parser.add_argument("--rows", type=int, default=1_000_000)
@@ -99,9 +141,19 @@ def main() -> None:
     parser.add_argument("--new", type=int, default=1000, help="records per tail refresh")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--no-orjson", action="store_true", help="parse with the stdlib only")
+    parser.add_argument("--write-only", type=pathlib.Path, help="write the runs there, exit")
+    parser.add_argument("--read", type=pathlib.Path, help="time opening the runs there, exit")
+    parser.add_argument("--write-many", type=int, default=0, help="with --list-dir: N runs")
+    parser.add_argument("--list-dir", type=pathlib.Path, help="time list_runs of this folder")
     args = parser.parse_args()
     if args.no_orjson:
         decode._fast_loads = None  # what a Python without orjson gets
+    if args.write_many:
+        return write_many(args.list_dir, args.write_many)
+    if args.write_only:
+        return write_only(args.write_only, args)
+    if args.read:
+        return read_only(args.read, args)
 
     root = pathlib.Path(tempfile.mkdtemp(prefix="nbmonitor-bench-"))
     try:
@@ -123,6 +175,8 @@ def main() -> None:
         h = open_run(closed.path).history()
         assert len(h) == args.metrics and len(h["step"]) == args.rows
         assert len(open_run(killed.path).history()["step"]) == killed_rows
+        from nbmonitor.runs.files import RunFolder
+
         chunks, _ = read_chunks(
             RunFolder(killed.path),
             ["columns", "steps"],

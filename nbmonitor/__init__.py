@@ -9,12 +9,14 @@ Names load lazily: ``import nbmonitor`` loads no torch, so reading a run from di
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from nbmonitor._lazy import lazy_names
 from nbmonitor._version import __version__
 
 if TYPE_CHECKING:
+    from nbmonitor import export
     from nbmonitor.debug import summary
     from nbmonitor.errors import NonFiniteError, RunDirError
     from nbmonitor.health import Thresholds
@@ -43,11 +45,19 @@ _WHERE = {
 }
 
 
-__getattr__ = lazy_names(__name__, _WHERE)
+# Submodules that are public namespaces (``nbmonitor.export.TensorBoard(...)``).
+_MODULES = ("export",)
+_lazy_getattr = lazy_names(__name__, _WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    return _lazy_getattr(name)
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_WHERE])
+    return sorted([*globals(), *_WHERE, *_MODULES])
 
 
 __all__ = [
@@ -63,6 +73,7 @@ __all__ = [
     "attach",
     "compare",
     "devices",
+    "export",
     "list_runs",
     "open",
     "summary",

@@ -3,6 +3,8 @@
   nbmonitor demo          train a tiny model for 20 s with the monitor attached
   nbmonitor tail RUN      follow a run another process is writing, until it closes
   nbmonitor runs [DIR]    list the runs in a folder (default: runs)
+  nbmonitor export RUN --to tensorboard|wandb|mlflow|trackio|parquet|csv [--out DIR]
+                          hand a run (or every rank of a job) on to another tool
   nbmonitor top           the machine's GPUs and the runs being written, full screen
   nbmonitor --version     print the installed version
 
@@ -13,8 +15,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import io
 import math
+import os
 import sys
 import time
 import warnings
@@ -131,9 +133,8 @@ def _say(message: str) -> None:
 
 
 def _is_run(path: Path) -> bool:
-    from nbmonitor.runs.files import RunFolder
-
-    return RunFolder(path).is_file(["meta.json"])
+    """Whether ``path`` holds a meta.json (of any kind: reading it says what is wrong)."""
+    return os.path.lexists(path / "meta.json")
 
 
 def _wait_for(path: Path, wait: float, interval: float) -> bool:
@@ -260,25 +261,104 @@ def _add_runs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(run=lambda args: runs(args.folder))
 
 
-class _Printable(io.TextIOBase):
-    """A text stream that passes on what it is given with control characters (ESC among
-    them) shown as ``?``: the reading commands print names, alert messages and keys that came
-    from run folders, and nothing in a file may drive the terminal."""
+# Where --out goes for each target (trackio writes to TRACKIO_DIR, set in the environment).
+_OUT_OPTION = {"tensorboard": "log_dir", "parquet": "out", "csv": "out", "wandb": "dir"}
 
-    def __init__(self, stream: TextIO) -> None:
-        self._stream = stream
 
-    def write(self, s: str) -> int:
-        from nbmonitor.runs.text import strip_controls
+class _Bar:
+    """A progress bar on stderr: ``[#####-----]  52%  3.1/6.0 MB``, redrawn at most every
+    0.1 s."""
 
-        self._stream.write(strip_controls(s))
-        return len(s)
+    def __init__(self, label: str) -> None:
+        from nbmonitor.runs.text import StrippedStream, strip_controls
 
-    def flush(self) -> None:
-        self._stream.flush()
+        self.label = strip_controls(label)  # a folder's name
+        # Its own "\r" must reach the terminal: past the filter of what run folders hold.
+        err = sys.stderr
+        self.stream = err.raw if isinstance(err, StrippedStream) else err
+        self.last = -1.0
 
-    def isatty(self) -> bool:
-        return self._stream.isatty()
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if done < total and now - self.last < 0.1:
+            return
+        self.last = now
+        frac = done / total if total > 0 else 1.0
+        filled = int(frac * 30)
+        self.stream.write(
+            f"\r{self.label} [{'#' * filled}{'-' * (30 - filled)}] {frac:4.0%} "
+            f"{done / 1e6:.1f}/{total / 1e6:.1f} MB"
+        )
+        self.stream.flush()
+
+    def end(self) -> None:
+        if self.last >= 0:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def export(run: str, to: str, out: str | None) -> int:
+    """Hand the run (every rank of a job) on to ``to``; one line per run exported."""
+    from pathlib import Path
+
+    from nbmonitor.errors import RunDirError
+    from nbmonitor.export import ExportError, export_run
+    from nbmonitor.runs.reader import run_path
+
+    options: dict[str, object] = {}
+    if out is not None:
+        if to == "mlflow":
+            import os
+
+            # A folder is MLflow's file store, which MLflow 3 opens only when allowed.
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+            options["tracking_uri"] = Path(out).resolve().as_uri()
+        elif to in _OUT_OPTION:
+            options[_OUT_OPTION[to]] = out
+        else:
+            print(f"nbmonitor export: --out does not apply to {to} (set TRACKIO_DIR instead).")
+            return 2
+    bar = _Bar(f"{run_path(run).name} -> {to}")
+    try:
+        done = export_run(run, to, bar, **options)
+    except (ExportError, RunDirError, OSError, ValueError) as exc:
+        bar.end()
+        text = str(exc)
+        print(text if text.startswith("nbmonitor") else f"nbmonitor export: {text}")
+        return 1
+    bar.end()
+    for item in done:
+        print(f"nbmonitor export: {item.run.name} -> {item.target}: {item.where}")
+    return 0
+
+
+def _add_export(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "export",
+        help="hand a run on to TensorBoard, W&B, MLflow, trackio, Parquet or CSV",
+        description=(
+            "Export a run as it is on disk now (finished, or still being written), or every "
+            "rank of a job, to another tool. Needs that tool's extra, e.g. "
+            'pip install "nbmonitor[tensorboard]"; torch is not needed.'
+        ),
+    )
+    p.add_argument("target", metavar="RUN", help="the run's folder, or a job's")
+    p.add_argument(
+        "--to",
+        required=True,
+        metavar="TARGET",
+        help="tensorboard, wandb, mlflow, trackio, parquet or csv",
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        metavar="DIR",
+        help=(
+            "where to write: TensorBoard's log dir, the Parquet/CSV folder, W&B's dir, or "
+            "an MLflow file store (default: inside the run folder; W&B's and MLflow's own)"
+        ),
+    )
+    p.set_defaults(run=lambda args: export(args.target, args.to.lower(), args.out))
 
 
 def _show_warning(
@@ -297,13 +377,15 @@ def _show_warning(
 def _reading_output() -> Iterator[None]:
     """For the commands that print what run folders hold: control characters stripped from
     stdout and stderr, warnings one line each, errors one line and an exit status."""
-    out, err, show = sys.stdout, sys.stderr, warnings.showwarning
-    sys.stdout, sys.stderr = _Printable(out), _Printable(err)
+    from nbmonitor.runs.text import stripped_output
+
+    show = warnings.showwarning
     warnings.showwarning = _show_warning
     try:
-        yield
+        with stripped_output():
+            yield
     finally:
-        sys.stdout, sys.stderr, warnings.showwarning = out, err, show
+        warnings.showwarning = show
 
 
 def _add_top(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -351,6 +433,7 @@ COMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], N
     _add_demo,
     _add_tail,
     _add_runs,
+    _add_export,
     _add_top,
 ]
 

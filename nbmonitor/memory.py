@@ -39,13 +39,70 @@ class MemoryRow:
     tensors: int
 
 
-def _fmt_bytes(n: float) -> str:
+def fmt_bytes(n: float) -> str:
     if not math.isfinite(n):
         return "-"
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if abs(n) >= scale:
             return f"{n / scale:.3g} {unit}"
     return f"{int(n)} B"
+
+
+@dataclass(frozen=True)
+class LiveTensor:
+    """One live tensor named in an OOM card: its storage's bytes and what holds it."""
+
+    nbytes: int
+    shape: tuple[int, ...]
+    dtype: str
+    device: str
+    what: str  # "parameter 0.weight", "local `x` in Block.forward (layers.3)", ...
+
+
+@dataclass(frozen=True)
+class OomReport:
+    """What the card under a cell says about an out-of-memory error (plain data: it holds no
+    tensor and not the exception). ``kind``: ``"cuda"``, ``"mps"`` or ``"cpu"``; ``module``
+    and ``phase`` (``"forward"``, ``"backward"``, ``"optimizer step"``) where it failed, when
+    the traceback tells; ``peaks``: (step, bytes) of the last samples of ``peak_key``."""
+
+    kind: str
+    message: str
+    requested_bytes: float
+    module: str | None
+    phase: str | None
+    step: int
+    breakdown: MemoryBreakdown | None
+    peaks: tuple[tuple[int, float], ...]
+    peak_key: str
+    tensors: tuple[LiveTensor, ...]
+    advice: tuple[str, ...]
+    figures: dict[str, float] = field(default_factory=dict)
+    snapshot: str | None = None
+
+
+@dataclass(frozen=True)
+class Freed:
+    """What ``mon.free_oom()`` gave back: ``what`` measured before and after."""
+
+    what: str  # "CUDA memory allocated" or "resident memory (RSS)"
+    before: float
+    after: float
+    released: tuple[str, ...]  # which references were dropped
+
+    @property
+    def freed_bytes(self) -> float:
+        return self.before - self.after
+
+    def __str__(self) -> str:
+        dropped = ", ".join(self.released) or "nothing held"
+        return (
+            f"free_oom: {fmt_bytes(max(0.0, self.freed_bytes))} of {self.what} came back "
+            f"({fmt_bytes(self.before)} -> {fmt_bytes(self.after)}); dropped: {dropped}."
+        )
+
+    def _repr_html_(self) -> str:
+        return f"<div><b>{html.escape(str(self))}</b></div>"
 
 
 @dataclass(frozen=True)
@@ -124,8 +181,8 @@ class MemoryBreakdown:
     def _table(self) -> list[tuple[str, ...]]:
         lines: list[tuple[str, ...]] = []
         for module, cats in self.by_module().items():
-            lines.append((module, *(_fmt_bytes(cats[c]) for c in CATEGORIES)))
-        lines.append(("total", *(_fmt_bytes(self._totals[c]) for c in CATEGORIES)))
+            lines.append((module, *(fmt_bytes(cats[c]) for c in CATEGORIES)))
+        lines.append(("total", *(fmt_bytes(self._totals[c]) for c in CATEGORIES)))
         return lines
 
     def _title(self) -> str:
@@ -134,7 +191,7 @@ class MemoryBreakdown:
             if self.activations_step is not None
             else ", no activations sampled yet"
         )
-        return f"memory at step {self.step}: {_fmt_bytes(self.total_bytes)}{act}"
+        return f"memory at step {self.step}: {fmt_bytes(self.total_bytes)}{act}"
 
     def __str__(self) -> str:
         head = ("module", *CATEGORIES)

@@ -11,11 +11,13 @@ import dataclasses
 import difflib
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 from nbmonitor._engine.assemble.layers import GROUPINGS
+from nbmonitor.export import exporters
 from nbmonitor.health import Thresholds
+from nbmonitor.sinks.exporter import Exporter
 
 if TYPE_CHECKING:
     import torch
@@ -62,6 +64,15 @@ class AttachOptions(TypedDict, total=False):
     display_rank: in a distributed job (``torchrun``), the rank that shows the dashboard or
         status lines and writes the cross-rank summary at close; the others record
         silently (default 0).
+    memory_history: on CUDA, record the allocator's history (every allocation and free,
+        with its stack; ``torch.cuda.memory._record_memory_history``) so that
+        ``mon.memory_snapshot(path)`` writes a file for https://pytorch.org/memory_viz and an
+        out-of-memory card links the snapshot taken at the failure. It costs: stacks are
+        captured at every allocation (default False).
+    export: hand the run on as it is recorded: ``"tensorboard"``, ``"wandb"``,
+        ``"mlflow"``, ``"trackio"``, ``"prometheus"``, ``"parquet"``, ``"csv"``, an exporter
+        object with options (``nbmonitor.export.TensorBoard(log_dir=...)``), or a list of
+        them. One that cannot start or fails is reported in ``errors``; the run goes on.
 
     """
 
@@ -81,6 +92,8 @@ class AttachOptions(TypedDict, total=False):
     phases: bool
     flops: bool
     display_rank: int
+    memory_history: bool
+    export: str | Exporter | Sequence[str | Exporter] | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +116,8 @@ class Options:
     phases: bool = True
     flops: bool = True
     display_rank: int = 0
+    memory_history: bool = False
+    export: tuple[Exporter, ...] = ()
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any]) -> Options:
@@ -115,6 +130,7 @@ class Options:
                 raise TypeError(f"nbmonitor.attach: unknown option {key!r}{hint}")
         values = dict(kwargs)
         values["thresholds"] = coerce_thresholds(values.get("thresholds"))
+        values["export"] = tuple(exporters(values.get("export")))
         options = cls(**values)
         check_options(options)
         return options
@@ -124,6 +140,7 @@ class Options:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["run_dir"] = str(self.run_dir)
         out["thresholds"] = dataclasses.asdict(self.thresholds)
+        out["export"] = [e.name for e in self.export]  # their options may hold credentials
         return out
 
 
@@ -203,7 +220,7 @@ def check_options(options: Options) -> None:
             f"names the run folder), got {len(name.encode())} bytes; pass a shorter name=."
         )
     check_run_dir(options.run_dir)
-    for flag in ("display", "activations", "check_forward", "phases", "flops"):
+    for flag in ("display", "activations", "check_forward", "phases", "flops", "memory_history"):
         value = getattr(options, flag)
         if not isinstance(value, bool):
             raise TypeError(f"nbmonitor.attach: {flag} must be True or False, got {value!r}.")

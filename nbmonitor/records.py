@@ -304,6 +304,32 @@ class FlopsRecord:
         return None
 
 
+# How an optimizer applies its update: one fused kernel, one foreach call per group of tensors,
+# a Python loop over the tensors, or not known (a class without torch's fused/foreach options).
+OPTIMIZER_IMPLEMENTATIONS = ("fused", "foreach", "for-loop", "unknown")
+
+
+@dataclass(frozen=True, slots=True)
+class OptimizerRecord:
+    """What the monitor's optimizer is, read once when it becomes the monitor's (at attach, or
+    when adopted): its class, which implementation its step runs (``OPTIMIZER_IMPLEMENTATIONS``)
+    and which faster ones it offers for its parameters' device. The time rules suggest only
+    what the run does not already use."""
+
+    step: int
+    name: str  # the class, e.g. "Adam"
+    device: str  # of its parameters, e.g. "cpu", "cuda"
+    implementation: str
+    can_fuse: bool  # a fused=True implementation exists for this class and device
+    can_foreach: bool  # a foreach=True implementation exists for this class
+
+    def ready(self) -> bool:
+        return True
+
+    def wait(self) -> None:
+        return None
+
+
 @dataclass(frozen=True, slots=True)
 class MemoryRecord:
     """What holds memory at a sampled step (``probes/memory.py``): parameters, buffers,
@@ -323,4 +349,13 @@ class MemoryRecord:
         return None
 
 
-Record = StepRecord | LogRecord | AuxRecord | FlopsRecord | PhaseRecord | SpanRecord | MemoryRecord
+Record = (
+    StepRecord
+    | LogRecord
+    | AuxRecord
+    | FlopsRecord
+    | PhaseRecord
+    | SpanRecord
+    | MemoryRecord
+    | OptimizerRecord
+)

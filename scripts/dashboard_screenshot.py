@@ -2,7 +2,7 @@
 in a real JupyterLab and headless Debian Chromium (the browser test's helpers), then the
 dashboard's output area. A healthy run: the picture must show no alert.
 
-    python3 scripts/dashboard_screenshot.py [--steps 6000] [--out docs/dashboard.png]
+    python3 scripts/dashboard_screenshot.py [--steps 2500] [--out docs/dashboard.png]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from tests.ui import test_browser as ui  # noqa: E402
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=ui.STEPS)
+    parser.add_argument("--steps", type=int, default=2500)  # the quickstart's default
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "dashboard.png")
     args = parser.parse_args()
     ui.STEPS = args.steps
@@ -31,11 +31,11 @@ def main() -> int:
 
     with (
         tempfile.TemporaryDirectory() as tmp,
-        ui.jupyter_server(Path(tmp), "lab") as (base, token, _log),
+        ui.jupyter_server(Path(tmp), "lab", steps=args.steps) as (base, token, _log),
         sync_api.sync_playwright() as p,
     ):
         errors: list[str] = []
-        browser, page = ui.open_page(p, errors)
+        browser, page = ui.open_page(p, errors, viewport=(1280, 1600))
         try:
             ui.goto_notebook(page, f"{base}/lab/tree/{ui.NOTEBOOK}?token={token}")
             select = page.locator(".jp-Dialog button.jp-mod-accept", has_text="Select")

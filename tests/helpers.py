@@ -2,9 +2,24 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+# How long a test waits for a condition (a thread to end, a sample to arrive, a status to
+# change) before failing: generous, so that a loaded machine only makes the wait longer, never
+# the verdict different (docs/testing.md). Waits end as soon as the condition holds.
+WAIT_S = 120.0
+
+
+def wait_for(condition: Callable[[], object], timeout: float = WAIT_S) -> bool:
+    """Poll ``condition`` until it is true or ``timeout`` seconds have passed; its last value."""
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return bool(condition())
 
 
 def mlp(

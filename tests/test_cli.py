@@ -66,8 +66,9 @@ def test_demo_runs_for_the_requested_seconds(tmp_path: Path) -> None:
     (run_dir,) = tmp_path.iterdir()
     run = nbmonitor.open(run_dir)
     wall = run.history()["time"]
-    # Training itself (first to last recorded step) filled the time asked for, not a step cap.
-    assert wall[-1] - wall[0] >= seconds - 0.5, (wall[0], wall[-1])
+    # Training filled the time asked for, not a step cap: the last step ended after the
+    # deadline set at attach (a bound a slow machine cannot break: it only adds time).
+    assert wall[-1] - run.meta["start_timestamp"] >= seconds, (run.meta["start_timestamp"], wall)
 
 
 def test_tail_and_runs_on_a_finished_run(tmp_path, capsys) -> None:

@@ -89,12 +89,13 @@ def fit(
     clip: float | None,
     fail_at: int | None = None,
     plugins: list[Any] | None = None,
+    **options: Any,
 ) -> tuple[Any, Reference, Any]:
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(40, 8, generator=gen) * 5  # large inputs: norms well above the clip
     data = torch.utils.data.TensorDataset(x, torch.randn(40, 1, generator=gen))
-    callback = NbmonitorCallback(run_dir=tmp_path / "runs", display=False)
+    callback = NbmonitorCallback(run_dir=tmp_path / "runs", display=False, **options)
     reference = Reference()
     trainer = L.Trainer(
         max_epochs=2,
@@ -177,3 +178,14 @@ def test_fp16_with_a_grad_scaler(tmp_path: Path) -> None:
     assert np.isnan(h["grad_norm"][skipped]).all()
     np.testing.assert_allclose(h["grad_norm"][~skipped], norms[~skipped], rtol=1e-4)
     np.testing.assert_allclose(h["loss"], reference.step_losses, rtol=1e-4)
+
+
+@pytest.mark.timeout(300)
+def test_the_callback_exports(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard")
+    pd = pytest.importorskip("pandas")
+    _, _, mon = fit(tmp_path, 1, None, export=["tensorboard", "csv"])
+    assert mon.status == "closed" and not mon.errors
+    assert sorted(p.name for p in (mon.run_dir / "tensorboard").iterdir())[-1] == "train"
+    history = pd.read_csv(mon.run_dir / "csv" / "history.csv")
+    assert history["step"].tolist() == mon.history()["step"].tolist() == list(range(1, 21))

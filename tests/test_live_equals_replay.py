@@ -225,3 +225,50 @@ def test_a_two_rank_job_is_the_same_live_and_from_its_folder(
     follower = Follow(job_dir, [spy], interval=1.0, job=True)
     assert follower.refresh()  # every rank has closed
     same(spy.frames[-1], job.frame(), "ranks")
+
+
+class RecordingSink:
+    """A sink that keeps what it is given."""
+
+    name = "recording"
+
+    def __init__(self) -> None:
+        self.rows: dict[str, list[Any]] = {}
+        self.flushes = 0
+        self.closed: Any = None
+
+    def write(self, batch: Any) -> None:
+        for stream, rows in batch.streams.items():
+            self.rows.setdefault(stream, []).extend(rows)
+
+    def flush(self) -> None:
+        self.flushes += 1
+
+    def close(self, final_meta: Any) -> None:
+        self.closed = final_meta
+
+
+def test_a_sink_is_fed_the_same_rows_live_and_from_disk(tmp_path: pathlib.Path) -> None:
+    torch.manual_seed(2)
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    mon = nbmonitor.attach(model, opt, run_dir=tmp_path, display=False, interval=0.05)
+    live = RecordingSink()
+    # The live pipeline's sinks: the run log, and whatever joins it (exporters).
+    sinks = mon._pipeline.parts.sinks
+    sinks.sinks.append(live)
+    sinks.guards.append(type(sinks.guards[0])("sink:recording", mon.errors_log))
+    try:
+        with mon.span("work"):
+            train(model, opt, mon, steps=12)
+    finally:
+        mon.close()
+    disk = RecordingSink()
+    run = nbmonitor.open(mon.run_dir)
+    run.feed(disk, rows_per_batch=5)
+    assert disk.flushes >= 3 and disk.closed["status"] == "closed"
+    assert len(disk.rows["steps"]) == 12 and disk.rows.keys() == live.rows.keys()
+    for stream, rows in live.rows.items():
+        same(rows, disk.rows[stream], stream)
+    with pytest.raises(ValueError, match="rows_per_batch"):
+        run.feed(disk, rows_per_batch=0)

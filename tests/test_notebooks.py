@@ -28,6 +28,9 @@ def test_notebook_runs(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPat
     if path.name.startswith("04-"):
         pytest.importorskip("transformers")
         pytest.importorskip("accelerate")
+    if path.name.startswith("07-"):
+        for tool in ("tensorboard", "pyarrow", "prometheus_client", "wandb"):
+            pytest.importorskip(tool)
     work = tmp_path / path.name
     shutil.copy(path, work)
     monkeypatch.setenv("NBMONITOR_QUICKSTART_STEPS", "200")
@@ -88,6 +91,16 @@ def test_notebook_runs(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPat
             o.text for o in outputs if o.output_type == "stream" and o.name == "stderr"
         )
         assert "Warning" not in stderr, stderr
+    if path.name.startswith("07-"):
+        # Live: the Prometheus endpoint served the run, nothing failed, the files were
+        # written; from disk: CSV, TensorBoard, W&B offline and the command line.
+        text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
+        assert 'nbmonitor_steps_total{host="' in text and "nbmonitor_step_time_seconds{" in text
+        assert "\n[]\n" in text  # mon.errors
+        assert "['layers', 'system', 'train']" in text
+        assert "history.parquet" in text and "history.csv" in text
+        assert "exported-tb" in text and "offline-run-" in text
+        assert "-> parquet: exported-parquet" in text
     if path.name.startswith("04-"):
         # The Trainer's notebook progress table and the nbmonitor dashboard both showed, and
         # nbmonitor's steps are the Trainer's.

@@ -11,6 +11,7 @@ import pytest
 
 from nbmonitor.health import Thresholds
 from nbmonitor.options import AttachOptions, Options
+from nbmonitor.sinks.exporter import Exporter
 
 
 def test_typed_keywords_and_resolved_options_are_the_same_set() -> None:
@@ -21,6 +22,9 @@ def test_typed_keywords_and_resolved_options_are_the_same_set() -> None:
     for name, hint in hints.items():
         if name == "thresholds":  # a dict of fields is accepted, and resolved to Thresholds
             assert resolved[name] is Thresholds
+            continue
+        if name == "export":  # names, objects or a list of them, resolved to exporters
+            assert resolved[name] == tuple[Exporter, ...]
             continue
         assert resolved[name] == hint, name
     # every option is documented where it is declared
@@ -42,6 +46,9 @@ def test_typed_keywords_and_resolved_options_are_the_same_set() -> None:
         ({"intervl": 1.0}, TypeError, "did you mean 'interval'"),
         ({"start_step": -1}, ValueError, "start_step must be an int >= 0"),
         ({"start_step": 2.5}, ValueError, "start_step must be an int >= 0"),
+        ({"export": "tensorbaord"}, ValueError, "did you mean 'tensorboard'"),
+        ({"export": 3}, TypeError, "export= takes"),
+        ({"export": ["csv", "csv"]}, ValueError, "names csv more than once"),
     ],
 )
 def test_bad_options_get_one_line_errors(kwargs: dict[str, object], error: type, text: str) -> None:

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import time
+
 import torch
-from benchmarks.diagnosis.harness import Attach, Scenario
+from benchmarks.diagnosis.harness import LOAD_PER_CORE, Attach, Scenario
 from benchmarks.diagnosis.healthy import _slow_forward, regression
-from benchmarks.diagnosis.models import Patterns, Teacher, TwoTower, mlp
+from benchmarks.diagnosis.models import ManyRows, Patterns, Teacher, TwoTower, mlp
 from torch import nn
 
+TIMING_LATE = (
+    "a timing verdict is said once it has held over 100 steps (PERSIST_STEPS), so that a busy "
+    "neighbour cannot raise it"
+)
 PLATEAU_LATE = (
     "a plateau is told from slow learning only over plateau_window (200) steps of a loss "
     "that has not moved"
@@ -255,6 +261,40 @@ def clip_every_step(steps: int, attach: Attach) -> None:
     classify(model, torch.optim.SGD(model.parameters(), lr=0.05), steps, attach, clip=1e-3)
 
 
+def optimizer_for_loop(steps: int, attach: Attach) -> None:
+    # Adam's for-loop implementation over 200 tiny tensors: most of each step is the optimizer
+    # stepping them one by one, where fused=True would do it in one kernel.
+    torch.manual_seed(0)
+    model = ManyRows(200)
+    target = torch.randn(4, 200)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
+    mon = attach(model, opt, total_steps=steps)
+    for _ in range(steps):
+        x = torch.randn(8, 4)
+        loss = (model(x) - x @ target).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        mon.log(loss=loss)
+
+
+def slow_data(steps: int, attach: Attach) -> None:
+    # Each batch is decoded in the loop's own process and takes 10 ms: most of each step
+    # waits for its data.
+    model = mlp(width=16, depth=2)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    task = Teacher()
+    mon = attach(model, opt, total_steps=steps)
+    for _ in range(steps):
+        time.sleep(0.01)  # the slow decode
+        x, y = task.batch()
+        loss = (model(x) - y).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        mon.log(loss=loss)
+
+
 def leaking_loop(steps: int, attach: Attach) -> None:
     # Each step keeps its output with its graph (``kept.append(out)`` instead of a number):
     # 2 MiB of features a step that are never freed. A real step takes tens of milliseconds;
@@ -322,6 +362,15 @@ BROKEN = (
              500, 300, ("loss_plateau",), why_late=PLATEAU_LATE),
     Scenario("clip_every_step", "MLP", "clip_grad_norm_(max_norm=1e-3)", clip_every_step, 300,
              80, ("clipping_active",)),
+    Scenario("optimizer_for_loop", "many tensors", "Adam(foreach=False) over 200 tiny tensors",
+             optimizer_for_loop, 400, 250, ("optimizer_share",), why_late=TIMING_LATE),
+    Scenario("slow_data", "MLP", "a 10 ms batch decode in the loop", slow_data, 300, 200,
+             ("input_bound",), why_late=TIMING_LATE),
+    Scenario("optimizer_for_loop_busy", "many tensors",
+             "optimizer_for_loop beside a busy process per core", optimizer_for_loop, 400, 250,
+             ("optimizer_share",), why_late=TIMING_LATE, load=LOAD_PER_CORE),
+    Scenario("slow_data_busy", "MLP", "slow_data beside a busy process per core", slow_data,
+             300, 200, ("input_bound",), why_late=TIMING_LATE, load=LOAD_PER_CORE),
     Scenario("leaking_loop", "MLP", "each step's hidden features kept in a list (2 MiB a step)",
              leaking_loop, 300, 100, ("memory_leak",)),
 )  # fmt: skip

@@ -4,15 +4,20 @@ A scenario trains a tiny torch model on the CPU with the bug it names (or none);
 attaches nbmonitor with its default thresholds, lets the sampler run on a short interval,
 flushes, closes, and reads the alerts back: found (an alert of an expected rule naming the
 expected layer), steps from the bug to that alert, and every other alert (on a healthy run,
-each is a false alarm).
+each is a false alarm). A scenario may run beside competing CPU-bound processes (``load``),
+as on a shared machine: the timing rules must stay silent on a healthy run there.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +50,7 @@ class Scenario:
     layer: str | None = None  # a layer (parameter or module) the alert must name
     bug_step: int = 0  # the step after which the bug is present (0: from the start)
     why_late: str = ""  # why the bug cannot be named within TARGET_STEPS, when it cannot
+    load: int = 0  # CPU-bound processes competing with the run (LOAD_PER_CORE: one per core)
 
     @property
     def healthy(self) -> bool:
@@ -90,6 +96,26 @@ class Score:
         return self.found and (self.in_time or bool(s.why_late))
 
 
+# ``Scenario.load`` for one busy process per core.
+LOAD_PER_CORE = -1
+BUSY = "while True: pass"
+
+
+@contextlib.contextmanager
+def cpu_load(processes: int) -> Iterator[None]:
+    """``processes`` CPU-bound processes (``LOAD_PER_CORE``: one per core) running while the
+    block runs, stopped (by their ids) however it ends."""
+    n = (os.cpu_count() or 1) if processes == LOAD_PER_CORE else processes
+    busy = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for proc in busy:
+            proc.kill()
+        for proc in busy:
+            proc.wait()
+
+
 def matches(alert: Alert, scenario: Scenario) -> bool:
     if alert.rule not in scenario.rules:
         return False
@@ -122,7 +148,8 @@ def run(scenario: Scenario, fast: bool = True, **extra: Any) -> Score:
         torch.set_num_threads(1)
         start = time.perf_counter()
         try:
-            scenario.train(steps, attach)
+            with cpu_load(scenario.load):
+                scenario.train(steps, attach)
         finally:
             torch.set_num_threads(threads)
             for mon in monitors:
@@ -139,4 +166,14 @@ def run(scenario: Scenario, fast: bool = True, **extra: Any) -> Score:
     return Score(scenario, steps, seconds, final, alerts, hit)
 
 
-__all__ = ["INTERVAL_S", "TARGET_STEPS", "Attach", "Scenario", "Score", "matches", "run"]
+__all__ = [
+    "INTERVAL_S",
+    "LOAD_PER_CORE",
+    "TARGET_STEPS",
+    "Attach",
+    "Scenario",
+    "Score",
+    "cpu_load",
+    "matches",
+    "run",
+]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import torch
-from benchmarks.diagnosis.harness import Attach, Scenario
+from benchmarks.diagnosis.harness import LOAD_PER_CORE, Attach, Scenario
 from benchmarks.diagnosis.models import (
     LoRALinear,
     Patterns,
@@ -211,6 +211,14 @@ HEALTHY = (
     Scenario("transformer", "transformer", "2 blocks, AdamW + warm-up/cosine + clipping",
              transformer, 1500, 300),
     Scenario("lora", "LoRA", "frozen base, rank-4 adapters, AdamW", lora, 1500, 300),
+    # On a shared machine: a CPU-bound process per core competes with the loop for the whole
+    # run (the timing rules judge against the run's own noise, and stay silent).
+    Scenario("residual_tanh_busy", "MLP", "residual_tanh beside a busy process per core",
+             residual_tanh, 1500, 300, load=LOAD_PER_CORE),
+    Scenario("transformer_busy", "transformer", "transformer beside a busy process per core",
+             transformer, 1500, 300, load=LOAD_PER_CORE),
+    Scenario("mlp_adam_busy", "MLP", "mlp_adam_long beside a busy process per core",
+             mlp_adam_long, 3000, 1000, load=LOAD_PER_CORE),
     Scenario("wide_activations", "MLP", "256 x 2048 activations a step, losses kept as numbers",
              wide_activations, 600, 200),
 )  # fmt: skip

@@ -162,3 +162,15 @@ def cosine_warmup(
         return 0.5 * (1 + math.cos(math.pi * progress))
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+class ManyRows(nn.Module):
+    """``n`` tiny parameter tensors (rows of a linear map) that the forward stacks in one call:
+    forward and backward are cheap, a for-loop optimizer spends its step on Python."""
+
+    def __init__(self, n: int = 200, width: int = 4) -> None:
+        super().__init__()
+        self.rows = nn.ParameterList(nn.Parameter(torch.randn(width) * 0.1) for _ in range(n))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ torch.stack(tuple(self.rows)).T

@@ -136,6 +136,13 @@ export function formatter(unit) {
  * @param {number[]} ticks @param {string} unit @returns {string[]}
  */
 export function tickLabels(ticks, unit) {
+  // uPlot passes null for a tick its axis filter dropped: no label there.
+  if (ticks.some((t) => t == null || !Number.isFinite(t))) {
+    const kept = ticks.filter((t) => t != null && Number.isFinite(t));
+    const labels = tickLabels(kept, unit);
+    let i = 0;
+    return ticks.map((t) => (t != null && Number.isFinite(t) ? labels[i++] : ""));
+  }
   // One form per axis: where a tick needs an exponent (3e-4), every tick gets one.
   // A tick that is zero but for rounding (5.6e-17) is written 0.
   const top = Math.max(0, ...ticks.map((t) => Math.abs(t)));

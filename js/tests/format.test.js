@@ -34,5 +34,7 @@ describe("SI formatting for charts", () => {
     expect(tickLabels([0.0099, 0.01, 0.0101], "")).toEqual(["9.9e-3", "1e-2", "1.01e-2"]);
     expect(tickLabels([0, 5000, 10000, 15000], "")).toEqual(["0", "5k", "10k", "15k"]);
     expect(tickLabels([10, 20], "%")).toEqual(["10%", "20%"]);
+    // A tick uPlot filtered out (null) gets no label; the others keep one form.
+    expect(tickLabels([1e-4, null, 0.01, null, 1], "")).toEqual(["1e-4", "", "1e-2", "", "1e0"]);
   });
 });

@@ -265,6 +265,18 @@ describe("render", () => {
     expect(training.hidden).toBe(true); // the user's tab stays
   });
 
+  it("shows the first panel in tab order that has data until the user picks one", async () => {
+    const model = new FakeModel(baseState());
+    render({ model, el });
+    model.set("panel_system", { series: { cpu_percent: curve([1, 2], [10, 20]) }, notes: { devices: [] } });
+    await nextFrame();
+    const shown = () => el.querySelector(".nbm-panel:not([hidden])")?.dataset.panel;
+    expect(shown()).toBe("system"); // the machine is sampled before the first step ends
+    model.set("panel_training", { series: { loss: curve([1], [3]) }, notes: {} });
+    await nextFrame();
+    expect(shown()).toBe("training");
+  });
+
   it("puts the clipping summary in the gradient-norm title", async () => {
     const model = new FakeModel(baseState());
     render({ model, el });

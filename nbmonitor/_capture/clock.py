@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from nbmonitor._capture import adopt, inputs, intercept
+from nbmonitor._capture import adopt, inputs, intercept, optimizer_kind
 from nbmonitor._capture.backward_end import BackwardEnd
 from nbmonitor._capture.backward_loss import BackwardLoss
 from nbmonitor._capture.closure import after_closure
@@ -164,6 +164,12 @@ class StepClock:
             self.handles.extend(adopt.watch_optimizers(self))
 
     def _watch_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        # Once, when the optimizer becomes this clock's: what it is, for the time rules. A
+        # failure here costs only the suggestion, counted like a hook's.
+        try:
+            self.recorder.put(optimizer_kind.describe(optimizer, self.ctx.step))
+        except Exception as exc:
+            self._guards["optimizer_pre_step"].failed(exc)
         self.handles.append(optimizer.register_step_pre_hook(self._step_pre))
         self.handles.append(optimizer.register_step_post_hook(self._step_post))
         self.handles.extend(self.phases.install(self._model_ref()))  # the backward's end

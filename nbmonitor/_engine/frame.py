@@ -135,7 +135,18 @@ STEP_SERIES = (
     "samples_per_s",
     "tokens_per_s",
 )
-SYSTEM_SERIES = ("cpu_percent", "process_cpu_percent", "ram_used_bytes", "process_rss_bytes")
+SYSTEM_SERIES = (
+    "cpu_percent",
+    "process_cpu_percent",
+    "ram_used_bytes",
+    "process_rss_bytes",
+    # The memory panel's (CUDA only; a series is made only for a column the run has).
+    "cuda_allocated_bytes",
+    "cuda_reserved_bytes",
+    "cuda_interval_peak_bytes",
+    "cuda_inactive_split_bytes",
+    "mps_driver_allocated_bytes",
+)
 DEVICE_SERIES = ("util_percent", "mem_used_bytes", "temperature_c", "power_w")
 MAX_POINTS = 2000
 ALERTS_SHOWN = 20

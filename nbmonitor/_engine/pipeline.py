@@ -219,6 +219,8 @@ class Pipeline:
         # Paced, the rules may run seconds apart: they get every step since their last run.
         window = min(HEALTH_WINDOW + step - self._health_step, HEALTH_WINDOW_MAX)
         self._health_step = step
+        # What the optimizer is (recorded once by the training side), for the time rules.
+        self.model.optimizer = self._assembler.optimizer
         inp = self.model.health_input(step, parts.clock(), window, self._ranks())
         self.add_alerts(parts.health.check(inp))
         self._publish_layers()
@@ -286,6 +288,20 @@ class Pipeline:
 
         self.sources.view.call(publish_all)
 
+    def status(self) -> str:
+        """``running``; ``degraded`` once something failed, saying which source hangs and
+        for how long while one does; ``closed``."""
+        parts = self.parts
+        if parts.status is not None:
+            return parts.status()
+        if parts.closed():
+            return "closed"
+        hung = self.sources.hung()
+        if hung:
+            what = "; ".join(f"{source} hung for {s:.0f} s" for source, s in hung.items())
+            return f"degraded: {what}"
+        return "degraded" if len(parts.errors) else "running"
+
     # -- alerts and published state ------------------------------------------------------------
 
     def add_alerts(self, alerts: Iterable[Alert]) -> None:
@@ -320,7 +336,7 @@ class Pipeline:
         if detail:
             self.flow.take_waiting()
         state = FrameState(
-            status=parts.status(),
+            status=self.status(),
             step=parts.current_step(),
             elapsed_s=parts.monotonic() - self._start,
             open_rows=self.published.open_rows,

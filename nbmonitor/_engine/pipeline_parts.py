@@ -33,7 +33,10 @@ class PipelineParts:
     forward_checked: bool
     sinks: Sink  # every tick's rows go here (a FanOut: each sink behind its own guard)
     errors: ErrorLog
-    status: Callable[[], str]
+    # Whether the run has closed (the status says so); a watch of the machine gives its own
+    # status instead.
+    closed: Callable[[], bool] = lambda: False
+    status: Callable[[], str] | None = None
     update_copy_skipped: Callable[[], float | None] = lambda: None
     # Every rank's step columns (the display rank of a distributed job), for the straggler
     # rule: it reads files, so it runs on the run log's worker (a hung filesystem holds it).

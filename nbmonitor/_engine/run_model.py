@@ -25,7 +25,7 @@ from nbmonitor.health import HealthInput
 from nbmonitor.health.alert import Alert
 from nbmonitor.health.view import RankColumns
 from nbmonitor.memory import MemoryBreakdown
-from nbmonitor.records import PHASE_KEYS
+from nbmonitor.records import PHASE_KEYS, OptimizerRecord
 
 # The alerts a run keeps (the frame shows the newest few; the run log keeps every one).
 MAX_ALERTS = 200
@@ -57,6 +57,9 @@ class RunModel:
         self.spans = SpanLog()
         self.layers = layers
         self.device_index = device_index
+        # What a live run's optimizer is (records.OptimizerRecord), for the time rules; None
+        # when not known (a run on disk).
+        self.optimizer: OptimizerRecord | None = None
         self._alerts: list[Alert] = []
         self._layer_flags: dict[str, list[str]] = {}
         self._best_loss = math.nan
@@ -192,7 +195,7 @@ class RunModel:
         layers = self.layers
         if layers is None:
             return HealthInput(step=step, time=time, steps=columns, system=system, gpus=gpus,
-                               ranks=ranks)  # fmt: skip
+                               ranks=ranks, optimizer=self.optimizer)  # fmt: skip
         layer_steps, layer_norms = layers.recent()
         update_steps, update_series, param_series = layers.update_history()
         return HealthInput(
@@ -212,6 +215,7 @@ class RunModel:
             system=system,
             gpus=gpus,
             ranks=ranks,
+            optimizer=self.optimizer,
         )
 
 

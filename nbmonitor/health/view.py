@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from nbmonitor.health.window import BoolArray, FloatArray
+from nbmonitor.records import OptimizerRecord
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,9 @@ class HealthInput:
     # the advice to the model; parameter names map through their module.
     module_kinds: Mapping[str, str] | None = None
     ranks: RankColumns | None = None  # every rank of a distributed job (the straggler rule)
+    # What the optimizer is and which faster implementations it offers (the time rules
+    # suggest only those the run does not use); None when not known.
+    optimizer: OptimizerRecord | None = None
 
 
 class View:

@@ -1,8 +1,10 @@
-"""The sampler side of a live run, wired (part of the live entrance, ``monitor.py``): the sinks,
-the pipeline that feeds them and the sampler thread that drives it.
+"""The sampler side of a live run, built complete (part of the live entrance, ``monitor.py``):
+the sinks, the pipeline that holds them as its one ``Sink``, the sampler thread that drives
+it, and the ``Lifetime`` that ends them; each constructed with everything it needs, nothing
+assigned to it afterwards.
 
 Nothing built here holds the Monitor or the model: the sampler thread would keep them alive
-(_lifetime.py says who owns what).
+(lifetime.py says who owns what).
 """
 
 from __future__ import annotations
@@ -22,29 +24,36 @@ from nbmonitor.backends.base import Backend
 from nbmonitor.errors import ErrorLog
 from nbmonitor.health import Health, non_finite_gradients
 from nbmonitor.health.view import RankColumns
-from nbmonitor.live.lifetime import Lifetime, flush_tick
-from nbmonitor.sinks import FanOut, RunLogSink
+from nbmonitor.live.lifetime import Lifetime, StepCount, flush_tick
+from nbmonitor.sinks import FanOut, Sink
 
 
-@dataclass
-class SamplerParts:
-    info: RunInfo
-    backend: Backend
-    capture: Capture
+@dataclass(frozen=True)
+class SamplerSide:
+    """What ``build_sampler`` built: the pipeline, its (not yet started) thread, and the
+    Lifetime that ends both."""
+
+    pipeline: Pipeline
+    thread: SamplerThread
     life: Lifetime
-    layers: LayerStats
-    health: Health
-    forward_checked: bool
-    runlog: RunLogSink
-    errors: ErrorLog
-    ranks: Callable[[], RankColumns | None] | None
-    clock: Callable[[], float]
-    interval: float
 
 
-def build_sampler(parts: SamplerParts) -> tuple[Pipeline, SamplerThread]:
-    """The pipeline and its (not yet started) sampler thread; the Lifetime gets both."""
-    capture, life, errors = parts.capture, parts.life, parts.errors
+def build_sampler(
+    *,
+    info: RunInfo,
+    backend: Backend,
+    capture: Capture,
+    count: StepCount,
+    layers: LayerStats,
+    health: Health,
+    forward_checked: bool,
+    sinks: list[Sink],
+    errors: ErrorLog,
+    ranks: Callable[[], RankColumns | None] | None,
+    clock: Callable[[], float],
+    interval: float,
+) -> SamplerSide:
+    """The sampler side of one run. ``sinks`` get every tick's rows, the run log first."""
     # Weakly: the probe holds the parameters (and their copies), which go with the model.
     update_ref = weakref.ref(capture.update_ratio) if capture.update_ratio else None
 
@@ -52,33 +61,32 @@ def build_sampler(parts: SamplerParts) -> tuple[Pipeline, SamplerThread]:
         update = update_ref() if update_ref is not None else None
         return update.copy_max_bytes if update is not None and update.copy_skipped else None
 
-    # The sinks every tick's rows go to: the run log first; exporters join here.
-    sinks = life.sinks = FanOut([parts.runlog], errors, retry_after=SINK_RETRY_S)
-    life.backend = parts.backend
-
+    fan_out = FanOut(sinks, errors, retry_after=SINK_RETRY_S)
     pipeline = Pipeline(
         PipelineParts(
-            info=parts.info,
-            backend=parts.backend,
+            info=info,
+            backend=backend,
             drain=capture.recorder.drain,
-            current_step=life.step,
-            layers=parts.layers,
-            health=parts.health,
+            current_step=count.step,
+            layers=layers,
+            health=health,
             non_finite_report=non_finite_gradients,
-            forward_checked=parts.forward_checked,
-            sinks=sinks,
+            forward_checked=forward_checked,
+            sinks=fan_out,
             errors=errors,
-            status=life.status,
+            closed=count.is_closed,
             update_copy_skipped=copy_skipped,
-            ranks=parts.ranks,
-            clock=parts.clock,
-            interval=parts.interval,
+            ranks=ranks,
+            clock=clock,
+            interval=interval,
         )
     )
-    life.pipeline = pipeline
-    thread = life.thread = SamplerThread(
+    thread = SamplerThread(
         functools.partial(pipeline.tick, paced=True),
-        parts.interval,
+        interval,
         flush=functools.partial(flush_tick, pipeline),
     )
-    return pipeline, thread
+    life = Lifetime(
+        count, errors, clock, pipeline=pipeline, thread=thread, sinks=fan_out, backend=backend
+    )
+    return SamplerSide(pipeline, thread, life)

@@ -31,10 +31,12 @@ from nbmonitor.errors import ErrorLog
 from nbmonitor.sinks import FanOut
 
 
-class Lifetime:
-    """The parts a run's ending needs, none of them the model or the Monitor."""
+class StepCount:
+    """The run's step count, its step clock (held weakly) and whether the run has closed:
+    what the pipeline, the spans and the Monitor ask while the run lives. Built first, from
+    the clock alone, so that everything built after it is complete when built."""
 
-    def __init__(self, clock: StepClock, errors: ErrorLog, wall_clock: Callable[[], float]) -> None:
+    def __init__(self, clock: StepClock) -> None:
         self._clock_ref: weakref.ref[StepClock] = weakref.ref(clock)
         # The clock's context (the step counter, the recorder; no model) outlives the clock,
         # so that the steps counted after the last look are still known once it is gone.
@@ -42,24 +44,8 @@ class Lifetime:
         self._last_step = clock.step
         self._last_ctx_step = clock.ctx.step
         # The clock's hook handles (they hold no model): a global one (adopt.py) outlives it.
-        self._handles = clock.handles
-        self.errors = errors
-        self._wall_clock = wall_clock
-        self._lock = threading.Lock()
-        self._closing = threading.Lock()
-        # The parts of closing done so far ("hooks", "thread", "final", "sinks", ...), and the
-        # final meta the final tick made: a close() interrupted goes on from there.
-        self._closed_parts: set[str] = set()
-        self._final: dict[str, object] | None = None
+        self.handles = clock.handles
         self.closed = False
-        # Set by the composition root once built.
-        self.pipeline: Pipeline | None = None
-        self.thread: SamplerThread | None = None
-        self.sinks: FanOut | None = None
-        self.backend: Backend | None = None
-        # Called first when the run closes (a profile still running stops its profiler).
-        self.on_close: list[Callable[[], None]] = []
-        self.profile: Any = None  # the latest mon.profile() (live/profile.py)
 
     def step(self) -> int:
         """Steps so far: the step clock's while it lives, then the last it counted."""
@@ -72,14 +58,54 @@ class Lifetime:
     def clock(self) -> StepClock | None:
         return self._clock_ref()
 
+    def is_closed(self) -> bool:
+        return self.closed
+
+
+class Lifetime:
+    """The parts a run's ending needs, none of them the model or the Monitor; built complete
+    by ``build.py`` once the pipeline, its sampler thread and its sinks exist."""
+
+    def __init__(
+        self,
+        count: StepCount,
+        errors: ErrorLog,
+        wall_clock: Callable[[], float],
+        *,
+        pipeline: Pipeline,
+        thread: SamplerThread,
+        sinks: FanOut,
+        backend: Backend,
+    ) -> None:
+        self.count = count
+        self.errors = errors
+        self._wall_clock = wall_clock
+        self.pipeline = pipeline
+        self.thread = thread
+        self.sinks = sinks
+        self.backend = backend
+        self._lock = threading.Lock()
+        self._closing = threading.Lock()
+        # The parts of closing done so far ("hooks", "thread", "final", "sinks", ...), and the
+        # final meta the final tick made: a close() interrupted goes on from there.
+        self._closed_parts: set[str] = set()
+        self._final: dict[str, object] | None = None
+        # Called first when the run closes (a profile still running stops its profiler).
+        self.on_close: list[Callable[[], None]] = []
+        self.profile: Any = None  # the latest mon.profile() (live/profile.py)
+
+    @property
+    def closed(self) -> bool:
+        return self.count.closed
+
+    def step(self) -> int:
+        return self.count.step()
+
+    def clock(self) -> StepClock | None:
+        return self.count.clock()
+
     def status(self) -> str:
-        if self.closed:
-            return "closed"
-        hung = self.pipeline.sources.hung() if self.pipeline is not None else {}
-        if hung:
-            what = "; ".join(f"{source} hung for {s:.0f} s" for source, s in hung.items())
-            return f"degraded: {what}"
-        return "degraded" if len(self.errors) else "running"
+        return self.pipeline.status()
 
     def release_soon(self, *_: Any) -> None:
         """Close from a thread of its own (a weakref callback or a finaliser: any thread)."""
@@ -97,7 +123,7 @@ class Lifetime:
         next ``close()``, which goes on from there, so the run is still finalised.
         """
         with self._lock:
-            self.closed = True
+            self.count.closed = True
         # One closer at a time; another thread closing (the model went) is waited for.
         if not self._closing.acquire(timeout=2 * wait):
             return
@@ -117,19 +143,17 @@ class Lifetime:
                     except Exception as exc:
                         self.errors.add("close", exc)
             if "hooks" not in done:
-                clock = self._clock_ref()
+                clock = self.count.clock()
                 if clock is not None:
                     clock.remove()
-                for handle in self._handles:
+                for handle in self.count.handles:
                     handle.remove()
                 done.add("hooks")
             if "thread" not in done:
-                if self.thread is not None:
-                    self.thread.stop(wait)
+                self.thread.stop(wait)
                 done.add("thread")
             if "final" not in done:
-                if self.pipeline is not None:
-                    self._final = self._final_tick(self.pipeline, wait)
+                self._final = self._final_tick(self.pipeline, wait)
                 done.add("final")
         except Exception as exc:
             self.errors.add("close", exc)
@@ -173,13 +197,11 @@ class Lifetime:
         # with status "degraded" and what failed. Sinks and backend are closed on their
         # workers: one that hangs costs close() at most ``wait`` seconds.
         sinks, backend, done = self.sinks, self.backend, self._closed_parts
-        sources = self.pipeline.sources if self.pipeline is not None else None
-        if sinks is not None and "sinks" not in done:
+        sources = self.pipeline.sources
+        if "sinks" not in done:
             done.add("sinks")  # handed over: a close interrupted while it runs is not redone
             meta = final or self.final_meta("degraded")
-            if sources is None:
-                sinks.close(meta)
-            elif sources.runlog.busy:
+            if sources.runlog.busy:
                 self.errors.add(
                     "close",
                     TimeoutError(
@@ -197,17 +219,13 @@ class Lifetime:
                     "close",
                     TimeoutError("the run log hung while closing; meta.json may not be final"),
                 )
-        if backend is not None and "backend" not in done:
+        if "backend" not in done:
             done.add("backend")
             try:
-                if sources is None:
-                    backend.close()
-                else:
-                    sources.sample.call(backend.close, timeout=wait, wait_if_busy=True)
+                sources.sample.call(backend.close, timeout=wait, wait_if_busy=True)
             except Exception as exc:
                 self.errors.add("close", exc)
-        if sources is not None:
-            sources.close(wait)
+        sources.close(wait)
 
 
 def flush_tick(pipeline: Pipeline) -> None:

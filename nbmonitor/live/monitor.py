@@ -32,15 +32,17 @@ from nbmonitor.errors import ErrorLog, Guard
 from nbmonitor.health import Alert, Health
 from nbmonitor.live import ranks as _ranks
 from nbmonitor.live import registry as _registry
-from nbmonitor.live.build import SamplerParts, build_sampler
-from nbmonitor.live.lifetime import Lifetime, flush_tick
+from nbmonitor.live.build import build_sampler
+from nbmonitor.live.lifetime import StepCount, flush_tick
+from nbmonitor.live.memory_history import MemoryHistory
 from nbmonitor.live.parts import layer_stats, run_meta
 from nbmonitor.live.setup_check import check_setup
 from nbmonitor.options import AttachOptions, Options, WrappedOptimizer, check_model
+from nbmonitor.sinks import Sink
 
 if TYPE_CHECKING:
     from nbmonitor.live.profile import Profile
-    from nbmonitor.memory import MemoryBreakdown
+    from nbmonitor.memory import Freed, MemoryBreakdown, OomReport
 
 # How long close() waits for a sampler tick in progress (a hung source) before it gives up on
 # the last interval rather than hang the notebook.
@@ -82,6 +84,7 @@ class Monitor:
         _ranks.check_display_rank(self.rank, opts.display_rank)
 
         self.backend = _backends.select(model, opts.backend)
+        self._history = MemoryHistory(self.backend.name) if opts.memory_history else None
         capture = build_capture(
             model,
             optimizer,
@@ -99,12 +102,10 @@ class Monitor:
         # Held until start(); then the model's hooks hold the step clock and this only weakly.
         self._capture: Any = capture
         self._recorder = capture.recorder
-        life = self._life = Lifetime(capture.clock, errors_log, clock)
+        count = self._count = StepCount(capture.clock)
         self._spans = SpanTimer(
-            capture.clock.ctx, Guard("probe:spans", errors_log), life, timer, clock
+            capture.clock.ctx, Guard("probe:spans", errors_log), count, timer, clock
         )
-        # A model collected (dropped by the user) closes its run; see lifetime.py.
-        self._model_ref = weakref.ref(model, life.release_soon)
         self._memory_probe = weakref.ref(capture.memory)
         layers = layer_stats(capture.params, capture.param_names, optimizer, opts.layer_group)
         layers.module_kinds = {n: type(m).__name__ for n, m in model.named_modules() if n}
@@ -117,24 +118,25 @@ class Monitor:
         self._runlog, self.name = _ranks.create_runlog(
             opts, run_name, meta, self.rank, device, self.backend.device_index
         )
-        self._pipeline, self._thread = build_sampler(
-            SamplerParts(
-                info=RunInfo(
-                    self.name, self.backend.name, self.total_steps, len(self.backend.devices)
-                ),
-                backend=self.backend,
-                capture=capture,
-                life=life,
-                layers=layers,
-                health=Health(opts.thresholds),
-                forward_checked=opts.check_forward,
-                runlog=self._runlog,
-                errors=errors_log,
-                ranks=_ranks.rank_follower(self.rank, self.displays, self._runlog.path),
-                clock=clock,
-                interval=self.interval,
-            )
+        sampler = build_sampler(
+            info=RunInfo(self.name, self.backend.name, self.total_steps, len(self.backend.devices)),
+            backend=self.backend,
+            capture=capture,
+            count=count,
+            layers=layers,
+            health=Health(opts.thresholds),
+            forward_checked=opts.check_forward,
+            # The run log first, then the exporters (each behind its own guard).
+            sinks=[self._runlog, *self._open_exports(meta)],
+            errors=errors_log,
+            ranks=_ranks.rank_follower(self.rank, self.displays, self._runlog.path),
+            clock=clock,
+            interval=self.interval,
         )
+        self._pipeline, self._thread = sampler.pipeline, sampler.thread
+        life = self._life = sampler.life
+        # A model collected (dropped by the user) closes its run; see lifetime.py.
+        self._model_ref = weakref.ref(model, life.release_soon)
         self._pipeline.add_alerts(
             check_setup(model, optimizer, step=opts.start_step, time=self._start)
         )
@@ -143,6 +145,30 @@ class Monitor:
         self._setup_views(opts.display)
 
     # -- construction helpers --------------------------------------------------------------
+
+    def _open_exports(self, meta: dict[str, object]) -> list[Sink]:
+        """The exporters' sinks, opened here on the attaching thread (W&B's and MLflow's
+        current run are per thread); one that cannot start is one line in ``errors``. In a
+        job, the tools with one run for the job (W&B, MLflow, trackio, Prometheus, which
+        serves every rank) export from the display rank only; files, from every rank."""
+        exps = self.options.export
+        if not exps:
+            return []
+        from nbmonitor.export import PER_RANK, open_sinks
+        from nbmonitor.sinks.exporter import ExportContext
+
+        if not self.displays:
+            exps = tuple(e for e in exps if e.name in PER_RANK)
+        context = ExportContext(
+            name=self.name,
+            run_dir=self._runlog.path,
+            meta=meta,
+            rank=self.rank.rank if self.rank is not None else None,
+            world_size=self.rank.world_size if self.rank is not None else 1,
+            live=True,
+            uuids=gpu_uuids(self.backend.name),
+        )
+        return open_sinks(exps, context, self.errors_log)
 
     def _setup_views(self, display: bool) -> None:
         from nbmonitor.ui.console import ConsoleView, console_logger
@@ -179,6 +205,12 @@ class Monitor:
             self.close()
             raise
         _registry.started(self)
+        if self._history is not None:
+            try:
+                self._history.start()
+            except Exception as exc:  # recording off: the run goes on without snapshots
+                self.errors_log.add("memory_history", exc)
+        self._watch_oom()
         clock = self._life.clock()
         if self._dashboard is not None and self._dashboard.route == "main" and clock is not None:
             # Colab renders only main-thread sends: the loop sends the newest frame at a step end.
@@ -271,6 +303,14 @@ class Monitor:
             return pd.DataFrame(rows)
         return rows
 
+    def figure(self, *keys: str, log: bool = False) -> Any:
+        """A bqplot Figure of these metrics against the step, to compose in your own layout:
+        ``mon.figure("loss", "grad_norm")``. The series are the dashboard's (decimated to about
+        2,000 points); the figure is a snapshot, made again to refresh it."""
+        from nbmonitor.ui.figures import metrics_figure
+
+        return metrics_figure(self.frame().series, keys, log=log)
+
     def frame(self, detail: bool = True) -> Frame:
         """The snapshot the views show now (see ``nbmonitor._engine.frame.Frame``).
 
@@ -298,8 +338,9 @@ class Monitor:
 
         >>> mon.log(loss=loss, accuracy=acc)  # doctest: +SKIP
         """
-        clock = self._life.clock()
-        if self._life.closed or clock is None:
+        count = self._count  # the hot path: one object, as few calls as before the re-cut
+        clock = count.clock()
+        if count.closed or clock is None:
             return
         clock.log(scalars)  # TypeError for a non-numeric value: a user bug
 
@@ -310,6 +351,77 @@ class Monitor:
         from nbmonitor.live.memory_reads import live_memory
 
         return live_memory(self._memory_probe(), self._pipeline.model.memory, self.step)
+
+    def free_oom(self) -> Freed:
+        """After an out-of-memory error in a notebook: drop what the stored error still holds
+        (``sys.last_traceback`` and friends, IPython's last result and output history, the
+        error's frames), collect, empty the allocator's cache, and say how much came back, so
+        that the next cell runs without restarting the kernel. See docs/memory.md."""
+        from nbmonitor.live import oom
+
+        shell = _ipython()
+        index = self.backend.device_index if self.backend.name == "cuda" else None
+        return oom.free_oom(shell, index)
+
+    def memory_snapshot(self, path: str | Path) -> Path:
+        """With ``attach(..., memory_history=True)`` on CUDA: write the allocator's history
+        (segments, and the recent allocations with their stacks) to ``path``, a pickle that
+        https://pytorch.org/memory_viz opens. RuntimeError without the history on."""
+        if self._history is None:
+            raise RuntimeError(
+                "nbmonitor: memory_snapshot() needs attach(..., memory_history=True) on CUDA."
+            )
+        return self._history.dump(path)
+
+    def _oom_report(self, exc: BaseException, kind: str) -> OomReport:
+        from nbmonitor.live import oom
+
+        clock = self._life.clock()
+        snapshot = None
+        if self._history is not None and self._history.on and kind == "cuda":
+            try:  # taken at the failure: the allocations that led to it are in it
+                snapshot = str(self._history.dump(self.run_dir / f"oom-step{self.step + 1}.pickle"))
+            except Exception as failure:
+                self.errors_log.add("memory_history", failure)
+        report = oom.build_report(
+            exc,
+            kind,
+            model=self._model_ref(),
+            optimizer=clock.optimizer if clock is not None else None,
+            run=self._pipeline.model,
+            breakdown=self.memory(),
+            step=self.step,
+            device_index=self.backend.device_index,
+        )
+        return dataclasses.replace(report, snapshot=snapshot)
+
+    def _watch_oom(self) -> None:
+        """In a kernel, a card under any cell that ends in an out-of-memory error."""
+        shell = _ipython()
+        if shell is None or not self.displays:
+            return
+        from nbmonitor.live import oom
+        from nbmonitor.ui.oom_card import show_card
+
+        ref = weakref.ref(self)  # the kernel's callback must not keep this monitor alive
+
+        def report(exc: BaseException, kind: str) -> OomReport | None:
+            mon = ref()
+            return mon._oom_report(exc, kind) if mon is not None else None  # noqa: SLF001
+
+        def free() -> object:
+            mon = ref()
+            return mon.free_oom() if mon is not None else oom.free_oom(_ipython(), None)
+
+        def failed(exc: Exception) -> None:
+            mon = ref()
+            if mon is not None:
+                mon.errors_log.add("oom_card", exc)
+
+        try:
+            oom.watch(report, lambda card: show_card(card, free), failed, shell)
+        except Exception as exc:  # a shell without events: no card, training goes on
+            self.errors_log.add("oom_card", exc)
 
     def span(self, name: str) -> Span:
         """A named span of time: ``with mon.span("data"): ...`` or ``@mon.span("eval")``.
@@ -332,8 +444,9 @@ class Monitor:
         """For framework adapters: a training micro-batch starts; it counts (samples: the first
         tensor's leading dimension) whatever the training step calls, and values logged from now
         belong to the step in progress. From then on the model's forwards count no batches."""
-        clock = self._life.clock()
-        if not self._life.closed and clock is not None:
+        count = self._count
+        clock = count.clock()
+        if not count.closed and clock is not None:
             clock.batch_started(batch)
 
     def flush(self, timeout: float = FLUSH_TIMEOUT_S) -> bool:
@@ -388,6 +501,11 @@ class Monitor:
         """
         self._finalizer.detach()
         closing = not self._life.closed
+        if self._history is not None:
+            try:
+                self._history.stop()
+            except Exception as exc:  # close never raises
+                self.errors_log.add("memory_history", exc)
         self._life.close(CLOSE_WAIT_S)
         if self._dashboard is not None:
             self._dashboard.pump()  # the final frame, where it waits for the main thread
@@ -430,6 +548,11 @@ class Monitor:
         self.add_view(dashboard)
         return dashboard
 
+    def _display_(self) -> Any:
+        """What marimo shows for this object: the dashboard's anywidget (marimo renders
+        anywidgets, not the ipywidgets view in ``_repr_mimebundle_``)."""
+        return self.dashboard()._display_()
+
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         return self.dashboard()._repr_mimebundle_(**kwargs)
 
@@ -438,6 +561,21 @@ class Monitor:
             f"<nbmonitor.Monitor {self.name!r} backend={self.backend.name!r} step={self.step} "
             f"status={self.status!r}>"
         )
+
+
+def gpu_uuids(backend: str) -> list[str]:
+    """The visible GPUs' UUIDs as NVML and DCGM spell them (``GPU-...``), by torch index."""
+    if backend != "cuda":
+        return []
+    from nbmonitor.backends._nvml import nvml_uuid
+
+    try:
+        return [
+            nvml_uuid(str(torch.cuda.get_device_properties(i).uuid))[0]
+            for i in range(torch.cuda.device_count())
+        ]
+    except Exception:  # an old torch without .uuid: the label stays empty
+        return []
 
 
 def attach(
@@ -470,3 +608,14 @@ def attach(
 
 if attach.__doc__ is not None and AttachOptions.__doc__ is not None:
     attach.__doc__ += "\n    Options:\n" + AttachOptions.__doc__.split("\n", 1)[1]
+
+
+def _ipython() -> Any:
+    """The kernel's shell when this runs in a notebook, else None."""
+    from nbmonitor.ui.notebook import in_notebook
+
+    if not in_notebook():
+        return None
+    from IPython.core.getipython import get_ipython
+
+    return get_ipython()  # type: ignore[no-untyped-call, unused-ignore]

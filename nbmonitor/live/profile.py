@@ -78,7 +78,7 @@ class Profile:
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         if self._view is None:
-            from nbmonitor.ui.profile import ProfileView
+            from nbmonitor.ui.panels.profile import ProfileView
 
             self._view = ProfileView(_columns())
             if self.done:
@@ -131,7 +131,7 @@ def start_profile(
         )
     view: Any = None
     if notebook:
-        from nbmonitor.ui.profile import ProfileView
+        from nbmonitor.ui.panels.profile import ProfileView
 
         view = ProfileView(_columns())
         total = wait + warmup

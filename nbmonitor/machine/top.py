@@ -6,17 +6,77 @@ device watch (``machine/watch.py``: the machine backend, a run's sampler and dev
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import socket
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TextIO
 
+import numpy as np
+
 from nbmonitor._engine.devices_frame import DevicesFrame
+from nbmonitor.health.alert import Alert
+from nbmonitor.health.rules.devices import IDLE_WINDOW, idle_rule
 from nbmonitor.machine.watch import DeviceWatch
 from nbmonitor.runs.watch import RunDetail, RunRow, RunsWatch
 
 TUI_HINT = "pip install 'nbmonitor[tui]' (Textual)"
+IDLE_ALERTS_KEPT = 50
+
+
+class IdleWhileTraining:
+    """A run's ``gpu_idle`` rule (``health.rules.devices.idle_rule``), judged by the machine
+    view: a GPU that a running run's process uses (NVML lists its pid, on this host) and that
+    stayed idle over the last ``window`` samples while that run's steps advanced. One alert per
+    episode, named after the run."""
+
+    def __init__(self, threshold_percent: float, window: int = IDLE_WINDOW) -> None:
+        self.threshold = threshold_percent
+        self.window = window
+        self.alerts: list[Alert] = []
+        self._active: set[tuple[int, str]] = set()
+        self._host = socket.gethostname()
+
+    def judge(
+        self,
+        frame: DevicesFrame,
+        runs: Sequence[RunRow],
+        detail: Callable[[str], RunDetail | None],
+    ) -> None:
+        times = frame.history.get("time")
+        if times is None or len(times) < self.window:
+            return
+        times = times[-self.window :]
+        held: set[tuple[int, str]] = set()
+        training = [r for r in runs if r.status == "running" and r.host == self._host and r.pid]
+        for i, procs in enumerate(frame.processes):
+            util = frame.history.get(f"gpu{i}_util_percent")
+            pids = {p.pid for p in procs}
+            for run in (r for r in training if r.pid in pids):
+                series = detail(run.path)
+                steps = series.series.get("step") if series is not None else None
+                when = series.series.get("time") if series is not None else None
+                if util is None or steps is None or when is None or len(steps) < 2:
+                    continue
+                # The run's step at each sample: NaN before its first row kept, its last step
+                # after its last row (a run that stopped writing has not advanced).
+                at = np.interp(times, when, steps, left=np.nan, right=float(steps[-1]))
+                columns = {"step": at, "time": times, f"gpu{i}_util_percent": util[-self.window :]}
+                found = idle_rule(columns, self.window, self.threshold, gpus=[i])
+                key = (i, run.path)
+                if not found:
+                    continue
+                held.add(key)
+                if key not in self._active:
+                    alert = found[0]
+                    self.alerts.append(
+                        dataclasses.replace(alert, message=f"{run.name}: {alert.message}")
+                    )
+                    del self.alerts[:-IDLE_ALERTS_KEPT]
+        self._active = held
 
 
 class TopFeed:
@@ -38,8 +98,14 @@ class TopFeed:
         self.runs_watch = runs
         self._frame: DevicesFrame | None = None
         self.watch = watch
+        self._rows: Sequence[RunRow] = ()
         if self.watch is None and devices:
             self.watch = DeviceWatch(interval=interval, pcie=pcie)
+        self.idle = (
+            IdleWhileTraining(self.watch.thresholds.idle_util_percent)
+            if self.watch is not None
+            else None
+        )
         if self.watch is not None:
             self.watch.add_view(self)
             self.watch.start()
@@ -52,10 +118,20 @@ class TopFeed:
         self._frame = frame
 
     def devices(self) -> DevicesFrame | None:
-        return self._frame
+        """The newest frame of the device watch, with the idle-while-training alerts."""
+        frame = self._frame
+        if frame is None or self.idle is None or self.runs_watch is None:
+            return frame
+        self.idle.judge(frame, self._rows, self.runs_watch.detail)
+        if not self.idle.alerts:
+            return frame
+        alerts = (*frame.frame.alerts, *self.idle.alerts)
+        alerts = tuple(sorted(alerts, key=lambda a: a.time if math.isfinite(a.time) else 0.0))
+        return dataclasses.replace(frame, frame=dataclasses.replace(frame.frame, alerts=alerts))
 
     def runs(self) -> Sequence[RunRow]:
-        return self.runs_watch.poll() if self.runs_watch is not None else ()
+        self._rows = self.runs_watch.poll() if self.runs_watch is not None else ()
+        return self._rows
 
     def detail(self, path: str) -> RunDetail | None:
         if self.runs_watch is None:

@@ -11,7 +11,8 @@ writes ``ranks_summary.json`` at close through ``live/ranks.py``.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from nbmonitor._engine.derive.job_report import job_alerts, read_state
@@ -60,6 +61,30 @@ class Job:
 
     def state(self) -> RankState:
         return read_state(self._files.ranks)
+
+    def export(
+        self, to: Any, progress: Callable[[int, int], None] | None = None, **options: Any
+    ) -> list[Path]:
+        """Hand every rank of this job, as it is on disk now, on to ``to`` (see
+        ``nbmonitor.Run.export``); each rank goes as its own run (``rank<r>``). Returns where
+        each went."""
+        from nbmonitor.export import export_run
+
+        return [Path(e.where) for e in export_run(self.path, to, progress, **options)]
+
+    def to_parquet(self, out: str | os.PathLike[str]) -> list[Path]:
+        """Every rank's tables as ``<out>/rank<r>/<table>.parquet``; the paths."""
+        return [
+            p
+            for r, run in sorted(self.ranks.items())
+            for p in run.to_parquet(Path(out) / f"rank{r}")
+        ]
+
+    def to_csv(self, out: str | os.PathLike[str]) -> list[Path]:
+        """Every rank's tables as ``<out>/rank<r>/<table>.csv``; the paths."""
+        return [
+            p for r, run in sorted(self.ranks.items()) for p in run.to_csv(Path(out) / f"rank{r}")
+        ]
 
     def history(self, rank: int = 0) -> Mapping[str, Any]:
         """One rank's per-step columns (rank 0 by default)."""

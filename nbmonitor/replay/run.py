@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,11 @@ from nbmonitor._engine.store import Store
 from nbmonitor.replay.follow import Follow, run_name
 from nbmonitor.runs import Run as RunFiles
 from nbmonitor.runs import RunDataWarning, RunDirError, list_runs
+from nbmonitor.runs.format import STREAMS
+from nbmonitor.sinks import Batch, Sink
+
+# Rows per Batch when a run on disk is fed to sinks: about what a busy live tick hands them.
+FEED_ROWS = 4096
 
 
 class Run(RunFiles):
@@ -49,6 +54,22 @@ class Run(RunFiles):
         state.add_memory(self.records("memory"))
         return state
 
+    def feed(self, sink: Sink, rows_per_batch: int = FEED_ROWS) -> None:
+        """Push this run's records through ``sink`` (any ``nbmonitor.sinks.Sink``, or a
+        ``FanOut`` of several) as a live run's sampler does: ``write`` a ``Batch`` of at most
+        ``rows_per_batch`` rows of one stream at a time (each stream oldest first, in the order
+        of ``nbmonitor.runs.format.STREAMS``), ``flush`` after each, then ``close`` with the
+        run's meta.json. A sink's error reaches the caller (wrap it in a ``FanOut`` to count
+        it instead)."""
+        if not (isinstance(rows_per_batch, int) and rows_per_batch > 0):
+            raise ValueError(f"Run.feed: rows_per_batch must be > 0, got {rows_per_batch!r}.")
+        for stream in STREAMS:
+            records = self.records(stream)
+            for start in range(0, len(records), rows_per_batch):
+                sink.write(Batch({stream: records[start : start + rows_per_batch]}))
+                sink.flush()
+        sink.close(dict(self.meta))
+
     def export_trace(self, path: str | os.PathLike[str]) -> Path:
         """Write this run's steps, phases and spans (every rank) as a Chrome/Perfetto trace
         JSON file at ``path``."""
@@ -56,9 +77,45 @@ class Run(RunFiles):
 
         return write_trace(self.path, path)
 
+    def export(
+        self, to: Any, progress: Callable[[int, int], None] | None = None, **options: Any
+    ) -> list[Path]:
+        """Hand this run, as it is on disk now, on to ``to``: ``"tensorboard"``, ``"wandb"``,
+        ``"mlflow"``, ``"trackio"``, ``"parquet"``, ``"csv"`` (with that exporter's options,
+        e.g. ``log_dir=`` or ``out=``) or an exporter object (``nbmonitor.export.*``). Returns
+        where it went. Raises ``nbmonitor.export.ExportError`` (one line) if it cannot."""
+        from nbmonitor.export import export_run
+
+        return [Path(e.where) for e in export_run(self.path, to, progress, **options)]
+
+    def to_pandas(self) -> dict[str, Any]:
+        """This run's tables as pandas DataFrames: ``history``, ``system``, ``layers`` (as
+        :meth:`history` reads them) and ``events``."""
+        from nbmonitor.sinks.files import frames
+
+        return frames(self)
+
+    def to_parquet(self, out: str | os.PathLike[str]) -> list[Path]:
+        """Write this run's tables as ``<out>/<table>.parquet`` (those with rows); the paths."""
+        from nbmonitor.sinks.files import write_tables
+
+        return write_tables(self, out, "parquet")
+
+    def to_csv(self, out: str | os.PathLike[str]) -> list[Path]:
+        """Write this run's tables as ``<out>/<table>.csv`` (those with rows); the paths."""
+        from nbmonitor.sinks.files import write_tables
+
+        return write_tables(self, out, "csv")
+
     def frame(self, detail: bool = True) -> Frame:
         """What the dashboard shows of this run now."""
         return self.state().frame(self.status, detail)
+
+    def figure(self, *keys: str, log: bool = False) -> Any:
+        """A bqplot Figure of these metrics of the run against the step (``mon.figure``)."""
+        from nbmonitor.ui.figures import metrics_figure
+
+        return metrics_figure(self.frame().series, keys, log=log)
 
     def dashboard(self, live: bool = False, interval: float = 1.0) -> Any:
         """The notebook dashboard of this run (display it, or leave it last in a cell).
@@ -83,6 +140,11 @@ class Run(RunFiles):
         if self._follow is not None:
             self._follow.stop()
             self._follow = None
+
+    def _display_(self) -> Any:
+        """What marimo shows for this object: the dashboard's anywidget (marimo renders
+        anywidgets, not the ipywidgets view in ``_repr_mimebundle_``)."""
+        return self.dashboard()._display_()
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         return self.dashboard()._repr_mimebundle_(**kwargs)

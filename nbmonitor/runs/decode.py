@@ -184,9 +184,9 @@ def decode_lines(
     records: list[Record] = []
     bad: list[BadLine] = []
     fast = _fast_loads
-    # Each line holds one brace of its own; past that, a block with few brackets cannot hold
-    # a line nested deeper than MAX_DEPTH, and its lines skip the per-line count.
-    deep = data.count(b"{") + data.count(b"[") - len(lines) > MAX_DEPTH
+    # A block with few brackets in all cannot hold a line nested deeper than MAX_DEPTH: its
+    # lines skip the per-line count.
+    deep = data.count(b"{") + data.count(b"[") > MAX_DEPTH
     for i, line in enumerate(lines):
         value: object = None
         risky = deep and _nests(line)
@@ -322,12 +322,18 @@ Sparse = tuple[IntArray, FloatArray]  # (row indices, increasing; values)
 def _floats(values: list[Any]) -> FloatArray:
     """``values`` as float64: numbers as they are, anything else (a string, null, a list, an
     integer past float64's range) NaN. Strings are never parsed as numbers."""
+    col = None
     if set(map(type, values)) <= _NUMERIC:
-        try:
-            return np.array(values, dtype=np.float64)
-        except OverflowError:
-            pass
-    return np.array([_number(v) for v in values], dtype=np.float64)
+        with contextlib.suppress(OverflowError):  # an integer past float64: the slow path
+            col = np.array(values, dtype=np.float64)
+    if col is None:
+        col = np.array([_number(v) for v in values], dtype=np.float64)
+    # One NaN: a NaN with a payload (or a sign) is written "NaN" and reads back as the plain
+    # one, so the sidecar holds that one too and both read back bit for bit alike.
+    nan = np.isnan(col)
+    if nan.any():
+        col[nan] = np.nan
+    return col
 
 
 class Columns(Mapping[str, FloatArray]):
@@ -397,6 +403,12 @@ def _sparse_enough(count: int, rows: int) -> bool:
     return 2 * count < rows
 
 
+def _same_keys(records: Sequence[Mapping[str, object]]) -> bool:
+    keys = records[0].keys()
+    n = len(keys)
+    return all(len(r) == n and r.keys() == keys for r in records)
+
+
 def to_columns(records: Sequence[Mapping[str, object]]) -> Columns:
     """Records as float64 columns: union of keys in first-seen order, NaN where missing.
 
@@ -406,6 +418,11 @@ def to_columns(records: Sequence[Mapping[str, object]]) -> Columns:
     Lines read back alike.
     """
     rows = len(records)
+    if rows and _same_keys(records):
+        # Every record has the same keys (the common case: one step's metrics): a column per
+        # key in one comprehension each.
+        first = list(records[0])
+        return Columns(rows, {k: _floats([r[k] for r in records]) for k in first}, {}, first)
     where: dict[str, list[int]] = {}
     values: dict[str, list[Any]] = {}
     for i, r in enumerate(records):
@@ -438,7 +455,13 @@ def concat_columns(blocks: Iterable[Columns]) -> Columns:
     if not blocks:
         return Columns(0)
     if len(blocks) == 1:
-        return blocks[0]
+        b = blocks[0]
+        if all(c.flags.writeable for c in b.dense.values()):
+            return b
+        # A chunk's arrays are views of the bytes read: the caller gets arrays of its own.
+        own = {k: c.copy() for k, c in b.dense.items()}
+        own_sparse = {k: (i.copy(), v.copy()) for k, (i, v) in b.sparse.items()}
+        return Columns(b.rows, own, own_sparse, list(b.order))
     order: dict[str, None] = {}
     for b in blocks:
         order.update(dict.fromkeys(b.order))

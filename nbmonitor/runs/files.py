@@ -26,9 +26,20 @@ import os
 import pathlib
 import stat
 from collections.abc import Iterator, Sequence
+from typing import Any
 
-from nbmonitor.runs.format import RunUnreadableError, RunUnsafeError, check_name
+from nbmonitor.runs.decode import loads_line
+from nbmonitor.runs.format import (
+    MAX_META_BYTES,
+    META,
+    RunCorruptError,
+    RunNotFoundError,
+    RunUnreadableError,
+    RunUnsafeError,
+    check_name,
+)
 
+HINT = "pass the folder of one run, e.g. runs/20240101-120000-run"
 _FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
@@ -180,6 +191,49 @@ class RunFolder:
             return False
 
 
+def _folder_or_raise(path: pathlib.Path) -> RunFolder:
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise RunNotFoundError(
+            f"nbmonitor: no run at '{path}' ({META} folder not found); {HINT}."
+        ) from None
+    except OSError as exc:  # a name too long, a folder it may not read, a loop of links
+        reason = exc.strerror or type(exc).__name__
+        raise RunNotFoundError(f"nbmonitor: no run at '{path}' ({reason}); {HINT}.") from None
+    if not stat.S_ISDIR(mode):
+        raise RunNotFoundError(f"nbmonitor: no run at '{path}' (not a folder); {HINT}.")
+    return RunFolder(path)
+
+
+def parse_json(data: bytes, where: object) -> object:
+    """A whole JSON file (meta.json, a summary) by the reading contract's rules; one-line
+    RunCorruptError saying what is wrong."""
+    try:
+        return loads_line(data)
+    except ValueError as exc:
+        raise RunCorruptError(f"nbmonitor: {where} is not valid JSON ({exc}).") from None
+
+
+def read_meta(path: pathlib.Path) -> dict[str, Any]:
+    """meta.json of the run at ``path``; RunNotFoundError (one line, with a hint) if none,
+    RunCorruptError if it is damaged, not a regular file or past MAX_META_BYTES."""
+    folder = _folder_or_raise(path)
+    try:
+        data = folder.read_whole([META], MAX_META_BYTES)
+    except FileNotFoundError:
+        raise RunNotFoundError(
+            f"nbmonitor: no run at '{path}' ({META} not found); {HINT}."
+        ) from None
+    try:
+        meta = loads_line(data)
+    except ValueError as exc:
+        raise RunCorruptError(
+            f"nbmonitor: {path / META} is not valid JSON ({exc}); the run's metadata is damaged."
+        ) from None
+    return meta if isinstance(meta, dict) else {"meta": meta}
+
+
 def read_fd(fd: int, start: int, limit: int | None, where: object) -> bytes:
     """Up to ``limit`` bytes from ``start`` of an open regular file, in pieces (a file that
     shrinks meanwhile just gives fewer bytes)."""
@@ -213,4 +267,4 @@ def _kind(mode: int) -> str:
     return "a regular file" if stat.S_ISREG(mode) else "not a regular file"
 
 
-__all__ = ["RunFolder", "read_fd"]
+__all__ = ["HINT", "RunFolder", "parse_json", "read_fd", "read_meta"]

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import os
 import pathlib
+import warnings
 from typing import Any
 
 from nbmonitor.runs.decode import Record
-from nbmonitor.runs.format import RunNotFoundError
+from nbmonitor.runs.format import RunDataWarning, RunDirError, RunNotFoundError
 from nbmonitor.runs.layout import is_job, rank_dirs, read_json
 from nbmonitor.runs.reader import Run, read_meta, run_path
 from nbmonitor.runs.tail import Tail
@@ -46,7 +47,12 @@ class JobFiles:
                 f"nbmonitor: '{self.path}' is a single run, not a job of several ranks; "
                 "open it with nbmonitor.open()."
             )
-        self.ranks: dict[int, Run] = {r: Run(p) for r, p in rank_dirs(self.path).items()}
+        self.ranks: dict[int, Run] = {}
+        for rank, folder in rank_dirs(self.path).items():
+            try:  # one unreadable rank never costs the others
+                self.ranks[rank] = Run(folder)
+            except RunDirError as exc:
+                warnings.warn(RunDataWarning(f"{exc} Rank {rank} is left out."), stacklevel=2)
 
     @property
     def world_size(self) -> int:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import pathlib
-import stat
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -27,19 +26,15 @@ from nbmonitor.runs.decode import (
     Record,
     concat_columns,
     decode_lines,
-    loads_line,
     to_columns,
     warn_bad,
 )
-from nbmonitor.runs.files import RunFolder, read_fd
+from nbmonitor.runs.files import RunFolder, parse_json, read_fd, read_meta
 from nbmonitor.runs.format import (
-    MAX_META_BYTES,
-    META,
     STREAMS,
     RunCorruptError,
     RunDataWarning,
     RunDirError,
-    RunNotFoundError,
     RunUnreadableError,
     RunUnsafeError,
     Stream,
@@ -52,7 +47,6 @@ from nbmonitor.runs.status import run_status
 if TYPE_CHECKING:
     from nbmonitor.runs.tail import Tail
 
-_HINT = "pass the folder of one run, e.g. runs/20240101-120000-run"
 # Text is read in pieces of this size: the records of one piece are made columns before the
 # next is read, so a long text-only run never holds all its text (or all its dicts) at once.
 PIECE_BYTES = 16 << 20
@@ -72,49 +66,6 @@ def run_path(path: object) -> pathlib.Path:
             "containing NUL); pass a run folder, e.g. mon.run_dir."
         )
     return pathlib.Path(text)
-
-
-def _folder_or_raise(path: pathlib.Path) -> RunFolder:
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        raise RunNotFoundError(
-            f"nbmonitor: no run at '{path}' ({META} folder not found); {_HINT}."
-        ) from None
-    except OSError as exc:  # a name too long, a folder it may not read, a loop of links
-        reason = exc.strerror or type(exc).__name__
-        raise RunNotFoundError(f"nbmonitor: no run at '{path}' ({reason}); {_HINT}.") from None
-    if not stat.S_ISDIR(mode):
-        raise RunNotFoundError(f"nbmonitor: no run at '{path}' (not a folder); {_HINT}.")
-    return RunFolder(path)
-
-
-def parse_json(data: bytes, where: object) -> object:
-    """A whole JSON file (meta.json, a summary) by the reading contract's rules; one-line
-    RunCorruptError saying what is wrong."""
-    try:
-        return loads_line(data)
-    except ValueError as exc:
-        raise RunCorruptError(f"nbmonitor: {where} is not valid JSON ({exc}).") from None
-
-
-def read_meta(path: pathlib.Path) -> dict[str, Any]:
-    """meta.json of the run at ``path``; RunNotFoundError (one line, with a hint) if none,
-    RunCorruptError if it is damaged, not a regular file or past MAX_META_BYTES."""
-    folder = _folder_or_raise(path)
-    try:
-        data = folder.read_whole([META], MAX_META_BYTES)
-    except FileNotFoundError:
-        raise RunNotFoundError(
-            f"nbmonitor: no run at '{path}' ({META} not found); {_HINT}."
-        ) from None
-    try:
-        meta = loads_line(data)
-    except ValueError as exc:
-        raise RunCorruptError(
-            f"nbmonitor: {path / META} is not valid JSON ({exc}); the run's metadata is damaged."
-        ) from None
-    return meta if isinstance(meta, dict) else {"meta": meta}
 
 
 def read_text(

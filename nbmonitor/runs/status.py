@@ -57,7 +57,8 @@ def run_status(meta: Mapping[str, object], files: Iterable[pathlib.Path]) -> str
     if meta.get("end_time"):
         return "closed"
     pid, host = meta.get("pid"), meta.get("host")
-    if isinstance(pid, int) and pid > 0 and host == socket.gethostname():
+    # A pid from a file is untrusted: a bool, or past what a pid can be, is no pid at all.
+    if type(pid) is int and 0 < pid < 2**31 and host == socket.gethostname():
         if not _pid_alive(pid):
             return "killed"
         started = meta.get("start_timestamp")

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from nbmonitor.runs.decode import CHECKS, LineSplitter, Record, decode_lines, loads_line, warn_bad
-from nbmonitor.runs.files import RunFolder, read_fd
+from nbmonitor.runs.files import RunFolder, read_fd, read_meta
 from nbmonitor.runs.format import (
     MAX_META_BYTES,
     META,
@@ -253,22 +253,24 @@ class Tail:
 def wait_for_run(
     tail: Tail, wait: float, say: Callable[[str], None] | None = None, every: float = 0.25
 ) -> None:
-    """Return once the run ``tail`` follows has its meta.json; RunNotFoundError after ``wait``
+    """Return once the run ``tail`` follows has its meta.json, and that meta.json reads (by
+    the reading contract: a FIFO, a symlink or damaged JSON there raises its RunDirError at
+    once, instead of a follow that never sees the run). RunNotFoundError after ``wait``
     seconds. ``say`` is told once that it waits ("waiting for RUN to appear")."""
-    folder = RunFolder(tail.path)
-    if folder.is_file([META]):
-        return
-    if say is not None:
-        say(f"nbmonitor: waiting for {tail.path} to appear (up to {wait:g} s)")
-    deadline = time.monotonic() + wait
-    while not folder.is_file([META]):
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise RunNotFoundError(
-                f"nbmonitor: no run appeared at '{tail.path}' within {wait:g} s; check the "
-                "path, or wait longer (wait=, --wait)."
-            )
-        time.sleep(min(every, left))
+    meta = tail.path / META
+    if not os.path.lexists(meta):
+        if say is not None:
+            say(f"nbmonitor: waiting for {tail.path} to appear (up to {wait:g} s)")
+        deadline = time.monotonic() + wait
+        while not os.path.lexists(meta):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RunNotFoundError(
+                    f"nbmonitor: no run appeared at '{tail.path}' within {wait:g} s; check the "
+                    "path, or wait longer (wait=, --wait)."
+                )
+            time.sleep(min(every, left))
+    read_meta(tail.path)
 
 
 __all__ = ["MAX_POLL_BYTES", "Tail", "wait_for_run"]

@@ -8,7 +8,12 @@ it (``nbmonitor runs``, ``nbmonitor tail``). Everything printed from a file goes
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
+import sys
+from collections.abc import Iterator
+from typing import TextIO
 
 # C0 and C1 control characters and DEL (ESC among them), and the Unicode format characters
 # that reorder or hide text (bidirectional overrides, zero-width joiners).
@@ -36,4 +41,39 @@ def strip_controls(text: str) -> str:
     return _CONTROL_BUT_LINES.sub("?", text)
 
 
-__all__ = ["printable", "strip_controls"]
+class StrippedStream(io.TextIOBase):
+    """A text stream that passes on what it is given through :func:`strip_controls`."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, s: str) -> int:
+        self._stream.write(strip_controls(s))
+        return len(s)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def isatty(self) -> bool:
+        return self._stream.isatty()
+
+    @property
+    def raw(self) -> TextIO:
+        """The stream itself, for text of our own with control characters (the export
+        command's progress bar and its carriage return)."""
+        return self._stream
+
+
+@contextlib.contextmanager
+def stripped_output() -> Iterator[None]:
+    """stdout and stderr with control characters shown as ``?`` while a follow or a listing
+    prints what run folders hold (a console view, a logging handler made meanwhile)."""
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = StrippedStream(out), StrippedStream(err)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = out, err
+
+
+__all__ = ["StrippedStream", "printable", "strip_controls", "stripped_output"]

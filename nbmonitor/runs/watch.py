@@ -64,6 +64,8 @@ class RunRow:
     alerts: int
     last_alert: str
     kind: str = "run"  # "run", "job" (several ranks) or "devices" (a device watch)
+    pid: int | None = None  # the writer's process and host, as meta.json says
+    host: str = ""
 
 
 @dataclass(frozen=True)
@@ -94,10 +96,11 @@ def _start_offset(folder: RunFolder, name: str, keep: int) -> int:
     return size - keep - back + cut + 1
 
 
+_NUMBER = (int, float)  # exact types: a bool is not a number here
+
+
 def _num(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return math.nan
-    return float(value)
+    return float(value) if type(value) in _NUMBER else math.nan  # type: ignore[arg-type]
 
 
 class _Followed:
@@ -140,14 +143,18 @@ class _Followed:
             self.error = str(exc)
             self.done = True
             return
-        for record in new.get("steps", ()):
-            if not isinstance(record.get("step"), (int, float)):
-                continue
-            values = tuple(_num(record.get(k)) for k in KEPT)
-            self.rows.append(values)
-            for key, value in zip(KEPT, values, strict=True):
-                if math.isfinite(value):
-                    self.last[key] = value
+        # Every record of every run each second: kept lean (no per-value generator).
+        rows = [
+            tuple([_num(v) for v in map(record.get, KEPT)])
+            for record in new.get("steps", ())
+            if type(record.get("step")) in _NUMBER
+        ]
+        self.rows.extend(rows)
+        for j, key in enumerate(KEPT):  # the newest finite value of each key
+            for row in reversed(rows):
+                if math.isfinite(row[j]):
+                    self.last[key] = row[j]
+                    break
         for event in new.get("events", ()):
             if isinstance(event.get("rule"), str):
                 self.alert_count += 1
@@ -169,6 +176,7 @@ class _Followed:
         total = total if isinstance(total, int) and not isinstance(total, bool) else None
         step = int(last.get("step", 0))
         alert = self.alerts[-1] if self.alerts else None
+        pid = meta.get("pid")
         kind = "devices" if meta.get("kind") == "devices" else self.kind
         return RunRow(
             name=self.name,
@@ -184,6 +192,8 @@ class _Followed:
             alerts=self.alert_count,
             last_alert=str(alert.get("message", "")) if alert is not None else self.error,
             kind=kind,
+            pid=pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
+            host=str(meta.get("host", "")),
         )
 
     def _eta(self, total: int | None, step: int) -> float:

@@ -159,6 +159,11 @@ class Dashboard:
             self._closed = True
         self._refresh_displays()
 
+    def _display_(self) -> Any:
+        """marimo shows what this returns: the anywidget itself (marimo renders anywidgets, not
+        the ipywidgets view bundle of ``_repr_mimebundle_``)."""
+        return self._widget
+
     def on_displayed(self, handle: Any) -> None:
         """Called by ``nbmonitor.ui.show`` with the display handle of the output it created."""
         self._handles.append(handle)

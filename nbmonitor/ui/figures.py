@@ -86,5 +86,10 @@ def metrics_figure(
     series: Mapping[str, Series], keys: Sequence[str], log: bool = False
 ) -> bq.Figure:
     """``mon.figure(*keys)``: the named metrics of one run in one figure."""
-    lines = {key: series[key] for key in keys if key in series}
-    return lines_figure(lines, ", ".join(keys), log=log)
+    if not keys:
+        raise ValueError('nbmonitor: name the metrics to draw, e.g. mon.figure("loss")')
+    missing = [key for key in keys if key not in series]
+    if missing:
+        known = ", ".join(sorted(series)) or "none yet"
+        raise ValueError(f"nbmonitor: no series {', '.join(missing)}; known: {known}")
+    return lines_figure({key: series[key] for key in keys}, ", ".join(keys), log=log)

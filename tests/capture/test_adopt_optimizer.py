@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import gc
 import threading
-import time
 import weakref
 from pathlib import Path
 
 import numpy as np
 import torch
-from tests.helpers import mlp
+from tests.helpers import mlp, wait_for
 
 import nbmonitor
 from nbmonitor._capture import adopt, intercept
@@ -87,10 +86,7 @@ def test_the_global_hook_holds_the_monitor_weakly(tmp_path: Path) -> None:
     del model
     gc.collect()
     assert model_ref() is None  # the global hook did not keep it
-    deadline = time.monotonic() + 5.0
-    while mon.status != "closed" and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert mon.status == "closed"
+    assert wait_for(lambda: mon.status == "closed")
     # Released from the nbmonitor-release thread: the global hook is left inert, then removed
     # by the next attach (on this thread).
     assert adopt.watching() == before + 1

@@ -145,7 +145,7 @@ def test_in_a_script_the_result_goes_to_the_log(
 def test_in_a_notebook_the_table_shows_at_the_call_and_fills_in(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from nbmonitor.ui.profile import ProfileView
+    from nbmonitor.ui.panels.profile import ProfileView
 
     shown: list[ProfileView] = []
     monkeypatch.setattr("nbmonitor.ui.notebook.in_notebook", lambda: True)

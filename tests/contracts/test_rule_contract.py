@@ -26,6 +26,7 @@ from nbmonitor.health import (
 from nbmonitor.health.alert import GRAD_NORM, LOSS, is_subject
 from nbmonitor.health.alert import LAYERS as LAYERS_SUBJECT
 from nbmonitor.health.view import RankColumns
+from nbmonitor.records import OptimizerRecord
 
 EMPTY = HealthInput(step=0, time=0.0, steps={})
 
@@ -159,14 +160,18 @@ def every_alert() -> list[Alert]:
     }
     alerts += health.check(run.input())
     alerts += Health().check(HealthInput(step=30, time=0.0, steps={}, ranks=straggling()))
-    # Time: input-bound, the optimizer's share, then the steps get 4x slower.
-    steps = np.arange(1.0, 121.0)
-    step_time = np.where(steps > 60, 0.2, 0.05)
+    # Time: input-bound and the optimizer's share (a for-loop Adam) held for over 100 steps,
+    # then the steps get 4x slower.
+    steps = np.arange(1.0, 301.0)
+    step_time = np.where(steps > 200, 0.2, 0.05)
     timing = {"step": steps, "step_time": step_time}
-    timing |= {"phase_data_s": 0.5 * step_time, "phase_optimizer_s": 0.45 * step_time}
+    timing |= {"phase_data_s": 0.35 * step_time, "phase_optimizer_s": 0.55 * step_time}
+    adam = OptimizerRecord(0, "Adam", "cpu", "for-loop", can_fuse=True, can_foreach=True)
     health = Health()
-    for n, when in ((60, 0.0), (100, 10.0), (120, 60.0)):  # slower for 50 s from step 100
-        alerts += health.check(HealthInput(n, when, {k: v[:n] for k, v in timing.items()}))
+    # Slower for 50 s from step 260.
+    for n, when in ((60, 0.0), (100, 1.0), (160, 2.0), (200, 3.0), (260, 10.0), (300, 60.0)):
+        cut = {k: v[:n] for k, v in timing.items()}
+        alerts += health.check(HealthInput(n, when, cut, optimizer=adam))
     alerts.append(non_finite_gradients(5, 0.0, ["fc1.weight"]))
     alerts.append(non_finite_gradients(5, 0.0, []))
     return alerts

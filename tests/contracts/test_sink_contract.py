@@ -41,3 +41,33 @@ def test_every_sink_takes_a_batch_flushes_and_closes_twice(tmp_path: pathlib.Pat
         assert run.history()["step"].tolist() == [1.0, 2.0]
         assert [e["rule"] for e in run.events()] == ["r"]
         assert run.status == "closed"
+
+
+def test_every_exporter_sink_takes_a_batch_flushes_and_closes_twice(
+    tmp_path: pathlib.Path,
+) -> None:
+    """The exporters whose tools are installed (the others: tests/export round trips)."""
+    import importlib.util
+
+    from nbmonitor.sinks.exporter import ExportContext
+
+    run = RunLogSink.create(tmp_path / "runs", "exported", {})
+    run.write(BATCH)
+    run.close({"status": "closed"})
+    context = ExportContext(run.path.name, run.path, run.meta)
+    exporters: list[object] = [nbmonitor.export.CSV(out=tmp_path / "csv")]
+    if importlib.util.find_spec("tensorboard") is not None:
+        exporters.append(nbmonitor.export.TensorBoard(log_dir=tmp_path / "tb"))
+    if importlib.util.find_spec("pyarrow") is not None:
+        exporters.append(nbmonitor.export.Parquet(out=tmp_path / "pq"))
+    if importlib.util.find_spec("prometheus_client") is not None:
+        exporters.append(nbmonitor.export.Prometheus(port=0))
+    for exporter in exporters:
+        assert isinstance(exporter, nbmonitor.export.Exporter)
+        sink = exporter.open(context)
+        assert isinstance(sink, Sink), sink
+        assert sink.name == exporter.name
+        sink.write(BATCH)
+        sink.flush()
+        sink.close({"status": "closed", "steps": 2})
+        sink.close({"status": "closed", "steps": 2})

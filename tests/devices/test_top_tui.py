@@ -204,3 +204,34 @@ def test_cli_top_once_and_tail_tui_errors(tmp_path: Path) -> None:
 
     assert main(["top", "--once", "--runs", str(tmp_path), "--interval", "0.05"]) == 0
     assert main(["tail", str(tmp_path / "absent"), "--tui"]) == 2
+
+
+def test_an_idle_gpu_while_a_run_trains_alerts_once(tmp_path: Path, gpus: list[FakeGpu]) -> None:
+    (tmp_path / "hold").touch()
+    live = start_writer(tmp_path, "busy", 100_000, "--delay", "0.01", "--hold")
+    live.stdout.readline()  # type: ignore[union-attr]
+    live.stdout.close()  # type: ignore[union-attr]
+    gpus[0].util, gpus[1].util = 2, 3  # both idle; only GPU 1 runs the training process
+    gpus[1].processes = [(live.pid, 2**30)]
+    gpus[0].processes = []
+    feed = TopFeed(RunsWatch(tmp_path, rescan_s=0.1), 0.05)
+    try:
+        deadline = time.monotonic() + 60
+        while not feed.idle.alerts:  # type: ignore[union-attr]
+            assert time.monotonic() < deadline, "no idle alert"
+            feed.runs()
+            feed.devices()
+            time.sleep(0.05)
+        for _ in range(10):  # it holds: no second alert
+            feed.runs()
+            frame = feed.devices()
+            time.sleep(0.05)
+    finally:
+        (tmp_path / "hold").unlink()
+        live.kill()
+        live.wait(60)
+        feed.stop()
+    idle = [a for a in frame.frame.alerts if a.rule == "gpu_idle"]  # type: ignore[union-attr]
+    assert [a.subject for a in idle] == ["gpu1"]
+    assert idle[0].message.startswith(f"{next(tmp_path.glob('*-busy')).name}: GPU 1 averaged")
+    assert idle[0].step > 0

@@ -16,6 +16,7 @@ import uuid
 
 import numpy as np
 import pytest
+from tests.helpers import wait_for
 
 import nbmonitor
 from nbmonitor.replay import Follow, Job
@@ -64,9 +65,7 @@ def test_torchrun_two_ranks(tmp_path: pathlib.Path) -> None:
             cmd, env=env, capture_output=True, text=True, timeout=100, check=False
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
-        deadline = time.monotonic() + 10
-        while follow.running and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_for(lambda: not follow.running)
     finally:
         follow.stop()
     assert view.closed is not None, follow.errors

@@ -11,7 +11,7 @@ import time
 import weakref
 
 import torch
-from tests.helpers import mlp, train
+from tests.helpers import WAIT_S, mlp, train, wait_for
 
 import nbmonitor
 import nbmonitor.live.registry as registry
@@ -21,7 +21,7 @@ def _samplers() -> set[threading.Thread]:
     return {t for t in threading.enumerate() if t.name == "nbmonitor-sampler"}
 
 
-def _wait_gone(threads: set[threading.Thread], timeout: float = 5.0) -> bool:
+def _wait_gone(threads: set[threading.Thread], timeout: float = WAIT_S) -> bool:
     deadline = time.monotonic() + timeout
     while any(t.is_alive() for t in threads) and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -46,12 +46,8 @@ def test_dropping_model_and_monitor_stops_the_thread_and_frees_the_model(tmp_pat
     gc.collect()
     assert model_ref() is None
     assert _wait_gone(threads)
-    deadline = time.monotonic() + 5.0
-    while time.monotonic() < deadline:
-        meta = json.loads((run_dir / "meta.json").read_text())
-        if meta.get("status") == "closed":
-            break
-        time.sleep(0.05)
+    wait_for(lambda: json.loads((run_dir / "meta.json").read_text()).get("status") == "closed")
+    meta = json.loads((run_dir / "meta.json").read_text())
     assert meta["status"] == "closed" and meta["steps"] == 3
     assert nbmonitor.open(run_dir).history()["step"].tolist() == [1.0, 2.0, 3.0]
 
@@ -63,9 +59,7 @@ def test_a_monitor_still_held_releases_itself_when_its_model_goes(tmp_path):
     gc.collect()
     assert model_ref() is None
     assert _wait_gone(threads)
-    deadline = time.monotonic() + 5.0
-    while mon.status != "closed" and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_for(lambda: mon.status == "closed")
     assert mon.status == "closed" and mon.step == 3
     mon.log(loss=1.0)  # a no-op, not an error
     mon.close()

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tests.helpers import WAIT_S
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
@@ -36,7 +37,15 @@ if len(models) == 2:
 """
 CHECK = """
 gc.collect()
-import time; time.sleep(0.5)
+# The replaced monitors close on threads of their own: wait for that (a generous bound, never
+# a fixed pause), then count.
+import time
+deadline = time.monotonic() + 120
+while time.monotonic() < deadline and (
+    sum(t.name == "nbmonitor-sampler" for t in threading.enumerate()) > 1
+    or fds() > fds_after_two
+):
+    time.sleep(0.05)
 print(json.dumps({
     "samplers": sum(t.name == "nbmonitor-sampler" for t in threading.enumerate()),
     "live_models": sum(r() is not None for r in models),
@@ -70,7 +79,7 @@ def test_rerunning_the_attach_cell_leaves_one_monitor(tmp_path, monkeypatch):
         client.execute_cell(nb.cells[2], 2)
         # Read while the kernel runs: at its shutdown the last model goes, and its run closes.
         # A replaced run closes on a thread of its own: give the latest ones a moment.
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + WAIT_S
         while True:
             runs = list((tmp_path / "runs").iterdir())
             metas = [json.loads((r / "meta.json").read_text()) for r in runs]

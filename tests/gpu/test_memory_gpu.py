@@ -4,6 +4,7 @@ interval peak, and an out-of-memory error provoked on purpose (skipped without C
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -62,3 +63,28 @@ def test_a_provoked_oom_is_counted_and_the_breakdown_is_on_the_device(tmp_path) 
     assert got.bytes("parameters", device="cuda:0") == (256 * 256 + 256) * 4
     # Adam's step counters stay on the CPU unless capturable or fused.
     assert got.bytes("optimizer_state", device="cuda:0") == 2 * (256 * 256 + 256) * 4
+
+
+def test_memory_history_snapshot_and_the_oom_card_link(tmp_path) -> None:
+    import pickle
+
+    model = torch.nn.Linear(256, 256).cuda()
+    opt = torch.optim.Adam(model.parameters())
+    mon = nbmonitor.attach(
+        model, opt, run_dir=tmp_path, display=False, interval=0.05, memory_history=True
+    )
+    try:
+        model(torch.randn(32, 256, device="cuda")).sum().backward()
+        opt.step()
+        path = mon.memory_snapshot(tmp_path / "snap.pickle")
+        with path.open("rb") as f:
+            snapshot = pickle.load(f)
+        assert snapshot["segments"] and snapshot["device_traces"]
+        total = torch.cuda.get_device_properties(0).total_memory
+        try:
+            torch.empty(total * 2, dtype=torch.uint8, device="cuda")
+        except torch.OutOfMemoryError as exc:
+            report = mon._oom_report(exc, "cuda")
+        assert report.snapshot is not None and Path(report.snapshot).exists()
+    finally:
+        mon.close()

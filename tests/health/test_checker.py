@@ -119,8 +119,12 @@ def test_check_is_cheap_for_hundreds_of_layers() -> None:
     health = Health()
     inp = run.input()
     health.check(inp)
-    start = time.perf_counter()
+    # CPU time of this thread: another process competing for the machine does not count.
+    cpu = 0.0
     for _ in range(10):
         run.add(5)
-        health.check(run.input())
-    assert (time.perf_counter() - start) / 10 < 0.05
+        inp = run.input()
+        start = time.thread_time()
+        health.check(inp)
+        cpu += time.thread_time() - start
+    assert cpu / 10 < 0.05

@@ -375,7 +375,17 @@ def bad_meta(root: pathlib.Path) -> Expect:
           status=["closed"], steps=-1, backend={"name": {"x": 1}}, end_time=0,
           format_version="one", sidecar=3, layout=None)  # fmt: skip
     plain(root, "huge_numbers", pid=2**80, start_timestamp=1e308, steps=10**30, host="h")
-    return Expect(listed=9)
+    here = socket.gethostname()
+    plain(root, "huge_pid_here", pid=2**80, status=None, steps=None, host=here)
+    plain(root, "bool_pid_here", pid=True, status=None, steps=None, host=here)
+    plain(root, "negative_pid_here", pid=-1, status=None, steps=None, host=here,
+          start_timestamp=float("inf"))  # fmt: skip
+    job = root / "job_with_a_bad_rank"
+    meta(job, layout="ranks", world_size=2)
+    plain(job, "rank0")
+    (job / "rank1").mkdir()
+    (job / "rank1" / "meta.json").write_bytes(b"[" * 10_000)
+    return Expect(listed=13)
 
 
 # -- hostile names and texts -----------------------------------------------------------------

@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import json
+import os
 import pathlib
+import socket
 
 import pytest
 from tests.runs.runs_helpers import make_log
 
-from nbmonitor.runs import RunDataWarning, RunNotFoundError, Tail, open_run, tail
+from nbmonitor.runs import (
+    STREAMS,
+    RunDataWarning,
+    RunNotFoundError,
+    RunUnsafeError,
+    Tail,
+    open_run,
+    tail,
+)
+from nbmonitor.runs.tail import wait_for_run
 from nbmonitor.sinks import Batch
 
 
@@ -156,3 +168,76 @@ def test_catching_up_a_long_file_is_bounded_per_poll(
     for _ in range(20):
         got += [r["step"] for r in t.poll().get("steps", [])]
     assert got == [float(i) for i in range(50)]  # several polls, nothing lost or repeated
+
+
+def test_a_replaced_file_is_read_from_its_start_nothing_lost(tmp_path: pathlib.Path) -> None:
+    """Rename + new file (log rotation, a restarted writer): the old file is drained, the new
+    one read from its first byte."""
+    run = tmp_path / "r"
+    run.mkdir()
+    steps = run / "steps.jsonl"
+    steps.write_bytes(b'{"step":0}\n')
+    t = Tail(run, streams=["steps"])
+    assert t.poll() == {"steps": [{"step": 0}]}
+    with open(steps, "ab") as f:
+        f.write(b'{"step":1}\n')  # written to the old file after the last poll
+    os.replace(steps, run / "steps.1.jsonl")
+    steps.write_bytes(b'{"step":2}\n{"step":3}\n')
+    assert t.poll() == {"steps": [{"step": 1}, {"step": 2}, {"step": 3}]}
+    with open(steps, "ab") as f:
+        f.write(b'{"step":4}\n')
+    assert t.poll() == {"steps": [{"step": 4}]}
+    t.close()
+
+
+def test_a_long_line_is_skipped_with_a_warning_never_held(tmp_path: pathlib.Path) -> None:
+    run = tmp_path / "r"
+    run.mkdir()
+    limit = STREAMS["steps"].max_line
+    with open(run / "steps.jsonl", "wb") as f:
+        f.write(b'{"step":0}\n{"step":1,"x":"')
+        f.truncate(3 * limit)  # a line three times the bound, still without its newline
+    t = Tail(run, streams=["steps"])
+    with pytest.warns(RunDataWarning, match=f"line 2: longer than {limit} bytes"):
+        got = [t.poll() for _ in range(4)]  # MAX_POLL_BYTES per poll: a few polls
+    assert got[0] == {"steps": [{"step": 0}]} and not any(got[1:])
+    assert len(t._cursors["steps"].split.rest) <= limit  # never held whole
+    with open(run / "steps.jsonl", "ab") as f:
+        f.write(b'"}\n{"step":2}\n')
+    assert t.poll() == {"steps": [{"step": 2}]} and t.bad_lines == 1
+    t.close()
+
+
+def test_ended_when_the_writer_is_gone(tmp_path: pathlib.Path) -> None:
+    run = tmp_path / "r"
+    run.mkdir()
+    meta = {"host": socket.gethostname(), "pid": 2**31 - 2, "start_timestamp": 1.0}
+    (run / "meta.json").write_text(json.dumps(meta))
+    (run / "steps.jsonl").write_bytes(b'{"step":0}\n')
+    t = Tail(run)
+    assert t.poll() == {"steps": [{"step": 0}]}
+    assert t.ended is None  # that poll found records: it may not be the last
+    assert t.poll() == {}
+    assert t.ended == f"its writer (pid {2**31 - 2}) is gone"
+    # From another host only silence tells.
+    (run / "meta.json").write_text(json.dumps({"host": "elsewhere.invalid", "pid": 5}))
+    quiet = Tail(run, stale_s=0.0)
+    quiet.poll()
+    quiet.poll()
+    assert quiet.ended is not None and quiet.ended.startswith("nothing was written for")
+    t.close()
+    quiet.close()
+
+
+def test_a_typo_fails_at_once_a_later_run_is_waited_for(tmp_path: pathlib.Path) -> None:
+    with pytest.raises(RunNotFoundError, match="neither it nor its parent folder"):
+        Tail(tmp_path / "no" / "such")
+    t = Tail(tmp_path / "later")
+    said: list[str] = []
+    with pytest.raises(RunNotFoundError, match="no run appeared"):
+        wait_for_run(t, 0.2, say=said.append)
+    assert said == [f"nbmonitor: waiting for {tmp_path / 'later'} to appear (up to 0.2 s)"]
+    (tmp_path / "later").mkdir()
+    os.mkfifo(tmp_path / "later" / "meta.json")
+    with pytest.raises(RunUnsafeError, match="FIFO"):  # appears, but not as a file: at once
+        wait_for_run(t, 5.0)

@@ -92,3 +92,37 @@ def test_export_trace_refuses_a_folder(tmp_path: Path) -> None:
     run_dir, _ = traced_run(tmp_path)
     with pytest.raises(ValueError, match="pass a file name"):
         nbmonitor.open(run_dir).export_trace(tmp_path)
+
+
+def test_export_trace_that_fails_halfway_leaves_the_old_file_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.hostile.corpus import plain
+
+    from nbmonitor.runs import format as run_format
+
+    run = plain(tmp_path, "run")
+    out = tmp_path / "trace.json"
+    out.write_text('{"traceEvents": []}')
+
+    real_open = open
+
+    class Full:  # the disk fills up after the first bytes
+        def __init__(self, f: Any) -> None:
+            self.f = f
+
+        def __enter__(self) -> Full:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.f.close()
+
+        def write(self, data: bytes) -> int:
+            self.f.write(data[:10])
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(run_format, "open", lambda p, m: Full(real_open(p, m)), raising=False)
+    with pytest.raises(OSError, match="No space"):
+        nbmonitor.open(run).export_trace(out)
+    assert out.read_text() == '{"traceEvents": []}'  # untouched, not truncated
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "trace.json"]  # no temp left

@@ -13,7 +13,7 @@ import pytest
 from tests.ui.test_browser import (
     ARTIFACTS,
     IDLE,
-    OUR_ERRORS,
+    assert_console_clean,
     goto_notebook,
     jupyter_server,
     open_page,
@@ -84,8 +84,7 @@ def test_devices_panel_renders_and_updates(tmp_path: Path, monkeypatch: pytest.M
             )
             body = page.evaluate("() => document.body.textContent")
             assert "Error displaying widget" not in body and "Traceback" not in body
-            ours = [e for e in console_errors if OUR_ERRORS.search(e)]
-            assert not ours, ours
+            assert_console_clean(console_errors)
         except BaseException:
             with contextlib.suppress(Exception):
                 page.screenshot(path=str(ARTIFACTS / "devices-failure.png"), full_page=True)

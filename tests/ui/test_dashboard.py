@@ -113,7 +113,7 @@ def test_publish_updates_the_header_and_the_panels(sent: Sent) -> None:
     assert w.header["best_loss"] == 0.25
     assert w.header["status"] == "running"
     assert w.system["cpu_percent"] == 37.0
-    assert w.panels == ["training", "system", "layers", "timeline"]
+    assert w.panels == ["training", "system", "memory", "layers", "timeline"]
     x, y = curve(dash, "training", "loss")
     assert y.dtype == np.float32 and len(x) == 100
     np.testing.assert_allclose(y[:3], [1.0, 0.5, 1.0 / 3], rtol=1e-6)
@@ -244,7 +244,7 @@ def test_the_dashboard_is_one_anywidget_with_the_built_front_end() -> None:
     # it is fetched at run time.
     esm = str(w._esm)
     assert "not built" not in esm and len(esm) > 20_000
-    assert "https://" not in esm.replace("https://github.com/leeoniya/uPlot", "")
+    assert "https://" not in esm and "http://" not in esm
     assert "export{" in esm.replace(" ", "") or "export default" in esm
 
 
@@ -422,3 +422,8 @@ def test_show_displays_and_close_refreshes_the_static_summary(
     dash2.close(make_frame(50))
     assert len(updates) == 1
     assert "closed" in updates[0]["text/html"] and "50 / 1000" in updates[0]["text/html"]
+
+
+def test_marimo_is_shown_the_anywidget_itself() -> None:
+    dash = Dashboard("r", "cpu", None)
+    assert dash._display_() is dash.widget

@@ -31,6 +31,7 @@ from tests.ui.test_browser import (
     run_all,
     start_browser_test,
     wait_for_live_step,
+    wait_for_progress,
 )
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -66,8 +67,7 @@ def test_quickstart_dashboard_is_live_in_notebook7(notebook7: tuple[str, Path]) 
                 timeout=120_000,
             )
             step1, png1 = _step(page), chart_png(page)
-            page.wait_for_timeout(2_500)
-            step2, png2 = _step(page), chart_png(page)
+            step2, png2 = wait_for_progress(page, step1, png1)
             status = page.locator(".nbm-root [data-field=status]").first.inner_text()
             reads = f"step {step1} -> {step2}"
             assert status in ("running", "degraded"), status

@@ -9,7 +9,7 @@ from typing import Any
 from nbmonitor._engine.frame import Frame
 from nbmonitor.ui import Dashboard
 from nbmonitor.ui.console import status_line, summary_text
-from nbmonitor.ui.profile import ProfileView
+from nbmonitor.ui.panels.profile import ProfileView
 
 NOTE = "MFU is not shown: nbmonitor has no peak FLOP/s for CPU (TFLOP/s is still measured)."
 

@@ -111,7 +111,7 @@ export class StackedChart {
         })),
       ],
       axes: [
-        { ...axis, space: 70, size: 30, values: (_u, ticks) => ticks.map((t) => si(t)) },
+        { ...axis, space: 70, size: 30, values: (_u, ticks) => ticks.map((t) => (t == null ? "" : si(t))) },
         { ...axis, space: 28, size: axisSize, values: (_u, ticks) => tickLabels(ticks, "s") },
       ],
     };

@@ -210,12 +210,14 @@ export class TimeSeriesChart {
           ...axis,
           space: 70,
           size: 30,
-          values: (_u, ticks) => ticks.map((t) => si(t)),
+          values: (_u, ticks) => ticks.map((t) => (t == null ? "" : si(t))),
         },
         {
           ...axis,
           space: 28,
           size: axisSize,
+          // Our log ticks are already few: uPlot's own log filter would blank every other one.
+          filter: log ? (_u, splits) => splits : undefined,
           splits: log
             ? (_u, _i, min, max) => logTicks(min, max)
             : unit === "bytes"

@@ -86,6 +86,16 @@ describe("TimeSeriesChart (curves)", () => {
     chart.destroy();
   });
 
+  it("reads out the newest values while no step is hovered, and the hovered step's otherwise", () => {
+    const chart = new TimeSeriesChart(el, spec);
+    chart.update({ loss: { x: f32([1, 2, 3]), y: f32([3, 2, Number.NaN]) } });
+    const loss = chart.plot.series[1];
+    expect(loss.value(chart.plot, null, 1, null)).toBe("2"); // the newest finite value
+    expect(loss.value(chart.plot, 3, 1, 0)).toBe("3");
+    expect(chart.plot.series[0].value(chart.plot, null, 0, null)).toBe("3"); // the newest step
+    chart.destroy();
+  });
+
   it("updates in place: the same uPlot instance takes the new data", () => {
     const chart = new TimeSeriesChart(el, spec);
     chart.update({ loss: { x: f32([1, 2]), y: f32([3, 2]) } });

@@ -21,6 +21,7 @@ from nbmonitor.records import (
     AuxRecord,
     FlopsRecord,
     LogRecord,
+    OptimizerRecord,
     Pending,
     PhaseRecord,
     Record,
@@ -95,6 +96,7 @@ class StepAssembler:
         self._device = device
         # Training FLOPs per token/sample, from the one counted forward; None until it comes.
         self.flops: StepFlops | None = None
+        self.optimizer: OptimizerRecord | None = None  # what the monitor's optimizer is
         self._open: dict[int, _Row] = {}
         self._last_ended = 0
         self._ema = 0.0
@@ -126,6 +128,8 @@ class StepAssembler:
                     self._add_logged(record)
                 elif isinstance(record, PhaseRecord):
                     self._open.setdefault(record.step, _Row()).values.update(phase_columns(record))
+                elif isinstance(record, OptimizerRecord):
+                    self.optimizer = record
                 elif isinstance(record, FlopsRecord):
                     self.flops = StepFlops.from_count(
                         record.forward_flops,

@@ -236,8 +236,9 @@ class GpuIdle(_DeviceRule):
 
 
 # The rules a watch of the machine without a model runs (nbmonitor.devices(), nbmonitor top):
-# a run's device rules, in the same order, but GpuIdle, which needs a run's steps (a run
-# being written reports its own idle GPU in its events, which the machine view shows).
+# a run's device rules, in the same order, but GpuIdle, which needs a run's steps: a run
+# reports its own idle GPU in its events, and nbmonitor top judges idle_rule for the GPUs a
+# followed run's process uses (nbmonitor/machine/top.py).
 DEVICE_RULES = (GpuTemperature, DeviceMemory, GpuThrottling)
 
 

@@ -1,9 +1,18 @@
-"""Rules on where the time goes: a loop waiting for its data, an optimizer step that takes a
-large share of the step, and a step time that has grown. Subject: ``"run"``.
+"""Rules on where the time goes: a loop waiting for its data, an optimizer step that takes
+most of the step when a faster implementation is at hand, and a step time that has grown.
+Subject: ``"run"``.
 
 They read the step phases (``phase_<name>_s``, ``attach(phases=True)``, the default) and
-``step_time`` over the most recent steps; the median share of a phase, not one step, decides,
-so one slow batch or a garbage collection does not alert.
+``step_time`` over the most recent steps, and judge against the run's own noise:
+
+- Another process competing for the machine only ever adds time, to whichever phase it
+  interrupts. So a phase's share is read in the fastest quarter of the recent steps, those
+  nothing interrupted: the share of their time spent in the phase. One slow batch, a garbage
+  collection or a busy neighbour (on fewer than three steps in four) moves it little.
+- A verdict must persist: it holds on every check over ``PERSIST_STEPS`` steps before it is
+  said (a check that finds it clear starts the count again).
+- The optimizer rule speaks only when it has something to suggest that the run does not
+  already use (``HealthInput.optimizer``: fused, then foreach); without that, it is silent.
 """
 
 from __future__ import annotations
@@ -17,43 +26,76 @@ from nbmonitor.health.alert import Alert
 from nbmonitor.health.rule import Base, Outcome, always, clear, nothing
 from nbmonitor.health.thresholds import Thresholds
 from nbmonitor.health.view import View
-from nbmonitor.health.window import FloatArray, row_medians
+from nbmonitor.health.window import FloatArray
+from nbmonitor.records import OptimizerRecord
 
 # Recent steps a share is judged over, and the fewest with a phase measured that it needs.
 RECENT_STEPS = 50
 MIN_STEPS = 10
-# Input-bound: the wait for data is at least this share of each step, and this long (medians:
-# in a toy loop on the CPU making a random batch is a fair share of a sub-millisecond step).
+# The fastest fraction of the recent steps a share is read in (see above); the lower quartile
+# of the step times is also what a regression judges.
+QUANTILE = 0.25
+# Steps a share verdict must keep holding, from the first check that found it, before it is
+# said (with RECENT_STEPS, it covers three windows' worth of steps).
+PERSIST_STEPS = 100
+# Input-bound: the wait for data is at least this share of the step, and this long (in the
+# fastest steps: in a toy loop on the CPU making a random batch is a fair share of a
+# sub-millisecond step).
 DATA_SHARE = 0.3
 DATA_MIN_S = 0.001
-# The optimizer step is at least this share of each step, and this long (medians).
-OPTIMIZER_SHARE = 0.4
+# The optimizer step is at least this share of the step (longer than the rest of the step
+# together: a fused or foreach step, a fraction of a for-loop one, would make the whole step
+# markedly faster), and this long (in the fastest steps).
+OPTIMIZER_SHARE = 0.5
 OPTIMIZER_MIN_S = 0.002
-# A regression: the median of the recent steps at least this many times the fastest median
-# of as many steps seen so far in the run, slower by at least REGRESSION_MIN_S, for at least
-# REGRESSION_SUSTAIN_S of wall time (a shared machine slows a loop for seconds at a time).
+# A regression: the lower quartile of the recent step times (even the fast steps are slower)
+# at least this many times the fastest median of as many steps seen so far in the run, slower
+# by at least REGRESSION_MIN_S, for at least REGRESSION_SUSTAIN_S of wall time (a shared
+# machine slows a loop for seconds at a time).
 REGRESSION_FACTOR = 1.5
 REGRESSION_MIN_S = 0.02
 REGRESSION_SUSTAIN_S = 30.0
 
 
-def _median(values: FloatArray) -> float:
-    return float(row_medians(values[None, :])[0][0])
+def _quantile(values: FloatArray, q: float) -> float:
+    """``np.quantile(values, q)`` (linear interpolation), written out: np.quantile imports
+    numpy.ma the first time, a stall of the training loop (tests/test_monitor.py)."""
+    if not values.size:
+        return math.nan
+    ordered = np.sort(values)
+    at = q * (ordered.size - 1)
+    lo = math.floor(at)
+    hi = min(lo + 1, ordered.size - 1)
+    return float(ordered[lo] + (ordered[hi] - ordered[lo]) * (at - lo))
 
 
 def _recent_share(view: View, key: str) -> tuple[float, float, int] | None:
-    """The median share of the step time spent in ``key`` over the recent steps, the median
-    time spent in it, and the last step judged; None without enough of them."""
+    """The share of the step spent in ``key`` in the fastest quarter of the recent steps, the
+    mean time spent in it there, and the last step judged; None without enough steps."""
     phase, total = view.column(key), view.column("step_time")
     if phase is None or total is None or not view.has_new_rows:
         return None
     lo = max(0, phase.size - RECENT_STEPS)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        share = phase[lo:] / total[lo:]
-    kept = np.isfinite(share)
+    phase, total = phase[lo:], total[lo:]
+    kept = np.isfinite(phase) & np.isfinite(total) & (total > 0)
     if kept.sum() < MIN_STEPS:
         return None
-    return _median(share[kept]), _median(phase[lo:][kept]), int(view.step_col[-1])
+    phase, total = phase[kept], total[kept]
+    fast = total <= _quantile(total, QUANTILE)
+    share = min(1.0, float(phase[fast].sum() / total[fast].sum()))
+    return share, float(phase[fast].mean()), int(view.step_col[-1])
+
+
+def optimizer_suggestion(optimizer: OptimizerRecord | None) -> str | None:
+    """What would make ``optimizer``'s step faster that the run does not already use: the
+    argument to pass, or None (already fused, no faster implementation, or not known)."""
+    if optimizer is None or optimizer.implementation in ("fused", "unknown"):
+        return None
+    if optimizer.can_fuse:
+        return "fused=True"
+    if optimizer.implementation == "for-loop" and optimizer.can_foreach:
+        return "foreach=True"
+    return None
 
 
 class _ShareRule(Base):
@@ -62,8 +104,19 @@ class _ShareRule(Base):
     least = 0.0  # seconds
     severity = "warning"
 
-    def wording(self, share: float, step: int) -> str:
+    def __init__(self, thresholds: Thresholds) -> None:
+        super().__init__(thresholds)
+        self.reset()
+
+    def reset(self) -> None:
+        self._since = math.nan  # the step of the first check of the current streak that held
+
+    def wording(self, view: View, share: float, step: int) -> str:
         raise NotImplementedError
+
+    def applies(self, view: View) -> bool:
+        """Whether the rule has anything to say to this run at all."""
+        return True
 
     def check(self, view: View) -> Outcome:
         rule = self.name
@@ -71,11 +124,16 @@ class _ShareRule(Base):
         if found is None:
             return nothing(rule)
         share, seconds, step = found
-        if share < self.limit or seconds < self.least:
+        if not (share >= self.limit and seconds >= self.least and self.applies(view)):
+            self._since = math.nan
             return clear(rule)
+        if math.isnan(self._since) or step < self._since:
+            self._since = step
+        if step - self._since < PERSIST_STEPS:
+            return nothing(rule)
 
         def make(_new: list[str]) -> list[Alert]:
-            text = self.wording(share, step)
+            text = self.wording(view, share, step)
             return [
                 Alert(rule, self.severity, text, step, view.time_at(step), subject=subjects.RUN)
             ]
@@ -89,9 +147,9 @@ class InputBound(_ShareRule):
     limit = DATA_SHARE
     least = DATA_MIN_S
 
-    def wording(self, share: float, step: int) -> str:
+    def wording(self, view: View, share: float, step: int) -> str:
         return (
-            f"Input-bound: {share:.0%} of each step waits for data (median of the last "
+            f"Input-bound: {share:.0%} of each step waits for data (over the last "
             f"{RECENT_STEPS} steps, at step {step}). Load batches ahead: raise the DataLoader's "
             "num_workers, set pin_memory=True (and non_blocking=True in .to()), or move "
             "preprocessing out of the loop."
@@ -105,12 +163,31 @@ class OptimizerShare(_ShareRule):
     least = OPTIMIZER_MIN_S
     severity = "info"
 
-    def wording(self, share: float, step: int) -> str:
+    def applies(self, view: View) -> bool:
+        return optimizer_suggestion(view.inp.optimizer) is not None
+
+    def wording(self, view: View, share: float, step: int) -> str:
+        optimizer = view.inp.optimizer
+        suggestion = optimizer_suggestion(optimizer)
+        assert optimizer is not None and suggestion is not None  # applies() held
+        now = _NOW.get(optimizer.implementation, "")
         return (
-            f"The optimizer takes {share:.0%} of the step (median of the last {RECENT_STEPS} "
-            f"steps, at step {step}). A fused or foreach optimizer (e.g. "
-            "torch.optim.AdamW(..., fused=True)) or larger batches spread its cost."
+            f"The optimizer takes {share:.0%} of the step (over the last {RECENT_STEPS} "
+            f"steps, at step {step}): {optimizer.name} {now}. "
+            f"torch.optim.{optimizer.name}(..., {suggestion}) {_BETTER[suggestion]}, for a "
+            "markedly faster step."
         )
+
+
+# What the optimizer does now, and what the suggestion does instead, for the message.
+_NOW = {
+    "for-loop": "updates its tensors one by one in a Python loop",
+    "foreach": "runs its foreach implementation",
+}
+_BETTER = {
+    "fused=True": "updates them all in one fused kernel",
+    "foreach=True": "updates them in a few batched calls",
+}
 
 
 class StepTimeRegression(Base):
@@ -133,13 +210,14 @@ class StepTimeRegression(Base):
         recent = recent[np.isfinite(recent)]
         if recent.size < RECENT_STEPS:
             return nothing(rule)
-        now = _median(recent)
+        median = _quantile(recent, 0.5)
+        floor = _quantile(recent, QUANTILE)
         best = self._best
-        self._best = min(best, now)
+        self._best = min(best, median)
         if not (
             math.isfinite(best)
-            and now >= REGRESSION_FACTOR * best
-            and now - best >= REGRESSION_MIN_S
+            and floor >= REGRESSION_FACTOR * best
+            and floor - best >= REGRESSION_MIN_S
         ):
             self._slow_since = math.nan
             return clear(rule)
@@ -154,7 +232,7 @@ class StepTimeRegression(Base):
                 Alert(
                     rule,
                     "warning",
-                    f"Steps got slower: {now * 1e3:.3g} ms per step now (median of the last "
+                    f"Steps got slower: {median * 1e3:.3g} ms per step now (median of the last "
                     f"{RECENT_STEPS}, at step {step}) against {best * 1e3:.3g} ms earlier in "
                     "the run. Look at the timeline for the phase that grew; other processes "
                     "on the machine, a throttled GPU or growing inputs are common causes.",
@@ -167,4 +245,9 @@ class StepTimeRegression(Base):
         return Outcome(rule, ("",), always, make)
 
 
-__all__ = ["InputBound", "OptimizerShare", "StepTimeRegression"]
+__all__ = [
+    "InputBound",
+    "OptimizerShare",
+    "StepTimeRegression",
+    "optimizer_suggestion",
+]

@@ -134,7 +134,8 @@ class TopApp(App[None]):
         self.refreshes = 0
         self.saved: list[Path] = []
         self.cursor = 0  # the run row selected in the table
-        self._shown: dict[str, object] = {}  # what each widget shows, to skip unchanged ones
+        # What each widget shows, to skip unchanged ones: (text, spans) or text.
+        self._shown: dict[str, tuple[str, tuple[object, ...]] | str] = {}
 
     def compose(self) -> ComposeResult:
         yield Static(id="title")
@@ -179,12 +180,19 @@ class TopApp(App[None]):
         return drop_columns(table, NARROW_DROP) if width < NARROW else table
 
     def _update(self, widget_id: str, content: Text | str) -> None:
-        """Update a widget only when what it shows changed: a refresh that changes nothing
-        (a paused run, an idle GPU) costs no rendering."""
-        key = (content.plain, tuple(content.spans)) if isinstance(content, Text) else content
-        if self._shown.get(widget_id) != key:
-            self._shown[widget_id] = key
-            self.query_one(f"#{widget_id}", Static).update(content)
+        """Update a widget only when what it shows changed (a paused run, an idle GPU cost no
+        rendering), and lay the screen out again only when its number of lines changed (the
+        lines do not wrap)."""
+        plain = content.plain if isinstance(content, Text) else content
+        key = (plain, tuple(content.spans)) if isinstance(content, Text) else content
+        if self._shown.get(widget_id) == key:
+            return
+        old = self._shown.get(widget_id)
+        self._shown[widget_id] = key
+        old_plain = old[0] if isinstance(old, tuple) else old
+        lines = plain.count("\n")
+        relayout = not isinstance(old_plain, str) or old_plain.count("\n") != lines
+        self.query_one(f"#{widget_id}", Static).update(content, layout=relayout)
 
     def _draw(self) -> None:
         now = _dt.datetime.fromtimestamp(self.clock()).strftime("%H:%M:%S")

@@ -1,8 +1,8 @@
 """The profile table in the cell: ``key_averages`` of a ``mon.profile()``, sortable by column.
 
-An anywidget of its own (``static/profile.js``, built from ``js/src/profile.js``): a status line
-until the profiled steps have run, then one row per operator. Written from the thread that
-finishes the profile; the rows are bounded (``MAX_ROWS`` in ``_capture/profiler.py``).
+An anywidget of its own (``static/profile.js``, built from ``js/src/panels/profile.js``): a
+status line until the profiled steps have run, then one row per operator. Written from the
+thread that finishes the profile; the rows are bounded (``MAX_ROWS`` in ``_capture/profiler.py``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import anywidget
 import traitlets
 
-_STATIC = Path(__file__).resolve().parent.parent / "static"
+_STATIC = Path(__file__).resolve().parents[2] / "static"
 _MISSING_ESM = """
 export default { render({ el }) {
   el.textContent = "nbmonitor: the profile table front end is not built; run `npm run build` "

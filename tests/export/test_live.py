@@ -1,0 +1,130 @@
+"""Exporters on a live run: what they write equals the run, and one that fails (a port in use,
+an unwritable log_dir, W&B refusing the run, a sink raising) costs one line in ``mon.errors``
+and nothing else: the loop, the run log and the other exporters go on."""
+
+from __future__ import annotations
+
+import pathlib
+import socket
+from collections.abc import Mapping
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tests.export.export_helpers import assert_same, wandb_teardown  # noqa: E402
+
+import nbmonitor  # noqa: E402
+from nbmonitor.sinks import Batch  # noqa: E402
+from nbmonitor.sinks.exporter import ExportContext  # noqa: E402
+
+STEPS = 60
+
+
+def train(**options: object) -> nbmonitor.Monitor:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon = nbmonitor.attach(model, opt, display=False, interval=0.05, layer_every=5, **options)  # type: ignore[arg-type]
+    for _ in range(STEPS):
+        loss = model(torch.randn(8, 4)).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        mon.log(loss=loss)
+    mon.close()
+    return mon
+
+
+def tensorboard(folder: pathlib.Path) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out: dict[str, list[tuple[int, float]]] = {}
+    for prefix in ("train", "system", "layers"):
+        acc = EventAccumulator(str(folder / prefix), size_guidance={"scalars": 0})
+        acc.Reload()
+        for tag in acc.Tags()["scalars"]:
+            out[f"{prefix}/{tag}"] = [(e.step, e.value) for e in acc.Scalars(tag)]
+    return out
+
+
+def test_live_tensorboard_and_files_equal_the_run(tmp_path: pathlib.Path) -> None:
+    pytest.importorskip("tensorboard")
+    pd = pytest.importorskip("pandas")
+    pytest.importorskip("pyarrow")
+    mon = train(run_dir=tmp_path / "runs", export=["tensorboard", "parquet"])
+    assert mon.errors == [] and mon.status == "closed"
+    assert len(mon.history()["step"]) == STEPS
+    exported = tensorboard(mon.run_dir / "tensorboard")
+    assert len(exported["train/loss"]) == STEPS and "layers/grad_norm/0.weight" in exported
+    assert_same(exported, mon.run_dir, float32=True)
+    history = pd.read_parquet(mon.run_dir / "parquet" / "history.parquet")
+    assert history["step"].tolist() == mon.history()["step"].tolist()
+
+
+class Boom:
+    """An exporter whose sink raises on every write."""
+
+    name = "boom"
+
+    def open(self, context: ExportContext) -> Boom:
+        return self
+
+    def write(self, batch: Batch) -> None:
+        raise RuntimeError("the tool went away")
+
+    def flush(self) -> None:
+        pass
+
+    def close(self, final_meta: Mapping[str, object]) -> None:
+        pass
+
+
+def test_failing_exporters_fail_alone(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
+    pytest.importorskip("tensorboard")
+    pytest.importorskip("wandb")
+    pytest.importorskip("prometheus_client")
+    for key in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_ENTITY"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc: W&B has no login
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    (tmp_path / "a-file").write_text("")
+    request.addfinalizer(wandb_teardown)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        mon = train(
+            run_dir=tmp_path / "runs",
+            export=[
+                nbmonitor.export.Prometheus(port=port),
+                nbmonitor.export.TensorBoard(log_dir=tmp_path / "a-file" / "tb"),
+                nbmonitor.export.WandB(entity="no-such-entity", mode="online", dir=tmp_path),
+                Boom(),
+                "csv",
+            ],
+        )
+    lines = mon.errors
+    sources = sorted({line.split(" ", 2)[1].rstrip(":") for line in lines})
+    assert sources == ["export:prometheus", "export:tensorboard", "export:wandb", "sink:boom"]
+    opened = [line for line in lines if " export:" in line]
+    assert len(opened) == 3, lines  # one line each, with what to do
+    assert any(f"127.0.0.1:{port} (in use)" in line for line in opened)
+    assert any("cannot write TensorBoard files" in line for line in opened)
+    assert any("W&B did not start a run" in line for line in opened)
+    # The loop, the run log and the exporter that works went on.
+    run = nbmonitor.open(mon.run_dir)
+    assert run.history()["step"].tolist() == [float(s) for s in range(1, STEPS + 1)]
+    assert (mon.run_dir / "csv" / "history.csv").exists()
+
+
+def test_unknown_target_is_refused_at_attach(tmp_path: pathlib.Path) -> None:
+    model = torch.nn.Linear(2, 1)
+    with pytest.raises(ValueError, match="did you mean 'tensorboard'"):
+        nbmonitor.attach(model, run_dir=tmp_path, display=False, export=["tensorbaord"])
+    with pytest.raises(ValueError, match="csv more than once"):
+        nbmonitor.attach(model, run_dir=tmp_path, display=False, export=["csv", "CSV"])
+    with pytest.raises(TypeError, match="export= takes"):
+        nbmonitor.attach(model, run_dir=tmp_path, display=False, export=[3])

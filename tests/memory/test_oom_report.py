@@ -1,0 +1,77 @@
+"""The OOM report's parts without a kernel: which errors are OOMs, what was being allocated,
+the module and phase from the traceback, the largest tensors, and free_oom's references."""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import pytest
+import torch
+
+from nbmonitor.live import oom
+
+
+def test_which_errors_are_out_of_memory() -> None:
+    assert (
+        oom.oom_kind(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+        == "cuda"
+    )
+    assert oom.oom_kind(RuntimeError("MPS backend out of memory (MPS allocated: 1 GB)")) == "mps"
+    assert (
+        oom.oom_kind(
+            RuntimeError(
+                "DefaultCPUAllocator: can't allocate memory: you tried to allocate 12 bytes"
+            )
+        )
+        == "cpu"
+    )
+    assert oom.oom_kind(MemoryError()) == "cpu"
+    assert oom.oom_kind(RuntimeError("shape mismatch")) is None
+    assert oom.oom_kind(ValueError("out of memory")) is None
+
+
+def test_what_was_being_allocated() -> None:
+    assert (
+        oom.requested_bytes("CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0)") == 2 * 2**30
+    )
+    assert oom.requested_bytes("Tried to allocate 256.00 MiB on private pool") == 256 * 2**20
+    assert oom.requested_bytes("you tried to allocate 4096 bytes. Error code 12") == 4096
+    assert math.isnan(oom.requested_bytes("out of memory"))
+
+
+def test_module_phase_and_the_tensors_the_traceback_holds() -> None:
+    class Block(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            wide = torch.zeros(1000, 100)
+            raise torch.OutOfMemoryError(
+                f"CUDA out of memory. Tried to allocate 1.00 GiB {wide.shape}"
+            )
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), Block())
+    names = {id(m): n for n, m in model.named_modules()}
+    with pytest.raises(torch.OutOfMemoryError) as info:
+        model(torch.randn(2, 4))
+    module, phase, held = oom.where(info.value.__traceback__, names)
+    assert (module, phase) == ("1", "forward")
+    tensors = oom.largest_tensors(held, oom._labels(model, None), scan=False)
+    assert tensors[0].nbytes == 1000 * 100 * 4
+    assert tensors[0].what.startswith("local `wide` in ")
+    assert tensors[0].what.endswith("Block.forward (1)")
+
+
+def test_free_oom_drops_the_stored_error_and_its_frames() -> None:
+    def fail() -> None:
+        kept = torch.ones(1000)
+        raise MemoryError(str(kept.shape))
+
+    try:
+        fail()
+    except MemoryError as exc:
+        sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, exc.__traceback__
+        error = exc
+    freed = oom.free_oom(None, None)
+    assert sys.last_value is None and sys.last_traceback is None
+    assert error.__traceback__ is None
+    assert "sys.last_traceback" in freed.released and "the error's frames" in freed.released
+    assert freed.what == "resident memory (RSS)" and "came back" in str(freed)
