@@ -181,6 +181,11 @@ def check_model(model: object, optimizer: object) -> torch.optim.Optimizer | Non
                 "optimizer you call .step() on."
             )
         model_params = {id(p) for p in model.parameters()}
+        if not model_params and optimizer_parameters(optimizer):
+            raise ValueError(
+                f"nbmonitor.attach: the model ({type(model).__name__}) has no parameters, so "
+                "the optimizer's belong to another model; attach the model it trains."
+            )
         if model_params and not any(id(p) in model_params for p in optimizer_parameters(optimizer)):
             raise ValueError(
                 "nbmonitor.attach: the optimizer holds none of the model's parameters; "

@@ -135,10 +135,13 @@ def _in(name: str, package: str) -> bool:
 BANS = [
     ("nbmonitor.live", "nbmonitor.replay"),
     ("nbmonitor.replay", "nbmonitor.live"),
+    ("nbmonitor.machine", "nbmonitor.live"),
+    ("nbmonitor.machine", "nbmonitor.replay"),
 ]
 ENTRANCE_USERS = {
     "nbmonitor.live": ("nbmonitor.integrations",),
     "nbmonitor.replay": ("nbmonitor.__main__",),
+    "nbmonitor.machine": ("nbmonitor.__main__",),
 }
 
 

@@ -18,7 +18,7 @@ afterEach(() => el.remove());
 
 describe("panel registry", () => {
   it("has one module per panel, named as the Python panels", () => {
-    expect(PANELS.map((p) => p.name)).toEqual(["training", "system", "memory", "layers", "timeline", "ranks"]);
+    expect(PANELS.map((p) => p.name)).toEqual(["training", "system", "memory", "layers", "timeline", "ranks", "devices"]);
     for (const p of PANELS) {
       expect(typeof p.title).toBe("string");
       expect(typeof p.create).toBe("function");

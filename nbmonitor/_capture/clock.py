@@ -32,7 +32,7 @@ from nbmonitor._capture.inputs import (
 )
 from nbmonitor._capture.phases import FORWARD_START, OPTIMIZER_START, PhaseTimer
 from nbmonitor._capture.probes.base import NO_NORMS, Probe, StepContext
-from nbmonitor._capture.recorder import Recorder, make_log_record
+from nbmonitor._capture.recorder import LogValueError, Recorder, make_log_record
 from nbmonitor.errors import ErrorLog, Guard, NonFiniteError
 from nbmonitor.records import StepRecord
 
@@ -197,14 +197,15 @@ class StepClock:
             self._unlisten = None
 
     def log(self, scalars: Mapping[str, object]) -> None:
-        """Record ``scalars``; a non-numeric value is the caller's bug (TypeError), anything
+        """Record ``scalars``; a value it cannot use is the caller's bug (TypeError or
+        ``LogValueError``, a ValueError, raised at the call), anything
         else that goes wrong is nbmonitor's and is only counted."""
         guard = self._log_guard
         if not guard.on:
             return
         try:
             record = make_log_record(self.ctx.log_step, scalars)
-        except TypeError:
+        except (TypeError, LogValueError):
             raise
         except Exception as exc:
             guard.failed(exc)

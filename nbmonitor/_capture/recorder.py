@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import collections
+import math
 from collections.abc import Mapping
 
 import torch
@@ -18,10 +19,10 @@ def make_log_record(step: int, scalars: Mapping[str, object]) -> LogRecord:
 
     A key nbmonitor measures itself (``step``, ``lr``, ``grad_norm``, ... see
     ``records.MEASURED_KEYS``) is refused, and so is a value of the wrong kind (a string, a
-    tensor of several values, a complex tensor): TypeError at the call, the caller's bug. A
-    value of the right kind that cannot be read (a tensor on the meta device, an int too large
-    for a float, an object whose ``__float__`` raises) is dropped alone: it goes in
-    ``record.dropped`` for the sampler to report, and the other keys are kept.
+    tensor or array of several values, a complex tensor): TypeError at the call, the caller's
+    bug. A value of the right kind that cannot be read (a tensor on the meta device, an int
+    too large for a float, an object whose ``__float__`` raises) is refused too
+    (``LogValueError``, a ValueError). Every check is on the type and shape: no device sync.
     """
     record = LogRecord(step)
     keys: list[str] = []
@@ -54,11 +55,19 @@ def make_log_record(step: int, scalars: Mapping[str, object]) -> LogRecord:
             if value.is_complex():
                 raise TypeError(f"nbmonitor: log({key}=...) got a complex tensor; pass a real one.")
             if value.is_meta:
-                record.dropped += ((key, _meta_error()),)
-                continue
+                raise LogValueError(
+                    f"nbmonitor: log({key}=...) got a tensor on the meta device, which has no "
+                    "value; pass the tensor the computation made on a real device."
+                )
             keys.append(key)
             tensors.append(value)
         elif isinstance(value, bool) or not isinstance(value, (int, float)):
+            shape = getattr(value, "shape", None)  # a numpy array (or array-like) of values
+            if isinstance(shape, tuple) and math.prod(shape) != 1:
+                raise TypeError(
+                    f"nbmonitor: log({key}=...) got an array of shape {shape}; pass one number "
+                    "(e.g. its mean) or log each value under its own name."
+                )
             if hasattr(value, "__float__") and not isinstance(value, (bool, str, bytes)):
                 # numpy scalars and the like: a float is what the user meant.
                 _add_number(record, key, value)
@@ -82,18 +91,23 @@ def make_log_record(step: int, scalars: Mapping[str, object]) -> LogRecord:
     return record
 
 
+class LogValueError(ValueError):
+    """A ``mon.log`` value of the right kind that cannot be read as a number."""
+
+
 def _add_number(record: LogRecord, key: str, value: object) -> None:
-    # An int beyond float range (OverflowError) or a __float__ that raises costs only its key.
     try:
         record.numbers[key] = float(value)  # type: ignore[arg-type]
+    except OverflowError:
+        raise LogValueError(
+            f"nbmonitor: log({key}=...) got an int too large for a float (beyond 1.8e308); "
+            "pass a float or a scaled value."
+        ) from None
     except Exception as exc:
-        # Without its traceback: the frames would keep the user's objects (and this record)
-        # alive until the sampler reports it; the message names the key.
-        record.dropped += ((key, exc.with_traceback(None)),)
-
-
-def _meta_error() -> ValueError:
-    return ValueError("a tensor on the meta device has no value to read")
+        raise LogValueError(
+            f"nbmonitor: log({key}=...) got a {type(value).__name__} that cannot be read as a "
+            f"number ({type(exc).__name__}: {exc}); pass a number or a 1-element tensor."
+        ) from None
 
 
 class Recorder:

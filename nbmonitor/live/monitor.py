@@ -102,7 +102,7 @@ class Monitor:
         # Held until start(); then the model's hooks hold the step clock and this only weakly.
         self._capture: Any = capture
         self._recorder = capture.recorder
-        count = StepCount(capture.clock)
+        count = self._count = StepCount(capture.clock)
         self._spans = SpanTimer(
             capture.clock.ctx, Guard("probe:spans", errors_log), count, timer, clock
         )
@@ -176,13 +176,13 @@ class Monitor:
 
         if not self.displays:
             return  # another rank of the job shows it; this one records silently
+        if not display:
+            return  # nothing shown or printed, not even through a logging handler set up
         if in_notebook():
-            if display:
-                self._pipeline.views = (self._make_dashboard(),)
+            self._pipeline.views = (self._make_dashboard(),)
         else:
-            # In a script the console line is the view; with display=False it still goes to
-            # the "nbmonitor" logger but no handler is installed for it.
-            self._pipeline.views = (ConsoleView(console_logger(install_handler=display)),)
+            # In a script the console line is the view.
+            self._pipeline.views = (ConsoleView(console_logger(install_handler=True)),)
 
     def _make_dashboard(self) -> Any:
         from nbmonitor.ui.dashboard import Dashboard
@@ -338,8 +338,9 @@ class Monitor:
 
         >>> mon.log(loss=loss, accuracy=acc)  # doctest: +SKIP
         """
-        clock = self._life.clock()
-        if self._life.closed or clock is None:
+        count = self._count  # the hot path: one object, as few calls as before the re-cut
+        clock = count.clock()
+        if count.closed or clock is None:
             return
         clock.log(scalars)  # TypeError for a non-numeric value: a user bug
 
@@ -443,8 +444,9 @@ class Monitor:
         """For framework adapters: a training micro-batch starts; it counts (samples: the first
         tensor's leading dimension) whatever the training step calls, and values logged from now
         belong to the step in progress. From then on the model's forwards count no batches."""
-        clock = self._life.clock()
-        if not self._life.closed and clock is not None:
+        count = self._count
+        clock = count.clock()
+        if not count.closed and clock is not None:
             clock.batch_started(batch)
 
     def flush(self, timeout: float = FLUSH_TIMEOUT_S) -> bool:

@@ -113,8 +113,8 @@ def finish_job(job_dir: Any, errors: ErrorLog, display: bool, wait: float) -> No
         return
     finally:
         worker.close(0.0)
-    if isinstance(text, str):
-        console_logger(install_handler=display).info(text)
+    if isinstance(text, str) and display:  # display=False: the file alone, nothing printed
+        console_logger(install_handler=True).info(text)
 
 
 __all__ = [

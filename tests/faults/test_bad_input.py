@@ -144,8 +144,16 @@ def test_run_dir_that_is_a_file_fails_at_the_call(tmp_path):
         (mlp(), "sgd", "optimizer"),
         (mlp(), torch.optim.SGD(mlp().parameters(), lr=0.1), "optimizer"),
         (mlp().to("meta"), None, "meta"),
+        (torch.nn.ReLU(), torch.optim.SGD(mlp().parameters(), lr=0.1), "has no parameters"),
     ],
-    ids=["none", "str", "optimizer-str", "optimizer-of-another-model", "meta-model"],
+    ids=[
+        "none",
+        "str",
+        "optimizer-str",
+        "optimizer-of-another-model",
+        "meta-model",
+        "parameterless-model-with-an-optimizer",
+    ],
 )
 def test_a_bad_model_or_optimizer_fails_at_the_call(tmp_path, model, optimizer, word):
     with pytest.raises((TypeError, ValueError)) as info:

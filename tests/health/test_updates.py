@@ -12,7 +12,7 @@ from nbmonitor.health import Alert, Health
 
 def test_update_ratio_high_and_low_name_layers_after_sustained_observations() -> None:
     run, health = Run(), Health()
-    run.add(30)
+    run.add(30, loss=1.0)  # a loss that does not fall: large updates are not bringing it down
     alerts: list[Alert] = []
     for i in range(3):
         ratios = np.full(len(LAYERS), 1e-3 * (1 + i / 10))
@@ -21,7 +21,7 @@ def test_update_ratio_high_and_low_name_layers_after_sustained_observations() ->
         ratios[LAYERS.index("fc3.weight")] = 1e-8
         ratios[LAYERS.index("fc3.bias")] = 0.0  # exactly 0: lr 0 / no grad, the static checks
         run.update_ratios = ratios
-        run.add(1)
+        run.add(1, loss=1.0)
         alerts += health.check(run.input())
         if i < 2:
             assert alerts == []  # one or two observations are not enough
@@ -55,7 +55,7 @@ def test_update_ratio_series_is_judged_in_step_order_from_min_history() -> None:
     # Every measured step is one observation, even when many arrive in one check; steps before
     # min_history are not judged (Adam's first updates move far by design).
     run, health = Run(), Health()
-    run.add(40)
+    run.add(40, loss=1.0)
     steps = np.arange(1.0, 41.0)
     series = np.full((len(LAYERS), steps.size), 1e-3)
     series[LAYERS.index("fc1.weight"), :] = 0.5
@@ -76,3 +76,21 @@ def test_tiny_updates_at_the_end_of_a_decayed_schedule_are_not_low() -> None:
     assert health.check(decayed) == []
     flat = replace(decayed, steps={**inp.steps, "lr": np.full(lr.size, 1e-6)})
     assert only(Health().check(flat), "update_ratio_low").step == steps[2]
+
+
+def test_large_updates_while_the_loss_falls_are_not_too_high() -> None:
+    # SGD with momentum early in a healthy run: a small head moves ~15% of its norm per step
+    # for a while, and the loss falls fast all along.
+    steps = np.arange(1.0, 61.0)
+    series = np.full((len(LAYERS), steps.size), 1e-3)
+    series[LAYERS.index("fc3.weight"), 20:] = 0.15
+    falling = Run()
+    for step in range(60):
+        falling.add(1, loss=2.0 * 0.97**step)
+    inp = replace(falling.input(), update_steps=steps, update_series=series)
+    assert Health().check(inp) == []
+    # The same updates with a loss that stopped falling: the learning rate is too high.
+    flat = Run()
+    flat.add(60, loss=1.0)
+    inp = replace(flat.input(), update_steps=steps, update_series=series)
+    assert only(Health().check(inp), "update_ratio_high").layers == ("fc3.weight",)

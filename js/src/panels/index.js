@@ -3,6 +3,7 @@
 // line here. A panel module's default export is {name, title, create(el, ctx)}, create returning
 // {update(state) -> has content, destroy()}.
 
+import devices from "./devices.js";
 import layers from "./layers.js";
 import memory from "./memory.js";
 import ranks from "./ranks.js";
@@ -10,7 +11,7 @@ import system from "./system.js";
 import timeline from "./timeline.js";
 import training from "./training.js";
 
-export const PANELS = [training, system, memory, layers, timeline, ranks];
+export const PANELS = [training, system, memory, layers, timeline, ranks, devices];
 
 /** @param {string} name */
 export function panelNamed(name) {

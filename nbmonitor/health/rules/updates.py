@@ -17,7 +17,7 @@ from nbmonitor.health.alert import Alert
 from nbmonitor.health.rule import Base, Outcome, nothing
 from nbmonitor.health.thresholds import Thresholds
 from nbmonitor.health.view import View
-from nbmonitor.health.window import BoolArray, FloatArray
+from nbmonitor.health.window import BoolArray, FloatArray, row_medians
 from nbmonitor.health.wording import HEALTHY_UPDATE, layer_list, num
 
 
@@ -120,6 +120,27 @@ class _UpdateRatio(Base):
 DECAYED_LR = 0.01
 
 
+# The loss is falling when the median of its last RECENT_LOSS values is below FALLING x the
+# median of the (up to EARLIER_LOSS, at least RECENT_LOSS) values before them.
+RECENT_LOSS = 10
+EARLIER_LOSS = 30
+FALLING = 0.9
+
+
+def _loss_falling(view: View, step: int) -> bool:
+    loss = view.column("loss")
+    if loss is None:
+        return False
+    seen = loss[view.step_col <= step]
+    seen = seen[np.isfinite(seen)][-(RECENT_LOSS + EARLIER_LOSS) :]
+    if seen.size < 2 * RECENT_LOSS:
+        return False
+    # row_medians, not np.median (which imports numpy.ma on the sampler thread).
+    recent = float(row_medians(seen[None, -RECENT_LOSS:])[0][0])
+    earlier = float(row_medians(seen[None, :-RECENT_LOSS])[0][0])
+    return recent < FALLING * earlier
+
+
 class UpdateRatioHigh(_UpdateRatio):
     name = "update_ratio_high"
 
@@ -128,6 +149,11 @@ class UpdateRatioHigh(_UpdateRatio):
         # large while nothing is wrong; the hint is about weights.
         weights = np.array([not name.endswith("bias") for name in view.layer_names], dtype=bool)
         judged: BoolArray = np.isfinite(ratios) & weights
+        if _loss_falling(view, step):
+            # Large updates that bring the loss down are the point (SGD's momentum builds up
+            # over the first tens of steps, and a small head moves far); a learning rate too
+            # high shows as large updates with a loss that stops falling or climbs.
+            judged[:] = False
         return judged
 
     def _beyond(self, ratios: FloatArray) -> BoolArray:

@@ -8,6 +8,7 @@ every name in ``NAMES``.
 from __future__ import annotations
 
 from nbmonitor.ui.panels.base import Panel
+from nbmonitor.ui.panels.devices import DevicesPanel
 from nbmonitor.ui.panels.layers import LayersPanel
 from nbmonitor.ui.panels.memory import MemoryPanel
 from nbmonitor.ui.panels.ranks import RanksPanel
@@ -23,8 +24,9 @@ PANELS: tuple[type[Panel], ...] = (
     LayersPanel,
     TimelinePanel,
 )
-# The panels of other views: the ranks panel is fed a job's RanksFrames.
-OTHER_PANELS: tuple[type[Panel], ...] = (RanksPanel,)
+# The panels of other views: the ranks panel is fed a job's RanksFrames, the devices panel the
+# DevicesFrames of nbmonitor.devices().
+OTHER_PANELS: tuple[type[Panel], ...] = (RanksPanel, DevicesPanel)
 NAMES = tuple(p.name for p in (*PANELS, *OTHER_PANELS))
 
 __all__ = ["NAMES", "OTHER_PANELS", "PANELS", "Panel"]
