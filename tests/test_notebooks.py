@@ -28,7 +28,7 @@ def test_notebook_runs(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPat
     if path.name.startswith("04-"):
         pytest.importorskip("transformers")
         pytest.importorskip("accelerate")
-    if path.name.startswith("07-"):
+    if path.name.startswith("08-"):
         for tool in ("tensorboard", "pyarrow", "prometheus_client", "wandb"):
             pytest.importorskip(tool)
     work = tmp_path / path.name
@@ -91,7 +91,7 @@ def test_notebook_runs(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPat
             o.text for o in outputs if o.output_type == "stream" and o.name == "stderr"
         )
         assert "Warning" not in stderr, stderr
-    if path.name.startswith("07-"):
+    if path.name.startswith("08-"):
         # Live: the Prometheus endpoint served the run, nothing failed, the files were
         # written; from disk: CSV, TensorBoard, W&B offline and the command line.
         text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")

@@ -1,4 +1,4 @@
-"""notebooks/07-marimo.py in marimo (``marimo run``, headless, on 127.0.0.1) and Debian's
+"""notebooks/09-marimo.py in marimo (``marimo run``, headless, on 127.0.0.1) and Debian's
 chromium: the dashboard, an anywidget, renders in marimo, its loss chart is drawn and changes
 while the training cell runs, and the browser logs no errors or warnings."""
 
@@ -30,7 +30,7 @@ from tests.ui.test_browser import (
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
-NOTEBOOK = "07-marimo.py"
+NOTEBOOK = "09-marimo.py"
 STEPS = 6000  # long enough to read the dashboard twice while the loop runs
 
 
