@@ -192,6 +192,13 @@ class StepClock:
         for handle in self.handles:
             handle.remove()
         self.handles.clear()
+        # A forward that raised leaves FlopCounterMode entered (its global module hooks and its
+        # dispatch mode) until the next forward: closing must not leave it for good.
+        for probe in self.probes:
+            try:
+                probe.close()
+            except Exception as exc:
+                probe.guard.failed(exc)
         if self._unlisten is not None:
             self._unlisten()
             self._unlisten = None

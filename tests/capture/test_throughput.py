@@ -219,3 +219,26 @@ def test_a_compiled_model_is_counted_like_the_eager_one(tmp_path: Path) -> None:
         assert mon.errors == []
     assert h["flops_per_step"][0] == pytest.approx(eager, rel=0.05)
     assert torch._C._len_torch_dispatch_stack() == 0
+
+
+def test_a_first_forward_that_raises_leaves_no_flop_counter_after_close(tmp_path) -> None:
+    """The FLOPs count opens as the first forward starts; a forward that raises never ends it.
+    Closing the monitor must leave it, or torch's global module hooks and the counter's dispatch
+    mode stay for the rest of the process (torch.compile then warns about global hooks)."""
+    import torch.nn.modules.module as module_hooks
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    class Boom(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            raise RuntimeError("boom")
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), Boom())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = (len(module_hooks._global_forward_hooks), len(module_hooks._global_forward_pre_hooks))
+    with nbmonitor.attach(model, opt, run_dir=tmp_path, display=False, interval=60):
+        with pytest.raises(RuntimeError, match="boom"):
+            model(torch.randn(2, 4))
+        assert len(_get_current_dispatch_mode_stack()) == 1  # the count is still open here
+    after = (len(module_hooks._global_forward_hooks), len(module_hooks._global_forward_pre_hooks))
+    assert after == before
+    assert _get_current_dispatch_mode_stack() == []

@@ -105,6 +105,10 @@ class Probe(Protocol):
 
     def post_step(self, ctx: StepContext) -> None: ...
 
+    def close(self) -> None:
+        """Undo what the probe left open beyond its hooks (a mode entered for a forward that
+        raised); called once as the monitor removes its hooks."""
+
 
 class ProbeBase:
     """Does nothing at every event; a probe overrides what it needs and lists it in events()."""
@@ -133,4 +137,7 @@ class ProbeBase:
         return None
 
     def post_step(self, ctx: StepContext) -> None:
+        return None
+
+    def close(self) -> None:
         return None

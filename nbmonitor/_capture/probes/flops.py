@@ -68,6 +68,9 @@ class FlopsProbe(ProbeBase):
     def pre_step(self, ctx: StepContext) -> None:
         self.stop()
 
+    def close(self) -> None:
+        self.stop()
+
     def stop(self) -> None:
         """Leave a count still open (its forward raised, or the monitor closes), dropping it."""
         counter, self._counter = self._counter, None
