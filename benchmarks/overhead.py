@@ -147,10 +147,19 @@ class NaiveItemHooks:
 
 
 def run_block(
-    task: str, mode: str, model: torch.nn.Module, loss_fn: Any, opt: Any, steps: int, tmp: str
+    task: str,
+    mode: str,
+    model: torch.nn.Module,
+    loss_fn: Any,
+    opt: Any,
+    steps: int,
+    tmp: str,
+    warmup: int = 5,
 ) -> dict[str, float]:
-    """One block of ``steps`` timed steps: their median and their mean (which includes the
-    steps that a sampler tick slowed down)."""
+    """One block of ``steps`` timed steps after ``warmup`` untimed ones: their median and their
+    mean (which includes the steps that a sampler tick slowed down). A monitor samples layers
+    and memory on every step up to 30 and every 10th up to 100: ``warmup=110`` times the
+    steady state alone."""
     mon = None
     naive = None
     if mode.startswith("attach"):
@@ -170,13 +179,13 @@ def run_block(
         naive = NaiveItemHooks(model)
     cuda = next(model.parameters()).is_cuda
     times = []
-    for i in range(steps + 5):
-        if i == 5 and cuda:
+    for i in range(steps + warmup):
+        if i == warmup and cuda:
             torch.cuda.synchronize()
             start = time.perf_counter()
         t0 = time.perf_counter()
         train_step(model, loss_fn, opt, mon)
-        if i >= 5:  # the first steps of a block warm caches and allocators
+        if i >= warmup:  # the first steps of a block warm caches and allocators
             times.append(time.perf_counter() - t0)
     if cuda:
         # On a GPU the host runs ahead of the device: time the whole block, synchronised.
@@ -239,6 +248,7 @@ def main() -> int:
     ap.add_argument("--modes", nargs="+", default=["baseline", "attach"])
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--warmup", type=int, default=5, help="untimed steps per block")
     ap.add_argument("--json", help="write results here")
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     args = ap.parse_args()
@@ -246,6 +256,7 @@ def main() -> int:
         **environment(),
         "rounds": args.rounds,
         "steps_per_block": args.steps,
+        "warmup_steps_per_block": args.warmup,
         "device": args.device,
         "tasks": {},
     }
@@ -260,7 +271,9 @@ def main() -> int:
             for r in range(args.rounds):
                 order = args.modes if r % 2 == 0 else list(reversed(args.modes))
                 for mode in order:
-                    blocks[mode].append(run_block(task, mode, model, loss_fn, opt, args.steps, tmp))
+                    blocks[mode].append(
+                        run_block(task, mode, model, loss_fn, opt, args.steps, tmp, args.warmup)
+                    )
             summary: dict[str, Any] = {"params": params, "param_tensors": tensors}
             for mode in args.modes:
                 summary[mode] = {

@@ -141,7 +141,9 @@ def largest_tensors(
         add(t, f"local `{var}` in {place}")
     if scan:
         for obj in gc.get_objects():
-            if isinstance(obj, torch.Tensor):
+            # type(), not isinstance(): isinstance falls back to ``obj.__class__``, which some
+            # objects answer with a warning (torch.distributed.reduce_op, deprecated) or code.
+            if issubclass(type(obj), torch.Tensor):
                 add(obj, None)
     return tuple(sorted(found.values(), key=lambda t: -t.nbytes)[:MAX_TENSORS])
 

@@ -8,6 +8,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from tests.gpu.sync_check import no_sync_allowed
 
 import nbmonitor
 from nbmonitor.records import PHASE_KEYS
@@ -37,13 +38,9 @@ def test_phases_and_spans_on_cuda_add_no_sync(tmp_path):
 
     with nbmonitor.attach(model, opt, run_dir=tmp_path, display=False, interval=0.05) as mon:
         step(mon)
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
+        with no_sync_allowed():
             for _ in range(30):
                 step(mon)
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
         mon.flush()
         h = mon.history()
         errors = mon.errors

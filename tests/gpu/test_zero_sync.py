@@ -8,6 +8,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from tests.gpu.sync_check import no_sync_allowed
 
 import nbmonitor
 
@@ -45,13 +46,9 @@ def test_monitored_loop_adds_no_sync(tmp_path, layer_every):
         model, opt, run_dir=tmp_path, display=False, interval=0.05, layer_every=layer_every
     ) as mon:
         step(mon)  # first step allocates optimizer state outside the sync check
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
+        with no_sync_allowed():
             for _ in range(50):
                 step(mon)
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
         assert mon.backend.name == "cuda"
         time.sleep(0.3)
     mon.flush()

@@ -75,3 +75,24 @@ def test_free_oom_drops_the_stored_error_and_its_frames() -> None:
     assert error.__traceback__ is None
     assert "sys.last_traceback" in freed.released and "the error's frames" in freed.released
     assert freed.what == "resident memory (RSS)" and "came back" in str(freed)
+
+
+class _WarnsOnClass:
+    """Like ``torch.distributed.reduce_op``: reading ``__class__`` warns (deprecated)."""
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        import warnings
+
+        warnings.warn("deprecated", FutureWarning, stacklevel=2)
+        return _WarnsOnClass
+
+
+def test_the_tensor_scan_reads_no_attribute_of_other_objects() -> None:
+    # Found on an H200: the scan's isinstance() read __class__ of torch's deprecated
+    # reduce_op, so a real OOM report raised a FutureWarning (an error under pytest).
+    lurker = [_WarnsOnClass()]
+    big = torch.zeros(1000)
+    tensors = oom.largest_tensors([], {}, scan=True)  # warnings are errors in this suite
+    assert any(t.nbytes >= big.nbytes for t in tensors)
+    assert lurker

@@ -1,0 +1,16 @@
+"""GPU tests: torch's sync debug mode is process-wide, so no test may leave it on (one that
+did turned every later ``.cuda()`` into an error, the first time these tests met a GPU)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True)
+def sync_debug_mode_off() -> Iterator[None]:
+    yield
+    if torch.cuda.is_available():
+        torch.cuda.set_sync_debug_mode(0)
