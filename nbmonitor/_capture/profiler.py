@@ -12,10 +12,11 @@ the profiler synchronises the GPU once, as ``torch.profiler`` does.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,15 @@ class ProfileResult:
     cancelled: bool = False
 
 
+@contextlib.contextmanager
+def _quiet_cycle_warning() -> Iterator[None]:
+    """torch warns at a schedule's start that events are cleared between cycles: the schedule
+    here has one cycle, so the warning says nothing to the user."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*Profiler clears events at the end of each")
+        yield
+
+
 class ProfileRun:
     """One ``mon.profile()`` call: waits for a step boundary, profiles, hands the result on.
 
@@ -97,6 +107,7 @@ class ProfileRun:
         self._detach = detach
         self._lock = threading.Lock()
         self._prof: Any = None
+        self._started = False  # torch's start() returned: stopping it is safe
         self._trace_ready = False
         self._first_step = 0
         self._thread: threading.Thread | None = None
@@ -113,7 +124,8 @@ class ProfileRun:
                 if self.state == "waiting":
                     self._start(step)
                 elif self.state == "profiling":
-                    self._prof.step()
+                    with _quiet_cycle_warning():
+                        self._prof.step()
                     if self._trace_ready:
                         self._stop(step)
             except Exception as exc:
@@ -137,7 +149,9 @@ class ProfileRun:
             on_trace_ready=self._ready,
             profile_memory=True,
         )
-        self._prof.start()
+        with _quiet_cycle_warning():
+            self._prof.start()
+        self._started = True
         self.state = "profiling"
 
     def _ready(self, prof: Any) -> None:
@@ -181,6 +195,10 @@ class ProfileRun:
         if not isinstance(exc, ProfilerBusy):
             self._errors.add("profile", exc)
         prof, self._prof = self._prof, None
+        if not self._started:
+            # torch's start() raised half-way: stopping it then starts a trace that was never
+            # prepared, which crashed the process on CUDA (a segfault, seen on an H200).
+            prof = None
         self.state = "processing"
         self._stop_quietly(prof)
         self._finish(ProfileResult(error=message))

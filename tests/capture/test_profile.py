@@ -168,3 +168,26 @@ def test_in_a_notebook_the_table_shows_at_the_call_and_fills_in(
         bundle = prof._repr_mimebundle_()
         assert "application/vnd.jupyter.widget-view+json" in bundle
         assert "aten::" in bundle["text/html"]
+
+
+def test_a_profiler_that_fails_to_start_is_not_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # On an H200, torch's start() raised half-way (a warning made an error); stopping that
+    # profiler then started a trace that was never prepared and crashed the process.
+    stops: list[object] = []
+
+    def start(self: torch.profiler.profile) -> None:
+        raise RuntimeError("start failed half-way")
+
+    monkeypatch.setattr(torch.profiler.profile, "start", start)
+    monkeypatch.setattr(torch.profiler.profile, "stop", lambda self: stops.append(self))
+    model, opt, mon = _loop(tmp_path)
+    with mon:
+        prof = mon.profile(steps=1, wait=0, warmup=1)
+        lm_step(model, opt)
+        lm_step(model, opt)  # the loop goes on
+        assert prof.done and prof.error is not None and "start failed half-way" in prof.error
+    assert stops == []
+    assert len(mon.errors) == 1 and " profile: RuntimeError: start failed half-way" in mon.errors[0]
+

@@ -3,6 +3,7 @@ did turned every later ``.cuda()`` into an error, the first time these tests met
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 
 import pytest
@@ -13,4 +14,7 @@ import torch
 def sync_debug_mode_off() -> Iterator[None]:
     yield
     if torch.cuda.is_available():
-        torch.cuda.set_sync_debug_mode(0)
+        with warnings.catch_warnings():
+            # torch warns once per process that the mode is a prototype, whatever the mode
+            warnings.filterwarnings("ignore", message="Synchronization debug mode is a prototype")
+            torch.cuda.set_sync_debug_mode(0)

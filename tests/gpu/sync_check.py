@@ -20,4 +20,6 @@ def no_sync_allowed() -> Iterator[None]:
     try:
         yield
     finally:
-        torch.cuda.set_sync_debug_mode(0)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Synchronization debug mode is a prototype")
+            torch.cuda.set_sync_debug_mode(0)

@@ -40,7 +40,7 @@ def test_monitored_loop_adds_no_sync(tmp_path, layer_every):
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        mon.log(loss=loss, lr=opt.param_groups[0]["lr"])
+        mon.log(loss=loss)
 
     with nbmonitor.attach(
         model, opt, run_dir=tmp_path, display=False, interval=0.05, layer_every=layer_every
