@@ -103,3 +103,37 @@ def test_attach_before_train_adopts_the_optimizer_the_trainer_builds(tmp_path: P
     assert h["step"].tolist() == [1, 2, 3, 4, 5]
     np.testing.assert_allclose(h["grad_norm"], [e["grad_norm"] for e in logged], rtol=1e-4)
     np.testing.assert_allclose(h["lr"][1:], [e["learning_rate"] for e in logged][1:], rtol=1e-6)
+
+
+@pytest.mark.timeout(300)
+def test_attach_before_train_with_accumulation_counts_the_trainers_steps(tmp_path: Path) -> None:
+    # The optimizer is adopted at its first step, after that step's micro-batches: 30 of the
+    # Trainer's steps are 30 steps (the micro-batches before adoption once counted as one more).
+    import nbmonitor
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2)
+    model = transformers.GPT2LMHeadModel(config)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        max_steps=30,
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=2,
+        max_grad_norm=0.5,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=Tokens(120, 1))
+    with nbmonitor.attach(model, run_dir=tmp_path / "runs", display=False) as mon:
+        trainer.train()
+        assert mon.flush()
+        h = mon.history()
+    logged = [e for e in trainer.state.log_history if "grad_norm" in e]
+    assert mon.step == trainer.state.global_step == 30
+    assert h["step"].tolist() == [e["step"] for e in logged] == list(range(1, 31))
+    assert h["micro_batches"].tolist() == [2] * 30
+    np.testing.assert_allclose(h["grad_norm"], [e["grad_norm"] for e in logged], rtol=1e-4)
+    np.testing.assert_allclose(h["loss"], [e["loss"] for e in logged], rtol=1e-4)
