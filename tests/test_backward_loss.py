@@ -109,6 +109,7 @@ def test_without_an_optimizer_each_backward_is_a_step_with_its_loss(tmp_path: Pa
             want.append(loss.item())
             # A backward of something else between steps (no forward of the model) is not a loss.
             torch.ones(1, requires_grad=True).sum().backward()
+            model.zero_grad()  # by hand: the gradients reset between steps
         assert mon.flush()
         h = mon.history()
     assert h["step"].tolist() == [1, 2, 3]

@@ -73,6 +73,8 @@ def run(tmp_path: Path, steps: int, micro: int = 1, optimizer: bool = True, **kw
                 clock.advance(OTHER)
                 opt.step()
                 opt.zero_grad()
+            else:  # by hand: the gradients reset between steps (else they accumulate)
+                model.zero_grad()
         mon.flush()
         return mon.history()
     finally:
