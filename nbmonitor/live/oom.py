@@ -315,7 +315,7 @@ def free_oom(shell: Any, cuda_index: int | None) -> Freed:
 # -- the IPython callback --------------------------------------------------------------------
 
 # Per kernel: the callback registered once, and what it reports on (the newest monitor's).
-_REPORT: Callable[[BaseException, str], OomReport | None] | None = None
+_REPORT: Callable[[BaseException], OomReport | None] | None = None
 _REGISTERED: list[Callable[[Any], None]] = []
 
 
