@@ -201,7 +201,16 @@ def tail(run: str, interval: float, wait: float, tui: bool = False) -> int:
         path = Path(str(table[0]["path"]))
     steps = follow_in_terminal(path, interval)
     name = printable(path.name)
-    status = "closed" if is_job(path) else open_run(path).status
+    if is_job(path):
+        from nbmonitor.runs.job import JobFiles
+
+        status = JobFiles(path).status
+        if status == "killed":
+            print(f"nbmonitor tail: {name}: {steps} steps; stopped following: every rank's "
+                  "writer is gone or closed, and the job never closed (killed)")  # fmt: skip
+            return 0
+    else:
+        status = open_run(path).status
     if status in ("closed", "degraded"):
         print(f"nbmonitor tail: {name}: {steps} steps, the run {status}")
     elif status == "killed":

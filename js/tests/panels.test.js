@@ -99,3 +99,31 @@ describe("memory panel", () => {
     ).toBe("peak 60.0 GiB of 80.0 GiB (20.0 GiB free); batch 8, up to ~10 estimated to fit");
   });
 });
+
+describe("memory panel table", () => {
+  it("shows one row per device with its bytes, under a title naming the steps", async () => {
+    const memory = (await import("../src/panels/memory.js")).default;
+    const panel = memory.create(el, { sync: "s" });
+    expect(panel.update({ series: {}, notes: {} })).toBe(false);
+    expect(el.querySelector(".nbm-memory-table").hidden).toBe(true);
+    const row = { device: "cuda:0", parameters: 2 ** 30, buffers: 0, gradients: 2 ** 30, optimizer_state: 2 ** 31,
+      activations: 3 * 2 ** 30, other: 512 * 2 ** 20, measured: 7.5 * 2 ** 30, measured_what: "peak of the last interval" };
+    const cpu = { device: "cpu", parameters: 0, buffers: 0, gradients: 0, optimizer_state: 0, activations: 0,
+      other: null, measured: null, measured_what: "" };
+    const has = panel.update({ series: {}, notes: {}, table: [row, cpu], table_step: 40, activations_step: 30 });
+    expect(has).toBe(true);
+    expect(el.querySelector(".nbm-memory-title").textContent).toBe("What holds memory (step 40; activations from step 30)");
+    expect([...el.querySelectorAll(".nbm-memory-table th")].map((th) => th.textContent)).toEqual([
+      "device", "parameters", "buffers", "gradients", "optimizer state", "activations", "other", "measured", "measured as",
+    ]);
+    const cells = [...el.querySelectorAll(".nbm-memory-table tbody tr")].map((tr) => [...tr.children].map((td) => td.textContent));
+    expect(cells).toHaveLength(2);
+    expect(cells[0][0]).toBe("cuda:0");
+    expect(cells[0][4]).toBe("2.0 GiB");
+    expect(cells[1][6]).toBe("\u2013");
+    panel.update({ series: {}, notes: {}, table: [row], table_step: 3, activations_step: null });
+    expect(el.querySelector(".nbm-memory-title").textContent).toBe("What holds memory (step 3; no activations sampled yet)");
+    panel.destroy();
+    expect(el.children).toHaveLength(0);
+  });
+});

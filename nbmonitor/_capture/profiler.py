@@ -24,6 +24,7 @@ from typing import Any
 from torch._C._autograd import _profiler_enabled
 from torch.profiler import ProfilerActivity, profile, schedule
 
+from nbmonitor._atomic import atomic_path, write_atomic
 from nbmonitor.errors import ErrorLog
 
 # Rows kept in the table (the costliest by self device time on CUDA, else self CPU time); the
@@ -233,8 +234,11 @@ class ProfileRun:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             stem = f"steps-{self._first_step}-{last_step}"
             trace = self.out_dir / f"{stem}.pt.trace.json"
-            prof.export_chrome_trace(str(trace))
-            (self.out_dir / f"{stem}.txt").write_text(result.table_text, encoding="utf-8")
+            # Each file whole or not at all (a process killed while torch writes a trace of
+            # hundreds of MB never leaves half of one for a viewer to choke on).
+            with atomic_path(trace) as tmp:
+                prof.export_chrome_trace(str(tmp))
+            write_atomic(self.out_dir / f"{stem}.txt", result.table_text.encode("utf-8"))
             result.trace_path = trace
         except Exception as exc:
             self._errors.add("profile", exc)

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from nbmonitor._engine.derive.memory_table import MemoryTable as MemoryTable
+from nbmonitor._engine.derive.memory_table import memory_table
 from nbmonitor._engine.derive.progress import eta_seconds
 from nbmonitor._engine.derive.ranks_frame import RanksFrame as RanksFrame
 from nbmonitor._engine.derive.timeline import phase_stack, step_time_band
@@ -106,6 +108,8 @@ class Frame:
     ``step_time_median``, ``step_time_min`` and ``step_time_max`` are the step time's rolling
     median and the band of its windows' extremes (``_engine/derive/timeline.py``).
     ``notes`` says why a figure is missing, by figure (``"mfu"``: no peak known).
+    ``memory`` is the Memory tab's table (what holds memory per device), None before the
+    first breakdown or without ``detail``.
     """
 
     run: str
@@ -123,6 +127,7 @@ class Frame:
     layers: LayerFrame | None = None
     timeline: TimelineFrame | None = None
     notes: Mapping[str, str] = field(default_factory=dict)
+    memory: MemoryTable | None = None
 
 
 # Chart lines sent to views: bounded so that one publish stays small however long the run.
@@ -208,8 +213,9 @@ class FrameBuilder:
             if name in store.columns:
                 x, y = store.series(name, MAX_POINTS)
                 series[name] = Series(x, y)
-        timeline = layers = None
+        timeline = layers = memory = None
         if detail:
+            memory = memory_table(model.memory, system, model.device_index)
             series.update((k, Series(*xy)) for k, xy in step_time_band(steps).items())
             open_s = sum(r.get("step_time", 0.0) for r in state.open_rows)
             timeline = _timeline(steps, model.spans, open_s if math.isfinite(open_s) else 0.0)
@@ -231,6 +237,7 @@ class FrameBuilder:
             layers=layers,
             timeline=timeline,
             notes=dict(state.notes),
+            memory=memory,
         )
 
 

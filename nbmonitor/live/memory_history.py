@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from nbmonitor._atomic import atomic_path
+
 MAX_ENTRIES = 100_000
 
 
@@ -45,5 +47,6 @@ class MemoryHistory:
             )
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
-        torch.cuda.memory._dump_snapshot(str(target))  # type: ignore[no-untyped-call]  # noqa: SLF001
+        with atomic_path(target) as tmp:  # whole or not at all, an existing file kept till then
+            torch.cuda.memory._dump_snapshot(str(tmp))  # type: ignore[no-untyped-call]  # noqa: SLF001
         return target

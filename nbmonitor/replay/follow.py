@@ -90,7 +90,8 @@ class JobFeed:
             status = "closed" if rank_tail.closed else "running"
             self.state.set_meta(rank, rank_tail.meta, status)
         self._judge()
-        return bool(tail.closed)
+        # Every rank's writer gone (or closed) ends the follow too (runs/job.py, ``ended``).
+        return bool(tail.closed) or tail.ended is not None
 
     def _judge(self) -> None:
         # The steps every rank has recorded since the last look, as a job opened whole is

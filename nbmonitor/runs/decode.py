@@ -291,18 +291,24 @@ class LineSplitter:
 WARN_LINES = 5
 
 
-def warn_bad(path: object, bad: list[BadLine], extra: str = "") -> None:
-    """One RunDataWarning per skipped line (the first WARN_LINES), then one with the count."""
-    for b in bad[:WARN_LINES]:
-        warnings.warn(
-            RunDataWarning(f"nbmonitor: {path} line {b.line}: {b.why}; skipped{extra}."),
-            stacklevel=3,
-        )
+Report = Callable[[str], None]
+
+
+def warn_bad(
+    path: object, bad: list[BadLine], extra: str = "", report: Report | None = None
+) -> None:
+    """One message per skipped line (the first WARN_LINES), then one with the count: each
+    given to ``report``, or (without one) raised as a RunDataWarning."""
+    messages = [f"nbmonitor: {path} line {b.line}: {b.why}; skipped{extra}." for b in bad]
     if len(bad) > WARN_LINES:
-        warnings.warn(
-            RunDataWarning(f"nbmonitor: {path}: {len(bad) - WARN_LINES} more bad lines skipped."),
-            stacklevel=3,
-        )
+        messages[WARN_LINES:] = [
+            f"nbmonitor: {path}: {len(bad) - WARN_LINES} more bad lines skipped."
+        ]
+    for message in messages:
+        if report is not None:
+            report(message)
+        else:
+            warnings.warn(RunDataWarning(message), stacklevel=3)
 
 
 def _number(value: object) -> float:

@@ -10,19 +10,17 @@ Stdlib and numpy only: no torch, no widget libraries.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
 import json
-import os
 import pathlib
 import re
-import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
+from nbmonitor._atomic import write_atomic  # re-exported: every file here not appended to
 from nbmonitor.errors import RunDirError
 
 FORMAT_VERSION = 1
@@ -176,23 +174,6 @@ def encode_lines(records: Iterable[Mapping[str, object]]) -> bytes:
     """Records as JSON Lines bytes, one line each, every line ending in ``\\n``."""
     enc = _ENCODER.encode
     return "".join(enc(r if type(r) is dict else dict(r)) + "\n" for r in records).encode()
-
-
-def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temporary file beside it and ``os.replace``: a reader
-    (or a failure halfway) never leaves half a file, and an existing file stays whole until the
-    new one is complete. Every file nbmonitor writes that is not an append-only stream goes
-    through here."""
-    target = pathlib.Path(path)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def write_json_atomic(path: pathlib.Path, obj: object) -> None:

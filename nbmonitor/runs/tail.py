@@ -15,8 +15,10 @@ the run closed).
 Every file is opened by the reading contract (``files.py``): regular files inside the run
 folder only, bounded reads. A line longer than the stream's bound is skipped as it streams by
 (never held whole), a complete line that does not parse or holds a wrongly typed field is
-skipped; both are counted in ``bad_lines`` and named in a RunDataWarning. ``ended`` tells a
-writer that died without closing. Any thread; one Tail is not shared between threads;
+skipped; both are counted in ``bad_lines`` and named in a RunDataWarning, or given to the
+``report`` callable instead (a terminal app shows them in its own place; catching warnings
+would be process-wide and not thread-safe). ``ended`` tells a writer that died without
+closing. Any thread; one Tail is not shared between threads;
 ``close()`` releases its files.
 """
 
@@ -31,7 +33,15 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from nbmonitor.runs.decode import CHECKS, LineSplitter, Record, decode_lines, loads_line, warn_bad
+from nbmonitor.runs.decode import (
+    CHECKS,
+    LineSplitter,
+    Record,
+    Report,
+    decode_lines,
+    loads_line,
+    warn_bad,
+)
 from nbmonitor.runs.files import RunFolder, read_fd, read_meta
 from nbmonitor.runs.format import (
     MAX_META_BYTES,
@@ -76,6 +86,8 @@ class Tail:
     limits which streams are followed (default: all of :data:`~nbmonitor.runs.format.STREAMS`).
     The folder may not exist yet; its parent must (a mistyped path fails at once).
     ``stale_s``: how long a run written from another host may stay silent before ``ended``.
+    ``report``: called with each problem's one-line message (a bad or too long line, a file
+    replaced or rewritten) instead of a RunDataWarning being raised.
     """
 
     def __init__(
@@ -85,8 +97,10 @@ class Tail:
         offsets: Mapping[str, int] | None = None,
         streams: Iterable[str] | None = None,
         stale_s: float = STALE_S,
+        report: Report | None = None,
     ) -> None:
         self.path = pathlib.Path(path)
+        self.report = report
         if self.path.exists() and not self.path.is_dir():
             raise RunNotFoundError(
                 f"nbmonitor: cannot tail '{self.path}' (not a folder); pass the folder of one run."
@@ -219,11 +233,15 @@ class Tail:
         bad += decoded.bad
         if bad:
             self.bad_lines += len(bad)
-            warn_bad(where, sorted(bad))
+            warn_bad(where, sorted(bad), report=self.report)
         return decoded.records
 
     def _warn(self, name: str, message: str) -> None:
-        warnings.warn(RunDataWarning(f"nbmonitor: {message}."), stacklevel=4)
+        message = f"nbmonitor: {message.removeprefix('nbmonitor: ').rstrip('.')}."
+        if self.report is not None:
+            self.report(message)
+        else:
+            warnings.warn(RunDataWarning(message), stacklevel=4)
 
     def poll(self) -> dict[str, list[Record]]:
         """New records per stream since the last poll (streams with none are left out)."""

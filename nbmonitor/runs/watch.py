@@ -17,7 +17,6 @@ import math
 import os
 import pathlib
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +26,7 @@ import numpy.typing as npt
 
 from nbmonitor.errors import RunDirError
 from nbmonitor.runs.files import RunFolder
-from nbmonitor.runs.format import META, STREAMS, RunDataWarning, stream_file
+from nbmonitor.runs.format import META, STREAMS, stream_file
 from nbmonitor.runs.layout import LAYOUT, rank_dirs, read_json
 from nbmonitor.runs.status import run_status
 from nbmonitor.runs.tail import Tail
@@ -115,27 +114,22 @@ class _Followed:
             s: _start_offset(folder, stream_file(meta, STREAMS[s]), tail_bytes)
             for s in ("steps", "events")
         }
-        self.tail = Tail(path, offsets=offsets, streams=("steps", "events"))
+        # What the tail finds wrong (a torn or bad line, a file rewritten) is shown in the
+        # run's row, not printed across the terminal app: told to us, not warned.
+        self.tail = Tail(path, offsets=offsets, streams=("steps", "events"), report=self._problem)
         self.rows: collections.deque[tuple[float, ...]] = collections.deque(maxlen=KEEP_ROWS)
         self.last: dict[str, float] = {}
         self.alerts: collections.deque[dict[str, Any]] = collections.deque(maxlen=ALERTS_KEPT)
         self.alert_count = 0
         self.status = "unknown"
         self.done = False  # closed and read to its end
-        self.error = ""
+        self.error = ""  # the newest problem the tail reported (the row shows it)
 
     def poll(self, with_status: bool) -> None:
         if self.done:
             return
         try:
-            # What the tail finds wrong (a torn or bad line, a file rewritten) is a warning:
-            # shown in the run's row, not printed across the terminal app. (catch_warnings
-            # is process-wide: a warning another thread raises meanwhile lands here too.)
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always", RunDataWarning)
-                new = self.tail.poll()
-            if caught:
-                self.error = str(caught[-1].message)
+            new = self.tail.poll()
         except (OSError, ValueError) as exc:  # RunDirError is a RuntimeError: see below
             self.error = f"{type(exc).__name__}: {exc}"
             return
@@ -168,6 +162,9 @@ class _Followed:
             except RunDirError:
                 files = []
             self.status = run_status(self.tail.meta, files)
+
+    def _problem(self, message: str) -> None:
+        self.error = message
 
     def row(self) -> RunRow:
         meta, last = self.tail.meta, self.last

@@ -13,13 +13,13 @@ full-resolution record, so nothing is kept in memory meanwhile and the training 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pathlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from nbmonitor._atomic import atomic_path
 from nbmonitor.runs import Run
 from nbmonitor.sinks.base import Batch
 from nbmonitor.sinks.exporter import ExportContext, ExportError, missing
@@ -71,16 +71,11 @@ def write_tables(run: Run, out: str | os.PathLike[str], fmt: Format) -> list[pat
                 lambda v: pd.io.json.ujson_dumps(v) if isinstance(v, (list, dict)) else v
             )
         path = folder / f"{table}.{fmt}"
-        tmp = folder / f".{table}.{fmt}.{os.getpid()}.tmp"
-        try:
+        with atomic_path(path) as tmp:  # whole files only, an existing one kept till then
             if fmt == "parquet":
                 frame.to_parquet(tmp, index=False)
             else:
                 frame.to_csv(tmp, index=False)
-            os.replace(tmp, path)
-        finally:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
         written.append(path)
     return written
 

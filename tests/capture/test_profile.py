@@ -190,4 +190,3 @@ def test_a_profiler_that_fails_to_start_is_not_stopped(
         assert prof.done and prof.error is not None and "start failed half-way" in prof.error
     assert stops == []
     assert len(mon.errors) == 1 and " profile: RuntimeError: start failed half-way" in mon.errors[0]
-

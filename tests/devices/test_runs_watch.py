@@ -112,3 +112,25 @@ def test_hostile_folders_neither_hang_nor_stop_the_others(tmp_path: Path) -> Non
     assert rows[good.name].step == 5
     assert rows[fifo.name].step == 0 and rows[fifo.name].last_alert  # says what is wrong
     assert "20990101-000002-loop" not in rows  # no readable meta.json: not a run
+
+
+def test_a_bad_line_is_shown_in_its_row_without_touching_the_warnings_state(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a tail finds wrong is told to the watch (its row shows it), not caught as a
+    warning: ``warnings.catch_warnings`` is process-wide, so catching there would swallow the
+    warnings other threads raise meanwhile, and races them."""
+    import warnings
+
+    bad = tmp_path / "20990101-000000-bad"
+    bad.mkdir()
+    (bad / "meta.json").write_text('{"status": "closed"}')
+    (bad / "steps.jsonl").write_bytes(b'{"step": 1, "loss": 2.0}\n{"step": \xff}\n{"step": 2}\n')
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise AssertionError("RunsWatch changed the process-wide warnings state")
+
+    monkeypatch.setattr(warnings, "catch_warnings", refused)
+    (row,) = RunsWatch(tmp_path).poll()  # a RunDataWarning would fail the test (-W error)
+    assert row.step == 2
+    assert row.last_alert.endswith("steps.jsonl line 2: not UTF-8 (byte 10); skipped.")

@@ -191,9 +191,21 @@ def test_live_and_replayed_frames_say_the_same_headroom(tmp_path) -> None:
             one_step(model, opt)
             opt.zero_grad()
         mon.flush()
-        live = mon.frame().latest
-    replayed = nbmonitor.open(mon.run_dir).frame().latest
+        live_frame = mon.frame()
+        live = live_frame.latest
+    replayed_frame = nbmonitor.open(mon.run_dir).frame()
+    replayed = replayed_frame.latest
     assert live["batch_size"] == replayed["batch_size"] == 8
     assert live["memory_limit_bytes"] > 0 and "batch_fits" in live and "batch_fits" in replayed
     # The estimate's fixed part is the breakdown's: the same breakdown live and replayed.
     assert nbmonitor.open(mon.run_dir).memory() is not None
+    # The Memory tab's table: the same categories live and replayed, on the CPU, measured.
+    assert live_frame.memory is not None and replayed_frame.memory is not None
+    counted = ("parameters", "buffers", "gradients", "optimizer_state", "activations")
+    for frame in (live_frame, replayed_frame):
+        (row,) = frame.memory.rows  # type: ignore[union-attr]
+        assert row["device"] == "cpu" and row["measured_what"] == "resident size"
+        assert row["parameters"] == (N0 + N2) * 4 and row["activations"] > 0
+    assert [r[c] for r in live_frame.memory.rows for c in counted] == [
+        r[c] for r in replayed_frame.memory.rows for c in counted
+    ]

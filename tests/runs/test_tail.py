@@ -120,6 +120,23 @@ def test_bad_complete_line_is_skipped_and_counted(tmp_path: pathlib.Path) -> Non
     assert t.bad_lines == 1
 
 
+def test_report_takes_the_problems_instead_of_warnings(tmp_path: pathlib.Path) -> None:
+    """With ``report``, what is wrong is told to it, one line each, and nothing is warned (a
+    RunDataWarning would fail this test: the suite runs with warnings as errors)."""
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "steps.jsonl").write_bytes(b'{"step":0}\nnot json\n{"step":2}\n')
+    told: list[str] = []
+    t = Tail(run, report=told.append)
+    assert t.poll() == {"steps": [{"step": 0}, {"step": 2}]}
+    (run / "steps.jsonl").write_bytes(b'{"step":5}\n')  # shrank in place: rewritten
+    assert t.poll() == {"steps": [{"step": 5}]}
+    assert len(told) == 2 and t.bad_lines == 1
+    assert told[0].endswith("steps.jsonl line 2: not JSON (Expecting value); skipped.")
+    assert told[1].startswith("nbmonitor: ") and "shrank (11 bytes, 31 already read)" in told[1]
+    assert all("\n" not in m and "nbmonitor: nbmonitor" not in m for m in told)
+
+
 def test_rewritten_file_is_read_again_with_a_warning(tmp_path: pathlib.Path) -> None:
     run = tmp_path / "r"
     run.mkdir()

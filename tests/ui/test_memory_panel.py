@@ -3,6 +3,8 @@ headroom notes, only when they changed."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from nbmonitor._engine.frame import Frame, Series
@@ -38,3 +40,23 @@ def test_on_the_cpu_the_process_rss() -> None:
     state = MemoryPanel().state(frame({"process_rss_bytes": Series(x, x)}, {}))
     assert state is not None and set(state["series"]) == {"process_rss_bytes"}
     assert state["notes"] == {}
+
+
+def test_the_breakdown_table_per_device_with_nan_as_null() -> None:
+    from nbmonitor._engine.derive.memory_table import MemoryTable
+
+    x = np.arange(3.0)
+    row = {"device": "cuda:0", "parameters": 4.0, "buffers": 0.0, "gradients": 4.0,
+           "optimizer_state": 8.0, "activations": 16.0, "measured": float("nan"),
+           "measured_what": "", "other": float("nan")}  # fmt: skip
+    base = frame({"process_rss_bytes": Series(x, x)}, {})
+    with_table = replace(base, memory=MemoryTable(40, 30, (row,)))
+    panel = MemoryPanel()
+    state = panel.state(with_table)
+    assert state is not None
+    assert state["table"] == [{**row, "measured": None, "other": None}]
+    assert (state["table_step"], state["activations_step"]) == (40, 30)
+    assert panel.state(with_table) is None  # unchanged: nothing sent
+    # A newer breakdown with the same curves is sent.
+    newer = replace(base, memory=MemoryTable(50, 50, (row,)))
+    assert (panel.state(newer) or {}).get("table_step") == 50

@@ -14,13 +14,20 @@ import pytest
 from tests.ui.harness import serve_page, widget_payload
 from tests.ui.test_browser import BROWSER_ARGS, CHROMIUM, _require_browser, assert_console_clean
 
-from nbmonitor._engine.frame import Frame, GanttBar, LayerFrame, Series, TimelineFrame
+from nbmonitor._engine.frame import (
+    Frame,
+    GanttBar,
+    LayerFrame,
+    MemoryTable,
+    Series,
+    TimelineFrame,
+)
 from nbmonitor.ui.dashboard import Dashboard
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 BASELINES = Path(__file__).resolve().parent / "baselines"
-PANELS = ("training", "system", "layers", "timeline")
+PANELS = ("training", "system", "memory", "layers", "timeline")
 # A pixel differs when its channels differ by more than this in sum; a panel matches while at
 # most MAX_DIFF of its pixels differ (antialiasing and font hinting move a few).
 PIXEL_DELTA = 60
@@ -50,6 +57,11 @@ def fixed_frame(n: int = 1_000) -> Frame:
         "gpu0_util_percent": Series(x, 85 + 5 * np.sin(x / 30)),
         "gpu0_mem_used_bytes": Series(x, np.full(n, 40e9)),
         "gpu0_power_w": Series(x, 300 + 20 * np.sin(x / 40)),
+        # The memory panel's: a saw of activations over the fixed 24 GiB, a leak-free run.
+        "cuda_allocated_bytes": Series(x, (24 + 6 * (x % 50 < 25)) * 2**30),
+        "cuda_reserved_bytes": Series(x, np.full(n, 40.0 * 2**30)),
+        "cuda_interval_peak_bytes": Series(x, (36 + 0.5 * np.sin(x / 90)) * 2**30),
+        "cuda_inactive_split_bytes": Series(x, (0.5 + 0.25 * np.sin(x / 60)) * 2**30),
     }
     names = [
         f"blocks.{i // 2}.attn.out_proj.{'weight' if i % 2 == 0 else 'bias'}" for i in range(8)
@@ -100,12 +112,32 @@ def fixed_frame(n: int = 1_000) -> Frame:
             "ram_total_bytes": 16 * 2**30,
             "process_rss_bytes": 1.3 * 2**30,
             "gpu0_mem_total_bytes": 80e9,
+            "memory_peak_bytes": 37.0 * 2**30,
+            "memory_limit_bytes": 78.0 * 2**30,
+            "batch_size": 32.0,
+            "batch_fits": 96.0,
         },
         series=s,
         devices=(device,),
         layers=LayerFrame(tuple(names), np.linspace(1, n, 120), grid, table),
         timeline=TimelineFrame(phases, np.linspace(800, n, 200), seconds, tuple(gantt), summary),
+        memory=MEMORY,
     )
+
+
+GIB = 2.0**30
+MEMORY = MemoryTable(
+    990,
+    990,
+    (
+        {"device": "cuda:0", "parameters": 6 * GIB, "buffers": 2.0**20, "gradients": 6 * GIB,
+         "optimizer_state": 12 * GIB, "activations": 9.5 * GIB, "measured": 36.2 * GIB,
+         "measured_what": "peak of the last interval", "other": 2.7 * GIB},
+        {"device": "cpu", "parameters": 0.0, "buffers": 0.0, "gradients": 0.0,
+         "optimizer_state": 0.0, "activations": 0.0, "measured": 1.3 * GIB,
+         "measured_what": "resident size", "other": 1.3 * GIB},
+    ),
+)  # fmt: skip
 
 
 def differing(a: bytes, b: bytes) -> float:

@@ -1,9 +1,23 @@
 // The memory panel: the training device's memory step by step (CUDA: allocated, reserved, each
 // interval's peak, fragmentation; CPU: the process's resident size; MPS: the driver's
-// allocation), and a line with the headroom and the largest batch estimated to fit.
+// allocation), a line with the headroom and the largest batch estimated to fit, and the table
+// of what holds memory on each device (the newest breakdown against what was measured).
 
 import { COLORS } from "../charts/theme.js";
 import { ChartGrid, curvesOf } from "./curves.js";
+import { LayerTable } from "./table.js";
+
+export const TABLE_COLUMNS = [
+  { key: "device", label: "device", kind: "text" },
+  { key: "parameters", label: "parameters", kind: "bytes" },
+  { key: "buffers", label: "buffers", kind: "bytes" },
+  { key: "gradients", label: "gradients", kind: "bytes" },
+  { key: "optimizer_state", label: "optimizer state", kind: "bytes" },
+  { key: "activations", label: "activations", kind: "bytes" },
+  { key: "other", label: "other", kind: "bytes" },
+  { key: "measured", label: "measured", kind: "bytes" },
+  { key: "measured_what", label: "measured as", kind: "text" },
+];
 
 export const CHARTS = [
   {
@@ -50,6 +64,15 @@ export function headroomText(notes) {
   return text;
 }
 
+/** @param {Record<string, any>} state */
+export function tableTitle(state) {
+  if (!Number.isFinite(state?.table_step)) return "";
+  const act = Number.isFinite(state.activations_step)
+    ? `activations from step ${state.activations_step}`
+    : "no activations sampled yet";
+  return `What holds memory (step ${state.table_step}; ${act})`;
+}
+
 export default {
   name: "memory",
   title: "Memory",
@@ -58,6 +81,13 @@ export default {
     const line = document.createElement("div");
     line.className = "nbm-memory-headroom";
     el.appendChild(line);
+    const title = document.createElement("div");
+    title.className = "nbm-section-title nbm-memory-title";
+    el.appendChild(title);
+    const box = document.createElement("div");
+    box.className = "nbm-memory-table";
+    el.appendChild(box);
+    const table = new LayerTable(box, TABLE_COLUMNS);
     const grid = new ChartGrid(el, ctx.sync);
     return {
       /** @param {Record<string, any>} state */
@@ -67,11 +97,18 @@ export default {
           if (spec.lines.some((l) => curves[l.key])) grid.ensure(spec);
         }
         line.textContent = headroomText(state?.notes ?? {});
-        return grid.update(curves) > 0 || line.textContent !== "";
+        const rows = Array.isArray(state?.table) ? state.table : [];
+        title.textContent = rows.length ? tableTitle(state) : "";
+        title.hidden = box.hidden = rows.length === 0;
+        table.update(rows);
+        return grid.update(curves) > 0 || line.textContent !== "" || rows.length > 0;
       },
       destroy: () => {
         grid.destroy();
+        table.destroy();
         line.remove();
+        title.remove();
+        box.remove();
       },
     };
   },

@@ -1,7 +1,8 @@
 """The memory panel: the memory of the device the model trains on, step by step (on CUDA
 allocated, reserved, each interval's peak and fragmentation; on the CPU the process's resident
-size; on MPS the driver's allocation), and the headroom with the largest batch estimated to
-fit (docs/memory.md)."""
+size; on MPS the driver's allocation), the headroom with the largest batch estimated to fit,
+and the table of what holds memory on each device (parameters, buffers, gradients, optimizer
+state, activations saved for backward, other; docs/memory.md)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import math
 from typing import Any, ClassVar
 
 from nbmonitor._engine.frame import Frame
-from nbmonitor.ui.panels.base import CurvesPanel, Transform
+from nbmonitor.ui.panels.base import CurvesPanel, Transform, series_state
+from nbmonitor.ui.panels.layers import jsonable
 
 CUDA_KEYS = (
     "cuda_allocated_bytes",
@@ -35,3 +37,19 @@ class MemoryPanel(CurvesPanel):
             for key in NOTE_KEYS
             if key in frame.latest and math.isfinite(frame.latest[key])
         }
+
+    def state(self, frame: Frame) -> dict[str, Any] | None:
+        """The curves and notes, and ``table`` (one row per device, NaN as null) with the
+        breakdown's ``table_step`` and ``activations_step`` once a breakdown exists."""
+        curves = {
+            key: series_state(s)
+            for key, _ in self.keys(frame)
+            if (s := frame.series.get(key)) is not None and len(s.x)
+        }
+        state: dict[str, Any] = {"series": curves, "notes": self.notes(frame)}
+        table = frame.memory
+        if table is not None:
+            state["table"] = [jsonable(row) for row in table.rows]
+            state["table_step"] = table.step
+            state["activations_step"] = table.activations_step
+        return self._unchanged.filter(state)

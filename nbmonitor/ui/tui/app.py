@@ -23,6 +23,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
 from textual.widgets import Footer, Input, Static
 
+from nbmonitor._atomic import write_atomic
 from nbmonitor._engine.devices_frame import DevicesFrame
 from nbmonitor.ui.tui.tables import (
     RunDetailLike,
@@ -328,8 +329,9 @@ class TopApp(App[None]):
         try:
             self.save_dir.mkdir(parents=True, exist_ok=True)
             text, csv = base.with_suffix(".txt"), base.with_suffix(".csv")
-            text.write_text(self.snapshot_text(), encoding="utf-8")
-            csv.write_text(self.snapshot_csv(), encoding="utf-8")
+            # Whole files only: a reader (or a crash halfway) never sees half a snapshot.
+            write_atomic(text, self.snapshot_text().encode("utf-8"))
+            write_atomic(csv, self.snapshot_csv().encode("utf-8"))
         except OSError as exc:
             self.notify(f"snapshot not saved: {exc.strerror or exc}", severity="error")
             return
