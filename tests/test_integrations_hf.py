@@ -4,6 +4,7 @@ grad_norm and lr equal what the Trainer logged per step (logging_steps=1)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -103,3 +104,84 @@ def test_attach_before_train_adopts_the_optimizer_the_trainer_builds(tmp_path: P
     assert h["step"].tolist() == [1, 2, 3, 4, 5]
     np.testing.assert_allclose(h["grad_norm"], [e["grad_norm"] for e in logged], rtol=1e-4)
     np.testing.assert_allclose(h["lr"][1:], [e["learning_rate"] for e in logged][1:], rtol=1e-6)
+
+
+@pytest.mark.timeout(300)
+def test_attach_before_train_with_accumulation_counts_the_trainers_steps(tmp_path: Path) -> None:
+    # The optimizer is adopted at its first step, after that step's micro-batches: 30 of the
+    # Trainer's steps are 30 steps (the micro-batches before adoption once counted as one more).
+    import nbmonitor
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2)
+    model = transformers.GPT2LMHeadModel(config)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        max_steps=30,
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=2,
+        max_grad_norm=0.5,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=Tokens(120, 1))
+    with nbmonitor.attach(model, run_dir=tmp_path / "runs", display=False) as mon:
+        trainer.train()
+        assert mon.flush()
+        h = mon.history()
+    logged = [e for e in trainer.state.log_history if "grad_norm" in e]
+    assert mon.step == trainer.state.global_step == 30
+    assert h["step"].tolist() == [e["step"] for e in logged] == list(range(1, 31))
+    assert h["micro_batches"].tolist() == [2] * 30
+    np.testing.assert_allclose(h["grad_norm"], [e["grad_norm"] for e in logged], rtol=1e-4)
+    np.testing.assert_allclose(h["loss"], [e["loss"] for e in logged], rtol=1e-4)
+
+
+@pytest.mark.timeout(300)
+def test_a_run_resumed_from_a_checkpoint_says_its_own_steps(tmp_path: Path) -> None:
+    # Trained to step 10 and saved; resumed to step 30 by a new Trainer: the resumed run holds
+    # steps 11..30, and its meta.json says 20 steps (it said 30), its last step 30.
+    import json
+
+    import nbmonitor
+    from nbmonitor.runs import list_runs
+
+    config = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2)
+
+    def trainer(max_steps: int, runs: Path) -> tuple[transformers.Trainer, NbmonitorCallback]:
+        torch.manual_seed(0)
+        args = transformers.TrainingArguments(
+            output_dir=str(tmp_path / "out"),
+            max_steps=max_steps,
+            per_device_train_batch_size=2,
+            gradient_accumulation_steps=2,
+            logging_steps=1,
+            save_strategy="steps",
+            save_steps=10,
+            report_to="none",
+            use_cpu=True,
+            disable_tqdm=True,
+        )
+        callback = NbmonitorCallback(run_dir=runs, display=False)
+        model = transformers.GPT2LMHeadModel(config)
+        data = Tokens(120, 1)
+        return transformers.Trainer(model, args, train_dataset=data, callbacks=[callback]), callback
+
+    first, _ = trainer(10, tmp_path / "first")
+    first.train()
+    resumed, callback = trainer(30, tmp_path / "runs")
+    resumed.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-10"))
+    mon = callback.monitor
+    assert mon is not None and mon.status == "closed"
+    assert resumed.state.global_step == mon.step == 30
+    history = nbmonitor.open(mon.run_dir).history()
+    assert history["step"].tolist() == list(range(11, 31))
+    meta = json.loads((mon.run_dir / "meta.json").read_text())
+    assert (meta["steps"], meta["last_step"], meta["attach"]["start_step"]) == (20, 30, 10)
+    assert [row["steps"] for row in list_runs(tmp_path / "runs")] == [20]
+    # The options and the rules' thresholds in force, every field.
+    assert meta["attach"]["total_steps"] == 30 and meta["attach"]["interval"] == mon.interval
+    assert meta["thresholds"] == dataclasses.asdict(nbmonitor.Thresholds())

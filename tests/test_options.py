@@ -5,6 +5,7 @@ gets a one-line error at the call."""
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 import typing
 
 import pytest
@@ -63,3 +64,24 @@ def test_defaults() -> None:
     assert options.interval == 0.5 and options.layer_every == 100 and options.display is True
     meta = options.as_meta()
     assert meta["run_dir"] == "runs" and isinstance(meta["thresholds"], dict)
+
+
+def test_meta_json_records_the_options_and_thresholds_in_force(tmp_path: pathlib.Path) -> None:
+    import json
+
+    import torch
+
+    import nbmonitor
+
+    model = torch.nn.Linear(2, 1)
+    with nbmonitor.attach(
+        model, run_dir=tmp_path, display=False, layer_every=7, thresholds={"explode_factor": 4.0}
+    ) as mon:
+        pass
+    meta = json.loads((mon.run_dir / "meta.json").read_text())
+    # Every threshold, the one given and the defaults, as the rules used them.
+    want = dataclasses.asdict(nbmonitor.Thresholds(explode_factor=4.0))
+    assert meta["thresholds"] == want and want["explode_factor"] == 4.0
+    assert meta["attach"]["layer_every"] == 7
+    assert set(meta["attach"]) == {f.name for f in dataclasses.fields(Options)} - {"thresholds"}
+    assert (meta["steps"], meta["last_step"]) == (0, 0)

@@ -1,7 +1,8 @@
 """``attach(model)`` without an optimizer: the first optimizer that steps one of the model's
 parameters becomes the monitor's (an optimizer created after attach, as the Hugging Face
 Trainer builds its own inside ``train()``), found by one of torch's global optimizer step
-pre-hooks. From that step on, steps are that optimizer's steps; before it, backward passes.
+pre-hooks. From that step on, steps are that optimizer's steps, the first including the
+backward passes the clock held for it (``clock._Held``); before it, backward passes.
 
 The global hook holds the step clock weakly (a dropped model still goes) and is removed with
 the clock's other hooks at close, on the thread that attached. A monitor released from

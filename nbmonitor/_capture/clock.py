@@ -45,6 +45,49 @@ _eager: Callable[[Callable[..., None]], Callable[..., None]] = torch.compiler.di
 _HOOKS = "forward_pre forward backward optimizer_pre_step optimizer_post_step clip scaler_step loss"
 
 
+# The most backward passes held as one step while no optimizer has stepped and the gradients
+# were never reset between them (see _Held): past it, the loop's passes are taken as its steps.
+MAX_HELD = 64
+
+
+class _Held:
+    """A backward pass that ended with no optimizer known, whose step is not ended yet: the
+    loop may be accumulating gradients for an optimizer that has not stepped yet (adopted at
+    its first step, which then includes these micro-batches: the HF Trainer builds its
+    optimizer inside ``train()``), or stepping by hand (each pass a step). The next forward
+    tells them apart: gradients reset since the pass (``zero_grad``, set to None or zeroed in
+    place) mean a step of its own; left as they were, they are still accumulating. One of the
+    model's gradients is watched (weakly), by identity and in-place version."""
+
+    __slots__ = ("_grad", "_param", "_version", "at", "forwarded", "wall")
+
+    def __init__(self, param: torch.nn.Parameter, grad: torch.Tensor, at: float, wall: float):
+        self._param = weakref.ref(param)
+        self._grad = weakref.ref(grad)
+        # Tensor._version counts in-place writes (autograd's own check, stable for years).
+        self._version = grad._version  # noqa: SLF001
+        self.at = at  # when the pass ended (the step clock's time, and the wall clock's)
+        self.wall = wall
+        self.forwarded = False  # the model's next forward has run (the next micro-batch)
+
+    @classmethod
+    def of(cls, model: torch.nn.Module | None, at: float, wall: float) -> _Held | None:
+        """The pass just ended, watched through the first parameter with a gradient (None
+        when there is none to watch: the pass is then a step at once)."""
+        for p in model.parameters() if model is not None else ():
+            if p.grad is not None:
+                return cls(p, p.grad, at, wall)
+        return None
+
+    def reset(self) -> bool:
+        """Whether the watched gradient was reset (or is gone) since the pass."""
+        param = self._param()
+        grad = param.grad if param is not None else None
+        if grad is None or grad is not self._grad():
+            return True
+        return grad._version != self._version  # noqa: SLF001
+
+
 class StepClock:
     """Installs the root hooks on one model (and optimizer) and keeps the training-side counters.
 
@@ -101,6 +144,12 @@ class StepClock:
         # (adopt.py) absorbs its first step into it.
         self._backward_ended = False
         self._absorb = False
+        # Without an optimizer, the first backward pass is held, not ended as a step, until
+        # the loop shows what it is (see _hold): the micro-batches of an optimizer step still
+        # to be adopted (gradient accumulation) or a step of their own. ``_backward_only``
+        # once gradients were reset between passes with no optimizer stepping.
+        self._held: _Held | None = None
+        self._backward_only = False
         # An adapter counts micro-batches and samples (batch_started); forwards then do not.
         self._batches_counted = False
         self.handles: list[RemovableHandle | adopt.GlobalHookHandle] = []
@@ -159,8 +208,9 @@ class StepClock:
         if self.optimizer is not None:
             self._watch_optimizer(self.optimizer)
         else:
-            # Backward passes are steps (ending before any clip) until an optimizer steps the
-            # model's parameters: that one is adopted (adopt.py).
+            # Backward passes are steps (ending before any clip; the first held until the loop
+            # shows what it is, see _Held) until an optimizer steps the model's parameters:
+            # that one is adopted (adopt.py).
             self.handles.extend(adopt.watch_optimizers(self))
 
     def _watch_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
@@ -189,6 +239,8 @@ class StepClock:
         return self.optimizer is optimizer
 
     def remove(self) -> None:
+        if self._held is not None:  # the run ends: the pass held was a step
+            self._guarded("backward", lambda: self._release(backward_only=False))
         for handle in self.handles:
             handle.remove()
         self.handles.clear()
@@ -202,6 +254,7 @@ class StepClock:
         if self._unlisten is not None:
             self._unlisten()
             self._unlisten = None
+        self.release_losses()
 
     def log(self, scalars: Mapping[str, object]) -> None:
         """Record ``scalars``; a value it cannot use is the caller's bug (TypeError or
@@ -218,6 +271,17 @@ class StepClock:
             guard.failed(exc)
             return
         self.recorder.put(record)
+        if "loss" in scalars:
+            self._loss.logged(record.step)
+
+    def release_losses(self) -> None:
+        """Record the backward passes' losses still kept (``backward_loss.py``): at
+        ``flush()`` and ``close()``; never raises."""
+        guard = self._guards["loss"]
+        try:
+            self._loss.release()
+        except Exception as exc:
+            guard.failed(exc)
 
     # -- probes -------------------------------------------------------------------------------
 
@@ -248,6 +312,8 @@ class StepClock:
         if not torch.is_grad_enabled() or not guard.on:
             return None
         try:
+            if self._held is not None and self._held.reset():
+                self._release(backward_only=True)
             self.phases.mark(FORWARD_START)
             if self._step_start is None:
                 self._step_start = self._clock()
@@ -274,12 +340,16 @@ class StepClock:
             ctx = self.ctx
             self._forwarded = True
             self._backward_ended = False
+            if self._held is not None:
+                self._held.forwarded = True
             samples = ctx.forward_samples = batch_size(args, kwargs)
             tokens = ctx.forward_tokens = token_count(args, kwargs)
             if not self._batches_counted:
                 ctx.micro += 1
                 self._samples += samples
                 self._tokens += tokens
+            if self._loss.pending:  # the last step's losses, unless the loop logged one
+                self._loss.release(ctx.step)
             if self._at["forward"]:
                 self._call(self._at["forward"], output)
             if self.optimizer is None:
@@ -318,8 +388,25 @@ class StepClock:
         if self.optimizer is not None:
             return  # adopted since this pass's forward: the optimizer's step ends the step
         self._call(self._at["pre_step"])
+        if not self._backward_only:
+            if self.ctx.micro < MAX_HELD:
+                held = _Held.of(self._model_ref(), self._clock(), self._wall_clock())
+                if held is not None:
+                    self._held = held  # the newest pass of the step so far
+                    return
+            else:  # accumulating this long with no optimizer: its passes are its steps
+                self._backward_only = True
         self._end_step()
         self._backward_ended = True
+
+    def _release(self, backward_only: bool) -> None:
+        """End the held backward pass's step where it ended (``backward_only``: the loop has
+        shown that its backward passes are its steps; they end at once from now on)."""
+        held, self._held = self._held, None
+        self._backward_only = self._backward_only or backward_only
+        if held is not None:
+            self._end_step(now=held.at, wall=held.wall)
+            self._backward_ended = True
 
     def batch_started(self, inputs: object) -> None:
         """An adapter's micro-batch starts (``Monitor.batch_started``): forwards no longer count."""
@@ -331,6 +418,8 @@ class StepClock:
             self.ctx.micro += 1
             self._samples += batch_size((inputs,), {})
             self._tokens += batch_tokens(inputs)
+            if self._loss.pending:
+                self._loss.release(self.ctx.step)
 
         self._guarded("forward", work)
 
@@ -372,8 +461,11 @@ class StepClock:
 
     # -- the end of a step ----------------------------------------------------------------------
 
-    def _end_step(self, skipped: bool = False) -> None:
-        now = self._clock()
+    def _end_step(
+        self, skipped: bool = False, now: float | None = None, wall: float | None = None
+    ) -> None:
+        self._held = None  # adopted: the passes held are this optimizer step's micro-batches
+        now = self._clock() if now is None else now
         start = self._last_end if self._last_end is not None else self._step_start
         step_time = now - start if start is not None else float("nan")
         ctx = self.ctx
@@ -389,7 +481,7 @@ class StepClock:
         self.recorder.put(
             StepRecord(
                 step=ctx.step,
-                time=self._wall_clock(),
+                time=self._wall_clock() if wall is None else wall,
                 step_time=step_time,
                 samples=self._samples,
                 micro_batches=ctx.micro,
@@ -424,14 +516,16 @@ class StepClock:
 
     def backward_called(self, tensors: object, grad_tensors: object) -> None:
         # Only while this model's step is under way (a forward or an adapter's batch since the
-        # last step ended): a backward of something else, between steps, is not its loss.
-        if self.ctx.micro and grad_tensors is None:
+        # last step ended, and since the pass held if one is): a backward of something else,
+        # between steps, is not its loss.
+        held = self._held
+        if self.ctx.micro and grad_tensors is None and (held is None or held.forwarded):
             self._guarded("loss", lambda: self._loss.started(tensors))
 
     def clip_started(self, params: list[torch.Tensor]) -> None:
         # Another model's clip (or one of no parameters) is not this step's; without an
-        # optimizer a step ends with its backward, before any clip.
-        if params and id(params[0]) in self._param_ids and self.optimizer is not None:
+        # optimizer (none adopted, no pass held) a step ends with its backward, before any clip.
+        if params and id(params[0]) in self._param_ids and self._stepping():
             self._guarded("clip", self._clip_start)
 
     def _clip_start(self) -> None:
@@ -441,8 +535,12 @@ class StepClock:
             self._call(self._at["clip"])
 
     def clip_done(self, params: list[torch.Tensor], total: torch.Tensor, max_norm: object) -> None:
-        if params and id(params[0]) in self._param_ids and self.optimizer is not None:
+        if params and id(params[0]) in self._param_ids and self._stepping():
             self._guarded("clip", lambda: self.ctx.clip_ended(total, max_norm))
+
+    def _stepping(self) -> bool:
+        """An optimizer steps the model, or may be about to (a backward pass is held)."""
+        return self.optimizer is not None or self._held is not None
 
     def scaler_step_started(self, optimizer: object) -> None:
         if optimizer is self.optimizer:

@@ -43,6 +43,7 @@ class StepCount:
         self._ctx = clock.ctx
         self._last_step = clock.step
         self._last_ctx_step = clock.ctx.step
+        self.start = clock.step  # the steps done before this run (attach's start_step)
         # The clock's hook handles (they hold no model): a global one (adopt.py) outlives it.
         self.handles = clock.handles
         self.closed = False
@@ -187,7 +188,9 @@ class Lifetime:
     def final_meta(self, status: str) -> dict[str, object]:
         return {
             "end_time": _dt.datetime.fromtimestamp(self._wall_clock(), _dt.UTC).isoformat(),
-            "steps": self.step(),
+            # This run's steps: a resumed run (start_step) holds only those it took.
+            "steps": self.step() - self.count.start,
+            "last_step": self.step(),
             "status": status,
             "errors": [str(e) for e in self.errors.entries()],
         }

@@ -57,7 +57,9 @@ def run_meta(
             "defaults": json_safe(optimizer.defaults),
         }
     attach = options.as_meta()
-    attach.pop("thresholds")
+    # The rules' thresholds in force, every field (defaults included): a reopened run's alerts
+    # are read against them.
+    thresholds = attach.pop("thresholds")
     return {
         "model": {
             "class": type(model).__qualname__,
@@ -85,6 +87,7 @@ def run_meta(
         "start_time": _dt.datetime.fromtimestamp(start, _dt.UTC).isoformat(),
         "start_timestamp": start,
         "attach": attach,
+        "thresholds": thresholds,
         "allocator": alloc_conf(),
     }
 

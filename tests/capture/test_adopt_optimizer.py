@@ -1,7 +1,8 @@
 """attach(model) without an optimizer adopts the first optimizer that steps the model's
 parameters (torch's global optimizer step hooks): steps are its steps even when it is created
-after attach; another model's optimizer is not adopted; before one steps, backward passes are
-steps; the global hook holds the monitor weakly and is gone after close."""
+after attach; its first step includes the backward passes before it (gradient accumulation);
+another model's optimizer is not adopted; before one steps, backward passes whose gradients are
+reset are steps; the global hook holds the monitor weakly and is gone after close."""
 
 from __future__ import annotations
 
@@ -138,3 +139,67 @@ def test_attach_with_an_optimizer_installs_no_global_hook(tmp_path: Path) -> Non
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     with nbmonitor.attach(model, opt, run_dir=tmp_path, display=False):
         assert adopt.watching() == before
+
+
+def accumulate(model: torch.nn.Module, opt: torch.optim.Optimizer, micro: int) -> int:
+    """One optimizer step over ``micro`` micro-batches; returns the samples it saw."""
+    for _ in range(micro):
+        (model(torch.randn(4, 8)).pow(2).mean() / micro).backward()
+    opt.step()
+    opt.zero_grad()
+    return 4 * micro
+
+
+def test_an_adopted_optimizer_under_accumulation_counts_its_steps(tmp_path: Path) -> None:
+    # The optimizer's first step is adopted after its micro-batches' backward passes: they are
+    # that step's, not steps of their own (30 optimizer steps are 30 steps, not 31).
+    for micro in (2, 4):
+        model = mlp()
+        mon = nbmonitor.attach(model, run_dir=tmp_path, display=False)
+        try:
+            opt = torch.optim.SGD(model.parameters(), lr=0.01)
+            calls: list[int] = []
+            opt.register_step_post_hook(lambda *a, calls=calls: calls.append(1))
+            samples = [accumulate(model, opt, micro) for _ in range(30)]
+            assert mon.step == len(calls) == 30
+            assert mon.flush()
+            h = mon.history()
+            assert h["step"].tolist() == list(range(1, 31))
+            assert h["micro_batches"].tolist() == [micro] * 30
+            assert h["samples"].tolist() == samples
+        finally:
+            mon.close()
+
+
+def test_an_existing_optimizer_adopted_mid_run_under_accumulation(tmp_path: Path) -> None:
+    # attach after some steps of a loop that already has its optimizer (not passed to attach).
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(5):
+        accumulate(model, opt, 3)
+    with nbmonitor.attach(model, run_dir=tmp_path, display=False) as mon:
+        for _ in range(7):
+            accumulate(model, opt, 3)
+        assert mon.step == 7
+        assert mon.flush()
+        assert mon.history()["micro_batches"].tolist() == [3] * 7
+
+
+def test_backward_passes_reset_in_place_or_never_stepped_are_steps(tmp_path: Path) -> None:
+    # By hand, gradients zeroed in place (zero_grad(set_to_none=False)): each pass is a step.
+    model = mlp()
+    with nbmonitor.attach(model, run_dir=tmp_path, display=False) as mon:
+        for _ in range(4):
+            model.zero_grad(set_to_none=False)
+            model(torch.randn(4, 8)).pow(2).mean().backward()
+        # The first pass was held until the second forward saw its gradients zeroed; the
+        # loop is then known to step by hand, and each pass ends its step at once.
+        assert mon.step == 4
+    assert nbmonitor.open(mon.run_dir).history()["micro_batches"].tolist() == [1] * 4
+    # One pass, then the run ends: the pass held is the run's one step.
+    model = mlp()
+    with nbmonitor.attach(model, run_dir=tmp_path, display=False) as mon:
+        model(torch.randn(4, 8)).pow(2).mean().backward()
+        assert mon.step == 0
+    assert mon.step == 1
+    assert nbmonitor.open(mon.run_dir).history()["step"].tolist() == [1]
