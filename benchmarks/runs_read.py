@@ -103,18 +103,30 @@ def write_only(folder: pathlib.Path, args: argparse.Namespace) -> None:
     print(f"wrote {sorted(p.name for p in folder.iterdir())}")
 
 
+def _cpu_times(fn: Callable[[], object], repeats: int) -> list[tuple[float, float]]:
+    """(wall, CPU) seconds of ``repeats`` calls: on a machine other processes load, the CPU
+    time the call itself used is what a quiet machine's wall time would be (files cached)."""
+    out = []
+    for _ in range(repeats):
+        t0, c0 = time.perf_counter(), time.process_time()
+        fn()
+        out.append((time.perf_counter() - t0, time.process_time() - c0))
+    return out
+
+
 def read_only(folder: pathlib.Path, args: argparse.Namespace) -> None:
     """Time ``open_run(path).history()`` of every run in ``folder``, and ``list_runs`` of the
-    folder given with --list-dir; one line per timing, for a driver that interleaves
-    checkouts."""
+    folder given with --list-dir; one line per timing (wall/CPU seconds), for a driver that
+    interleaves checkouts."""
     from nbmonitor.runs import list_runs
 
+    def line(what: str, ts: list[tuple[float, float]]) -> None:
+        print(f"{what} " + " ".join(f"{w:.4f}/{c:.4f}" for w, c in ts), flush=True)
+
     for path in sorted(folder.iterdir()) if folder.name else []:
-        ts = _times(lambda p=path: open_run(p).history(), args.repeats)
-        print(f"open {path.name} " + " ".join(f"{t:.4f}" for t in ts), flush=True)
+        line(f"open {path.name}", _cpu_times(lambda p=path: open_run(p).history(), args.repeats))
     if args.list_dir:
-        ts = _times(lambda: list_runs(args.list_dir), args.repeats)
-        print(f"list {args.list_dir} " + " ".join(f"{t:.4f}" for t in ts), flush=True)
+        line(f"list {args.list_dir}", _cpu_times(lambda: list_runs(args.list_dir), args.repeats))
 
 
 def write_many(folder: pathlib.Path, n: int) -> None:

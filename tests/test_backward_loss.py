@@ -149,3 +149,56 @@ def test_the_wrappers_leave_with_the_last_monitor(tmp_path: Path) -> None:
     assert intercept.listening() == 0
     assert torch.autograd.backward is intercept._ORIGINAL_BACKWARD
     assert torch.amp.GradScaler.scale is intercept._ORIGINAL_SCALER_SCALE
+
+
+def _backward_records(mon: nbmonitor.Monitor) -> list[int]:
+    """The steps of the backward-loss records waiting in the monitor's recorder (its sampler
+    is paused by a long interval)."""
+    from nbmonitor.records import FROM_BACKWARD, LogRecord
+
+    clock = mon._life.clock()
+    assert clock is not None
+    queue = clock.recorder._queue
+    return [r.step for r in queue if isinstance(r, LogRecord) and r.source == FROM_BACKWARD]
+
+
+def test_a_loop_that_logs_its_loss_costs_no_read_of_the_backward_roots(tmp_path: Path) -> None:
+    # Counted: a logged loss makes the backward's copy of it useless (one device-to-host copy
+    # and event per step on a GPU); only the steps the loop did not log get one.
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    want = {}
+    with nbmonitor.attach(model, opt, run_dir=tmp_path, display=False, interval=3600) as mon:
+        for step in range(1, 9):
+            loss = model(torch.randn(8, 4)).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            want[step] = loss.item()
+            if step % 2 == 0:
+                mon.log(loss=loss)
+        # Kept until the next micro-batch, then read: step 7's by step 8's forward.
+        assert _backward_records(mon) == [1, 3, 5, 7]
+        last = model(torch.randn(8, 4)).pow(2).mean()
+        last.backward()  # step 9's, read at flush
+        want[9] = last.item()
+        mon.flush()
+        history = mon.history()
+    assert history["loss"].tolist() == pytest.approx([want[s] for s in range(1, 10)])
+
+
+def test_a_loss_changed_in_place_before_it_is_read_is_not_recorded(tmp_path: Path) -> None:
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with nbmonitor.attach(model, opt, run_dir=tmp_path, display=False, interval=3600) as mon:
+        for step in range(2):
+            loss = model(torch.randn(8, 4)).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            if step == 0:
+                loss.detach().zero_()  # the value the backward started from is gone
+        mon.flush()
+        assert _backward_records(mon) == []  # flushed: step 2's went to the sampler
+        history = mon.history()
+    assert np.isnan(history["loss"][0]) and np.isfinite(history["loss"][1])

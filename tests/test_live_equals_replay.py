@@ -272,3 +272,41 @@ def test_a_sink_is_fed_the_same_rows_live_and_from_disk(tmp_path: pathlib.Path) 
         same(rows, disk.rows[stream], stream)
     with pytest.raises(ValueError, match="rows_per_batch"):
         run.feed(disk, rows_per_batch=0)
+
+
+def test_non_finite_values_read_back_as_they_were_logged(tmp_path: pathlib.Path) -> None:
+    """±Infinity and NaN are data (a diverged loss, an overflowed gradient norm): what
+    ``mon.history()`` holds live is what the run folder gives back, bit for bit, through the
+    sidecar and through the text alone; a key logged at a few steps only (NaN where it was not
+    logged) keeps its Infinity apart from its missing steps; and the frames agree."""
+    import shutil
+
+    torch.manual_seed(0)
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    mon = nbmonitor.attach(model, opt, run_dir=tmp_path, display=False, interval=0.05)
+    values = [1.0, math.inf, -math.inf, math.nan, 2.0, 0.5, 1e308, math.inf]
+
+    def body() -> None:
+        for i, value in enumerate(values):
+            train(model, opt, mon, steps=1)
+            mon.log(score=value)
+            if i in (1, 6):
+                mon.log(rare=-math.inf if i == 1 else math.inf)
+
+    live, disk = run_and_compare(mon, body)
+    assert_same_frame(live, disk)
+    assert any((pathlib.Path(mon.run_dir) / "columns" / "steps").iterdir())  # read from chunks
+    text_only = tmp_path / "text-only"
+    shutil.copytree(mon.run_dir, text_only)
+    shutil.rmtree(text_only / "columns")
+    history = mon.history()
+    want = np.array(values)
+    assert history["score"].tobytes() == want.tobytes()
+    rare = np.full(len(values), np.nan)
+    rare[[1, 6]] = [-math.inf, math.inf]
+    assert history["rare"].tobytes() == rare.tobytes()
+    for where in (mon.run_dir, text_only):
+        read = nbmonitor.open(where).history()
+        for key in ("step", "score", "rare"):
+            assert read[key].tobytes() == history[key].tobytes(), (where, key)

@@ -254,6 +254,7 @@ class StepClock:
         if self._unlisten is not None:
             self._unlisten()
             self._unlisten = None
+        self.release_losses()
 
     def log(self, scalars: Mapping[str, object]) -> None:
         """Record ``scalars``; a value it cannot use is the caller's bug (TypeError or
@@ -270,6 +271,17 @@ class StepClock:
             guard.failed(exc)
             return
         self.recorder.put(record)
+        if "loss" in scalars:
+            self._loss.logged(record.step)
+
+    def release_losses(self) -> None:
+        """Record the backward passes' losses still kept (``backward_loss.py``): at
+        ``flush()`` and ``close()``; never raises."""
+        guard = self._guards["loss"]
+        try:
+            self._loss.release()
+        except Exception as exc:
+            guard.failed(exc)
 
     # -- probes -------------------------------------------------------------------------------
 
@@ -336,6 +348,8 @@ class StepClock:
                 ctx.micro += 1
                 self._samples += samples
                 self._tokens += tokens
+            if self._loss.pending:  # the last step's losses, unless the loop logged one
+                self._loss.release(ctx.step)
             if self._at["forward"]:
                 self._call(self._at["forward"], output)
             if self.optimizer is None:
@@ -404,6 +418,8 @@ class StepClock:
             self.ctx.micro += 1
             self._samples += batch_size((inputs,), {})
             self._tokens += batch_tokens(inputs)
+            if self._loss.pending:
+                self._loss.release(self.ctx.step)
 
         self._guarded("forward", work)
 

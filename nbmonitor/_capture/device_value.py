@@ -49,9 +49,10 @@ class DeviceValue:
             # them (each one hands the GIL back and forth), and the training thread makes as
             # few calls as possible: right after optimizer.step() each costs ~10 us here.
             if tensor.numel() == 1:
-                self._scalar = float(tensor.detach())
+                # item() reads it in one call (no detached tensor made, no grad warning).
+                self._scalar = float(tensor.item())
             else:
-                t = tensor.detach()
+                t = tensor.detach() if tensor.requires_grad else tensor
                 if t.dtype not in (torch.float32, torch.float64):
                     t = t.to(torch.float64)
                 self._array = t.numpy()

@@ -57,12 +57,21 @@ class EventIntervals:
     """The phases of one step on a CUDA device: timing events, and the phase of each interval
     between consecutive ones; a ``Pending`` whose values are the seconds per phase."""
 
-    __slots__ = ("_events", "_first", "_phases")
+    __slots__ = ("_events", "_first", "_phases", "_spare", "_values")
 
-    def __init__(self, events: Sequence[Any], phases: Sequence[int], first: bool = False) -> None:
+    def __init__(
+        self,
+        events: Sequence[Any],
+        phases: Sequence[int],
+        first: bool = False,
+        spare: collections.deque[Any] | None = None,
+    ) -> None:
         self._events = events
         self._phases = phases
         self._first = first  # the run's first step: no wait for data was seen
+        # Where the events go back once read, for the timer to record again (its pool).
+        self._spare = spare
+        self._values: list[float] | None = None
 
     def ready(self) -> bool:
         return bool(self._events[-1].query())
@@ -71,13 +80,21 @@ class EventIntervals:
         self._events[-1].synchronize()
 
     def values(self) -> list[float]:
+        if self._values is not None:
+            return list(self._values)
         sums = [0.0] * len(PHASES)
         events = self._events
         for i, phase in enumerate(self._phases):
             sums[phase] += events[i].elapsed_time(events[i + 1]) / 1000.0
         if self._first:
             sums[DATA] = math.nan
-        return sums
+        self._values = sums
+        if self._spare is not None:
+            # Read once: the events inside the step are this record's alone (its first and
+            # last are shared with the steps around it) and go back to be recorded again.
+            self._spare.extend(events[1:-1])
+            self._events = (events[0], events[-1])
+        return list(sums)
 
     def floats(self) -> npt.NDArray[np.floating[Any]]:
         return self.array()
@@ -110,7 +127,12 @@ class PhaseTimer:
     """
 
     def __init__(
-        self, guard: Guard, clock: Callable[[], float], cuda: bool = False, enabled: bool = True
+        self,
+        guard: Guard,
+        clock: Callable[[], float],
+        cuda: bool = False,
+        enabled: bool = True,
+        new_event: Callable[[], Any] | None = None,
     ) -> None:
         self.guard = guard
         self.enabled = enabled  # off: every call returns at once (attach(phases=False))
@@ -121,6 +143,11 @@ class PhaseTimer:
         self._sums = [0.0] * len(PHASES)
         self._events: list[Any] = []
         self._phases: list[int] = []
+        # CUDA events the sampler has read, recorded again instead of making new ones (a new
+        # event is a Python object and, at its first record, a cudaEventCreate): the sampler
+        # appends, this thread pops.
+        self._spare: collections.deque[Any] = collections.deque()
+        self._new_event = new_event or _timing_event
         self._backward = BackwardEnd(self._backward_end, guard)
         self._ended = False  # a step has ended (before, the first step's data wait is unknown)
         # The backward's end: until one full backward has been seen, a hook on each forward's
@@ -218,7 +245,8 @@ class PhaseTimer:
                 self.guard.failed(exc)
 
     def _mark_event(self, kind: int) -> None:
-        event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        spare = self._spare
+        event = spare.pop() if spare else self._new_event()
         event.record()
         if self._last < 0:
             self._events.append(event)
@@ -243,12 +271,16 @@ class PhaseTimer:
             events, phases = self._events, self._phases
             # The step's last event is where the next step's first interval starts.
             self._events, self._phases = events[-1:], []
-            return PhaseRecord(step, EventIntervals(events, phases, first))
+            return PhaseRecord(step, EventIntervals(events, phases, first, self._spare))
         sums = self._sums
         self._sums = [0.0] * len(PHASES)
         if first:  # the first step starts at its forward: what it waited for is unknown
             sums[DATA] = math.nan
         return PhaseRecord(step, tuple(sums))
+
+
+def _timing_event() -> Any:
+    return torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
 
 
 __all__ = [

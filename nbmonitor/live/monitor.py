@@ -459,6 +459,9 @@ class Monitor:
         """
         if self._life.closed:
             return True
+        clock = self._life.clock()
+        if clock is not None:
+            clock.release_losses()  # the last step's, kept while the loop might log its own
         if self._thread.alive:
             return self._thread.request(timeout)
         # Not started (a Monitor built without attach) or stopping: nothing else ticks.

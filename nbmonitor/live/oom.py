@@ -94,8 +94,8 @@ def where(
         elif "torch/optim" in filename:
             phase = "optimizer step"
         place = code.co_qualname if hasattr(code, "co_qualname") else code.co_name
-        if isinstance(owner, torch.nn.Module) and id(owner) in names:
-            place += f" ({names[id(owner)] or '(root)'})"
+        if isinstance(owner, torch.nn.Module) and names.get(id(owner)):
+            place += f" ({names[id(owner)]})"  # the model itself: its class names it
         for var, value in frame.f_locals.items():
             if isinstance(value, torch.Tensor):
                 held.append((var, place, value))

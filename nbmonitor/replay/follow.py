@@ -29,11 +29,19 @@ from nbmonitor.health import Alert, Health, Thresholds
 from nbmonitor.runs import Tail
 from nbmonitor.runs.job import JobTail
 from nbmonitor.runs.layout import is_job
+from nbmonitor.runs.status import run_status
 
 
 def run_name(path: Path) -> str:
     """A run's name as its live monitor called it: ``<job>/rank<r>`` for a rank of a job."""
     return f"{path.parent.name}/{path.name}" if is_job(path.parent) else path.name
+
+
+def end_status(tail: Tail) -> str:
+    """How a followed run ended: ``closed``, or (its writer gone without closing, which is
+    not a closed run) ``killed`` when its pid is gone on this host, ``unknown`` when a writer
+    on another host fell silent."""
+    return "closed" if tail.closed else run_status(tail.meta, [])
 
 
 class Feed(Protocol):
@@ -67,7 +75,7 @@ class RunFeed:
 
     def frame(self, closed: bool) -> Any:
         assert self.state is not None
-        return self.state.frame("closed" if closed else "running")
+        return self.state.frame(end_status(self.tail) if closed else "running")
 
     @property
     def last_step(self) -> int:
@@ -111,7 +119,10 @@ class JobFeed:
 
     def frame(self, closed: bool) -> Any:
         tail = self.tail
-        status = "closed" if closed else "running"
+        status = "running"
+        if closed:  # the worst of the ranks' ends: a rank whose writer is gone did not close
+            ends = {end_status(t) for t in tail.tails.values()}
+            status = next((s for s in ("killed", "unknown") if s in ends), "closed")
         return ranks_frame(self.state, tail.path.name, status, tail.world_size, self.alerts)
 
     @property
@@ -182,4 +193,4 @@ class Follow:
                 return
 
 
-__all__ = ["Feed", "Follow", "JobFeed", "RunFeed", "run_name"]
+__all__ = ["Feed", "Follow", "JobFeed", "RunFeed", "end_status", "run_name"]

@@ -114,7 +114,11 @@ def show_card(report: OomReport, free: Callable[[], object]) -> None:
         import ipywidgets
     except ImportError:
         return
-    button = ipywidgets.Button(description="Free what this error holds", icon="trash")
+    button = ipywidgets.Button(
+        description="Free what this error holds",
+        icon="trash",
+        layout=ipywidgets.Layout(width="auto"),  # the default width cuts the label
+    )
     out = ipywidgets.Output()
 
     def clicked(_: Any) -> None:

@@ -207,3 +207,68 @@ def test_cuda_intervals_sum_by_phase_once_the_last_event_completed() -> None:
     assert not pending.ready()  # the sampler leaves the step's record for a later tick
     first = EventIntervals(events, phases, first=True)
     assert math.isnan(first.values()[0]) and first.values()[1] == pytest.approx(0.010)
+
+
+def _durations(record: Any) -> list[float]:
+    durations = record.durations
+    assert not isinstance(durations, tuple)
+    values: list[float] = durations.values()
+    return values
+
+
+class _RecordedEvent:
+    """A fake CUDA timing event: record() takes the time of a fake device clock."""
+
+    made = 0
+
+    def __init__(self, now: list[float]) -> None:
+        type(self).made += 1
+        self._now = now
+        self.t_ms = math.nan
+
+    def record(self) -> None:
+        self.t_ms = self._now[0]
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, end: _RecordedEvent) -> float:
+        return end.t_ms - self.t_ms
+
+
+def test_cuda_events_are_recorded_again_once_the_sampler_has_read_their_step() -> None:
+    from nbmonitor._capture.phases import (
+        BACKWARD_END,
+        FORWARD_END,
+        FORWARD_START,
+        OPTIMIZER_START,
+        PhaseTimer,
+    )
+    from nbmonitor.errors import ErrorLog, Guard
+    from nbmonitor.records import PhaseRecord
+
+    now = [0.0]
+    _RecordedEvent.made = 0
+    timer = PhaseTimer(
+        Guard("probe:phases", ErrorLog()),
+        lambda: 0.0,
+        cuda=True,
+        new_event=lambda: _RecordedEvent(now),
+    )
+    records: list[PhaseRecord] = []
+    steps = 50
+    for step in range(1, steps + 1):
+        # data 1 ms, forward 2, backward 3, other 1 (the marks' order), optimizer 4
+        for kind, ms in ((FORWARD_START, 1), (FORWARD_END, 2), (BACKWARD_END, 3)):
+            now[0] += ms
+            timer.mark(kind)
+        now[0] += 1
+        timer.mark(OPTIMIZER_START)
+        now[0] += 4
+        timer.step_end(step, 0.0, records.append)
+        values = _durations(records[-1])  # the sampler reads each step as it completes
+        assert values[1:] == pytest.approx([0.002, 0.003, 0.001, 0.004])
+        assert step == 1 or values[0] == pytest.approx(0.001)
+    # Five marks a step; all but the step's end are recorded again once read.
+    assert _RecordedEvent.made <= steps + 5
+    assert _durations(records[0]) == _durations(records[0])  # read once, kept

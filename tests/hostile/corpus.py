@@ -390,6 +390,56 @@ def bad_meta(root: pathlib.Path) -> Expect:
 
 # -- hostile names and texts -----------------------------------------------------------------
 
+INF, NINF, NAN = float("inf"), float("-inf"), float("nan")
+NON_FINITE = [1.0, INF, NINF, NAN, 2.0, INF]
+
+
+def non_finite_values(root: pathlib.Path) -> Expect:
+    """±Infinity (also written as numbers past float64, ``1e999``) and NaN in every metric
+    of every numeric stream, in the keys nbmonitor derives from (step_time, throughput,
+    energy, memory, phases), and in a step's ``time``: read back as data (docs/file-format.md,
+    "Non-finite numbers"), drawn, listed, compared and exported without an error."""
+    path = root / "run"
+    meta(path, steps=7, attach={"total_steps": 10}, backend={"name": "cpu"})
+    keys = ("loss", "grad_norm", "grad_norm_clipped", "step_time", "samples_per_s",
+            "tokens_per_s", "lr", "phase_data_s", "phase_forward_s", "update_ratio/w",
+            "grad_norm/w", "param_norm/w", "samples", "tokens", "best_loss")  # fmt: skip
+    rows = [
+        {"step": float(i + 1), "time": INF if i == 2 else 1.7e9 + i, **dict.fromkeys(keys, v)}
+        for i, v in enumerate(NON_FINITE)
+    ]
+    text = lines(rows) + b'{"step": 7.0, "loss": 1e999, "grad_norm": -1e400, "time": 1e999}\n'
+    (path / "steps.jsonl").write_bytes(text)
+    system = ("cpu_percent", "process_rss_bytes", "gpu0_util", "gpu0_mem_used_bytes",
+              "gpu0_mem_total_bytes", "gpu0_power_w", "gpu0_energy_j", "mem_used_bytes",
+              "mem_total_bytes")  # fmt: skip
+    (path / "system.jsonl").write_bytes(lines([
+        {"time": 1.7e9 + i, "step": float(i + 1), **dict.fromkeys(system, v)}
+        for i, v in enumerate(NON_FINITE)
+    ]))  # fmt: skip
+    (path / "layers.jsonl").write_bytes(lines([
+        {"step": float(i + 1), "grad_norm/w": v, "update_ratio/w": v, "param_norm/w": v}
+        for i, v in enumerate(NON_FINITE)
+    ]))  # fmt: skip
+    return Expect(steps=[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0], listed=1, extra=[_non_finite_kept])
+
+
+def _non_finite_kept(root: pathlib.Path) -> list[str]:
+    from nbmonitor.runs import open_run
+
+    run = open_run(root / "run")
+    want = np.array([*NON_FINITE, INF])
+    problems = []
+    for stream, key in (("steps", "loss"), ("system", "cpu_percent"), ("layers", "grad_norm/w")):
+        got = run.columns(stream)[key]
+        expect = want if stream == "steps" else want[:-1]
+        if got.tobytes() != expect.tobytes():
+            problems.append(f"{stream} {key} read as {got.tolist()}, written {expect.tolist()}")
+    if run.history()["grad_norm"][-1] != NINF:
+        problems.append("-1e400 did not read as -Infinity")
+    return problems
+
+
 ESC = "\x1b]0;pwned\x07\x1b[2J\x1b[31m\u202e\x9b"
 
 
@@ -603,6 +653,7 @@ CASES: dict[str, Callable[[pathlib.Path], Expect]] = {
         long_lines,
         huge_meta,
         broken_lines,
+        non_finite_values,
         deep_nesting,
         bad_meta,
         hostile_texts,

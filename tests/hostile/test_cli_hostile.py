@@ -141,6 +141,8 @@ def test_tail_ends_when_the_writer_is_gone(tmp_path: pathlib.Path) -> None:
     clean(proc.stdout)
     clean(proc.stderr)
     last = proc.stdout.decode().strip().splitlines()[-1]
+    summary = [ln for ln in proc.stderr.decode().splitlines() if " steps in " in ln]
+    assert len(summary) == 1 and " killed: 2 steps in " in summary[0]  # not "closed"
     assert last == (
         "nbmonitor tail: run: 2 steps; stopped following: the writer is gone and the run was "
         "never closed (killed)"

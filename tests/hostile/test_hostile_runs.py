@@ -24,7 +24,7 @@ BATCHES = {
                 "symlinked_streams", "symlinked_rank"],
     "sizes": ["chunk_lies_about_rows", "chunk_header_claims_a_trillion",
               "chunk_values_disagree", "chunk_of_objects", "long_lines", "huge_meta"],
-    "json": ["broken_lines", "deep_nesting", "bad_meta"],
+    "json": ["broken_lines", "deep_nesting", "bad_meta", "non_finite_values"],
     "names and permissions": ["hostile_texts", "permissions"],
     "concurrent writers": ["concurrent_tearing", "concurrent_truncate_replace_delete"],
     "2,000 runs": ["many_runs"],

@@ -58,6 +58,9 @@ def test_module_phase_and_the_tensors_the_traceback_holds() -> None:
     assert tensors[0].nbytes == 1000 * 100 * 4
     assert tensors[0].what.startswith("local `wide` in ")
     assert tensors[0].what.endswith("Block.forward (1)")
+    # The model itself is named by its class alone: "Sequential.forward", no "((root))".
+    places = {what for t in tensors if (what := t.what).startswith("local `input` in ")}
+    assert places == {"local `input` in Sequential.forward"}, places
 
 
 def test_free_oom_drops_the_stored_error_and_its_frames() -> None:

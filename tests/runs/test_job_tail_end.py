@@ -127,6 +127,7 @@ def test_a_killed_rank_beside_a_closed_one_ends_the_follow(
     finally:
         follow.stop()
     assert len(view.closed) == 1 and follow.errors == []
+    assert view.closed[0].status == "killed"  # a rank's writer gone is no closed job
     assert isinstance(follow.tail, JobTail)
     assert follow.tail.ended == (
         f"no rank is writing any more (rank 0: its writer (pid {rank0.pid}) is gone; rank 1 closed)"

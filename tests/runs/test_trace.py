@@ -99,7 +99,7 @@ def test_export_trace_that_fails_halfway_leaves_the_old_file_whole(
 ) -> None:
     from tests.hostile.corpus import plain
 
-    from nbmonitor.runs import format as run_format
+    from nbmonitor import _atomic
 
     run = plain(tmp_path, "run")
     out = tmp_path / "trace.json"
@@ -121,7 +121,7 @@ def test_export_trace_that_fails_halfway_leaves_the_old_file_whole(
             self.f.write(data[:10])
             raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(run_format, "open", lambda p, m: Full(real_open(p, m)), raising=False)
+    monkeypatch.setattr(_atomic, "open", lambda p, m: Full(real_open(p, m)), raising=False)
     with pytest.raises(OSError, match="No space"):
         nbmonitor.open(run).export_trace(out)
     assert out.read_text() == '{"traceEvents": []}'  # untouched, not truncated

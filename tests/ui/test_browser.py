@@ -64,13 +64,15 @@ def _free_port() -> int:
 
 @contextlib.contextmanager
 def jupyter_server(
-    tmp_path: Path, app: str = "lab", notebook: str = NOTEBOOK, steps: int = STEPS
+    tmp_path: Path, app: str = "lab", notebook: str | Path = NOTEBOOK, steps: int = STEPS
 ) -> Iterator[tuple[str, str, Path]]:
     """`jupyter {app}` ("lab" or "notebook") on a copy of the notebook, with a random port and
     token and private Jupyter dirs; yields (base url, token, log path)."""
     notebooks = tmp_path / "notebooks"
     notebooks.mkdir()
-    shutil.copy(ROOT / "notebooks" / notebook, notebooks / notebook)
+    # A name is one of notebooks/; a Path a notebook the test wrote.
+    source = notebook if isinstance(notebook, Path) else ROOT / "notebooks" / notebook
+    shutil.copy(source, notebooks / source.name)
     port, token = _free_port(), secrets.token_hex(16)
     env = dict(os.environ)
     for var, sub in (

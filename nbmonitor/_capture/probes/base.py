@@ -68,7 +68,9 @@ class StepContext:
         if self.clips == 1:
             from nbmonitor._capture.device_value import DeviceValue
 
-            self.clip_total = DeviceValue(total.detach().reshape(1))
+            # As it is: DeviceValue reads a CPU scalar at once, and detaches and flattens
+            # a device one itself (no reshape here: one torch call less a step).
+            self.clip_total = DeviceValue(total)
             # A tensor max_norm would cost a sync to read: no clip coefficient then.
             self.max_norm = float(max_norm) if isinstance(max_norm, (int, float)) else math.nan
         else:

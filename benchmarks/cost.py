@@ -1,0 +1,417 @@
+"""Where each microsecond of watching goes: a per-step breakdown of what nbmonitor runs on the
+training thread, what it adds to the step in torch calls, records and hooks (counted), what a
+sampler tick costs by stage, and what ``close()`` costs by part.
+
+    python -m benchmarks.cost                          # tiny, console view
+    python -m benchmarks.cost --task mlp20 --dashboard --steps 2000
+    python -m benchmarks.cost --task mlp20 --device cuda   # on a GPU: events and copies too
+
+Four parts, each on a fresh monitor of the same model (AdamW, ``mon.log(loss=loss)`` every
+step, defaults otherwise), timed after ``--warmup`` steps so that the layer sampling of the
+first 100 steps is left out:
+
+1. **Paired fixed cost**: a plain twin and a monitored twin stepped in turn (as
+   ``paired.py``), the median of the per-pair difference with a 95 % bootstrap interval. This
+   is the number; the rest says what it is made of.
+2. **Per-step breakdown**: every hook, probe and listener of the training thread wrapped in a
+   timer (class attributes patched before attach); inclusive microseconds per step, nested as
+   they call each other. The timers add ~0.2 us per call of their own.
+3. **Counts per step**: torch operators dispatched (a ``TorchDispatchMode``, monitored minus
+   plain: on a GPU each one is a kernel launch or a copy, ~5-10 us of host time), records put,
+   hooks installed. Stable on any machine: what the counted test
+   (``tests/capture/test_cost_counted.py``) holds down.
+4. **Sampler and close**: each tick by stage (wall and the sampler thread's CPU, median and
+   p99), the steps a tick overlapped against the others, and ``close()`` by part.
+
+On a shared machine every time is taken under load: read the paired interval, not the point.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import nbmonitor
+from nbmonitor._capture import clock as _clock
+from nbmonitor._capture import intercept, phases
+from nbmonitor._capture.probes import grad_norms, memory, update_ratio
+from nbmonitor._engine import isolated, sampler
+from nbmonitor.live import lifetime
+from overhead import BOOTSTRAP_RESAMPLES, environment, make_task, train_step
+
+# What the training thread runs, as (owner, attribute, label); nested by call, outermost first.
+TRAINING_PARTS: tuple[tuple[Any, str, str], ...] = (
+    (_clock.StepClock, "_forward_pre", "forward pre-hook"),
+    (_clock.StepClock, "_forward", "forward hook"),
+    (_clock.StepClock, "backward_called", "backward() listener"),
+    (phases.PhaseTimer, "_param_landed", "backward end (last gradient's hook)"),
+    (_clock.StepClock, "_step_pre", "optimizer pre-step hook"),
+    (grad_norms.GradNormProbe, "pre_step", "  gradient norms"),
+    (memory.MemoryProbe, "pre_step", "  memory probe (pre)"),
+    (update_ratio.UpdateRatioProbe, "pre_step", "  update ratio (pre)"),
+    (_clock.StepClock, "_step_post", "optimizer post-step hook"),
+    (memory.MemoryProbe, "post_step", "  memory probe (post)"),
+    (update_ratio.UpdateRatioProbe, "post_step", "  update ratio (post)"),
+    (_clock.StepClock, "_end_step", "  step end (record)"),
+    (phases.PhaseTimer, "step_end", "    phases record"),
+    (phases.PhaseTimer, "mark", "phase marks (all)"),
+    (nbmonitor.Monitor, "log", "mon.log(loss=loss)"),
+)
+
+
+WRAPPER = "backward() wrapper (less torch's backward)"
+
+
+class Timers:
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = collections.defaultdict(float)
+        self.calls: dict[str, int] = collections.defaultdict(int)
+        self.on = False
+
+    def wrap(self, fn: Callable[..., Any], label: str) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if not self.on:
+                return fn(*args, **kwargs)
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds[label] += time.perf_counter() - start
+                self.calls[label] += 1
+
+        return timed
+
+
+@contextmanager
+def patched(parts: tuple[tuple[Any, str, str], ...], timers: Timers) -> Iterator[None]:
+    saved = [(owner, name, owner.__dict__[name]) for owner, name, _ in parts]
+    try:
+        for owner, name, label in parts:
+            setattr(owner, name, timers.wrap(getattr(owner, name), label))
+        yield
+    finally:
+        for owner, name, original in saved:
+            setattr(owner, name, original)
+
+
+class CountOps(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.ops[str(func)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def attach(model: torch.nn.Module, opt: torch.optim.Optimizer, tmp: str, dashboard: bool) -> Any:
+    mon = nbmonitor.attach(model, opt, run_dir=tmp, display=False)
+    if dashboard:
+        mon.dashboard()  # what a notebook shows, without a front end
+    return mon
+
+
+def paired(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
+    """Plain and monitored twins stepped in turn; the monitored one's excess per step."""
+    twins = [make_task(args.task, args.device) for _ in range(2)]
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-4) for m, _ in twins]
+    cuda = args.device == "cuda"
+    diffs: list[float] = []
+    for half in range(2):  # the twins swap roles halfway (paired.py: twins do not run alike)
+        watched = half
+        mon = attach(twins[watched][0], opts[watched], tmp, args.dashboard)
+        for _ in range(args.warmup):
+            for i in (0, 1):
+                train_step(twins[i][0], twins[i][1], opts[i], mon if i == watched else None)
+        times: dict[int, list[float]] = {0: [], 1: []}
+        for pair in range(args.pairs // 2):
+            for i in (0, 1) if pair % 2 == 0 else (1, 0):
+                t0 = time.perf_counter()
+                train_step(twins[i][0], twins[i][1], opts[i], mon if i == watched else None)
+                if cuda:
+                    torch.cuda.synchronize()
+                times[i].append(time.perf_counter() - t0)
+        mon.close()
+        diffs += [a - b for a, b in zip(times[watched], times[1 - watched], strict=True)]
+        plain = statistics.median(times[1 - watched])
+    d = np.asarray(diffs)
+    rows = np.random.default_rng(0).integers(0, len(d), size=(BOOTSTRAP_RESAMPLES, len(d)))
+    lo, hi = np.quantile(np.median(d[rows], axis=1), [0.025, 0.975])
+    return {
+        "pairs": len(d),
+        "plain_step_us": plain * 1e6,
+        "added_us": float(np.median(d)) * 1e6,
+        "added_us_ci95": [lo * 1e6, hi * 1e6],
+    }
+
+
+def breakdown(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
+    model, loss_fn = make_task(args.task, args.device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    timers = Timers()
+    # The wrapper's own cost is its time less torch's backward inside it.
+    backward, original = intercept.backward, intercept._ORIGINAL_BACKWARD
+    intercept.backward = timers.wrap(backward, WRAPPER)
+    try:
+        with patched(TRAINING_PARTS, timers):
+            mon = attach(model, opt, tmp, args.dashboard)
+            # Looked up by the wrapper at each call; put back before close compares it.
+            intercept._ORIGINAL_BACKWARD = timers.wrap(original, "torch backward")
+            for _ in range(args.warmup):
+                train_step(model, loss_fn, opt, mon)
+            timers.on = True
+            for _ in range(args.steps):
+                train_step(model, loss_fn, opt, mon)
+            timers.on = False
+            intercept._ORIGINAL_BACKWARD = original
+            mon.close()
+    finally:
+        intercept.backward = backward
+        intercept._ORIGINAL_BACKWARD = original
+    timers.seconds[WRAPPER] -= timers.seconds.pop("torch backward")
+    labels = [label for _, _, label in TRAINING_PARTS]
+    labels.insert(2, WRAPPER)
+    return {
+        label: {
+            "us_per_step": timers.seconds[label] / args.steps * 1e6,
+            "calls_per_step": timers.calls[label] / args.steps,
+        }
+        for label in labels
+    }
+
+
+def counts(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
+    steps = 10
+    ops: dict[str, collections.Counter[str]] = {}
+    out: dict[str, Any] = {}
+    for mode in ("plain", "monitored"):
+        model, loss_fn = make_task(args.task, args.device)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        mon = attach(model, opt, tmp, args.dashboard) if mode == "monitored" else None
+        for _ in range(args.warmup):
+            train_step(model, loss_fn, opt, mon)
+        if mon is not None:
+            mon.flush()
+            recorder = mon._life.clock().recorder
+            before = len(recorder)
+        counter = CountOps()
+        with counter:
+            for _ in range(steps):
+                train_step(model, loss_fn, opt, mon)
+        ops[mode] = counter.ops
+        if mon is not None:
+            kinds = collections.Counter(type(r).__name__ for r in list(recorder._queue)[before:])
+            out["records_per_step"] = {k: v / steps for k, v in kinds.items()}
+            out["hooks"] = hook_counts(model, opt)
+            mon.close()
+    added = ops["monitored"] - ops["plain"]
+    out["plain_ops_per_step"] = sum(ops["plain"].values()) / steps
+    out["added_ops_per_step"] = sum(added.values()) / steps
+    out["added_ops"] = {k: v / steps for k, v in added.most_common()}
+    return out
+
+
+def hook_counts(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, int]:
+    modules = list(model.modules())
+    return {
+        "module_forward_pre_hooks": sum(len(m._forward_pre_hooks) for m in modules),
+        "module_forward_hooks": sum(len(m._forward_hooks) for m in modules),
+        "module_backward_hooks": sum(len(m._backward_hooks) for m in modules),
+        "parameter_hooks": sum(
+            len(p._post_accumulate_grad_hooks or {}) + len(p._backward_hooks or {})
+            for p in model.parameters()
+        ),
+        "optimizer_hooks": len(opt._optimizer_step_pre_hooks) + len(opt._optimizer_step_post_hooks),
+    }
+
+
+def ticks(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
+    """Each scheduled tick by stage, and the steps it overlapped against the rest."""
+    model, loss_fn = make_task(args.task, args.device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    stages: dict[str, list[tuple[float, float]]] = collections.defaultdict(list)
+    spans: list[tuple[float, float]] = []
+    original = sampler.Stage.__call__
+
+    def timed(self: sampler.Stage, paced: bool = False) -> None:
+        start, cpu = time.perf_counter(), time.thread_time()
+        original(self, paced)
+        stages[self.name].append((time.perf_counter() - start, time.thread_time() - cpu))
+        if self.name == "view":  # the last stage: the whole tick
+            spans.append((tick_start.pop(), time.perf_counter()))
+
+    tick_start: list[float] = []
+    first = sampler.Stage.__call__
+
+    def timed_first(self: sampler.Stage, paced: bool = False) -> None:
+        if self.name == "sample":
+            tick_start.append(time.perf_counter())
+        timed(self, paced)
+
+    sampler.Stage.__call__ = timed_first  # type: ignore[method-assign]
+    step_spans: list[tuple[float, float]] = []
+    try:
+        mon = attach(model, opt, tmp, args.dashboard)
+        for _ in range(args.warmup):
+            train_step(model, loss_fn, opt, mon)
+        deadline = time.perf_counter() + args.seconds
+        while time.perf_counter() < deadline:
+            t0 = time.perf_counter()
+            train_step(model, loss_fn, opt, mon)
+            step_spans.append((t0, time.perf_counter()))
+        close = close_parts(mon)
+    finally:
+        sampler.Stage.__call__ = first  # type: ignore[method-assign]
+    out: dict[str, Any] = {"steps": len(step_spans), "close": close}
+    for name, values in stages.items():
+        wall = [w * 1e3 for w, _ in values]
+        cpu = [c * 1e3 for _, c in values]
+        out[f"stage_{name}"] = summary(wall, cpu)
+    whole = [(e - s) * 1e3 for s, e in spans]
+    out["tick"] = summary(whole, None)
+    hit = [any(ts < e and te > s for ts, te in spans) for s, e in step_spans]
+    on = [e - s for (s, e), h in zip(step_spans, hit, strict=True) if h]
+    off = [e - s for (s, e), h in zip(step_spans, hit, strict=True) if not h]
+    if on and off:
+        out["step_us_overlapping_a_tick"] = percentiles([t * 1e6 for t in on])
+        out["step_us_other"] = percentiles([t * 1e6 for t in off])
+    return out
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    a = np.asarray(values)
+    return {
+        "n": len(a),
+        "median": float(np.median(a)),
+        "p90": float(np.quantile(a, 0.9)),
+        "p99": float(np.quantile(a, 0.99)),
+        "max": float(a.max()),
+    }
+
+
+def summary(wall: list[float], cpu: list[float] | None) -> dict[str, Any]:
+    out: dict[str, Any] = {"wall_ms": percentiles(wall) if wall else {}}
+    if cpu:
+        out["cpu_ms"] = percentiles(cpu)
+    return out
+
+
+def close_parts(mon: Any) -> dict[str, float]:
+    """``mon.close()`` timed by part (ms)."""
+    parts: dict[str, float] = collections.defaultdict(float)
+    patches = [
+        (sampler.SamplerThread, "stop", "sampler thread stop"),
+        (lifetime.Lifetime, "_final_tick", "final tick"),
+        (lifetime.Lifetime, "_release", "sinks, backend and workers"),
+        (isolated.Sources, "close", "  workers joined"),
+    ]
+    saved = [(owner, name, owner.__dict__[name]) for owner, name, _ in patches]
+
+    def wrap(fn: Callable[..., Any], label: str) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                parts[label] += (time.perf_counter() - start) * 1e3
+
+        return timed
+
+    for owner, name, label in patches:
+        setattr(owner, name, wrap(getattr(owner, name), label))
+    try:
+        start = time.perf_counter()
+        mon.close()
+        parts["close (all)"] = (time.perf_counter() - start) * 1e3
+    finally:
+        for owner, name, original in saved:
+            setattr(owner, name, original)
+    return dict(parts)
+
+
+def report(results: dict[str, Any]) -> None:
+    p = results["paired"]
+    lo, hi = p["added_us_ci95"]
+    print(
+        f"{results['task']} on {results['device']}, {results['view']} view: plain step "
+        f"{p['plain_step_us']:.0f} us; monitored +{p['added_us']:.1f} us per step "
+        f"(95 % CI {lo:+.1f} .. {hi:+.1f}, {p['pairs']} pairs)"
+    )
+    print("\ntraining thread, inclusive us per step (calls per step):")
+    for label, v in results["breakdown"].items():
+        print(f"  {label:42s} {v['us_per_step']:8.2f}  ({v['calls_per_step']:.2f})")
+    c = results["counts"]
+    print(
+        f"\ntorch ops per step: plain {c['plain_ops_per_step']:.0f}, "
+        f"added by nbmonitor {c['added_ops_per_step']:.1f}"
+    )
+    for op, n in c["added_ops"].items():
+        print(f"  {n:+5.1f} {op}")
+    print("records per step:", c["records_per_step"])
+    print("hooks:", c["hooks"])
+    t = results["sampler"]
+    print(f"\nsampler ({t['steps']} steps): tick wall ms {fmt(t['tick']['wall_ms'])}")
+    for key, v in t.items():
+        if key.startswith("stage_"):
+            print(f"  {key[6:]:8s} wall {fmt(v['wall_ms'])}   cpu {fmt(v.get('cpu_ms', {}))}")
+    if "step_us_overlapping_a_tick" in t:
+        print(f"  steps overlapping a tick, us: {fmt(t['step_us_overlapping_a_tick'])}")
+        print(f"  other steps, us:              {fmt(t['step_us_other'])}")
+    print("close, ms:", {k: round(v, 1) for k, v in t["close"].items()})
+
+
+def fmt(p: dict[str, float]) -> str:
+    if not p:
+        return "-"
+    return (
+        f"median {p['median']:.2f} p90 {p['p90']:.2f} p99 {p['p99']:.2f} max {p['max']:.2f} "
+        f"(n={p['n']})"
+    )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--task", default="tiny", help="tiny, mlp20, mlp20_b64 or gpt")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dashboard", action="store_true", help="the notebook dashboard as view")
+    ap.add_argument("--warmup", type=int, default=110, help="untimed steps first")
+    ap.add_argument("--steps", type=int, default=3000, help="steps of the breakdown")
+    ap.add_argument("--pairs", type=int, default=4000, help="pairs of the paired cost")
+    ap.add_argument("--seconds", type=float, default=20.0, help="training time of the ticks")
+    ap.add_argument("--json", help="write the results here too")
+    args = ap.parse_args()
+    results: dict[str, Any] = {
+        **environment(),
+        "task": args.task,
+        "device": args.device,
+        "view": "dashboard" if args.dashboard else "console",
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        results["paired"] = paired(args, tmp)
+        results["breakdown"] = breakdown(args, tmp)
+        results["counts"] = counts(args, tmp)
+        results["sampler"] = ticks(args, tmp)
+    report(results)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

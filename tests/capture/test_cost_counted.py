@@ -1,0 +1,178 @@
+"""What watching adds to each training step at defaults, counted, not timed (stable on any
+machine, loaded or not): the torch operators nbmonitor dispatches (on a GPU each is a kernel
+launch or a copy, ~5-10 us of host time), the Python calls it makes on the training thread,
+the records it keeps and the hooks it installs. A change that adds to any of them fails here:
+measure it (``python -m benchmarks.cost``), then raise the ceiling on purpose.
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import nbmonitor
+
+# Past the layer and memory sampling of the first 100 steps (probes/base.py: due), and short
+# of step 200, the next sampled one: the steady state.
+WARMUP = 110
+STEPS = 10
+PACKAGE = str(Path(nbmonitor.__file__).parent)
+
+
+class _Ops(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.ops[str(func.overloadpacket)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(8, 16),
+        torch.nn.LayerNorm(16),
+        torch.nn.ReLU(),
+        torch.nn.Linear(16, 16),
+        torch.nn.ReLU(),
+        torch.nn.Linear(16, 1),
+    )
+
+
+def _loop(
+    tmp: Path, monitored: bool, *, log: bool = True, clip: bool = False
+) -> tuple[Callable[[], None], Any]:
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randn(4, 8)
+    mon = (
+        nbmonitor.attach(model, opt, run_dir=tmp, display=False, interval=3600)
+        if monitored
+        else None
+    )
+
+    def step() -> None:
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if mon is not None and log:
+            mon.log(loss=loss)
+
+    for _ in range(WARMUP):
+        step()
+    return step, mon
+
+
+def _ops_added(tmp: Path, **kwargs: bool) -> collections.Counter[str]:
+    counts = []
+    for monitored in (False, True):
+        step, mon = _loop(tmp / str(monitored), monitored, **kwargs)
+        with _Ops() as mode:
+            for _ in range(STEPS):
+                step()
+        if mon is not None:
+            mon.close()
+        counts.append(mode.ops)
+    return counts[1] - counts[0]
+
+
+# The ceilings: torch operators nbmonitor adds per step (the CPU paths; on a GPU the gradient
+# norms are one _foreach_norm and a stack, and each value crosses in one non-blocking copy).
+# Defaults: the norms (one _foreach_norm for the weights, its stack and one cat of the 1-D
+# tensors), the backward's root kept (a detach: a view, no device work) and the logged loss
+# read once.
+OPS_AT_DEFAULTS = 5
+# A loop that logs no loss: the backward's root is read instead of the logged loss.
+OPS_WITHOUT_LOG = 5
+# clip_grad_norm_: its total read too.
+OPS_WITH_CLIP = 6
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "ceiling"),
+    [({}, OPS_AT_DEFAULTS), ({"log": False}, OPS_WITHOUT_LOG), ({"clip": True}, OPS_WITH_CLIP)],
+    ids=["defaults", "no-log", "clip"],
+)
+def test_torch_operators_added_per_step(
+    tmp_path: Path, kwargs: dict[str, bool], ceiling: int
+) -> None:
+    added = _ops_added(tmp_path, **kwargs)
+    per_step = sum(added.values()) / STEPS
+    assert per_step <= ceiling, f"{per_step} ops per step: {dict(added)}"
+    assert not +(collections.Counter() - added)  # nothing the plain loop does is missing
+
+
+# Python calls into nbmonitor's code on the training thread per step, and the C functions
+# (torch's included) those call: the measure of its Python work.
+PY_CALLS_AT_DEFAULTS = 75
+C_CALLS_AT_DEFAULTS = 48
+
+
+def test_python_calls_per_step(tmp_path: Path) -> None:
+    step, mon = _loop(tmp_path, True)
+    calls = collections.Counter[str]()
+
+    def profile(frame: FrameType, event: str, arg: object) -> None:
+        if event == "call" and frame.f_code.co_filename.startswith(PACKAGE):
+            calls["py"] += 1
+            calls[f"{Path(frame.f_code.co_filename).name}:{frame.f_code.co_name}"] += 1
+        elif event == "c_call" and frame.f_code.co_filename.startswith(PACKAGE):
+            calls["c"] += 1
+
+    sys.setprofile(profile)
+    try:
+        for _ in range(STEPS):
+            step()
+    finally:
+        sys.setprofile(None)
+        mon.close()
+    py, c = calls.pop("py") / STEPS, calls.pop("c") / STEPS
+    top = dict(calls.most_common(12))
+    assert py <= PY_CALLS_AT_DEFAULTS, f"{py} Python calls per step: {top}"
+    assert c <= C_CALLS_AT_DEFAULTS, f"{c} C calls per step from nbmonitor's code: {top}"
+
+
+def test_records_and_hooks_at_defaults(tmp_path: Path) -> None:
+    step, mon = _loop(tmp_path, True)
+    clock = mon._life.clock()
+    before = len(clock.recorder)
+    for _ in range(STEPS):
+        step()
+    kinds = collections.Counter(type(r).__name__ for r in list(clock.recorder._queue)[before:])
+    model = clock._model_ref()
+    opt = clock.optimizer
+    modules = list(model.modules())
+    hooks = {
+        "forward_pre": sum(len(m._forward_pre_hooks) for m in modules),
+        "forward": sum(len(m._forward_hooks) for m in modules),
+        "backward": sum(len(m._backward_hooks) + len(m._backward_pre_hooks) for m in modules),
+        "parameter": sum(len(p._post_accumulate_grad_hooks or {}) for p in model.parameters()),
+        "tensor": sum(len(p._backward_hooks or {}) for p in model.parameters()),
+        "optimizer": len(opt._optimizer_step_pre_hooks) + len(opt._optimizer_step_post_hooks),
+    }
+    mon.close()
+    # One record per step of each kind: the step, its phases, the logged values.
+    assert kinds == {"StepRecord": STEPS, "PhaseRecord": STEPS, "LogRecord": STEPS}
+    # The root module's two hooks (per-module hooks only for sampled steps or opt-in probes),
+    # the one gradient that marks the backward's end, the optimizer's two.
+    assert hooks == {
+        "forward_pre": 1,
+        "forward": 1,
+        "backward": 0,
+        "parameter": 1,
+        "tensor": 0,
+        "optimizer": 2,
+    }
