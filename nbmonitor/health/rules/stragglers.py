@@ -38,6 +38,8 @@ MIN_STEPS = 10  # a window is judged only with this many
 EXCESS_FRACTION = 0.1  # the rank's extra time, as a fraction of the median step time
 SLOWEST_SHARE = 0.75  # ... and the slowest rank on this share of the steps
 PERSIST_STRIDE = 25  # the windows judged end this many steps apart, back PERSIST_STEPS
+# The rule so reads the last PERSIST_STEPS + WINDOW (150) steps: the job reader and the display
+# rank's follower hand it 4 * WINDOW (job_report.py, live/ranks.py).
 
 _WHAT = {
     "phase_data_s": "wait for its next batch (phase_data_s)",
