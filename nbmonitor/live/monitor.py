@@ -130,6 +130,7 @@ class Monitor:
             sinks=[self._runlog, *self._open_exports(meta)],
             errors=errors_log,
             ranks=_ranks.rank_follower(self.rank, self.displays, self._runlog.path),
+            job=self.rank is not None,
             clock=clock,
             interval=self.interval,
         )

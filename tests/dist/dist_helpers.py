@@ -14,7 +14,8 @@ def write_job(root: pathlib.Path, slow: int | None, steps: int = 40) -> pathlib.
         meta = {"rank": rank, "world_size": 2, "hostname": f"node{rank}", "device": "cpu"}
         log = RunLogSink.create(root, "Net", meta, job_id="j1", rank=rank, world_size=2)
         rows = [
-            {"step": float(s), "time": 100.0 + s, "step_time": 0.05, "loss": 1.0 / s,
+            # Each rank's own batches: losses close, not equal (equal ones: same_batches).
+            {"step": float(s), "time": 100.0 + s, "step_time": 0.05, "loss": 1.0 / s + 0.01 * rank,
              "grad_norm": 2.0, "phase_data_s": 0.021 if rank == slow else 0.001}
             for s in range(1, steps + 1)
         ]  # fmt: skip
