@@ -3,7 +3,11 @@ and the healthy cases they must leave alone. The real jobs are in test_job_diagn
 
 from __future__ import annotations
 
+import pathlib
+
 import numpy as np
+
+import nbmonitor
 
 from nbmonitor._engine.derive.job_report import job_thresholds
 from nbmonitor._engine.derive.ranks import RankState
@@ -11,6 +15,9 @@ from nbmonitor.health import Health, HealthInput
 from nbmonitor.health.rules.replicas import SAME_STEPS, SameBatches, same_batches
 from nbmonitor.health.rules.stalls import RankStalled, stalled
 from nbmonitor.health.view import RankColumns, RankProgress
+from nbmonitor.replay.follow import JobFeed
+from nbmonitor.replay.job import Job
+from nbmonitor.sinks import RunLogSink
 
 DATA, FORWARD, BACKWARD, OTHER = 0.0, 1.0, 2.0, 3.0
 
@@ -132,3 +139,43 @@ def test_a_job_is_judged_with_the_thresholds_its_ranks_ran_with() -> None:
     assert job_thresholds(state).stall_s == 7.0
     state.set_meta(1, {"thresholds": {"stall_s": -1}})
     assert job_thresholds(state).stall_s == 30.0  # none valid: the defaults
+
+
+def test_a_stalled_job_on_disk_names_the_rank_live_and_opened(tmp_path: pathlib.Path) -> None:
+    # Both ranks did 30 steps; then for 70 s rank 0 sampled itself in backward, rank 1 in its
+    # data phase: opened from disk, and followed as nbmonitor.tail() does, rank 1 is named.
+    root = tmp_path / "runs"
+    logs = []
+    for rank in (0, 1):
+        meta = {"rank": rank, "world_size": 2, "hostname": f"node{rank}", "pid": 4000 + rank}
+        log = RunLogSink.create(root, "Net", meta, job_id="j9", rank=rank, world_size=2)
+        steps = [
+            {"step": float(s), "time": 100.0 + s, "step_time": 1.0, "loss": 1.0 / s + rank}
+            for s in range(1, 31)
+        ]
+        log.write_steps(steps)
+        samples = [
+            {"step": 30.0, "time": t, "phase": BACKWARD if rank == 0 else DATA}
+            for t in np.arange(131.0, 200.0, 0.5)
+        ]
+        log.write_samples(samples)
+        log.flush()
+        logs.append(log)  # still running: closed at the end
+    try:
+        judge(root / "j9-Net")
+    finally:
+        for log in logs:
+            log.close({"status": "closed"})
+
+
+def judge(job_dir: pathlib.Path) -> None:
+    opened = nbmonitor.open(job_dir)
+    assert isinstance(opened, Job)
+    stalls = [a for a in opened.alerts() if a.rule == "rank_stalled"]
+    assert [a.subject for a in stalls] == ["rank1"]
+    assert "in the data phase of step 31" in stalls[0].message and "--pid 4001" in stalls[0].message
+    feed = JobFeed(job_dir)
+    feed.read()
+    assert [a.subject for a in feed.alerts if a.rule == "rank_stalled"] == ["rank1"]
+    feed.read()  # once per episode
+    assert [a.subject for a in feed.alerts if a.rule == "rank_stalled"] == ["rank1"]

@@ -88,7 +88,9 @@ class SameBatches(Base):
                         self.name,
                         "warning",
                         f"{_names(group)} have had the same loss on each of the last "
-                        f"{steps.size} steps: they are training on the same batches, so "
+                        f"{steps.size} steps: they are training on the same batches (a "
+                        "DataLoader without a DistributedSampler, or every rank's data seeded "
+                        "alike), so "
                         f"{'the job' if everyone else 'these ranks'} "
                         f"{'does' if everyone else 'do'} the work of one rank. Give each rank "
                         "its own shard of the data: DataLoader(dataset, "
