@@ -159,7 +159,7 @@ def every_alert() -> list[Alert]:
         "cuda_alloc_retries": np.arange(float(n)),
     }
     alerts += health.check(run.input())
-    alerts += Health().check(HealthInput(step=30, time=0.0, steps={}, ranks=straggling()))
+    alerts += Health().check(HealthInput(step=120, time=0.0, steps={}, ranks=straggling()))
     alerts += Health().check(HealthInput(step=30, time=0.0, steps={}, ranks=replicated()))
     alerts += Health().check(HealthInput(step=30, time=0.0, steps={}, ranks=stalled()))
     # Time: input-bound and the optimizer's share (a for-loop Adam) held for over 100 steps,
@@ -181,7 +181,7 @@ def every_alert() -> list[Alert]:
 
 def straggling() -> RankColumns:
     """Two ranks of a DDP job: equal step times, rank 1 waiting 50 ms longer for its batch."""
-    n = 30
+    n = 120  # held for over PERSIST_STEPS
     wait = np.vstack([np.full(n, 0.001), np.full(n, 0.051)])
     return RankColumns((0, 1), ("a", "b"), np.arange(1.0, n + 1), np.full((2, n), 0.06), wait)
 

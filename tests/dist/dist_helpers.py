@@ -7,7 +7,11 @@ import pathlib
 from nbmonitor.sinks import RunLogSink
 
 
-def write_job(root: pathlib.Path, slow: int | None, steps: int = 40) -> pathlib.Path:
+# Long enough for the straggler rule's persistence (PERSIST_STEPS beyond its first window).
+JOB_STEPS = 120
+
+
+def write_job(root: pathlib.Path, slow: int | None, steps: int = JOB_STEPS) -> pathlib.Path:
     """Two ranks written as attach() writes them, rank ``slow`` waiting 20 ms longer."""
     job = None
     for rank in (0, 1):
