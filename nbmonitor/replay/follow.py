@@ -15,12 +15,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from nbmonitor._engine.derive.job_report import newest_time, straggler_alerts
+from nbmonitor._engine.derive.job_report import (
+    NOW_RULES,
+    STEP_RULES,
+    newest_time,
+    now_alerts,
+    straggler_alerts,
+)
 from nbmonitor._engine.derive.ranks import RankState, align, divergence
 from nbmonitor._engine.derive.ranks_frame import ranks_frame
 from nbmonitor._engine.run_state import RunState
 from nbmonitor.health import Alert, Health, Thresholds
-from nbmonitor.health.rules.stragglers import Stragglers
 from nbmonitor.runs import Tail
 from nbmonitor.runs.job import JobTail
 from nbmonitor.runs.layout import is_job
@@ -84,7 +89,8 @@ class JobFeed:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.tail = JobTail(path)
         self.state = RankState()
-        self.health = Health(Thresholds(), rules=(Stragglers,))
+        self.health = Health(Thresholds(), rules=STEP_RULES)
+        self.now_health = Health(Thresholds(), rules=NOW_RULES)
         self.alerts: list[Alert] = []
         self._judged = 0
 
@@ -106,6 +112,7 @@ class JobFeed:
         # judged (job_report.py); the disagreeing ranks once each.
         self.alerts += straggler_alerts(self.state, self.health, since=self._judged)
         self._judged = align(self.state, "step_time")[0].size
+        self.alerts += now_alerts(self.state, self.now_health)
         seen = {(a.rule, a.subject) for a in self.alerts}
         when = newest_time(self.state)
         self.alerts += [a for a in divergence(self.state, when) if (a.rule, a.subject) not in seen]
