@@ -551,6 +551,12 @@ class StepClock:
         return self.optimizer is not None or self._held is not None
 
     def scaler_step_started(self, optimizer: object) -> None:
+        if self._held is not None and isinstance(optimizer, torch.optim.Optimizer):
+            # A GradScaler steps an optimizer not adopted yet, the passes held its
+            # micro-batches: adopt it here, since a first step the scaler skips (inf/NaN
+            # gradients, as the first steps of fp16 training often are) never reaches the
+            # optimizer's own hooks, and the passes would be taken for steps of their own.
+            self.adopt(optimizer)
         if optimizer is self.optimizer:
             self._in_scaler_step = True
             self._stepped = False

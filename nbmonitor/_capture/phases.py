@@ -36,6 +36,10 @@ MAX_EVENTS = 1024
 # The moments a step is marked at.
 END, FORWARD_START, FORWARD_END, BACKWARD_END, OPTIMIZER_START = range(5)
 
+# The phase in progress after each mark, until the next one (the phase a rank of a stalled
+# job is in, sampled by the sampler thread: ``PhaseTimer.current``).
+_AFTER = (DATA, FORWARD, BACKWARD, OTHER, OPTIMIZER)
+
 # _PHASE[previous mark][this mark]: the phase of the time between them. Pairs that a plain
 # loop never makes (a forward end with no start) count as "other". A forward end followed by
 # the optimizer (or the next forward) is a backward whose end was not seen.
@@ -174,6 +178,13 @@ class PhaseTimer:
             self._last = kind
         except Exception as exc:
             self.guard.failed(exc)
+
+    def current(self) -> int | None:
+        """The phase (index into ``PHASES``) the training thread is in now, as its last mark
+        says; None before the first forward or with the phases off. Read from the sampler
+        thread: one attribute read, nothing done on the training thread for it."""
+        last = self._last
+        return _AFTER[last] if self.enabled and self.guard.on and last >= 0 else None
 
     def install(self, model: torch.nn.Module | None) -> list[RemovableHandle]:
         """Hooks on the trainable parameters to learn which gradient lands last; the one

@@ -144,6 +144,9 @@ class Pipeline:
             dict.fromkeys(parts.backend.keys, math.nan) if isinstance(sampled, Hung) else sampled
         )
         row = {"time": parts.clock(), "step": float(parts.current_step()), **sample}
+        if parts.current_phase is not None:
+            phase = parts.current_phase()
+            row["phase"] = math.nan if phase is None else float(phase)
         self.model.add_system_rows([row])
         self._pending["system"].append(row)
 

@@ -41,6 +41,10 @@ class PipelineParts:
     # Every rank's step columns (the display rank of a distributed job), for the straggler
     # rule: it reads files, so it runs on the run log's worker (a hung filesystem holds it).
     ranks: Callable[[], RankColumns | None] | None = None
+    # In a distributed job, the step phase the training thread is in now (an index into
+    # records.PHASES, None when unknown): written with each system sample (``phase``), so that
+    # whoever reads the job sees where a rank that stopped making progress is.
+    current_phase: Callable[[], int | None] | None = None
     clock: Callable[[], float] = time.time
     monotonic: Callable[[], float] = time.monotonic
     interval: float = 0.5

@@ -37,6 +37,9 @@ class Thresholds:
     min_history: int = 20  # steps of reference before median-based rules judge anything
     rearm_steps: int = 100  # steps a condition must stay clear before it can alert again
     sustain_steps: int = 3  # explosions, spikes and update ratios must last this many steps
+    # A rank of a distributed job that holds the others up is named once no rank has
+    # completed a step for this many seconds (and for 5 median step times).
+    stall_s: float = 30.0
     temperature_c: float = TEMPERATURE_C
     memory_fraction: float = MEMORY_FRACTION
     idle_util_percent: float = IDLE_UTIL_PERCENT
@@ -69,6 +72,7 @@ _POSITIVE = (
     "update_ratio_low",
     "spike_factor",
     "temperature_c",
+    "stall_s",
 )
 _NON_NEGATIVE = ("spike_range_fraction", "plateau_tolerance", "plateau_progress")
 _COUNTS = ("vanish_steps", "window", "min_history", "sustain_steps", "clip_steps", "skip_steps")

@@ -15,6 +15,30 @@ from nbmonitor.records import OptimizerRecord
 
 
 @dataclass(frozen=True)
+class RankProgress:
+    """Where each rank of a job is now, as its newest records say (rows follow
+    ``RankColumns.ranks``; times are each rank's wall clock, NaN where unknown)."""
+
+    seen: FloatArray  # (r,) when its newest system sample was taken
+    step: FloatArray  # (r,) the steps it had completed then
+    phase: FloatArray  # (r,) the step phase it was in then (index into records.PHASES)
+    step_end: FloatArray  # (r,) when its newest completed step ended
+    status: tuple[str, ...]  # its run's status (``running``, ``closed``, ...)
+    pids: tuple[int | None, ...]  # its process id, from its meta.json
+
+    @property
+    def now(self) -> float:
+        """The newest time any rank wrote (the job's clock, as its files say)."""
+        finite = self.seen[np.isfinite(self.seen)]
+        return float(finite.max()) if finite.size else math.nan
+
+    @property
+    def ended(self) -> tuple[bool, ...]:
+        """Whether each rank closed its run (a process killed before closing has not)."""
+        return tuple(s in ("closed", "degraded") for s in self.status)
+
+
+@dataclass(frozen=True)
 class RankColumns:
     """Per-step columns of every rank of a distributed job, aligned on ``steps`` (the union of
     the ranks' steps; NaN where a rank has no row for a step). Rows follow ``ranks``."""
@@ -24,6 +48,8 @@ class RankColumns:
     steps: FloatArray  # (k,)
     step_time: FloatArray  # (len(ranks), k) seconds between optimizer steps
     data_wait: FloatArray | None = None  # (len(ranks), k) data_wait_s, when measured
+    loss: FloatArray | None = None  # (len(ranks), k) each rank's own loss, when logged
+    progress: RankProgress | None = None  # where each rank is now (the stalled-rank rule)
 
 
 @dataclass(frozen=True)
@@ -55,7 +81,8 @@ class HealthInput:
     # What each module is (``"3" -> "Linear"``), for naming layers in messages and fitting
     # the advice to the model; parameter names map through their module.
     module_kinds: Mapping[str, str] | None = None
-    ranks: RankColumns | None = None  # every rank of a distributed job (the straggler rule)
+    # Every rank of a distributed job (the straggler, same-batches and stalled-rank rules).
+    ranks: RankColumns | None = None
     # What the optimizer is and which faster implementations it offers (the time rules
     # suggest only those the run does not use); None when not known.
     optimizer: OptimizerRecord | None = None

@@ -50,6 +50,7 @@ def build_sampler(
     sinks: list[Sink],
     errors: ErrorLog,
     ranks: Callable[[], RankColumns | None] | None,
+    job: bool,
     clock: Callable[[], float],
     interval: float,
 ) -> SamplerSide:
@@ -77,6 +78,7 @@ def build_sampler(
             closed=count.is_closed,
             update_copy_skipped=copy_skipped,
             ranks=ranks,
+            current_phase=count.phase if job else None,
             clock=clock,
             interval=interval,
         )

@@ -59,6 +59,11 @@ class StepCount:
     def clock(self) -> StepClock | None:
         return self._clock_ref()
 
+    def phase(self) -> int | None:
+        """The step phase the training thread is in now (``PhaseTimer.current``)."""
+        clock = self._clock_ref()
+        return clock.phases.current() if clock is not None else None
+
     def is_closed(self) -> bool:
         return self.closed
 

@@ -130,6 +130,7 @@ class Monitor:
             sinks=[self._runlog, *self._open_exports(meta)],
             errors=errors_log,
             ranks=_ranks.rank_follower(self.rank, self.displays, self._runlog.path),
+            job=self.rank is not None,
             clock=clock,
             interval=self.interval,
         )
@@ -373,9 +374,21 @@ class Monitor:
             )
         return self._history.dump(path)
 
-    def _oom_report(self, exc: BaseException, kind: str) -> OomReport:
+    def oom_report(self, exc: BaseException) -> OomReport:
+        """The report the card under a cell shows, for an out-of-memory error caught in a
+        script: what was being allocated and where, what held memory, what to change
+        (``nbmonitor.memory.OomReport``). ValueError for an error that is not one.
+
+        >>> try: step()  # doctest: +SKIP
+        ... except torch.OutOfMemoryError as exc: report = mon.oom_report(exc)
+        """
         from nbmonitor.live import oom
 
+        kind = oom.oom_kind(exc)
+        if kind is None:
+            raise ValueError(
+                f"nbmonitor: oom_report() takes an out-of-memory error, got {type(exc).__name__}"
+            )
         clock = self._life.clock()
         snapshot = None
         if self._history is not None and self._history.on and kind == "cuda":
@@ -405,9 +418,9 @@ class Monitor:
 
         ref = weakref.ref(self)  # the kernel's callback must not keep this monitor alive
 
-        def report(exc: BaseException, kind: str) -> OomReport | None:
+        def report(exc: BaseException) -> OomReport | None:
             mon = ref()
-            return mon._oom_report(exc, kind) if mon is not None else None  # noqa: SLF001
+            return mon.oom_report(exc) if mon is not None else None
 
         def free() -> object:
             mon = ref()

@@ -315,12 +315,12 @@ def free_oom(shell: Any, cuda_index: int | None) -> Freed:
 # -- the IPython callback --------------------------------------------------------------------
 
 # Per kernel: the callback registered once, and what it reports on (the newest monitor's).
-_REPORT: Callable[[BaseException, str], OomReport | None] | None = None
+_REPORT: Callable[[BaseException], OomReport | None] | None = None
 _REGISTERED: list[Callable[[Any], None]] = []
 
 
 def watch(
-    report: Callable[[BaseException, str], OomReport | None],
+    report: Callable[[BaseException], OomReport | None],
     show: Callable[[OomReport], None],
     failed: Callable[[Exception], None],
     shell: Any,
@@ -338,10 +338,9 @@ def watch(
             make = _REPORT
             if not isinstance(exc, BaseException) or make is None:
                 return
-            kind = oom_kind(exc)
-            if kind is None:
+            if oom_kind(exc) is None:
                 return
-            card = make(exc, kind)
+            card = make(exc)
             del exc
             if card is not None:
                 show(card)

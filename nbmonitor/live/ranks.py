@@ -55,25 +55,28 @@ def create_runlog(
 
 
 def rank_follower(rank: RankInfo | None, displays: bool, run_dir: Any) -> Callable[[], Any] | None:
-    """On the display rank: every rank's steps, read from their files, for the straggler rule
-    (the pipeline calls it on the run log's worker)."""
+    """On the display rank: every rank's steps and system samples, read from their files, for
+    the job rules (the pipeline calls it on the run log's worker)."""
     if rank is None or not displays:
         return None
     return RankFollower(run_dir.parent)
 
 
 class RankFollower:
-    """On the display rank, live: every rank's step columns, read from their files (the
-    sampler thread calls it at each health check), as the straggler rule's input."""
+    """On the display rank, live: every rank's step columns and newest system samples (the
+    steps it has done and the phase it is in, even while its training thread is blocked),
+    read from their files (the sampler thread calls it at each health check), as the job
+    rules' input: stragglers, ranks on the same batches, a stalled rank."""
 
     def __init__(self, job_dir: str | os.PathLike[str], max_steps: int = 4 * WINDOW) -> None:
-        self.tail = JobTail(job_dir, streams=("steps",))
+        self.tail = JobTail(job_dir, streams=("steps", "system"))
         self.state = RankState(max_steps)
 
     def __call__(self) -> RankColumns | None:
         for rank, streams in self.tail.poll().items():
-            if streams.get("steps"):
-                self.state.add_rows(rank, "steps", streams["steps"])
+            for stream in ("steps", "system"):
+                if streams.get(stream):
+                    self.state.add_rows(rank, stream, streams[stream])
         for rank, rank_tail in self.tail.tails.items():
             self.state.set_meta(rank, rank_tail.meta)
         return rank_columns(self.state)

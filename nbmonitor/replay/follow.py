@@ -15,20 +15,33 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from nbmonitor._engine.derive.job_report import newest_time, straggler_alerts
+from nbmonitor._engine.derive.job_report import (
+    NOW_RULES,
+    STEP_RULES,
+    newest_time,
+    now_alerts,
+    straggler_alerts,
+)
 from nbmonitor._engine.derive.ranks import RankState, align, divergence
 from nbmonitor._engine.derive.ranks_frame import ranks_frame
 from nbmonitor._engine.run_state import RunState
 from nbmonitor.health import Alert, Health, Thresholds
-from nbmonitor.health.rules.stragglers import Stragglers
 from nbmonitor.runs import Tail
 from nbmonitor.runs.job import JobTail
 from nbmonitor.runs.layout import is_job
+from nbmonitor.runs.status import run_status
 
 
 def run_name(path: Path) -> str:
     """A run's name as its live monitor called it: ``<job>/rank<r>`` for a rank of a job."""
     return f"{path.parent.name}/{path.name}" if is_job(path.parent) else path.name
+
+
+def end_status(tail: Tail) -> str:
+    """How a followed run ended: ``closed``, or (its writer gone without closing, which is
+    not a closed run) ``killed`` when its pid is gone on this host, ``unknown`` when a writer
+    on another host fell silent."""
+    return "closed" if tail.closed else run_status(tail.meta, [])
 
 
 class Feed(Protocol):
@@ -62,7 +75,7 @@ class RunFeed:
 
     def frame(self, closed: bool) -> Any:
         assert self.state is not None
-        return self.state.frame("closed" if closed else "running")
+        return self.state.frame(end_status(self.tail) if closed else "running")
 
     @property
     def last_step(self) -> int:
@@ -76,7 +89,8 @@ class JobFeed:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.tail = JobTail(path)
         self.state = RankState()
-        self.health = Health(Thresholds(), rules=(Stragglers,))
+        self.health = Health(Thresholds(), rules=STEP_RULES)
+        self.now_health = Health(Thresholds(), rules=NOW_RULES)
         self.alerts: list[Alert] = []
         self._judged = 0
 
@@ -98,13 +112,17 @@ class JobFeed:
         # judged (job_report.py); the disagreeing ranks once each.
         self.alerts += straggler_alerts(self.state, self.health, since=self._judged)
         self._judged = align(self.state, "step_time")[0].size
+        self.alerts += now_alerts(self.state, self.now_health)
         seen = {(a.rule, a.subject) for a in self.alerts}
         when = newest_time(self.state)
         self.alerts += [a for a in divergence(self.state, when) if (a.rule, a.subject) not in seen]
 
     def frame(self, closed: bool) -> Any:
         tail = self.tail
-        status = "closed" if closed else "running"
+        status = "running"
+        if closed:  # the worst of the ranks' ends: a rank whose writer is gone did not close
+            ends = {end_status(t) for t in tail.tails.values()}
+            status = next((s for s in ("killed", "unknown") if s in ends), "closed")
         return ranks_frame(self.state, tail.path.name, status, tail.world_size, self.alerts)
 
     @property
@@ -175,4 +193,4 @@ class Follow:
                 return
 
 
-__all__ = ["Feed", "Follow", "JobFeed", "RunFeed", "run_name"]
+__all__ = ["Feed", "Follow", "JobFeed", "RunFeed", "end_status", "run_name"]

@@ -64,13 +64,27 @@ def loads_line(line: bytes) -> object:
         except UnicodeDecodeError as exc:
             raise ValueError(f"not UTF-8 (byte {exc.start + 1})") from None
         try:
-            value = json.loads(text)
+            value = json.loads(text, parse_int=_bounded_int)
         except RecursionError:
             raise ValueError(f"nested deeper than {MAX_DEPTH} levels") from None
         except ValueError as exc:
             raise ValueError(f"not JSON ({str(exc).split(':')[0]})") from None
     if _nests(line) and _depth(value) > MAX_DEPTH:
         raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
+    return value
+
+
+def _bounded_int(text: str) -> int | float:
+    """A JSON integer, or NaN past what a float64 holds: such a number is no count, id or
+    size, and any sum or ratio with it would raise OverflowError deep inside a reader
+    (``"total_steps": 1e400`` written as digits). Python's own limit on an integer's digits
+    still makes a longer one a line that is not JSON."""
+    value = int(text)
+    if len(text) > 300:
+        try:
+            float(value)
+        except OverflowError:
+            return math.nan
     return value
 
 

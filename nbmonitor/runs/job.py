@@ -5,7 +5,8 @@ returns the new records of every rank, and picks up rank folders that appear aft
 (ranks attach at slightly different times). ``JobTail.closed`` once every rank has closed;
 ``JobTail.ended`` says why the job will get no more records when it never will close: every
 rank followed has closed or lost its writer (``Tail.ended``), and the ranks that never
-appeared had ``SKEW_S`` seconds to do so. Any thread, no torch.
+appeared had ``SKEW_S`` seconds to do so (a job folder where no rank ever wrote a run ends
+that way too). Any thread, no torch.
 """
 
 from __future__ import annotations
@@ -128,7 +129,12 @@ class JobTail:
         or nothing written for ``stale_s`` from another), and no rank still missing can
         appear any more (``missing_s`` passed since the last one did). Read after a poll."""
         tails = self.tails
-        if not tails or self.closed:
+        if not tails:  # a job folder whose ranks never wrote a run (all died at the start)
+            waited = time.monotonic() - self._appeared_at
+            if self.meta and waited >= self.missing_s:
+                return f"no rank appeared in {waited:.0f} s"
+            return None
+        if self.closed:
             return None
         said: list[str] = []
         for rank, tail in tails.items():

@@ -25,8 +25,9 @@ from nbmonitor.sinks.base import Sink
 PREFIX: dict[str, str] = {"steps": "train", "system": "system", "layers": "layers"}
 # The step axis nbmonitor logs every key against (W&B's define_metric).
 STEP_KEY = "nbmonitor/step"
-# Columns that place a row, not values to export.
-PLACE = frozenset({"step", "time"})
+# Columns that place a row, not values to export (``phase``: where in its step a rank of a job
+# was when the system sample was taken).
+PLACE = frozenset({"step", "time", "phase"})
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nbmonitor.sinks.base import Batch
-from nbmonitor.sinks.exporter import ExportContext, ExportError, missing, number
+from nbmonitor.sinks.exporter import PLACE, ExportContext, ExportError, missing, number
 
 DEFAULT_PORT = 9464
 _GPU = re.compile(r"^gpu(\d+)_(.+)$")
@@ -94,7 +94,7 @@ class RankValues:
         for row in streams.get("system", ()):
             for key, value in row.items():
                 v = number(value)
-                if v is not None and key not in ("step", "time"):
+                if v is not None and key not in PLACE:
                     self.system[key] = v
 
 

@@ -7,6 +7,7 @@ reset are steps; the global hook holds the monitor weakly and is gone after clos
 from __future__ import annotations
 
 import gc
+import math
 import threading
 import weakref
 from pathlib import Path
@@ -203,3 +204,31 @@ def test_backward_passes_reset_in_place_or_never_stepped_are_steps(tmp_path: Pat
         assert mon.step == 0
     assert mon.step == 1
     assert nbmonitor.open(mon.run_dir).history()["step"].tolist() == [1]
+
+
+def test_an_optimizer_first_seen_in_a_skipped_scaler_step_is_adopted_there(
+    tmp_path: Path,
+) -> None:
+    # A GradScaler skips the first step (inf gradients): the optimizer's own hooks never run
+    # then. It is adopted at the scaler's step, which counts as one step of its micro-batches
+    # (skipped), as the HF Trainer counts it.
+    model = mlp()
+    with nbmonitor.attach(model, run_dir=tmp_path, display=False) as mon:
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+        skipped = []
+        for i in range(6):
+            for _ in range(2):
+                loss = model(torch.randn(4, 8)).pow(2).mean()
+                scaler.scale(loss * (math.inf if i == 0 else 1.0)).backward()
+            before = scaler.get_scale()
+            scaler.step(opt)
+            scaler.update()
+            skipped.append(scaler.get_scale() < before)
+            opt.zero_grad()
+        assert skipped == [True] + [False] * 5
+        assert mon.step == 6
+        assert mon.flush()
+        h = mon.history()
+        assert h["micro_batches"].tolist() == [2] * 6
+        assert np.nan_to_num(h["step_skipped"]).tolist() == [1.0] + [0.0] * 5

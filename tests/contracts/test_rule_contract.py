@@ -25,7 +25,7 @@ from nbmonitor.health import (
 )
 from nbmonitor.health.alert import GRAD_NORM, LOSS, is_subject
 from nbmonitor.health.alert import LAYERS as LAYERS_SUBJECT
-from nbmonitor.health.view import RankColumns
+from nbmonitor.health.view import RankColumns, RankProgress
 from nbmonitor.records import OptimizerRecord
 
 EMPTY = HealthInput(step=0, time=0.0, steps={})
@@ -159,7 +159,9 @@ def every_alert() -> list[Alert]:
         "cuda_alloc_retries": np.arange(float(n)),
     }
     alerts += health.check(run.input())
-    alerts += Health().check(HealthInput(step=30, time=0.0, steps={}, ranks=straggling()))
+    alerts += Health().check(HealthInput(step=120, time=0.0, steps={}, ranks=straggling()))
+    alerts += Health().check(HealthInput(step=30, time=0.0, steps={}, ranks=replicated()))
+    alerts += Health().check(HealthInput(step=30, time=0.0, steps={}, ranks=stalled()))
     # Time: input-bound and the optimizer's share (a for-loop Adam) held for over 100 steps,
     # then the steps get 4x slower.
     steps = np.arange(1.0, 301.0)
@@ -179,9 +181,32 @@ def every_alert() -> list[Alert]:
 
 def straggling() -> RankColumns:
     """Two ranks of a DDP job: equal step times, rank 1 waiting 50 ms longer for its batch."""
-    n = 30
+    n = 120  # held for over PERSIST_STEPS
     wait = np.vstack([np.full(n, 0.001), np.full(n, 0.051)])
     return RankColumns((0, 1), ("a", "b"), np.arange(1.0, n + 1), np.full((2, n), 0.06), wait)
+
+
+def replicated() -> RankColumns:
+    """Two ranks of a DDP job fed the same batches: the same loss on every step."""
+    n = 30
+    loss = np.tile(2.0 / np.arange(1.0, n + 1), (2, 1))
+    steps = np.arange(1.0, n + 1)
+    return RankColumns((0, 1), ("a", "b"), steps, np.full((2, n), 0.06), None, loss)
+
+
+def stalled() -> RankColumns:
+    """Two ranks, no step for 60 s: rank 0 waits in backward, rank 1 is in its data phase."""
+    n = 30
+    progress = RankProgress(
+        seen=np.array([160.0, 160.0]),
+        step=np.array([30.0, 30.0]),
+        phase=np.array([2.0, 0.0]),
+        step_end=np.array([100.0, 100.0]),
+        status=("running", "running"),
+        pids=(11, 12),
+    )
+    steps = np.arange(1.0, n + 1)
+    return RankColumns((0, 1), ("a", "b"), steps, np.full((2, n), 0.06), progress=progress)
 
 
 def flat() -> HealthInput:
@@ -209,6 +234,7 @@ def test_every_rule_raises_alerts_whose_subject_is_data() -> None:
     assert {("device_memory", "gpu1"), ("device_memory", "mps")} <= by_rule
     assert ("grad_non_finite", GRAD_NORM) in by_rule
     assert ("straggler", "rank1") in by_rule
+    assert {("same_batches", "rank0"), ("rank_stalled", "rank1")} <= by_rule
     assert {("memory_peak", "gpu0"), ("alloc_retries", "gpu0"), ("memory_leak", "gpu0")} <= (
         by_rule
     )

@@ -9,7 +9,7 @@ import pathlib
 import time
 
 import numpy as np
-from tests.dist.dist_helpers import write_job
+from tests.dist.dist_helpers import JOB_STEPS, write_job
 
 import nbmonitor
 from nbmonitor._engine.derive.ranks import (
@@ -22,7 +22,8 @@ from nbmonitor._engine.derive.ranks import (
 )
 from nbmonitor._engine.derive.ranks_frame import ranks_frame
 from nbmonitor.health import Health, HealthInput
-from nbmonitor.health.rules.stragglers import Stragglers, stragglers
+from nbmonitor.health.rules.stragglers import MIN_STEPS, WINDOW, Stragglers, stragglers
+from nbmonitor.health.rules.time import PERSIST_STEPS
 from nbmonitor.health.view import RankColumns
 from nbmonitor.live.ranks import finish
 from nbmonitor.replay.job import Job
@@ -101,28 +102,57 @@ def ranks(step_time: np.ndarray, wait: np.ndarray | None = None) -> RankColumns:
     return RankColumns(tuple(range(r)), tuple(f"node{i}" for i in range(r)), steps, step_time, wait)
 
 
+# Steps a straggler must hold before it is named: its first window, then PERSIST_STEPS more.
+HELD = PERSIST_STEPS + MIN_STEPS
+
+
 def test_straggler_by_data_wait_when_step_times_agree() -> None:
     rng = np.random.default_rng(0)
-    times = np.full((4, 40), 0.1) + rng.normal(0, 1e-3, (4, 40))
-    wait = np.abs(rng.normal(0.002, 5e-4, (4, 40)))
+    n = 150
+    times = np.full((4, n), 0.1) + rng.normal(0, 1e-3, (4, n))
+    wait = np.abs(rng.normal(0.002, 5e-4, (4, n)))
     wait[2] += 0.03  # rank 2 comes 30 ms late to every all-reduce
     found = stragglers(ranks(times, wait))
     assert list(found) == [2] and found[2][0] == "phase_data_s"
     alerts = Health(rules=(Stragglers,)).check(
-        HealthInput(step=40, time=0.0, steps={}, ranks=ranks(times, wait))
+        HealthInput(step=n, time=0.0, steps={}, ranks=ranks(times, wait))
     )
     assert [a.subject for a in alerts] == ["rank2"] and "node2" in alerts[0].message
+    assert "for over 100 steps" in alerts[0].message
 
 
 def test_straggler_by_step_time_and_quiet_on_noise() -> None:
     rng = np.random.default_rng(1)
-    times = 0.1 + rng.normal(0, 0.005, (3, 40))
+    times = 0.1 + rng.normal(0, 0.005, (3, 150))
     assert stragglers(ranks(times)) == {}  # noise: nobody
     times[0] += 0.02
     assert list(stragglers(ranks(times))) == [0]
-    short = times[:, :5]
-    assert stragglers(ranks(short)) == {}  # too few steps to judge
+    assert list(stragglers(ranks(times[:, :HELD]))) == [0]
+    assert stragglers(ranks(times[:, : HELD - 1])) == {}  # not held long enough yet
     assert stragglers(ranks(times[:1])) == {}  # one rank
+
+
+def test_no_straggler_in_a_noisy_job_whose_ranks_each_have_a_slow_spell() -> None:
+    # Four ranks with noisy step times, each slowed 30 ms for one spell of 80 steps in turn (a
+    # checkpoint, a busy neighbour): judged as a live job is, every few steps, nobody is named
+    # (without persistence the rule named each of them, at steps 94, 227, 360 and 486).
+    rng = np.random.default_rng(2)
+    n, spell = 600, 80
+    times = 0.1 + np.abs(rng.normal(0, 0.01, (4, n)))
+    wait = np.abs(rng.normal(0.002, 1e-3, (4, n)))
+    for rank in range(4):
+        start = 60 + rank * 130
+        wait[rank, start : start + spell] += 0.03
+    health = Health(rules=(Stragglers,))
+    alerts = []
+    for end in range(MIN_STEPS, n + 1, 7):
+        part = ranks(times[:, :end], wait[:, :end])
+        alerts += health.check(HealthInput(step=end, time=0.0, steps={}, ranks=part))
+    assert alerts == []
+    window = slice(60 + 2 * 130 + spell - WINDOW, 60 + 2 * 130 + spell)  # inside rank 2's spell
+    assert list(stragglers(ranks(times[:, window], wait[:, window]))) == []  # too few steps
+    held = stragglers(ranks(np.tile(times[:, window], 3), np.tile(wait[:, window], 3)))
+    assert list(held) == [2]  # the same spell, held for 150 steps: a straggler
 
 
 def test_a_job_on_disk(tmp_path: pathlib.Path) -> None:
@@ -144,7 +174,7 @@ def test_a_job_on_disk(tmp_path: pathlib.Path) -> None:
     assert text is not None and "phase_data_s" in text and "Rank 1 on node1" in text
     table = list_runs(tmp_path / "runs")
     assert [row["name"] for row in table] == ["j1-Net"]
-    assert table[0]["steps"] == 40 and "2/2 ranks" in str(table[0]["backend"])
+    assert table[0]["steps"] == JOB_STEPS and "2/2 ranks" in str(table[0]["backend"])
     # A rank's own folder still opens as an ordinary run.
     assert not isinstance(nbmonitor.open(job_dir / "rank0"), Job)
     assert finish(job_dir / "rank0") is None

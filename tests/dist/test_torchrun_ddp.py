@@ -23,7 +23,7 @@ from nbmonitor.replay import Follow, Job
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = pathlib.Path(__file__).with_name("ddp_train.py")
-STEPS = 60
+STEPS = 120  # the straggler must hold for over 100 steps (PERSIST_STEPS)
 
 
 class Recorder:

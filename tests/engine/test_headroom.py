@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import math
 
-from nbmonitor._engine.derive.headroom import MARGIN, fits, headroom
+from nbmonitor._engine.derive.headroom import CPU_ACTIVATION_FACTOR, MARGIN, fits, headroom
 from nbmonitor._engine.store import Store
 from nbmonitor.memory import MemoryBreakdown, MemoryRow
 
 GIB = 2.0**30
 
 
-def breakdown(device: str, fixed: float) -> MemoryBreakdown:
+def breakdown(device: str, fixed: float, activations: float = 123) -> MemoryBreakdown:
     return MemoryBreakdown(
         (
             MemoryRow("parameters", "0", "float32", device, int(fixed / 4), 2),
             MemoryRow("gradients", "0", "float32", device, int(fixed / 4), 2),
             MemoryRow("optimizer_state", "0", "float32", device, int(fixed / 2), 4),
-            MemoryRow("activations", "0", "float32", device, 123, 1),  # not fixed: per batch
+            MemoryRow("activations", "0", "float32", device, int(activations), 1),  # per batch
             MemoryRow("parameters", "(other)", "float32", "cuda:1", 10**9, 1),  # another device
         )
     )
@@ -73,7 +73,29 @@ def test_cpu_headroom_leaves_other_processes_their_memory() -> None:
             for i, r in enumerate(rss)
         ]
     )  # fmt: skip
-    got = headroom(system, steps(32), breakdown("cpu", 1 * GIB), None)
+    # Activations large enough to explain the peak above the tensors: peak - fixed grows.
+    got = headroom(system, steps(32), breakdown("cpu", 1 * GIB, activations=2 * GIB), None)
     assert got["memory_peak_bytes"] == 5 * GIB
     assert got["memory_limit_bytes"] == 12 * GIB
+    assert got["batch_fits"] == math.floor(32 * (12 * MARGIN - 1) / 4)
+
+
+def test_on_the_cpu_the_resident_size_beyond_the_tensors_does_not_grow_with_the_batch() -> None:
+    # 5 GiB resident at the peak, 1 GiB of it parameters, gradients and optimizer state, and
+    # 0.25 GiB of saved activations: the interpreter, libraries and caches (3.5 GiB here) are
+    # not the batch's. What grows is at most twice the activations.
+    system = Store()
+    system.extend([{"step": 1.0, "process_rss_bytes": 5 * GIB, "ram_total_bytes": 12 * GIB,
+                    "ram_used_bytes": 5 * GIB}])  # fmt: skip
+    got = headroom(system, steps(32), breakdown("cpu", 1 * GIB, activations=GIB / 4), None)
+    per_batch = CPU_ACTIVATION_FACTOR * GIB / 4
+    assert got["batch_fits"] == math.floor(32 * (12 * MARGIN - (5 * GIB - per_batch) / GIB) / 0.5)
+    assert got["batch_fits"] == math.floor(32 + 32 * (12 * MARGIN - 5) / 0.5)  # the same
+    # Before any activation was sampled, the breakdown's fixed part alone (cautious).
+    got = headroom(system, steps(32), breakdown("cpu", 1 * GIB, activations=0), None)
+    assert got["batch_fits"] == math.floor(32 * (12 * MARGIN - 1) / 4)
+    # On CUDA the allocator's peak holds only tensors: the rule is the CPU's alone.
+    cuda = Store()
+    cuda.extend([{"step": 1.0, "cuda_peak_allocated_bytes": 5 * GIB, "cuda_total_bytes": 12 * GIB}])
+    got = headroom(cuda, steps(32), breakdown("cuda:0", 1 * GIB, activations=GIB / 4), 0)
     assert got["batch_fits"] == math.floor(32 * (12 * MARGIN - 1) / 4)

@@ -86,7 +86,7 @@ def test_memory_history_snapshot_and_the_oom_card_link(tmp_path) -> None:
         try:
             torch.empty(total * 2, dtype=torch.uint8, device="cuda")
         except torch.OutOfMemoryError as exc:
-            report = mon._oom_report(exc, "cuda")
+            report = mon.oom_report(exc)
         assert report.snapshot is not None and Path(report.snapshot).exists()
     finally:
         mon.close()

@@ -440,6 +440,39 @@ def _non_finite_kept(root: pathlib.Path) -> list[str]:
     return problems
 
 
+def huge_numbers_in_meta(root: pathlib.Path) -> Expect:
+    """Integers past what a float64 holds (400 digits) wherever meta.json has a number: a
+    step count, a planned total, a pid, a start time, a world size. Any sum or ratio with one
+    would raise OverflowError; they read as no number at all."""
+    path = root / "run"
+    path.mkdir(parents=True)
+    big = "1" + "0" * 400
+    fields = ("steps", "pid", "start_timestamp", "world_size", "interval", "format_version")
+    text = "{" + ", ".join(f'"{k}": {big}' for k in fields)
+    text += f', "attach": {{"total_steps": {big}}}, "host": "{socket.gethostname()}"}}'
+    (path / "meta.json").write_text(text)
+    (path / "steps.jsonl").write_bytes(good_steps(3))
+    job = root / "job"
+    meta(job, layout="ranks", world_size=0)
+    (job / "meta.json").write_text(text.replace('"steps"', '"layout": "ranks", "x"'))
+    meta(job / "rank0")
+    (job / "rank0" / "steps.jsonl").write_bytes(good_steps(2))
+    return Expect(steps=[0.0, 1.0, 2.0], listed=2, unreadable=0, extra=[_watched])
+
+
+def _watched(root: pathlib.Path) -> list[str]:
+    from nbmonitor.runs.job import JobTail
+    from nbmonitor.runs.watch import RunsWatch
+
+    rows = RunsWatch(root).poll()
+    problems = [] if len(rows) == 2 else [f"RunsWatch gave {rows}"]
+    tail = JobTail(root / "job", missing_s=0.0)
+    tail.poll()
+    if tail.world_size != 1 or not tail.closed:  # no world size: the ranks there are the job
+        problems.append(f"JobTail of a job of 10^400 ranks: {tail.world_size}, {tail.closed}")
+    return problems
+
+
 ESC = "\x1b]0;pwned\x07\x1b[2J\x1b[31m\u202e\x9b"
 
 
@@ -654,6 +687,7 @@ CASES: dict[str, Callable[[pathlib.Path], Expect]] = {
         huge_meta,
         broken_lines,
         non_finite_values,
+        huge_numbers_in_meta,
         deep_nesting,
         bad_meta,
         hostile_texts,

@@ -95,7 +95,8 @@ def test_tail_follows_a_run_that_appears_later(tmp_path: pathlib.Path) -> None:
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=tmp_path,
     )  # fmt: skip
     try:
-        time.sleep(1.0)
+        # Made only once the command says it waits for it: it waited, at any speed.
+        assert "waiting for" in proc.stdout.readline().decode()  # type: ignore[union-attr]
         plain(tmp_path, "later", n=5)  # closed, 5 steps
         out, err = proc.communicate(timeout=60)
     finally:
@@ -141,6 +142,8 @@ def test_tail_ends_when_the_writer_is_gone(tmp_path: pathlib.Path) -> None:
     clean(proc.stdout)
     clean(proc.stderr)
     last = proc.stdout.decode().strip().splitlines()[-1]
+    summary = [ln for ln in proc.stderr.decode().splitlines() if " steps in " in ln]
+    assert len(summary) == 1 and " killed: 2 steps in " in summary[0]  # not "closed"
     assert last == (
         "nbmonitor tail: run: 2 steps; stopped following: the writer is gone and the run was "
         "never closed (killed)"

@@ -4,6 +4,7 @@ the module and phase from the traceback, the largest tensors, and free_oom's ref
 from __future__ import annotations
 
 import math
+import pathlib
 import sys
 
 import pytest
@@ -99,3 +100,25 @@ def test_the_tensor_scan_reads_no_attribute_of_other_objects() -> None:
     tensors = oom.largest_tensors([], {}, scan=True)  # warnings are errors in this suite
     assert any(t.nbytes >= big.nbytes for t in tensors)
     assert lurker
+
+
+def test_a_script_gets_the_report_of_an_error_it_caught(tmp_path: pathlib.Path) -> None:
+    import nbmonitor
+
+    class Greedy(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + torch.empty(2**62, dtype=torch.uint8).sum()  # the CPU allocator refuses
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), Greedy())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with nbmonitor.attach(model, opt, run_dir=tmp_path, display=False, interval=60) as mon:
+        model[0](torch.randn(2, 4)).sum().backward()
+        opt.step()
+        with pytest.raises(RuntimeError, match="can't allocate memory") as info:
+            model(torch.randn(2, 4))
+        report = mon.oom_report(info.value)
+        with pytest.raises(ValueError, match="takes an out-of-memory error, got KeyError"):
+            mon.oom_report(KeyError("x"))
+    assert (report.kind, report.module, report.phase) == ("cpu", "1", "forward")
+    assert report.requested_bytes == 2**62 and report.step == 1
+    assert report.breakdown is not None and report.advice

@@ -127,6 +127,7 @@ def test_a_killed_rank_beside_a_closed_one_ends_the_follow(
     finally:
         follow.stop()
     assert len(view.closed) == 1 and follow.errors == []
+    assert view.closed[0].status == "killed"  # a rank's writer gone is no closed job
     assert isinstance(follow.tail, JobTail)
     assert follow.tail.ended == (
         f"no rank is writing any more (rank 0: its writer (pid {rank0.pid}) is gone; rank 1 closed)"
@@ -185,3 +186,23 @@ def test_the_tail_command_ends_on_a_job_whose_writers_were_killed(
         "nbmonitor tail: jk-Net: 2 steps; stopped following: every rank's writer is gone or "
         "closed, and the job never closed (killed)"
     )
+
+
+def test_a_job_folder_whose_ranks_never_wrote_a_run_ends(tmp_path: pathlib.Path) -> None:
+    """The job's meta.json is there (a rank claimed its folder, then died before writing its
+    run): once the ranks had their time, the follow ends instead of waiting forever."""
+    from nbmonitor.runs.layout import job_meta, write_job_meta
+
+    job = job_dir(tmp_path)
+    job.mkdir(parents=True)
+    (job / "rank0").mkdir()
+    write_job_meta(job, job_meta("Net", "jk", 2))
+    assert JobTail(job).poll() == {}
+    patient, done = JobTail(job), JobTail(job, missing_s=0.0)
+    for tail in (patient, done):
+        assert tail.poll() == {}
+    assert patient.ended is None
+    assert done.ended is not None and done.ended.startswith("no rank appeared in ")
+    before_the_job = JobTail(tmp_path / "runs" / "later", missing_s=0.0)
+    before_the_job.poll()
+    assert before_the_job.ended is None  # no job folder yet: it may still be made

@@ -415,8 +415,10 @@ def test_runs_notebook_tails_replays_and_compares(tmp_path: Path) -> None:
         "runs.png", "runs-end.png", "runs-failure.png", "runs-console.log", "runs-jupyter.log"
     )
     console_errors: list[str] = []
+    # The notebook's own length (two runs of 3,000 steps, one after the other), not the
+    # quickstart test's 6,000: nothing here needs the run to outlast a read.
     with (
-        jupyter_server(tmp_path, "lab", RUNS_NOTEBOOK) as (base, token, log),
+        jupyter_server(tmp_path, "lab", RUNS_NOTEBOOK, steps=3000) as (base, token, log),
         sync_api.sync_playwright() as p,
     ):
         browser, page = open_page(p, console_errors)
@@ -428,7 +430,19 @@ def test_runs_notebook_tails_replays_and_compares(tmp_path: Path) -> None:
             page.wait_for_selector(IDLE, timeout=120_000)
             run_all(page)
             wait_for_live_step(page)  # the tail dashboard shows the other process's steps
-            wait_for_progress(page, _step(page))
+            # It moves on while the other process trains, unless that run had already ended
+            # (a fast machine): then it shows the whole run, closed.
+            first = _step(page)
+            if page.locator(".nbm-root [data-field=status]").first.inner_text() != "closed":
+                page.wait_for_function(
+                    f"""() => {{
+                      const s = document.querySelector('.nbm-root [data-field=step]');
+                      const done = document.querySelector('.nbm-root [data-field=status]');
+                      return parseInt(s.textContent.replace(/,/g, '')) > {first}
+                        || done.textContent === 'closed';
+                    }}""",
+                    timeout=PROGRESS_WAIT_S * 1000,
+                )
             # Every cell ran: the tail closed with the run, the replay and the figure are drawn.
             page.wait_for_function(
                 "() => [...document.querySelectorAll('.bqplot.figure .mainheading')]"

@@ -13,6 +13,13 @@ before attach, which only makes the estimate cautious) and the limit the device'
 what is not PyTorch's (the CUDA context, workspaces); on the CPU the peak is the process's
 largest resident size in the window and the limit the machine's memory less what other
 processes use.
+
+On the CPU the resident size holds much more than tensors (the interpreter, libraries, threads'
+arenas, the allocator's caches; on a small model most of the peak), and much of it appears after
+attach whatever the batch, so ``peak - fixed`` would take all of it as growing with the batch:
+an estimate 10-20 times too small (benchmarks/batch_fit.py, docs/performance.md). What grows
+with the batch there is taken as at most ``CPU_ACTIVATION_FACTOR`` times the activations the
+breakdown saw saved for backward (the backward's temporaries on top of them).
 """
 
 from __future__ import annotations
@@ -29,6 +36,9 @@ WINDOW = 120  # system samples (a minute at the default interval)
 MARGIN = 0.95  # of the limit a batch may plan to use
 STEP_WINDOW = 20
 FIXED = ("parameters", "buffers", "gradients", "optimizer_state")
+# Saved activations times this bounds what a CPU step's peak gains per batch (measured 1.5-1.7
+# on an MLP, whose backward temporaries are large next to its saved tensors: a cautious bound).
+CPU_ACTIVATION_FACTOR = 2.0
 
 
 def _finite(values: FloatArray) -> FloatArray:
@@ -69,6 +79,17 @@ def fits(batch: float, peak: float, fixed: float, limit: float) -> float:
     return float(max(0, math.floor(batch * (limit * MARGIN - fixed) / per_batch)))
 
 
+def fixed_bytes(breakdown: MemoryBreakdown, device: str, peak: float) -> float:
+    """The part of ``peak`` on ``device`` that does not grow with the batch: parameters,
+    buffers, gradients and optimizer state; on the CPU also every resident byte beyond
+    ``CPU_ACTIVATION_FACTOR`` times the saved activations (see the module's doc)."""
+    fixed = float(sum(breakdown.bytes(c, device=device) for c in FIXED))
+    activations = breakdown.bytes("activations", device=device)
+    if device == "cpu" and activations > 0:
+        fixed = max(fixed, peak - CPU_ACTIVATION_FACTOR * activations)
+    return fixed
+
+
 def headroom(
     system: Store, steps: Store, breakdown: MemoryBreakdown | None, device_index: int | None
 ) -> dict[str, float]:
@@ -99,7 +120,6 @@ def headroom(
     }
     batch = batch_size(steps)
     if breakdown is not None and math.isfinite(batch):
-        fixed = float(sum(breakdown.bytes(c, device=device) for c in FIXED))
         out["batch_size"] = batch
-        out["batch_fits"] = fits(batch, peak, fixed, limit)
+        out["batch_fits"] = fits(batch, peak, fixed_bytes(breakdown, device, peak), limit)
     return out

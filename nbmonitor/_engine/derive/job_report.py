@@ -1,10 +1,12 @@
-"""A distributed job judged from its ranks' streams: the straggler rule over the whole job,
-and the record ``ranks_summary.json`` holds. Shared by the display rank at close
+"""A distributed job judged from its ranks' streams: the job rules over the whole job (the
+straggler and same-batches rules step by step, the stalled-rank rule on where the ranks are
+now), and the record ``ranks_summary.json`` holds. Shared by the display rank at close
 (``live/ranks.py``) and by a job opened from disk (``replay/job.py``); numpy only.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Mapping
@@ -23,7 +25,14 @@ from nbmonitor._engine.derive.ranks import (
 )
 from nbmonitor._engine.run_model import ranks_health_input
 from nbmonitor.health import Alert, Health, Thresholds
+from nbmonitor.health.rule import RuleFactory
+from nbmonitor.health.rules.replicas import SameBatches
+from nbmonitor.health.rules.stalls import RankStalled
 from nbmonitor.health.rules.stragglers import MIN_STEPS, WINDOW, Stragglers
+
+# The rules judged over a job's aligned steps, and the one judged on where its ranks are now.
+STEP_RULES: tuple[RuleFactory, ...] = (Stragglers, SameBatches)
+NOW_RULES: tuple[RuleFactory, ...] = (RankStalled,)
 
 # A finished job is judged at most this many times (evenly spaced), however long it ran.
 MAX_CHECKS = 500
@@ -37,19 +46,48 @@ def newest_time(state: RankState) -> float:
     return float(finite.max()) if finite.size else math.nan
 
 
+def job_thresholds(state: RankState) -> Thresholds:
+    """The thresholds the job's ranks ran with (their meta.json's, the lowest rank's that
+    reads), else the defaults: a job is judged as it was live."""
+    for r in sorted(state.ranks):
+        said = state.ranks[r].meta.get("thresholds")
+        if isinstance(said, Mapping):
+            try:
+                return Thresholds(**{str(k): v for k, v in said.items()})
+            except (TypeError, ValueError):  # another version's fields, or an edited file
+                continue
+    return Thresholds()
+
+
 def job_alerts(state: RankState) -> list[Alert]:
-    """The stragglers and the disagreeing ranks of the whole job so far."""
-    return straggler_alerts(state) + divergence(state, newest_time(state))
+    """The stragglers, the ranks on the same batches, a stalled rank and the disagreeing
+    ranks of the whole job so far."""
+    thresholds = job_thresholds(state)
+    return (
+        straggler_alerts(state, Health(thresholds, rules=STEP_RULES))
+        + now_alerts(state, Health(thresholds, rules=NOW_RULES))
+        + divergence(state, newest_time(state))
+    )
 
 
-def straggler_alerts(state: RankState, health: Health | None = None, since: int = 0) -> list[Alert]:
-    """The straggler rule over the job's aligned steps after the first ``since``, judged every
-    half window of steps (so a straggler of the middle of a run is found too); with
-    ``health`` (kept between calls), only new episodes."""
+def now_alerts(state: RankState, health: Health) -> list[Alert]:
+    """The rules judged on where the ranks are now (``NOW_RULES``): a stalled rank; with
+    ``health`` kept between calls, only new episodes."""
     columns = rank_columns(state)
     if columns is None:
         return []
-    health = health if health is not None else Health(Thresholds(), rules=(Stragglers,))
+    return health.check(ranks_health_input(columns, newest_time(state)))
+
+
+def straggler_alerts(state: RankState, health: Health | None = None, since: int = 0) -> list[Alert]:
+    """The step rules (``STEP_RULES``: stragglers, ranks on the same batches) over the job's
+    aligned steps after the first ``since``, judged every half window of steps (so a
+    straggler of the middle of a run is found too); with ``health`` (kept between calls),
+    only new episodes."""
+    columns = rank_columns(state)
+    if columns is None:
+        return []
+    health = health if health is not None else Health(Thresholds(), rules=STEP_RULES)
     n = columns.steps.size
     every = max(WINDOW // 2, n // MAX_CHECKS)
     ends = [e for e in ([*range(MIN_STEPS, n, every), n] if n >= MIN_STEPS else []) if e > since]
@@ -59,13 +97,14 @@ def straggler_alerts(state: RankState, health: Health | None = None, since: int 
         # The rule looks at the last WINDOW steps every rank recorded: a few windows back is
         # plenty, and keeps a long job's checks linear in its length.
         start = max(0, end - 4 * WINDOW)
-        wait = columns.data_wait
-        part = type(columns)(
-            columns.ranks,
-            columns.hosts,
-            columns.steps[start:end],
-            columns.step_time[:, start:end],
-            None if wait is None else wait[:, start:end],
+        wait, loss = columns.data_wait, columns.loss
+        part = dataclasses.replace(
+            columns,
+            steps=columns.steps[start:end],
+            step_time=columns.step_time[:, start:end],
+            data_wait=None if wait is None else wait[:, start:end],
+            loss=None if loss is None else loss[:, start:end],
+            progress=None,  # where the ranks are now is judged once (now_alerts)
         )
         when = times[:, end - 1] if times.shape[1] >= end else np.empty(0)
         finite = when[np.isfinite(when)]
@@ -117,9 +156,13 @@ def summary_record(files_meta: dict[str, Any], state: RankState, status: str) ->
 
 __all__ = [
     "MAX_CHECKS",
+    "NOW_RULES",
+    "STEP_RULES",
     "RankRun",
     "job_alerts",
+    "job_thresholds",
     "newest_time",
+    "now_alerts",
     "read_state",
     "straggler_alerts",
     "summary_record",

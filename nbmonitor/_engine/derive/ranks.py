@@ -25,12 +25,12 @@ import numpy as np
 import numpy.typing as npt
 
 from nbmonitor.health.alert import Alert, rank
-from nbmonitor.health.view import RankColumns
+from nbmonitor.health.view import RankColumns, RankProgress
 
 FloatArray = npt.NDArray[np.float64]
 
 STEP_KEYS = ("step", "time", "step_time", "phase_data_s", "loss", "grad_norm")
-SYSTEM_KEYS = ("step", "time", "cpu_percent", "ram_used_bytes", "ram_total_bytes")
+SYSTEM_KEYS = ("step", "time", "phase", "cpu_percent", "ram_used_bytes", "ram_total_bytes")
 # A rank's own device metrics (``gpu<i>_<field>`` of its device), each reduced per rank as
 # given; the process's own CPU and memory stand in on CPU-only ranks.
 DEVICE_FIELDS = {
@@ -118,6 +118,19 @@ class RankState:
         state = self.ranks.get(r)
         return str(state.meta.get("hostname") or state.meta.get("host") or "?") if state else "?"
 
+    def status(self, r: int) -> str:
+        """Rank ``r``'s run status: its meta.json's once it closed, else what its reader said."""
+        state = self.ranks.get(r)
+        if state is None:
+            return "unknown"
+        said = state.meta.get("status")
+        return said if isinstance(said, str) and state.status == "running" else state.status
+
+    def pid(self, r: int) -> int | None:
+        state = self.ranks.get(r)
+        pid = state.meta.get("pid") if state else None
+        return pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None
+
     def device_index(self, r: int) -> int | None:
         state = self.ranks.get(r)
         index = state.meta.get("device_index") if state else None
@@ -161,16 +174,56 @@ def _increasing(steps: FloatArray) -> bool:
 
 
 def rank_columns(state: RankState) -> RankColumns | None:
-    """The straggler rule's input: every rank's step time and data wait, aligned."""
+    """The job rules' input: every rank's step time, data wait and loss, aligned, and where
+    each rank is now."""
     if len(state.ranks) < 2:
         return None
     steps, times = align(state, "step_time")
-    wait_steps, wait = align(state, "phase_data_s")
-    data_wait = (
-        wait if wait_steps.shape == steps.shape and np.array_equal(wait_steps, steps) else None
-    )
+
+    def aligned(key: str) -> FloatArray | None:
+        at, matrix = align(state, key)
+        return matrix if at.shape == steps.shape and np.array_equal(at, steps) else None
+
     ranks = tuple(sorted(state.ranks))
-    return RankColumns(ranks, tuple(state.host(r) for r in ranks), steps, times, data_wait)
+    return RankColumns(
+        ranks,
+        tuple(state.host(r) for r in ranks),
+        steps,
+        times,
+        aligned("phase_data_s"),
+        aligned("loss"),
+        rank_progress(state, ranks),
+    )
+
+
+def _newest(columns: Mapping[str, FloatArray], key: str, clock: str = "time") -> float:
+    """``key`` in the newest row with a finite ``clock`` (NaN if none)."""
+    when, values = columns.get(clock), columns.get(key)
+    if when is None or values is None or values.shape != when.shape:
+        return math.nan
+    finite = np.flatnonzero(np.isfinite(when))
+    return float(values[finite[-1]]) if finite.size else math.nan
+
+
+def rank_progress(state: RankState, ranks: Sequence[int]) -> RankProgress:
+    """Where each rank is now: its newest system sample (time, steps done, phase) and when
+    its newest step ended."""
+    seen, step, phase, end = [], [], [], []
+    for r in ranks:
+        system, steps = state.columns(r, "system"), state.columns(r, "steps")
+        seen.append(_newest(system, "time"))
+        done = [_newest(system, "step"), _newest(steps, "step")]
+        step.append(max((d for d in done if math.isfinite(d)), default=math.nan))
+        phase.append(_newest(system, "phase"))
+        end.append(_newest(steps, "time"))
+    return RankProgress(
+        np.array(seen),
+        np.array(step),
+        np.array(phase),
+        np.array(end),
+        tuple(state.status(r) for r in ranks),
+        tuple(state.pid(r) for r in ranks),
+    )
 
 
 def per_step(steps: FloatArray, matrix: FloatArray, ranks: Sequence[int]) -> dict[str, FloatArray]:
@@ -306,6 +359,7 @@ __all__ = [
     "per_step",
     "rank_columns",
     "rank_metrics",
+    "rank_progress",
     "ranks_summary",
     "summary",
 ]

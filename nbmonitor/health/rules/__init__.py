@@ -17,7 +17,9 @@ from nbmonitor.health.rules.gradients import (
 )
 from nbmonitor.health.rules.loss import LossPlateau, LossSpike, NonFiniteLoss
 from nbmonitor.health.rules.memory import AllocRetries, MemoryLeak, MemoryPeak
+from nbmonitor.health.rules.replicas import SameBatches
 from nbmonitor.health.rules.scaler import ScalerSkipping
+from nbmonitor.health.rules.stalls import RankStalled
 from nbmonitor.health.rules.stragglers import Stragglers
 from nbmonitor.health.rules.time import InputBound, OptimizerShare, StepTimeRegression
 from nbmonitor.health.rules.updates import UpdateRatioHigh, UpdateRatioLow
@@ -42,6 +44,8 @@ RULES: tuple[RuleFactory, ...] = (
     GpuThrottling,
     GpuIdle,
     Stragglers,
+    SameBatches,
+    RankStalled,
     InputBound,
     OptimizerShare,
     StepTimeRegression,

@@ -11,28 +11,35 @@ streams, never gathered with a collective). Two signals, the first that holds na
 * ``step_time``: ranks that do not synchronise every step (independent workers, a broken
   process group) show the straggler directly.
 
-A rank holds when, over the last ``WINDOW`` steps that every rank recorded, its value exceeds
+A rank holds in a window of ``WINDOW`` steps that every rank recorded when its value exceeds
 the median of the other ranks by at least ``EXCESS_FRACTION`` of the median step time (it costs
 the job that share of every step), and it is the largest on at least ``SLOWEST_SHARE`` of
-those steps. Subject: the rank (``rank1``); the message names its host.
+those steps. As the time rules' verdicts (``time.PERSIST_STEPS``), it must persist: it holds in
+the window ending at the newest step and in those ending every ``PERSIST_STRIDE`` steps before
+it, back ``PERSIST_STEPS`` steps, so that one slow interval of one rank (a checkpoint, a busy
+neighbour for a second) is not a straggler. Judged on the ranks' columns themselves, the verdict
+is the same live, checked every few seconds, and read from disk in one check. Subject: the
+rank (``rank1``); the message names its host.
 """
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 
 from nbmonitor.health import alert as subjects
 from nbmonitor.health.alert import Alert
 from nbmonitor.health.rule import Base, Outcome, always, nothing
+from nbmonitor.health.rules.time import PERSIST_STEPS
 from nbmonitor.health.view import RankColumns, View
 from nbmonitor.health.window import FloatArray
 
 WINDOW = 50  # steps every rank recorded, newest
-MIN_STEPS = 10  # judged only with this many
+MIN_STEPS = 10  # a window is judged only with this many
 EXCESS_FRACTION = 0.1  # the rank's extra time, as a fraction of the median step time
 SLOWEST_SHARE = 0.75  # ... and the slowest rank on this share of the steps
+PERSIST_STRIDE = 25  # the windows judged end this many steps apart, back PERSIST_STEPS
+# The rule so reads the last PERSIST_STEPS + WINDOW (150) steps: the job reader and the display
+# rank's follower hand it 4 * WINDOW (job_report.py, live/ranks.py).
 
 _WHAT = {
     "phase_data_s": "wait for its next batch (phase_data_s)",
@@ -40,17 +47,25 @@ _WHAT = {
 }
 
 
-def _recent(ranks: RankColumns, matrix: FloatArray) -> tuple[FloatArray, FloatArray, float]:
-    """The last WINDOW columns where every rank has both a value and a step time."""
-    ok = np.isfinite(matrix).all(axis=0) & np.isfinite(ranks.step_time).all(axis=0)
-    index = np.flatnonzero(ok)[-WINDOW:]
-    last = float(ranks.steps[index[-1]]) if index.size else math.nan
-    return matrix[:, index], ranks.step_time[:, index], last
+def _holding(values: FloatArray, times: FloatArray) -> dict[int, tuple[float, float]]:
+    """Row -> (median excess in seconds, share of steps it was slowest) for each row that
+    holds in this window."""
+    floor = EXCESS_FRACTION * float(np.median(times))
+    slowest = values.argmax(axis=0)
+    out: dict[int, tuple[float, float]] = {}
+    for i in range(values.shape[0]):
+        others = np.median(np.delete(values, i, axis=0), axis=0)
+        excess = float(np.median(values[i] - others))
+        share = float(np.mean(slowest == i))
+        if excess > 0 and excess >= floor and share >= SLOWEST_SHARE:
+            out[i] = (excess, share)
+    return out
 
 
 def stragglers(ranks: RankColumns) -> dict[int, tuple[str, float, float, int, float]]:
     """Rank -> (metric, median excess in seconds, share of steps it was slowest, steps
-    judged, newest step judged) for each rank that holds now."""
+    judged, newest step judged), from the newest window, for each rank that holds in every
+    window back ``PERSIST_STEPS`` steps."""
     found: dict[int, tuple[str, float, float, int, float]] = {}
     if len(ranks.ranks) < 2:
         return found
@@ -58,20 +73,20 @@ def stragglers(ranks: RankColumns) -> dict[int, tuple[str, float, float, int, fl
     for metric, matrix in signals:
         if matrix is None or matrix.shape != ranks.step_time.shape:
             continue
-        values, times, last = _recent(ranks, matrix)
-        n = values.shape[1]
-        if n < MIN_STEPS:
+        # The steps where every rank has both a value and a step time.
+        ok = np.isfinite(matrix).all(axis=0) & np.isfinite(ranks.step_time).all(axis=0)
+        index = np.flatnonzero(ok)
+        if index.size < PERSIST_STEPS + MIN_STEPS:
             continue
-        floor = EXCESS_FRACTION * float(np.median(times))
-        slowest = values.argmax(axis=0)
+        windows = []
+        for end in range(index.size, index.size - PERSIST_STEPS - 1, -PERSIST_STRIDE):
+            cols = index[max(0, end - WINDOW) : end]
+            windows.append(_holding(matrix[:, cols], ranks.step_time[:, cols]))
+        newest = windows[0]
+        n, last = min(WINDOW, index.size), float(ranks.steps[index[-1]])
         for i, rank in enumerate(ranks.ranks):
-            if rank in found:
-                continue
-            others = np.median(np.delete(values, i, axis=0), axis=0)
-            excess = float(np.median(values[i] - others))
-            share = float(np.mean(slowest == i))
-            if excess > 0 and excess >= floor and share >= SLOWEST_SHARE:
-                found[rank] = (metric, excess, share, n, last)
+            if rank not in found and all(i in w for w in windows):
+                found[rank] = (metric, *newest[i], n, last)
     return found
 
 
@@ -99,7 +114,8 @@ class Stragglers(Base):
                         "warning",
                         f"Rank {rank} on {host} is a straggler: its {_WHAT[metric]} is "
                         f"{excess * 1e3:.0f} ms above the other ranks' and it was the slowest "
-                        f"on {share:.0%} of the last {n} steps, so every rank waits for it; "
+                        f"on {share:.0%} of the last {n} steps (and so for over {PERSIST_STEPS} "
+                        f"steps), so every rank waits for it; "
                         f"check its input pipeline (DataLoader workers), its GPU (clocks, "
                         f"temperature) and other load on {host}.",
                         int(last),
@@ -113,4 +129,12 @@ class Stragglers(Base):
         return Outcome(self.name, held, always, make)
 
 
-__all__ = ["EXCESS_FRACTION", "MIN_STEPS", "SLOWEST_SHARE", "WINDOW", "Stragglers", "stragglers"]
+__all__ = [
+    "EXCESS_FRACTION",
+    "MIN_STEPS",
+    "PERSIST_STRIDE",
+    "SLOWEST_SHARE",
+    "WINDOW",
+    "Stragglers",
+    "stragglers",
+]

@@ -1,0 +1,162 @@
+"""The two multi-rank diagnoses on real two-rank jobs (gloo on 127.0.0.1, one process per rank,
+tests/dist/gloo_job.py): ranks fed the same batches are named, with what to change; a rank
+that stops making progress while the other waits is named while it stalls, with its last step
+and phase, whether it is alive (stuck in its data phase) or frozen (SIGSTOP: it writes
+nothing); a healthy sharded job stays silent. The display rank (0) finds them live, from the
+other rank's files; the finished job, opened from disk, says the same."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import uuid
+from typing import Any
+
+import numpy as np
+import pytest
+from tests.helpers import wait_for
+
+import nbmonitor
+from nbmonitor.replay import Job
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SCRIPT = pathlib.Path(__file__).with_name("gloo_job.py")
+JOB_RULES = {"same_batches", "rank_stalled", "straggler", "rank_divergence"}
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Ranks:
+    """The two rank processes of one job, and its folder."""
+
+    def __init__(self, tmp: pathlib.Path, mode: str, steps: int, stall_s: float) -> None:
+        job_id = f"g{uuid.uuid4().hex[:8]}"
+        self.runs = tmp / "runs"
+        self.job_dir = self.runs / f"{job_id}-DistributedDataParallel"
+        port = free_port()
+        self.logs = [tmp / f"rank{r}.log" for r in (0, 1)]
+        self.procs: list[subprocess.Popen[bytes]] = []
+        for rank in (0, 1):
+            env = {
+                **os.environ,
+                "PYTHONPATH": str(ROOT),
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                "WORLD_SIZE": "2",
+                "LOCAL_WORLD_SIZE": "2",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "NBMONITOR_JOB_ID": job_id,
+                "OMP_NUM_THREADS": "1",
+            }
+            for key in ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID"):
+                env.pop(key, None)
+            with self.logs[rank].open("wb") as out:
+                args = [sys.executable, str(SCRIPT), str(self.runs), mode, str(steps), str(stall_s)]
+                self.procs.append(subprocess.Popen(args, env=env, stdout=out, stderr=out))
+
+    def events(self, rank: int = 0) -> list[dict[str, Any]]:
+        path = self.job_dir / f"rank{rank}" / "events.jsonl"
+        lines = path.read_text().splitlines() if path.is_file() else []
+        found = []
+        for line in lines:
+            try:
+                found.append(json.loads(line))
+            except ValueError:  # the line being written
+                continue
+        return [e for e in found if e.get("rule") in JOB_RULES]
+
+    def finish(self, timeout: float = 180) -> None:
+        for proc, log in zip(self.procs, self.logs, strict=True):
+            assert proc.wait(timeout) == 0, log.read_text()[-3000:]
+
+    def kill(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGCONT)
+                proc.kill()
+                proc.wait(30)
+
+
+@pytest.fixture
+def job(tmp_path: pathlib.Path) -> Any:
+    made: list[Ranks] = []
+
+    def start(mode: str, steps: int = 60, stall_s: float = 30.0) -> Ranks:
+        made.append(Ranks(tmp_path, mode, steps, stall_s))
+        return made[-1]
+
+    yield start
+    for ranks in made:
+        ranks.kill()
+
+
+def test_ranks_fed_the_same_batches_are_named(job: Any) -> None:
+    ranks = job("same")
+    ranks.finish()
+    opened = nbmonitor.open(ranks.job_dir)
+    assert isinstance(opened, Job)
+    # What the ranks computed: the same loss on every step (no DistributedSampler).
+    loss0, loss1 = opened.history(0)["loss"], opened.history(1)["loss"]
+    assert loss0.size == 60 and np.array_equal(loss0, loss1)
+    live = [(e["rule"], e["subject"]) for e in ranks.events()]
+    assert live == [("same_batches", "rank0")]
+    message = ranks.events()[0]["message"]
+    assert message.startswith("Ranks 0 and 1 have had the same loss on each of the last")
+    assert "training on the same batches" in message and "DistributedSampler" in message
+    assert [(a.rule, a.subject) for a in opened.alerts()] == [("same_batches", "rank0")]
+
+
+def test_a_healthy_sharded_job_stays_silent(job: Any) -> None:
+    ranks = job("healthy")
+    ranks.finish()
+    opened = nbmonitor.open(ranks.job_dir)
+    assert isinstance(opened, Job)
+    loss0, loss1 = opened.history(0)["loss"], opened.history(1)["loss"]
+    assert loss0.size == loss1.size == 60 and not np.isclose(loss0, loss1).any()
+    assert ranks.events() == []
+    assert [a for a in opened.alerts() if a.rule in JOB_RULES] == []
+
+
+def test_a_rank_stuck_in_its_data_phase_is_named_while_it_stalls(job: Any) -> None:
+    ranks = job("stall", steps=40, stall_s=3.0)
+    try:
+        assert wait_for(ranks.events, timeout=150), "no alert while rank 1 stalls"
+        [event] = ranks.events()
+        assert (event["rule"], event["subject"]) == ("rank_stalled", "rank1")
+        message = event["message"]
+        assert message.startswith(f"Rank 1 on {socket.gethostname()} is stalling the job")
+        assert "in the data phase of step 21 (before its forward pass" in message
+        assert "its last completed step is 20, and it is in the data phase" in message
+        # Blocked in DDP's all-reduce: inside the backward pass or at its end, as the gradient
+        # hooks ran before DDP's own wait.
+        assert "while rank 0 waits " in message and "backward pass of step 21" in message
+        assert f"py-spy dump --pid {ranks.procs[1].pid}" in message
+        assert event["step"] == 20
+    finally:
+        (ranks.runs / "release").touch()
+    ranks.finish()
+    assert [e["subject"] for e in ranks.events()] == ["rank1"]  # once
+
+
+def test_a_frozen_rank_is_named(job: Any) -> None:
+    ranks = job("freeze", steps=40, stall_s=3.0)
+    try:
+        assert wait_for(ranks.events, timeout=150), "no alert while rank 1 is frozen"
+        [event] = ranks.events()
+        assert (event["rule"], event["subject"]) == ("rank_stalled", "rank1")
+        assert "has written nothing for" in event["message"]
+        assert "its process is frozen or dead" in event["message"]
+    finally:
+        os.kill(ranks.procs[1].pid, signal.SIGCONT)
+    ranks.finish()
