@@ -144,30 +144,33 @@ def runs_of(path: str | os.PathLike[str]) -> list[pathlib.Path]:
     return [folder]
 
 
-def size(path: pathlib.Path) -> int:
-    """The bytes of the run's record files (what a progress bar counts)."""
+def size(path: pathlib.Path, streams: Sequence[str] = STREAMS) -> int:
+    """The bytes of the run's record files of ``streams`` (what a progress bar counts)."""
     files, total = RunFiles(path), 0
-    for stream in STREAMS:
+    for stream in streams:
         with contextlib.suppress(OSError):
             total += files.file(stream).stat().st_size
     return total
 
 
-def batches(path: pathlib.Path) -> Iterator[tuple[Batch, int, int]]:
-    """The run's rows, as it is on disk now, in batches of at most ``BATCH_ROWS`` rows per
-    stream, with the bytes read so far and in all (for a progress bar). Bounded memory: the
-    files are read a slice at a time (``Tail``), a torn last line is left for later."""
-    total = size(path)
-    tail = Tail(path, streams=STREAMS)
+def batches(
+    path: pathlib.Path, streams: Sequence[str] = STREAMS, rows: int = BATCH_ROWS
+) -> Iterator[tuple[Batch, int, int]]:
+    """The run's rows of ``streams``, as it is on disk now, in batches of at most ``rows``
+    rows per stream (each stream oldest first), with the bytes read so far and in all (for a
+    progress bar). Bounded memory: the files are read a slice at a time (``Tail``), a torn
+    last line is left for later. ``Run.feed`` reads a run this way too, every stream."""
+    total = size(path, streams)
+    tail = Tail(path, streams=streams)
     while True:
         new = tail.poll()
         if not new:
             return
         done = min(total, sum(tail.offsets.values()))
-        longest = max(len(rows) for rows in new.values())
-        for start in range(0, longest, BATCH_ROWS):
-            part = {s: rows[start : start + BATCH_ROWS] for s, rows in new.items()}
-            yield Batch({s: rows for s, rows in part.items() if rows}), done, total
+        longest = max(len(r) for r in new.values())
+        for start in range(0, longest, rows):
+            part = {s: r[start : start + rows] for s, r in new.items()}
+            yield Batch({s: r for s, r in part.items() if r}), done, total
 
 
 @dataclass(frozen=True)

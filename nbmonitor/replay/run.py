@@ -20,7 +20,7 @@ from nbmonitor.replay.follow import Follow, run_name
 from nbmonitor.runs import Run as RunFiles
 from nbmonitor.runs import RunDataWarning, RunDirError, list_runs
 from nbmonitor.runs.format import STREAMS
-from nbmonitor.sinks import Batch, Sink
+from nbmonitor.sinks import Sink
 
 # Rows per Batch when a run on disk is fed to sinks: about what a busy live tick hands them.
 FEED_ROWS = 4096
@@ -57,17 +57,17 @@ class Run(RunFiles):
     def feed(self, sink: Sink, rows_per_batch: int = FEED_ROWS) -> None:
         """Push this run's records through ``sink`` (any ``nbmonitor.sinks.Sink``, or a
         ``FanOut`` of several) as a live run's sampler does: ``write`` a ``Batch`` of at most
-        ``rows_per_batch`` rows of one stream at a time (each stream oldest first, in the order
-        of ``nbmonitor.runs.format.STREAMS``), ``flush`` after each, then ``close`` with the
-        run's meta.json. A sink's error reaches the caller (wrap it in a ``FanOut`` to count
-        it instead)."""
+        ``rows_per_batch`` rows per stream (every stream of ``nbmonitor.runs.format.STREAMS``,
+        each oldest first), ``flush`` after each, then ``close`` with the run's meta.json.
+        The files are read a slice at a time, as ``run.export`` reads them. A sink's error
+        reaches the caller (wrap it in a ``FanOut`` to count it instead)."""
+        from nbmonitor.export import batches
+
         if not (isinstance(rows_per_batch, int) and rows_per_batch > 0):
             raise ValueError(f"Run.feed: rows_per_batch must be > 0, got {rows_per_batch!r}.")
-        for stream in STREAMS:
-            records = self.records(stream)
-            for start in range(0, len(records), rows_per_batch):
-                sink.write(Batch({stream: records[start : start + rows_per_batch]}))
-                sink.flush()
+        for batch, _, _ in batches(self.path, tuple(STREAMS), rows_per_batch):
+            sink.write(batch)
+            sink.flush()
         sink.close(dict(self.meta))
 
     def export_trace(self, path: str | os.PathLike[str]) -> Path:

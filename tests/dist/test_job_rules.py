@@ -89,14 +89,14 @@ def test_healthy_shards_and_uninformative_losses_are_left_alone() -> None:
 def test_a_rank_behind_the_others_is_named_with_its_step_and_phase() -> None:
     ranks = columns(losses(3), phase=np.array([BACKWARD, BACKWARD, DATA]))
     found = stalled(ranks, stall_s=30.0)
-    assert list(found) == [2]
-    assert "has made no progress for 100 s: its last completed step is 40" in found[2]
-    assert "in the data phase of step 41" in found[2]
-    assert "the other ranks wait in the backward pass of step 41" in found[2]
+    assert list(found) == [2] and found[2][0] == "warning"
+    assert "has made no progress for 100 s: its last completed step is 40" in found[2][1]
+    assert "in the data phase of step 41" in found[2][1]
+    assert "the other ranks wait in the backward pass of step 41" in found[2][1]
     alerts = Health(rules=(RankStalled,)).check(
         HealthInput(step=40, time=200.0, steps={}, ranks=ranks)
     )
-    assert [(a.rule, a.subject, a.severity) for a in alerts] == [("rank_stalled", "rank2", "error")]
+    assert [(a.rule, a.subject, a.severity) for a in alerts] == [("rank_stalled", "rank2", "warning")]
     assert alerts[0].message.startswith("Rank 2 on node2 is stalling the job")
     assert "py-spy dump --pid 102" in alerts[0].message
 
@@ -104,11 +104,13 @@ def test_a_rank_behind_the_others_is_named_with_its_step_and_phase() -> None:
 def test_a_rank_that_writes_nothing_or_left_the_job_is_named() -> None:
     silent = columns(losses(2), seen=np.array([200.0, 150.0]), phase=np.array([OTHER, FORWARD]))
     found = stalled(silent, stall_s=30.0)
-    assert list(found) == [1] and "has written nothing for 50 s" in found[1]
-    assert "its last sample: in the forward pass of step 41" in found[1]
+    assert list(found) == [1] and found[1][0] == "error"
+    assert "has written nothing for 50 s" in found[1][1]
+    assert "its last sample: in the forward pass of step 41" in found[1][1]
     left = columns(losses(2), status=("running", "closed"), phase=np.array([BACKWARD, DATA]))
     found = stalled(left, stall_s=30.0)
-    assert list(found) == [1] and "has ended its run (closed) after step 40" in found[1]
+    assert list(found) == [1] and found[1][0] == "error"
+    assert "has ended its run (closed) after step 40" in found[1][1]
 
 
 def test_no_rank_is_named_when_nothing_holds_the_job_up() -> None:

@@ -69,9 +69,11 @@ def stall_limit(ranks: RankColumns, stall_s: float) -> float:
     return max(stall_s, STALL_STEP_TIMES * typical)
 
 
-def stalled(ranks: RankColumns, stall_s: float) -> dict[int, str]:
-    """Rank -> why it is named (the end of the alert's first sentence), for each rank that
-    holds the job up now (see the module docstring)."""
+def stalled(ranks: RankColumns, stall_s: float) -> dict[int, tuple[str, str]]:
+    """Rank -> (severity, why it is named: the end of the alert's first sentence), for each
+    rank that holds the job up now (see the module docstring). A rank frozen, dead or gone is
+    an error; one behind the others a warning (a checkpoint or an evaluation on one rank
+    alone looks the same while it lasts)."""
     p = ranks.progress
     if p is None or len(ranks.ranks) < 2:
         return {}
@@ -89,12 +91,15 @@ def stalled(ranks: RankColumns, stall_s: float) -> dict[int, str]:
     if not live.any():
         return {}  # nobody is left waiting (the job is over, or nothing is written at all)
     waiting = _others(ranks, p, live)
-    found: dict[int, str] = {}
+    found: dict[int, tuple[str, str]] = {}
     for i in np.flatnonzero(silent):
         found[ranks.ranks[i]] = (
-            f"has written nothing for {p.now - seen[i]:.0f} s (its last sample: "
-            f"{_where(step[i], phase[i])}) while {waiting}: its process is frozen or dead "
-            "(killed, out of memory? see its log)"
+            "error",
+            (
+                f"has written nothing for {p.now - seen[i]:.0f} s (its last sample: "
+                f"{_where(step[i], phase[i])}) while {waiting}: its process is frozen or dead "
+                "(killed, out of memory? see its log)"
+            ),
         )
     if found:
         return found
@@ -102,9 +107,12 @@ def stalled(ranks: RankColumns, stall_s: float) -> dict[int, str]:
     if ended.any() and in_step.any():
         for i in np.flatnonzero(ended):
             found[ranks.ranks[i]] = (
-                f"has ended its run ({p.status[i]}) after step {step[i]:.0f} while "
-                f"{_others(ranks, p, live)}: it left the job (an exception on that rank "
-                "alone, or a loop that ran fewer steps there)"
+                "error",
+                (
+                    f"has ended its run ({p.status[i]}) after step {step[i]:.0f} while "
+                    f"{_others(ranks, p, live)}: it left the job (an exception on that rank "
+                    "alone, or a loop that ran fewer steps there)"
+                ),
             )
         return found
     position = np.where(np.isfinite(phase), step + (np.nan_to_num(phase) + 1) / 10, step)
@@ -119,8 +127,11 @@ def stalled(ranks: RankColumns, stall_s: float) -> dict[int, str]:
     waiting = _others(ranks, p, ahead)
     for i in np.flatnonzero(lagging):
         found[ranks.ranks[i]] = (
-            f"has made no progress for {idle:.0f} s: its last completed step is "
-            f"{step[i]:.0f}, and it is {_where(step[i], phase[i])}, while {waiting}"
+            "warning",
+            (
+                f"has made no progress for {idle:.0f} s: its last completed step is "
+                f"{step[i]:.0f}, and it is {_where(step[i], phase[i])}, while {waiting}"
+            ),
         )
     return found
 
@@ -163,11 +174,12 @@ class RankStalled(Base):
                 )
                 i = ranks.ranks.index(rank)
                 last = ranks.progress.step[i] if ranks.progress is not None else math.nan
+                severity, why = found[rank]
                 alerts.append(
                     Alert(
                         self.name,
-                        "error",
-                        f"Rank {rank} on {host} is stalling the job: it {found[rank]}. {look}; "
+                        severity,
+                        f"Rank {rank} on {host} is stalling the job: it {why}. {look}; "
                         "a checkpoint or an evaluation run on one rank alone shows like this "
                         "too, for as long as it lasts.",
                         int(last) if math.isfinite(last) else view.inp.step,
