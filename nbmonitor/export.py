@@ -23,13 +23,15 @@ import contextlib
 import difflib
 import os
 import pathlib
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nbmonitor.errors import ErrorLog
+from nbmonitor.errors import ErrorLog, RunDirError
 from nbmonitor.runs import Run as RunFiles
 from nbmonitor.runs import Tail
+from nbmonitor.runs.format import RunDataWarning
 from nbmonitor.runs.layout import is_job, rank_dirs
 from nbmonitor.runs.reader import run_path
 from nbmonitor.sinks.base import Batch, Sink
@@ -199,8 +201,17 @@ def export_run(
             f"from disk choose one of {', '.join(FROM_DISK)}"
         )
     out = []
-    for folder in runs_of(path):
-        run = RunFiles(folder)
+    folders = runs_of(path)
+    for folder in folders:
+        try:
+            run = RunFiles(folder)
+        except RunDirError as exc:
+            if len(folders) == 1:
+                raise
+            # One unreadable rank of a job never costs the others.
+            warnings.warn(RunDataWarning(f"{exc} Rank folder {folder.name} is left out."),
+                          stacklevel=2)  # fmt: skip
+            continue
         sink = exp.open(disk_context(run))
         status = run.status
         try:
@@ -218,6 +229,8 @@ def export_run(
             total = size(folder)
             progress(total, total)
         out.append(Exported(folder, exp.name, _where(sink)))
+    if not out and folders:
+        raise ExportError(f"nbmonitor: no rank of the job at '{path}' could be read.")
     return out
 
 

@@ -161,3 +161,25 @@ def test_runs_of_many_runs_lists_them_all(tmp_path: pathlib.Path) -> None:
     proc = nbmonitor("runs", str(root), cwd=tmp_path)
     assert proc.returncode == 0
     assert len(proc.stdout.decode().strip().splitlines()) == 301  # the header and 300 rows
+
+
+def test_export_of_a_job_leaves_out_an_unreadable_rank(tmp_path: pathlib.Path) -> None:
+    """One rank whose meta.json is damaged never costs the job's other ranks: they are
+    exported, and a warning names the rank left out."""
+    job = tmp_path / "job"
+    meta(job, layout="ranks", world_size=2)
+    plain(job, "rank0")
+    (job / "rank1").mkdir()
+    (job / "rank1" / "meta.json").write_bytes(b"[" * 10_000)
+    proc = nbmonitor("export", str(job), "--to", "csv", "--out", str(tmp_path / "csv"),
+                     cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "csv" / "history.csv").read_text().count("\n") == 4  # header, 3 steps
+    warned = [ln for ln in proc.stderr.decode().splitlines() if "rank1" in ln]
+    assert len(warned) == 1 and "Rank folder rank1 is left out." in warned[0]
+    (job / "rank0" / "meta.json").write_bytes(b"[" * 10_000)  # no rank left: one line, exit 1
+    proc = nbmonitor("export", str(job), "--to", "csv", "--out", str(tmp_path / "csv2"),
+                     cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    last = proc.stdout.decode().strip().splitlines()[-1]
+    assert last.startswith("nbmonitor: no rank of the job at ") and last.endswith("could be read.")
