@@ -97,6 +97,11 @@ describe("memory panel", () => {
     expect(
       headroomText({ memory_peak_bytes: 60 * 2 ** 30, memory_limit_bytes: 80 * 2 ** 30, batch_size: 8, batch_fits: 10 }),
     ).toBe("peak 60.0 GiB of 80.0 GiB (20.0 GiB free); batch 8, up to ~10 estimated to fit");
+    const allocator = "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True";
+    expect(headroomText({ allocator })).toBe(`CUDA allocator: ${allocator}`);
+    expect(headroomText({ memory_peak_bytes: 2 ** 30, memory_limit_bytes: 2 ** 31, allocator })).toBe(
+      `peak 1.00 GiB of 2.00 GiB (1.00 GiB free); CUDA allocator: ${allocator}`,
+    );
   });
 });
 

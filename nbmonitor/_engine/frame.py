@@ -109,7 +109,8 @@ class Frame:
     median and the band of its windows' extremes (``_engine/derive/timeline.py``).
     ``notes`` says why a figure is missing, by figure (``"mfu"``: no peak known).
     ``memory`` is the Memory tab's table (what holds memory per device), None before the
-    first breakdown or without ``detail``.
+    first breakdown or without ``detail``; ``allocator`` the CUDA allocator's settings
+    (``PYTORCH_CUDA_ALLOC_CONF=...`` or ``default settings``; empty off CUDA).
     """
 
     run: str
@@ -128,6 +129,7 @@ class Frame:
     timeline: TimelineFrame | None = None
     notes: Mapping[str, str] = field(default_factory=dict)
     memory: MemoryTable | None = None
+    allocator: str = ""
 
 
 # Chart lines sent to views: bounded so that one publish stays small however long the run.
@@ -166,6 +168,7 @@ class RunInfo:
     backend: str
     total_steps: int | None
     devices: int = 0  # accelerators whose series are drawn (gpu0_..., gpu1_...)
+    allocator: str = ""  # derive.memory_table.allocator_text, on CUDA runs
 
 
 @dataclass
@@ -238,6 +241,7 @@ class FrameBuilder:
             timeline=timeline,
             notes=dict(state.notes),
             memory=memory,
+            allocator=self.info.allocator,
         )
 
 

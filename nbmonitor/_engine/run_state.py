@@ -12,6 +12,7 @@ import numpy as np
 
 from nbmonitor._engine.assemble.layers import LayerStats, ParamInfo
 from nbmonitor._engine.assemble.spans import SpanLog
+from nbmonitor._engine.derive.memory_table import allocator_text
 from nbmonitor._engine.frame import Frame, FrameBuilder, FrameState, RunInfo
 from nbmonitor._engine.run_model import RunModel, floats
 from nbmonitor._engine.store import Store
@@ -30,11 +31,13 @@ def run_info(meta: Mapping[str, Any], name: str) -> RunInfo:
     devices = backend.get("devices") if isinstance(backend, Mapping) else None
     attach = meta.get("attach") or {}
     total = attach.get("total_steps") if isinstance(attach, Mapping) else None
+    cuda = device_index(meta) is not None
     return RunInfo(
         name,
         str(backend.get("name", "?")) if isinstance(backend, Mapping) else "?",
         total if isinstance(total, int) else None,
         len(devices) if isinstance(devices, list) else 0,
+        allocator_text(meta.get("allocator")) if cuda else "",
     )
 
 

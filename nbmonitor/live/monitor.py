@@ -26,6 +26,7 @@ from nbmonitor._capture.capture import build_capture
 from nbmonitor._capture.dist import RankInfo, rank_info
 from nbmonitor._capture.heap import settle_heap
 from nbmonitor._capture.probes.spans import Span, SpanTimer, check_span_name
+from nbmonitor._engine.derive.memory_table import allocator_text
 from nbmonitor._engine.frame import Frame, RunInfo, View
 from nbmonitor._engine.published import history
 from nbmonitor.errors import ErrorLog, Guard
@@ -118,8 +119,15 @@ class Monitor:
         self._runlog, self.name = _ranks.create_runlog(
             opts, run_name, meta, self.rank, device, self.backend.device_index
         )
+        cuda = self.backend.device_index is not None
         sampler = build_sampler(
-            info=RunInfo(self.name, self.backend.name, self.total_steps, len(self.backend.devices)),
+            info=RunInfo(
+                self.name,
+                self.backend.name,
+                self.total_steps,
+                len(self.backend.devices),
+                allocator_text(meta["allocator"]) if cuda else "",
+            ),
             backend=self.backend,
             capture=capture,
             count=count,

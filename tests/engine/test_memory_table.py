@@ -66,3 +66,21 @@ def test_what_is_not_measured_is_nan_and_other_never_negative() -> None:
     cpu = memory_table(MemoryBreakdown(rows("cpu")), system(process_rss_bytes=[1.0 * MIB]), None)
     assert cpu is not None and cpu.rows[0]["other"] == 0.0
     assert memory_table(None, Store(), None) is None
+
+
+def test_the_allocator_settings_from_meta_json_bounded_and_only_on_cuda() -> None:
+    from nbmonitor._engine.derive.memory_table import allocator_text
+    from nbmonitor._engine.run_state import run_info
+    from nbmonitor.backends.alloc_conf import alloc_conf
+
+    conf = alloc_conf({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
+    assert allocator_text(conf) == "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+    assert allocator_text(alloc_conf({})) == "default settings"
+    # Untrusted meta.json: anything else is unknown, and a long text is cut.
+    assert allocator_text(None) == allocator_text([1]) == ""
+    assert allocator_text({"variable": 3, "text": "x"}) == ""
+    assert len(allocator_text({"variable": "V", "text": "x" * 10_000})) == 200
+    cuda = {"backend": {"name": "cuda", "device_index": 0}, "allocator": conf}
+    assert run_info(cuda, "r").allocator == "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+    cpu = {"backend": {"name": "cpu", "device_index": None}, "allocator": conf}
+    assert run_info(cpu, "r").allocator == ""  # a CPU run has no CUDA allocator to speak of

@@ -60,3 +60,12 @@ def test_the_breakdown_table_per_device_with_nan_as_null() -> None:
     # A newer breakdown with the same curves is sent.
     newer = replace(base, memory=MemoryTable(50, 50, (row,)))
     assert (panel.state(newer) or {}).get("table_step") == 50
+
+
+def test_the_cuda_allocator_settings_go_to_the_notes() -> None:
+    x = np.arange(3.0)
+    base = frame({"process_rss_bytes": Series(x, x)}, {})
+    text = "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+    state = MemoryPanel().state(replace(base, allocator=text))
+    assert state is not None and state["notes"] == {"allocator": text}
+    assert (MemoryPanel().state(base) or {}).get("notes") == {}

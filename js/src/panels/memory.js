@@ -52,16 +52,17 @@ function gib(n) {
   return `${(n / 2 ** 30).toPrecision(3)} GiB`;
 }
 
-/** @param {Record<string, number>} notes */
+/** @param {Record<string, any>} notes */
 export function headroomText(notes) {
   const peak = notes?.memory_peak_bytes;
   const limit = notes?.memory_limit_bytes;
-  if (!Number.isFinite(peak) || !Number.isFinite(limit)) return "";
+  const allocator = typeof notes?.allocator === "string" && notes.allocator ? `CUDA allocator: ${notes.allocator}` : "";
+  if (!Number.isFinite(peak) || !Number.isFinite(limit)) return allocator;
   let text = `peak ${gib(peak)} of ${gib(limit)} (${gib(limit - peak)} free)`;
   if (Number.isFinite(notes.batch_fits) && Number.isFinite(notes.batch_size)) {
     text += `; batch ${Math.round(notes.batch_size)}, up to ~${Math.round(notes.batch_fits)} estimated to fit`;
   }
-  return text;
+  return allocator ? `${text}; ${allocator}` : text;
 }
 
 /** @param {Record<string, any>} state */

@@ -13,6 +13,7 @@ categories are read at the end of a sampled step and the measure at the newest s
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,6 +32,21 @@ _WHAT = {
     "process_rss_bytes": "resident size",
 }
 MAX_DEVICES = 16
+MAX_ALLOCATOR_TEXT = 200
+
+
+def allocator_text(allocator: object) -> str:
+    """The CUDA allocator's settings as meta.json's ``"allocator"`` says them (an untrusted
+    value on a run read from disk): ``"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"``,
+    ``"default settings"`` when no variable was set, ``""`` when unknown."""
+    if not isinstance(allocator, Mapping):
+        return ""
+    variable, text = allocator.get("variable"), allocator.get("text")
+    if variable is None:
+        return "default settings"
+    if not isinstance(variable, str) or not isinstance(text, str):
+        return ""
+    return f"{variable[:60]}={text}"[:MAX_ALLOCATOR_TEXT]
 
 
 @dataclass(frozen=True)

@@ -32,11 +32,14 @@ class MemoryPanel(CurvesPanel):
 
     def notes(self, frame: Frame) -> dict[str, Any]:
         # JSON has no NaN: an unknown figure is left out.
-        return {
+        notes: dict[str, Any] = {
             key: float(frame.latest[key])
             for key in NOTE_KEYS
             if key in frame.latest and math.isfinite(frame.latest[key])
         }
+        if frame.allocator:
+            notes["allocator"] = frame.allocator
+        return notes
 
     def state(self, frame: Frame) -> dict[str, Any] | None:
         """The curves and notes, and ``table`` (one row per device, NaN as null) with the
