@@ -2,8 +2,9 @@
 training thread, what it adds to the step in torch calls, records and hooks (counted), what a
 sampler tick costs by stage, and what ``close()`` costs by part.
 
-    python -m benchmarks.cost                          # tiny, console view
+    python -m benchmarks.cost                          # tiny, no view (display=False)
     python -m benchmarks.cost --task mlp20 --dashboard --steps 2000
+    python -m benchmarks.cost --parts paired --attach check_forward=True   # an optional probe
     python -m benchmarks.cost --task mlp20 --device cuda   # on a GPU: events and copies too
 
 Four parts, each on a fresh monitor of the same model (AdamW, ``mon.log(loss=loss)`` every
@@ -29,6 +30,7 @@ On a shared machine every time is taken under load: read the paired interval, no
 from __future__ import annotations
 
 import argparse
+import ast
 import collections
 import functools
 import json
@@ -120,8 +122,12 @@ class CountOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+# attach() options of this run (--attach key=value): the cost of an optional probe.
+OPTIONS: dict[str, Any] = {}
+
+
 def attach(model: torch.nn.Module, opt: torch.optim.Optimizer, tmp: str, dashboard: bool) -> Any:
-    mon = nbmonitor.attach(model, opt, run_dir=tmp, display=False)
+    mon = nbmonitor.attach(model, opt, run_dir=tmp, display=False, **OPTIONS)
     if dashboard:
         mon.dashboard()  # what a notebook shows, without a front end
     return mon
@@ -333,30 +339,59 @@ def close_parts(mon: Any) -> dict[str, float]:
 
         return timed
 
+    join = isolated.Isolated.close
+
+    def timed_join(self: isolated.Isolated, timeout: float) -> bool:
+        # Which worker close waits for, and whether it was still in a call then (a source's
+        # call in flight: a slow NVML init or read, a run log on a slow disk).
+        busy = self.busy
+        start = time.perf_counter()
+        try:
+            return join(self, timeout)
+        finally:
+            label = f"    join {self.name}{' (busy)' if busy else ''}"
+            parts[label] += (time.perf_counter() - start) * 1e3
+
     for owner, name, label in patches:
         setattr(owner, name, wrap(getattr(owner, name), label))
+    isolated.Isolated.close = timed_join  # type: ignore[method-assign]
     try:
         start = time.perf_counter()
         mon.close()
         parts["close (all)"] = (time.perf_counter() - start) * 1e3
     finally:
+        isolated.Isolated.close = join  # type: ignore[method-assign]
         for owner, name, original in saved:
             setattr(owner, name, original)
+    latency = getattr(mon.backend, "field_latency_us", None)
+    if latency is not None:  # CUDA: NVML's init and each field's mean read time
+        parts.update({f"nvml {k} (mean us)": v for k, v in latency().items()})
     return dict(parts)
 
 
 def report(results: dict[str, Any]) -> None:
-    p = results["paired"]
-    lo, hi = p["added_us_ci95"]
     print(
-        f"{results['task']} on {results['device']}, {results['view']} view: plain step "
-        f"{p['plain_step_us']:.0f} us; monitored +{p['added_us']:.1f} us per step "
-        f"(95 % CI {lo:+.1f} .. {hi:+.1f}, {p['pairs']} pairs)"
+        f"{results['task']} on {results['device']}, view: {results['view']}, "
+        f"attach options: {results['attach'] or 'defaults'}"
     )
-    print("\ntraining thread, inclusive us per step (calls per step):")
-    for label, v in results["breakdown"].items():
-        print(f"  {label:42s} {v['us_per_step']:8.2f}  ({v['calls_per_step']:.2f})")
-    c = results["counts"]
+    if "paired" in results:
+        p = results["paired"]
+        lo, hi = p["added_us_ci95"]
+        print(
+            f"plain step {p['plain_step_us']:.0f} us; monitored +{p['added_us']:.1f} us per "
+            f"step (95 % CI {lo:+.1f} .. {hi:+.1f}, {p['pairs']} pairs)"
+        )
+    if "breakdown" in results:
+        print("\ntraining thread, inclusive us per step (calls per step):")
+        for label, v in results["breakdown"].items():
+            print(f"  {label:42s} {v['us_per_step']:8.2f}  ({v['calls_per_step']:.2f})")
+    if "counts" in results:
+        report_counts(results["counts"])
+    if "sampler" in results:
+        report_sampler(results["sampler"])
+
+
+def report_counts(c: dict[str, Any]) -> None:
     print(
         f"\ntorch ops per step: plain {c['plain_ops_per_step']:.0f}, "
         f"added by nbmonitor {c['added_ops_per_step']:.1f}"
@@ -365,7 +400,9 @@ def report(results: dict[str, Any]) -> None:
         print(f"  {n:+5.1f} {op}")
     print("records per step:", c["records_per_step"])
     print("hooks:", c["hooks"])
-    t = results["sampler"]
+
+
+def report_sampler(t: dict[str, Any]) -> None:
     print(f"\nsampler ({t['steps']} steps): tick wall ms {fmt(t['tick']['wall_ms'])}")
     for key, v in t.items():
         if key.startswith("stage_"):
@@ -395,18 +432,34 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=4000, help="pairs of the paired cost")
     ap.add_argument("--seconds", type=float, default=20.0, help="training time of the ticks")
     ap.add_argument("--json", help="write the results here too")
+    ap.add_argument(
+        "--attach",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="attach() options, values as Python literals: check_forward=True layer_every=1",
+    )
+    ap.add_argument(
+        "--parts",
+        nargs="+",
+        default=["paired", "breakdown", "counts", "sampler"],
+        choices=["paired", "breakdown", "counts", "sampler"],
+    )
     args = ap.parse_args()
+    for item in args.attach:
+        key, _, value = item.partition("=")
+        OPTIONS[key] = ast.literal_eval(value)
     results: dict[str, Any] = {
         **environment(),
         "task": args.task,
         "device": args.device,
-        "view": "dashboard" if args.dashboard else "console",
+        "view": "dashboard" if args.dashboard else "no view",
+        "attach": OPTIONS,
     }
+    parts = {"paired": paired, "breakdown": breakdown, "counts": counts, "sampler": ticks}
     with tempfile.TemporaryDirectory() as tmp:
-        results["paired"] = paired(args, tmp)
-        results["breakdown"] = breakdown(args, tmp)
-        results["counts"] = counts(args, tmp)
-        results["sampler"] = ticks(args, tmp)
+        for name in args.parts:
+            results[name] = parts[name](args, tmp)
     report(results)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))

@@ -174,7 +174,7 @@ def run_block(
         if mode == "attach_dashboard":
             # What a notebook runs at defaults: the widget dashboard instead of the console
             # line (no front-end here, but frames are built and widget state serialised).
-            mon._views = (mon._make_dashboard(),)
+            mon.dashboard()
     elif mode == "naive_item":
         naive = NaiveItemHooks(model)
     cuda = next(model.parameters()).is_cuda

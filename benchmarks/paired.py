@@ -103,7 +103,7 @@ def run_half(
     if mon.errors:
         raise SystemExit(f"an exporter did not start: {mon.errors}")
     if dashboard:
-        mon._views = (mon._make_dashboard(),)  # what a notebook shows, without a front end
+        mon.dashboard()  # what a notebook shows, without a front end (display=False: no other view)
     return step_models_in_turn(models, opts, {watched: mon}, seconds, clip)
 
 

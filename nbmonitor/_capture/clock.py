@@ -124,13 +124,8 @@ class StepClock:
         self._guards = {name: Guard(f"hook:{name}", errors) for name in _HOOKS.split()}
         self._log_guard = Guard("log", errors)
         # Per moment, the (guard, bound method) of each probe that acts then, in order.
-        self._at: dict[str, tuple[tuple[Guard, Callable[..., None]], ...]] = {
-            "forward_pre": self._calls("forward_pre", lambda p: p.forward_pre),
-            "forward": self._calls("forward", lambda p: p.forward),
-            "clip": self._calls("clip", lambda p: p.clip),
-            "pre_step": self._calls("pre_step", lambda p: p.pre_step),
-            "post_step": self._calls("post_step", lambda p: p.post_step),
-        }
+        self._at: dict[str, tuple[tuple[Guard, Callable[..., None]], ...]] = {}
+        self._plan_calls()
         self._samples = 0
         self._tokens = 0
         # Called with the new step number at the end of each step, after its record (the
@@ -285,6 +280,15 @@ class StepClock:
 
     # -- probes -------------------------------------------------------------------------------
 
+    def _plan_calls(self) -> None:
+        self._at = {
+            "forward_pre": self._calls("forward_pre", lambda p: p.forward_pre),
+            "forward": self._calls("forward", lambda p: p.forward),
+            "clip": self._calls("clip", lambda p: p.clip),
+            "pre_step": self._calls("pre_step", lambda p: p.pre_step),
+            "post_step": self._calls("post_step", lambda p: p.post_step),
+        }
+
     def _calls(
         self, event: str, method: Callable[[Probe], Callable[..., None]]
     ) -> tuple[tuple[Guard, Callable[..., None]], ...]:
@@ -304,6 +308,10 @@ class StepClock:
             else:
                 if guard.in_a_row:
                     guard.ok()
+        if ctx.retired:  # a probe done for good: the moments' calls without it
+            self.probes = tuple(p for p in self.probes if p not in ctx.retired)
+            ctx.retired.clear()
+            self._plan_calls()
 
     # -- hooks --------------------------------------------------------------------------------
 

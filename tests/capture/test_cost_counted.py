@@ -117,7 +117,7 @@ def test_torch_operators_added_per_step(
 
 # Python calls into nbmonitor's code on the training thread per step, and the C functions
 # (torch's included) those call: the measure of its Python work.
-PY_CALLS_AT_DEFAULTS = 75
+PY_CALLS_AT_DEFAULTS = 71
 C_CALLS_AT_DEFAULTS = 48
 
 

@@ -54,6 +54,7 @@ class FlopsProbe(ProbeBase):
             return
         self._counter = None
         self.done = True
+        ctx.retired.append(self)  # counted once: never called again
         counter.__exit__(None, None, None)  # type: ignore[no-untyped-call]
         ctx.recorder.put(
             FlopsRecord(
