@@ -63,18 +63,14 @@ def lr_spike_mid_run(steps: int, attach: Attach) -> None:
     # A scheduler bug: from step SPIKE_AT the learning rate is 100x what it was.
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
-    task = Teacher()
-    mon = attach(model, opt, total_steps=steps)
-    for step in range(1, steps + 1):
+
+    def spike(step: int, x: torch.Tensor) -> torch.Tensor:
         if step == SPIKE_AT + 1:
             for group in opt.param_groups:
                 group["lr"] *= 100
-        x, y = task.batch()
-        loss = (model(x) - y).pow(2).mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        mon.log(loss=loss)
+        return x
+
+    regression(model, opt, steps, attach, at_step=spike)
 
 
 def lr_too_low(steps: int, attach: Attach) -> None:
@@ -95,20 +91,14 @@ EXPLODE_AT = 150
 def explode_mid_run(steps: int, attach: Attach) -> None:
     # From step EXPLODE_AT one input feature arrives 1000x too large (a unit change upstream):
     # the first layer's gradient explodes, Adam keeps the rest of the run going.
-    model = mlp()
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    task = Teacher()
-    mon = attach(model, opt, total_steps=steps)
-    for step in range(1, steps + 1):
-        x, y = task.batch()
+    def scaled(step: int, x: torch.Tensor) -> torch.Tensor:
         if step > EXPLODE_AT:
             x = x.clone()
             x[:, 3] *= 1000.0
-        loss = (model(x) - y).pow(2).mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        mon.log(loss=loss)
+        return x
+
+    model = mlp()
+    regression(model, torch.optim.Adam(model.parameters(), lr=1e-3), steps, attach, at_step=scaled)
 
 
 GRAD_SPIKE_AT = 120
@@ -192,20 +182,15 @@ NAN_AT = 100
 
 
 def nan_batch(steps: int, attach: Attach) -> None:
-    model = mlp()
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    task = Teacher()
-    mon = attach(model, opt, total_steps=steps, check_forward=True)
-    for step in range(1, steps + 1):
-        x, y = task.batch()
+    def corrupt(step: int, x: torch.Tensor) -> torch.Tensor:
         if step == NAN_AT + 1:
             x = x.clone()
             x[5, 2] = float("nan")  # one corrupt sample
-        loss = (model(x) - y).pow(2).mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        mon.log(loss=loss)
+        return x
+
+    model = mlp()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    regression(model, opt, steps, attach, at_step=corrupt, check_forward=True)
 
 
 LOG_ZERO_AT = 100
@@ -281,18 +266,12 @@ def optimizer_for_loop(steps: int, attach: Attach) -> None:
 def slow_data(steps: int, attach: Attach) -> None:
     # Each batch is decoded in the loop's own process and takes 10 ms: most of each step
     # waits for its data.
-    model = mlp(width=16, depth=2)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    task = Teacher()
-    mon = attach(model, opt, total_steps=steps)
-    for _ in range(steps):
+    def decode(step: int, x: torch.Tensor) -> torch.Tensor:
         time.sleep(0.01)  # the slow decode
-        x, y = task.batch()
-        loss = (model(x) - y).pow(2).mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        mon.log(loss=loss)
+        return x
+
+    model = mlp(width=16, depth=2)
+    regression(model, torch.optim.Adam(model.parameters(), lr=1e-3), steps, attach, at_step=decode)
 
 
 def leaking_loop(steps: int, attach: Attach) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 from benchmarks.diagnosis.harness import LOAD_PER_CORE, Attach, Scenario
@@ -29,12 +30,17 @@ def regression(
     sched: torch.optim.lr_scheduler.LRScheduler | None = None,
     clip: float | None = None,
     width: int = 16,
+    at_step: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
     **options: object,
 ) -> None:
+    """A regression loop on a ``Teacher`` task. ``at_step(step, x)`` (steps from 1) returns
+    the batch the step trains on: where a broken run puts its bug."""
     task = Teacher(width)
     mon = attach(model, opt, total_steps=steps, **options)
-    for _ in range(steps):
+    for step in range(1, steps + 1):
         x, y = task.batch()
+        if at_step is not None:
+            x = at_step(step, x)
         loss = (model(x) - y).pow(2).mean()
         loss.backward()
         if clip is not None:
