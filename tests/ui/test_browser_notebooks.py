@@ -1,7 +1,7 @@
-"""notebooks/02-gradient-debugging.ipynb and notebooks/04-frameworks.ipynb in a real JupyterLab
-and Debian's chromium: every cell runs (Run All), each shows what it should, and the browser
-logs no errors or warnings. Each waits for the cells to have run, whatever the machine's speed
-(a bounded wait for a condition, never a pause)."""
+"""notebooks/02-gradient-debugging.ipynb, 04-frameworks.ipynb and 08-export.ipynb in a real
+JupyterLab and Debian's chromium: every cell runs (Run All), each shows what it should, and the
+browser logs no errors or warnings. Each waits for the cells to have run, whatever the
+machine's speed (a bounded wait for a condition, never a pause)."""
 
 from __future__ import annotations
 
@@ -122,6 +122,36 @@ def test_frameworks_notebook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
             page.screenshot(path=str(ARTIFACTS / "frameworks-failure.png"), full_page=True)
             (ARTIFACTS / "frameworks.log").write_text("\n".join(console))
             shutil.copy(log, ARTIFACTS / "frameworks-jupyter.log")
+            raise
+        finally:
+            browser.close()
+
+
+@pytest.mark.timeout(420)
+def test_export_notebook(tmp_path: Path) -> None:
+    for tool in ("tensorboard", "pyarrow", "prometheus_client", "wandb"):
+        pytest.importorskip(tool)
+    notebook = "08-export.ipynb"
+    sync_api = start_browser_test("export-failure.png", "export.log")
+    console: list[str] = []
+    with (
+        jupyter_server(tmp_path, "lab", notebook, steps=300) as (base, token, _log),
+        sync_api.sync_playwright() as p,
+    ):
+        browser, page = open_page(p, console, viewport=(1400, 1400))
+        try:
+            url = f"{base}/lab/tree/{notebook}?token={token}"
+            text = run_notebook(page, sync_api, url, 300_000)
+            # The live Prometheus endpoint, the run's files, and the exports from disk.
+            assert "nbmonitor_steps_total{" in text
+            assert "history.parquet" in text and "exported-tb" in text
+            assert "-> parquet: exported-parquet" in text
+            # The DataFrame renders as the notebook's HTML table.
+            assert page.locator(".jp-OutputArea-output table").count() >= 1
+            assert_console_clean(console)
+        except BaseException:
+            page.screenshot(path=str(ARTIFACTS / "export-failure.png"), full_page=True)
+            (ARTIFACTS / "export.log").write_text("\n".join(console))
             raise
         finally:
             browser.close()
