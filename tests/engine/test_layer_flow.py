@@ -13,6 +13,7 @@ from nbmonitor._engine.assemble.layer_flow import LayerFlow
 from nbmonitor._engine.assemble.layers import LayerStats, ParamInfo
 from nbmonitor._engine.assemble.steps import LayerNorms
 from nbmonitor._engine.frame import Alert
+from nbmonitor.records import AuxRecord
 
 NAMES = ["0.weight", "0.bias", "1.weight"]
 
@@ -81,3 +82,20 @@ def test_gradients_that_never_arrived_are_reported_after_ten_steps() -> None:
     f.add([], [], step=10)
     assert [a.rule for a in alerts] == ["gradient_not_flowing"]
     assert alerts[0].layers == ("1.weight",)
+
+
+def test_finite_rows_between_other_records_wait_as_one_slice_in_step_order() -> None:
+    f, layers, alerts = flow()
+    update = AuxRecord(3, "update", (), None)  # type: ignore[arg-type]  # value is not read here
+    values = [1.0] * (2 * len(NAMES))
+    f.add([block([1, 2, 3, 4, 5, 6, 7, 8], bad={4: 1})], [(update, values)], step=8)
+    # steps 1-3 were taken before the update of step 3, 4 before the NaN of step 5; 6-8 wait
+    # as one slice of their block, not one object per row
+    assert [b.steps for b in f._deferred] == [(6, 7, 8)]
+    f.take_waiting()
+    steps, norms = layers.recent()
+    assert steps.tolist() == [float(s) for s in range(1, 9)]
+    expected = np.arange(1.0, 1.0 + 8 * len(NAMES)).reshape(8, len(NAMES))
+    expected[4, 1] = math.nan
+    np.testing.assert_array_equal(norms, expected.T)
+    assert [a.step for a in alerts] == [5]

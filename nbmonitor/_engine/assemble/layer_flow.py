@@ -111,24 +111,44 @@ class LayerFlow:
 
     def _in_order(self, blocks: list[LayerNorms], aux: list[tuple[AuxRecord, list[float]]]) -> None:
         # In step order, and a step's forward measurements before its gradients. Finite steps
-        # wait as in the usual tick; whatever else comes takes the waiting ones first.
+        # wait as in the usual tick, consecutive rows of a block as one slice of it (per row it
+        # was an object and a call each, most of this pass); whatever else comes takes the
+        # waiting ones first.
         work: list[tuple[int, int, AuxRecord | LayerNorms, int | list[float]]] = [
             (record.step, 0, record, values) for record, values in aux
         ]
         work += [(step, 1, block, k) for block in blocks for k, step in enumerate(block.steps)]
+        run: tuple[LayerNorms, int, int] | None = None  # a block and its rows [start, end)
         for step, _, item, detail in sorted(work, key=lambda w: (w[0], w[1])):
             if isinstance(item, LayerNorms):
                 assert isinstance(detail, int)
                 if item.finite[detail]:
-                    row = slice(detail, detail + 1)
-                    self._defer(LayerNorms((step,), item.norms[row], item.index, item.finite[row]))
+                    if run is not None and run[0] is item and run[2] == detail:
+                        run = (item, run[1], detail + 1)
+                    else:
+                        self._defer_rows(run)
+                        run = (item, detail, detail + 1)
                     continue
+                self._defer_rows(run)
+                run = None
                 self.take_waiting()
                 self._take_non_finite(step, item.norms[detail], item.index)
             else:
                 assert isinstance(detail, list)
+                self._defer_rows(run)
+                run = None
                 self.take_waiting()
                 self._take_aux(item, detail)
+        self._defer_rows(run)
+
+    def _defer_rows(self, run: tuple[LayerNorms, int, int] | None) -> None:
+        if run is None:
+            return
+        block, start, end = run
+        rows = slice(start, end)
+        self._defer(
+            LayerNorms(block.steps[rows], block.norms[rows], block.index, block.finite[rows])
+        )
 
     def _take_aux(self, record: AuxRecord, values: list[float]) -> None:
         layers = self.layers
