@@ -133,7 +133,12 @@ class StepRecord:
             return False
         if self.clip_norm is not None and not self.clip_norm.ready():
             return False
-        return all(isinstance(lr, float) or lr.ready() for lr in self.lrs)
+        # A loop, not all() over a generator (~0.4 us more each): the sampler asks this of
+        # every step's records.
+        for lr in self.lrs:  # noqa: SIM110
+            if not isinstance(lr, float) and not lr.ready():
+                return False
+        return True
 
     def wait(self) -> None:
         if self.norms is not None:
@@ -199,7 +204,10 @@ class LogRecord:
     source: int = 0
 
     def ready(self) -> bool:
-        return all(value.ready() for _, value in self.tensors)
+        for _, value in self.tensors:  # noqa: SIM110 (as StepRecord.ready)
+            if not value.ready():
+                return False
+        return True
 
     def wait(self) -> None:
         for _, value in self.tensors:

@@ -122,12 +122,13 @@ class StepAssembler:
                         clipped.append(record)
                     if record.groups_added:
                         self.groups_added.append((record.step, record.time, record.groups_added))
-                elif isinstance(record, AuxRecord):
-                    self.aux.append((record, record.value.values()))
+                # The kinds every step brings first: a tick tests hundreds of records.
                 elif isinstance(record, LogRecord):
                     self._add_logged(record)
                 elif isinstance(record, PhaseRecord):
                     self._open.setdefault(record.step, _Row()).values.update(phase_columns(record))
+                elif isinstance(record, AuxRecord):
+                    self.aux.append((record, record.value.values()))
                 elif isinstance(record, OptimizerRecord):
                     self.optimizer = record
                 elif isinstance(record, FlopsRecord):
