@@ -189,7 +189,11 @@ class Dashboard {
     this.backend = h("span", "nbm-chip nbm-backend");
     this.status = h("span", "nbm-status");
     this.status.dataset.field = "status";
-    title.append(this.run, this.backend, this.status);
+    // The CUDA allocator's settings in force (PYTORCH_CUDA_ALLOC_CONF): they change what fits.
+    this.allocator = h("span", "nbm-chip nbm-allocator");
+    this.allocator.dataset.field = "allocator";
+    this.allocator.title = "the CUDA caching allocator's settings in force";
+    title.append(this.run, this.backend, this.allocator, this.status);
     const stats = h("div", "nbm-stats");
     this.step = stat(stats, "step", "step");
     this.progress = h("div", "nbm-progress");
@@ -201,6 +205,8 @@ class Dashboard {
     this.tflops = stat(stats, "tflops_per_s", "TFLOP/s");
     this.mfu = stat(stats, "mfu_percent", "MFU");
     this.stepTime = stat(stats, "step_time", "step time");
+    this.memory = stat(stats, "memory_peak", "memory peak");
+    this.batchFits = stat(stats, "batch_fits", "batch fits");
     this.elapsed = stat(stats, "elapsed", "elapsed");
     this.eta = stat(stats, "eta", "ETA");
     header.append(title, stats);
@@ -294,8 +300,26 @@ class Dashboard {
     show(this.tflops, flops);
     show(this.mfu, flops);
     this.stepTime.textContent = fmtStepTime(s.step_time);
+    this.drawMemory(s);
     this.elapsed.textContent = fmtDuration(s.elapsed_s);
     this.eta.textContent = status === "closed" ? DASH : fmtDuration(s.eta_s);
+  }
+
+  /** The last steps' memory peak against the device's limit, and the batch estimated to fit. */
+  drawMemory(s) {
+    const known = isNum(s.memory_peak_bytes) && isNum(s.memory_limit_bytes) && s.memory_limit_bytes > 0;
+    this.memory.textContent = known ? `${fmtBytes(s.memory_peak_bytes)} / ${fmtBytes(s.memory_limit_bytes)}` : DASH;
+    this.memory.title = known ? "the last steps' peak against the device's limit" : "";
+    show(this.memory, known);
+    const fits = isNum(s.batch_fits);
+    this.batchFits.textContent = fits ? `~${fmtInt(Math.round(s.batch_fits))}` : DASH;
+    this.batchFits.title = isNum(s.batch_size)
+      ? `the largest batch estimated to fit (now ${fmtInt(Math.round(s.batch_size))}): activations grow with the batch, parameters and optimizer state do not`
+      : "";
+    show(this.batchFits, fits);
+    const allocator = typeof s.allocator === "string" ? s.allocator : "";
+    this.allocator.textContent = allocator;
+    this.allocator.hidden = allocator === "";
   }
 
   drawGauges(system, devices) {

@@ -80,6 +80,32 @@ describe("render", () => {
     expect(el.querySelector('[data-field="mfu_percent"]').title).toBe("no peak for CPU");
   });
 
+  it("shows the memory peak, the batch that fits and the allocator's settings in the header", () => {
+    render({ model: new FakeModel(baseState()), el });
+    const box = (name) => el.querySelector(`[data-field="${name}"]`).parentElement;
+    expect(box("memory_peak").hidden).toBe(true); // nothing measured: no empty box
+    expect(box("batch_fits").hidden).toBe(true);
+    expect(el.querySelector('[data-field="allocator"]').hidden).toBe(true);
+    const cuda = baseState();
+    cuda.header = {
+      ...cuda.header,
+      memory_peak_bytes: 60 * 2 ** 30,
+      memory_limit_bytes: 80 * 2 ** 30,
+      batch_size: 8,
+      batch_fits: 10.4,
+      allocator: "expandable_segments:True",
+    };
+    el.replaceChildren();
+    render({ model: new FakeModel(cuda), el });
+    expect(field(el, "memory_peak")).toBe("60.0 GiB / 80.0 GiB");
+    expect(box("memory_peak").hidden).toBe(false);
+    expect(field(el, "batch_fits")).toBe("~10");
+    expect(el.querySelector('[data-field="batch_fits"]').title).toContain("now 8");
+    const chip = el.querySelector('[data-field="allocator"]');
+    expect(chip.hidden).toBe(false);
+    expect(chip.textContent).toBe("expandable_segments:True");
+  });
+
   it("shows a dash for null (NaN on the Python side) values", () => {
     const state = baseState();
     state.header = { ...state.header, loss: null, total_steps: null, eta_s: null };

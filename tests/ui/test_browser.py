@@ -388,7 +388,10 @@ def test_quickstart_dashboard_is_live(lab: tuple[str, Path]) -> None:
             page.locator(".nbm-root .nbm-tab[data-tab=layers]").first.click()
             canvas = page.locator(".nbm-root .nbm-heatmap-canvas").first
             assert canvas.evaluate("c => c.width * c.height") > 0
-            assert page.locator(".nbm-root .nbm-table tbody tr").count() == 8
+            assert (
+                page.locator(".nbm-root .nbm-panel[data-panel=layers] .nbm-table tbody tr").count()
+                == 8
+            )
 
             page.locator(".nbm-root .nbm-tab[data-tab=training]").first.click()
             page.wait_for_timeout(500)

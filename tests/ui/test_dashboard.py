@@ -104,6 +104,12 @@ def make_frame(
     )
 
 
+def test_the_header_carries_the_cuda_allocator_settings(sent: Sent) -> None:
+    dash = Dashboard("test-run", "cuda", 1000)
+    dash.publish(make_frame(100, allocator="expandable_segments:True"))
+    assert dash.widget.header["allocator"] == "expandable_segments:True"
+
+
 def test_publish_updates_the_header_and_the_panels(sent: Sent) -> None:
     dash = Dashboard("test-run", "cpu", 1000)
     dash.publish(make_frame(100))
@@ -112,6 +118,7 @@ def test_publish_updates_the_header_and_the_panels(sent: Sent) -> None:
     assert w.header["loss"] == 0.5
     assert w.header["best_loss"] == 0.25
     assert w.header["status"] == "running"
+    assert w.header["allocator"] == ""  # no CUDA allocator on this run
     assert w.system["cpu_percent"] == 37.0
     assert w.panels == ["training", "system", "memory", "layers", "timeline"]
     x, y = curve(dash, "training", "loss")
