@@ -2,7 +2,7 @@
 measured sweep (docs/performance.md, "Batch that fits").
 
 Each batch size runs in a fresh subprocess: an MLP trained with Adam on the CPU for a few steps
-with a monitor attached, then the process's peak resident size (``ru_maxrss``: the kernel's
+with a monitor attached, then the process's peak resident size (``VmHWM``: the kernel's
 high-water mark, every byte the step touched) and what the monitor saw: its peak
 (``memory_peak_bytes``), the breakdown's fixed part (parameters, buffers, gradients, optimizer
 state) and its batch. For a memory limit ``L`` the *real* largest batch is the largest swept
@@ -69,10 +69,9 @@ def one(batch: int, width: int = WIDTH, depth: int = DEPTH, kind: str = "mlp") -
         mon.close()
     fixed = float(sum(breakdown.bytes(c, device="cpu") for c in FIXED))
     monitor_peak = latest.get("memory_peak_bytes", math.nan)
-    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     return {
         "batch": float(batch),
-        "true_peak": float(peak_kib) * 1024,
+        "true_peak": own_peak_bytes(),
         "monitor_peak": monitor_peak,
         "monitor_batch": latest.get("batch_size", math.nan),
         "fixed": fixed,
@@ -82,6 +81,18 @@ def one(batch: int, width: int = WIDTH, depth: int = DEPTH, kind: str = "mlp") -
         "rss_at_attach": rss0,
         "held_at_attach": held0,
     }
+
+
+def own_peak_bytes() -> float:
+    """This process's peak resident size since its exec: the kernel's ``VmHWM``. Not
+    ``ru_maxrss``, which Linux carries over from the parent at fork: a child of a large test
+    process reported the parent's size whatever its batch (seen in CI)."""
+    with open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return float(line.split()[1]) * 1024  # kB
+    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # no /proc: KiB on Linux
+    return float(peak_kib) * 1024
 
 
 def run_one(

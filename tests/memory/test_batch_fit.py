@@ -1,8 +1,9 @@
-"""The batch-size estimate against measured runs (benchmarks/batch_fit.py), each batch in its
-own process on the CPU, its peak resident size read from the kernel's high-water mark
-(``ru_maxrss``). From a run at batch 8192 and a limit 256 MiB above its peak, the estimated
-batch must fit under the 95 % of the limit it plans for, and a batch 50 % larger must not fit
-the limit: the real largest batch lies between the estimate and 1.5 times it.
+"""The batch-size estimate against measured runs (benchmarks/batch_fit.py), each batch in its own
+process on the CPU, its peak resident size read from the kernel's high-water mark (``VmHWM``,
+not ``ru_maxrss``, which a child inherits from its parent). From a run at batch 8192 and a limit
+256 MiB above its peak, the estimated batch must fit under the 95 % of the limit it plans for,
+and a batch 50 % larger must not fit the limit: the real largest batch lies between the estimate
+and 1.5 times it.
 
 A deterministic case: a Linear and 32 Tanh, whose saved outputs cost memory and next to no
 time (large batches in seconds); glibc's mmap threshold pinned, so that the resident size
