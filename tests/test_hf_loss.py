@@ -15,6 +15,8 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
+from tests.hf_setup import quiet_args, tiny_gpt2  # noqa: E402
+
 from nbmonitor.integrations.hf import NbmonitorCallback  # noqa: E402
 
 
@@ -47,20 +49,15 @@ def pad(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
 
 def train(tmp_path: Path, accumulation: int, num_items: bool, logging_steps: int) -> tuple:
     torch.manual_seed(0)
-    config = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2)
-    model = transformers.GPT2LMHeadModel(config)
+    model = tiny_gpt2()
     steps = 10
-    args = transformers.TrainingArguments(
-        output_dir=str(tmp_path / "out"),
+    args = quiet_args(
+        tmp_path,
         max_steps=steps,
         per_device_train_batch_size=3,
         gradient_accumulation_steps=accumulation,
         learning_rate=1e-2,
         logging_steps=logging_steps,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        disable_tqdm=True,
     )
     callback = NbmonitorCallback(run_dir=tmp_path / "runs", display=False)
     trainer = transformers.Trainer(

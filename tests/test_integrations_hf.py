@@ -14,6 +14,8 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
+from tests.hf_setup import quiet_args, tiny_gpt2  # noqa: E402
+
 from nbmonitor.integrations.hf import NbmonitorCallback  # noqa: E402
 
 
@@ -32,10 +34,9 @@ class Tokens(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
 @pytest.mark.timeout(300)
 def test_trainer_steps_loss_grad_norm_and_lr_match_its_log(tmp_path: Path) -> None:
     torch.manual_seed(0)
-    config = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2)
-    model = transformers.GPT2LMHeadModel(config)
-    args = transformers.TrainingArguments(
-        output_dir=str(tmp_path / "out"),
+    model = tiny_gpt2(32, 2)
+    args = quiet_args(
+        tmp_path,
         max_steps=6,
         per_device_train_batch_size=4,
         gradient_accumulation_steps=2,
@@ -46,10 +47,6 @@ def test_trainer_steps_loss_grad_norm_and_lr_match_its_log(tmp_path: Path) -> No
         eval_strategy="steps",
         eval_steps=3,
         per_device_eval_batch_size=4,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        disable_tqdm=True,
     )
     callback = NbmonitorCallback(run_dir=tmp_path / "runs", display=False)
     trainer = transformers.Trainer(
@@ -80,19 +77,14 @@ def test_attach_before_train_adopts_the_optimizer_the_trainer_builds(tmp_path: P
     import nbmonitor
 
     torch.manual_seed(0)
-    config = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2)
-    model = transformers.GPT2LMHeadModel(config)
-    args = transformers.TrainingArguments(
-        output_dir=str(tmp_path / "out"),
+    model = tiny_gpt2(32, 2)
+    args = quiet_args(
+        tmp_path,
         max_steps=5,
         per_device_train_batch_size=4,
         learning_rate=5e-2,
         max_grad_norm=0.5,
         logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        disable_tqdm=True,
     )
     trainer = transformers.Trainer(model=model, args=args, train_dataset=Tokens(48, 1))
     with nbmonitor.attach(model, run_dir=tmp_path / "runs", display=False) as mon:
@@ -113,19 +105,14 @@ def test_attach_before_train_with_accumulation_counts_the_trainers_steps(tmp_pat
     import nbmonitor
 
     torch.manual_seed(0)
-    config = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2)
-    model = transformers.GPT2LMHeadModel(config)
-    args = transformers.TrainingArguments(
-        output_dir=str(tmp_path / "out"),
+    model = tiny_gpt2()
+    args = quiet_args(
+        tmp_path,
         max_steps=30,
         per_device_train_batch_size=2,
         gradient_accumulation_steps=2,
         max_grad_norm=0.5,
         logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        disable_tqdm=True,
     )
     trainer = transformers.Trainer(model=model, args=args, train_dataset=Tokens(120, 1))
     with nbmonitor.attach(model, run_dir=tmp_path / "runs", display=False) as mon:
@@ -149,24 +136,19 @@ def test_a_run_resumed_from_a_checkpoint_says_its_own_steps(tmp_path: Path) -> N
     import nbmonitor
     from nbmonitor.runs import list_runs
 
-    config = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2)
-
     def trainer(max_steps: int, runs: Path) -> tuple[transformers.Trainer, NbmonitorCallback]:
         torch.manual_seed(0)
-        args = transformers.TrainingArguments(
-            output_dir=str(tmp_path / "out"),
+        args = quiet_args(
+            tmp_path,
             max_steps=max_steps,
             per_device_train_batch_size=2,
             gradient_accumulation_steps=2,
             logging_steps=1,
             save_strategy="steps",
             save_steps=10,
-            report_to="none",
-            use_cpu=True,
-            disable_tqdm=True,
         )
         callback = NbmonitorCallback(run_dir=runs, display=False)
-        model = transformers.GPT2LMHeadModel(config)
+        model = tiny_gpt2()
         data = Tokens(120, 1)
         return transformers.Trainer(model, args, train_dataset=data, callbacks=[callback]), callback
 
