@@ -147,14 +147,15 @@ print(json.dumps({
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_a_long_cell_publishes_from_the_main_thread(tmp_path: Path) -> None:
+def run_cells(cells: list[str], workdir: Path, route: str, timeout: int) -> dict[str, Any]:
+    """Run ``cells`` in a real kernel (cwd ``workdir``) with ``NBMONITOR_PUBLISH=route``; the
+    JSON report the last cell prints last."""
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(c) for c in CELLS]
+    nb.cells = [nbformat.v4.new_code_cell(c) for c in cells]
     env = {
-        "NBMONITOR_PUBLISH": "main",
+        "NBMONITOR_PUBLISH": route,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         "JUPYTER_PLATFORM_DIRS": "1",
     }
@@ -162,7 +163,10 @@ def test_a_long_cell_publishes_from_the_main_thread(tmp_path: Path) -> None:
     os.environ.update(env)
     try:
         client = nbclient.NotebookClient(
-            nb, timeout=240, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+            nb,
+            timeout=timeout,
+            kernel_name="python3",
+            resources={"metadata": {"path": str(workdir)}},
         )
         client.execute()
     finally:
@@ -172,7 +176,14 @@ def test_a_long_cell_publishes_from_the_main_thread(tmp_path: Path) -> None:
             else:
                 os.environ[k] = v
     text = "".join(o.get("text", "") for o in nb.cells[-1].outputs)
-    report = json.loads(text.strip().splitlines()[-1])
+    report: dict[str, Any] = json.loads(text.strip().splitlines()[-1])
+    assert report["route"] == route
+    return report
+
+
+@pytest.mark.timeout(300)
+def test_a_long_cell_publishes_from_the_main_thread(tmp_path: Path) -> None:
+    report = run_cells(CELLS, tmp_path, "main", timeout=240)
     assert report["route"] == "main"
     # Every widget message came from the main thread, none from the sampler...
     assert report["threads"] == ["MainThread"], report

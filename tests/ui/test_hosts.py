@@ -14,8 +14,6 @@
 
 from __future__ import annotations
 
-import json
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -25,6 +23,7 @@ import pytest
 from tests.ui.hosts import CommRecorder, embed_state, serve_manager_page
 from tests.ui.test_browser import _INK_JS, ARTIFACTS, chart_png, open_page, start_browser_test
 from tests.ui.test_dashboard import make_frame
+from tests.ui.test_delivery import run_cells
 
 from nbmonitor._engine.frame import Series
 from nbmonitor.ui.dashboard import Dashboard
@@ -209,33 +208,8 @@ print(json.dumps({
 
 
 def run_colab_stand_in(tmp_path: Path, route: str) -> dict[str, Any]:
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(c) for c in COLAB_CELLS]
     tmp_path.mkdir()
-    env = {
-        "NBMONITOR_PUBLISH": route,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-        "JUPYTER_PLATFORM_DIRS": "1",
-    }
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        client = nbclient.NotebookClient(
-            nb, timeout=280, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
-        )
-        client.execute()
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    text = "".join(o.get("text", "") for o in nb.cells[-1].outputs)
-    report: dict[str, Any] = json.loads(text.strip().splitlines()[-1])
-    assert report["route"] == route
-    return report
+    return run_cells(COLAB_CELLS, tmp_path, route, timeout=280)
 
 
 @pytest.mark.timeout(600)
