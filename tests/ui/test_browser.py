@@ -215,6 +215,19 @@ def goto_notebook(page: Any, url: str) -> None:
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
 
 
+def open_and_run_all(page: Any, url: str) -> None:
+    """Open the notebook at ``url``, accept the kernel dialog if one shows, wait for the
+    kernel, and Run All Cells."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    goto_notebook(page, url)
+    select = page.locator(".jp-Dialog button.jp-mod-accept", has_text="Select")
+    with contextlib.suppress(PlaywrightTimeout):
+        select.click(timeout=5_000)
+    page.wait_for_selector(IDLE, timeout=120_000)
+    run_all(page)
+
+
 def menu(page: Any, top: str, item: str) -> None:
     """Click a Lumino menu entry (the same in JupyterLab 4 and Notebook 7)."""
     page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(rf"^{top}$")).click()
@@ -353,13 +366,8 @@ def test_quickstart_dashboard_is_live(lab: tuple[str, Path]) -> None:
     with sync_api.sync_playwright() as p:
         browser, page = open_page(p, console_errors)
         try:
-            goto_notebook(page, url)
             # Should the kernel dialog show anyway (settings not picked up), accept the default.
-            select = page.locator(".jp-Dialog button.jp-mod-accept", has_text="Select")
-            with contextlib.suppress(sync_api.TimeoutError):
-                select.click(timeout=5_000)
-            page.wait_for_selector(IDLE, timeout=120_000)
-            run_all(page)
+            open_and_run_all(page, url)
             wait_for_live_step(page)
             # The loss chart has drawn (the first frames may precede any step).
             page.wait_for_function(
@@ -426,12 +434,7 @@ def test_runs_notebook_tails_replays_and_compares(tmp_path: Path) -> None:
     ):
         browser, page = open_page(p, console_errors)
         try:
-            goto_notebook(page, f"{base}/lab/tree/{RUNS_NOTEBOOK}?token={token}")
-            select = page.locator(".jp-Dialog button.jp-mod-accept", has_text="Select")
-            with contextlib.suppress(sync_api.TimeoutError):
-                select.click(timeout=5_000)
-            page.wait_for_selector(IDLE, timeout=120_000)
-            run_all(page)
+            open_and_run_all(page, f"{base}/lab/tree/{RUNS_NOTEBOOK}?token={token}")
             wait_for_live_step(page)  # the tail dashboard shows the other process's steps
             # It moves on while the other process trains, unless that run had already ended
             # (a fast machine): then it shows the whole run, closed.
@@ -491,12 +494,7 @@ def test_ranks_notebook_tails_a_two_rank_job(tmp_path: Path) -> None:
     ):
         browser, page = open_page(p, console_errors)
         try:
-            goto_notebook(page, f"{base}/lab/tree/{RANKS_NOTEBOOK}?token={token}")
-            select = page.locator(".jp-Dialog button.jp-mod-accept", has_text="Select")
-            with contextlib.suppress(sync_api.TimeoutError):
-                select.click(timeout=5_000)
-            page.wait_for_selector(IDLE, timeout=120_000)
-            run_all(page)
+            open_and_run_all(page, f"{base}/lab/tree/{RANKS_NOTEBOOK}?token={token}")
             # The tail's panel shows both ranks' steps while the job runs.
             wait_for_live_step(page)
             page.wait_for_function(

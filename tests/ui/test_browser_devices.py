@@ -12,12 +12,10 @@ from pathlib import Path
 import pytest
 from tests.ui.test_browser import (
     ARTIFACTS,
-    IDLE,
     assert_console_clean,
-    goto_notebook,
     jupyter_server,
+    open_and_run_all,
     open_page,
-    run_all,
     start_browser_test,
 )
 
@@ -45,12 +43,7 @@ def test_devices_panel_renders_and_updates(tmp_path: Path, monkeypatch: pytest.M
     ):
         browser, page = open_page(p, console_errors)
         try:
-            goto_notebook(page, f"{base}/lab/tree/{NOTEBOOK}?token={token}")
-            select = page.locator(".jp-Dialog button.jp-mod-accept", has_text="Select")
-            with contextlib.suppress(sync_api.TimeoutError):
-                select.click(timeout=5_000)
-            page.wait_for_selector(IDLE, timeout=120_000)
-            run_all(page)
+            open_and_run_all(page, f"{base}/lab/tree/{NOTEBOOK}?token={token}")
             page.wait_for_selector(".nbm-dev .nbm-dev-machine", timeout=120_000)
             page.wait_for_function(
                 "() => document.querySelector('.nbm-dev-status')?.textContent"

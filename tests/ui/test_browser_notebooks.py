@@ -5,7 +5,6 @@ machine's speed (a bounded wait for a condition, never a pause)."""
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 from pathlib import Path
 from typing import Any
@@ -16,10 +15,9 @@ from tests.ui.test_browser import (
     ARTIFACTS,
     IDLE,
     assert_console_clean,
-    goto_notebook,
     jupyter_server,
+    open_and_run_all,
     open_page,
-    run_all,
     start_browser_test,
 )
 
@@ -35,12 +33,7 @@ _ALL_RAN_JS = """() => {
 def run_notebook(page: Any, sync_api: Any, url: str, bound_ms: int) -> str:
     """Open the notebook, run all its cells and wait for every one to have run; the text of
     all outputs."""
-    goto_notebook(page, url)
-    select = page.locator(".jp-Dialog button.jp-mod-accept", has_text="Select")
-    with contextlib.suppress(sync_api.TimeoutError):
-        select.click(timeout=5_000)
-    page.wait_for_selector(IDLE, timeout=120_000)
-    run_all(page)
+    open_and_run_all(page, url)
     page.wait_for_function(_ALL_RAN_JS, timeout=bound_ms)
     page.wait_for_selector(IDLE, timeout=120_000)
     text = "\n".join(page.locator(".jp-OutputArea-output").all_inner_texts())

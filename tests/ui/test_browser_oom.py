@@ -11,7 +11,6 @@ for a condition on the page, with a generous bound.
 
 from __future__ import annotations
 
-import contextlib
 import re
 import shutil
 from pathlib import Path
@@ -21,10 +20,9 @@ from tests.ui.test_browser import (
     ARTIFACTS,
     IDLE,
     assert_console_clean,
-    goto_notebook,
     jupyter_server,
+    open_and_run_all,
     open_page,
-    run_all,
     start_browser_test,
 )
 
@@ -89,12 +87,8 @@ def test_an_oom_card_in_jupyterlab_with_advice_and_a_button_that_frees(tmp_path:
     ):
         browser, page = open_page(p, console_errors)
         try:
-            goto_notebook(page, f"{base}/lab/tree/{source.name}?token={token}")
-            select = page.locator(".jp-Dialog button.jp-mod-accept", has_text="Select")
-            with contextlib.suppress(sync_api.TimeoutError):
-                select.click(timeout=5_000)
-            page.wait_for_selector(IDLE, timeout=120_000)
-            run_all(page)  # stops at the failing cell: JupyterLab runs no cell after an error
+            # Run All stops at the failing cell: JupyterLab runs no cell after an error.
+            open_and_run_all(page, f"{base}/lab/tree/{source.name}?token={token}")
             page.wait_for_selector(CARD, timeout=180_000)
             page.wait_for_selector(IDLE, timeout=120_000)
             cells = page.locator(".jp-Notebook .jp-CodeCell")

@@ -4,7 +4,6 @@ slow loader is named input-bound."""
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 from pathlib import Path
 
@@ -14,10 +13,9 @@ from tests.ui.test_browser import (
     ARTIFACTS,
     IDLE,
     assert_console_clean,
-    goto_notebook,
     jupyter_server,
+    open_and_run_all,
     open_page,
-    run_all,
     start_browser_test,
 )
 
@@ -39,12 +37,7 @@ def test_timeline_notebook_renders_the_timeline(tmp_path: Path) -> None:
     ):
         browser, page = open_page(p, console_errors)
         try:
-            goto_notebook(page, f"{base}/lab/tree/{NOTEBOOK}?token={token}")
-            select = page.locator(".jp-Dialog button.jp-mod-accept", has_text="Select")
-            with contextlib.suppress(sync_api.TimeoutError):
-                select.click(timeout=5_000)
-            page.wait_for_selector(IDLE, timeout=120_000)
-            run_all(page)
+            open_and_run_all(page, f"{base}/lab/tree/{NOTEBOOK}?token={token}")
             # The last cell prints the profiler's trace path: every cell before it has run.
             page.wait_for_function(
                 "() => document.body.innerText.includes('.pt.trace.json')", timeout=300_000
