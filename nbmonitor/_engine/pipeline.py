@@ -45,8 +45,8 @@ PUBLISH_EVERY_S = 0.25
 # HEALTH_WINDOW_MAX in all.
 HEALTH_WINDOW = 512
 HEALTH_WINDOW_MAX = 8192
-# A scheduled health check judges slices for about this much CPU time and leaves the rest to
-# the next one (Health.check): while the rules run, the training thread waits for the GIL.
+# A scheduled health check judges slices for about this long and leaves the rest to the next
+# tick's (Health.check): while the rules run, the training thread waits for the GIL.
 HEALTH_BUDGET_S = 0.002
 # The most a health check waits for the other ranks' steps (read from their files).
 RANKS_TIMEOUT_S = 1.0
@@ -122,8 +122,9 @@ class Pipeline:
         # reported as alerts); numpy must not print a RuntimeWarning into the user's cell.
         with self.lock, np.errstate(all="ignore"):
             self._health_final = not paced
+            behind = self.parts.health.behind  # it left slices to judge: not paced until done
             for stage in self.stages:
-                stage(paced)
+                stage(paced and not (behind and stage is self._health_stage))
 
     def final_tick(self) -> None:
         """Everything recorded, taken and written (close): waits for device values."""

@@ -40,6 +40,8 @@ class Health:
         self._last_step: float | None = None
         self._last_layer_step: float | None = None
         self._grid_time: float | None = None  # recorded time of the last grid point judged
+        # Whether the last check left grid points for the next one (its budget was spent).
+        self.behind = False
         # (rule, subject) -> step from which it has been judged clear (None while it holds)
         self._active: dict[tuple[str, str], int | None] = {}
 
@@ -54,7 +56,7 @@ class Health:
         inp: HealthInput,
         final: bool = True,
         budget_s: float = math.inf,
-        cpu_clock: Callable[[], float] = time.thread_time,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> list[Alert]:
         """Judge the data that arrived since the last call; return only the NEW alerts.
 
@@ -62,8 +64,9 @@ class Health:
         (``slices.py``), oldest first, so the same run raises the same alerts at the same
         steps however its checks fell. With ``final`` (a run that closed, a flush, a run read
         from disk) the steps after the newest grid point are judged too; without, they wait
-        for the next check. Once a call has used ``budget_s`` of CPU time it judges one more
-        slice and leaves the rest to the next call (``judged_step`` says where it stopped).
+        for the next check. Once a call has run for ``budget_s`` (wall time on ``clock``: while
+        the rules run, the training thread waits for the GIL) it judges one more slice and
+        leaves the rest to the next call (``behind``; ``judged_step`` says where it stopped).
         """
         col = inp.steps.get("step")
         if col is None or not len(col):
@@ -72,14 +75,16 @@ class Health:
         times = inp.steps.get("time")
         first = new_from(steps, self._last_step)
         plan = cuts(steps, times, first, self._grid_time, final)
+        self.behind = False
         if not plan:
             # No grid point reached: what is true now (system samples, other ranks) is still
             # judged, with no new steps (the step rules judge nothing).
             return self._check(until(inp, steps, first, first, now=True))
         alerts: list[Alert] = []
-        start, spent = cpu_clock(), False
+        start, spent = clock(), False
         for i, cut in enumerate(plan):
             last = spent or i == len(plan) - 1
+            self.behind = i < len(plan) - 1
             alerts.extend(self._check(until(inp, steps, first, cut.end, now=last)))
             if cut.grid and times is not None and len(times) == steps.size:
                 when = float(times[cut.end - 1])
@@ -87,7 +92,7 @@ class Health:
             if last:
                 break
             first = cut.end
-            spent = cpu_clock() - start >= budget_s
+            spent = clock() - start >= budget_s
         return alerts
 
     def _check(self, inp: HealthInput) -> list[Alert]:
@@ -107,6 +112,7 @@ class Health:
         self._last_step = None
         self._last_layer_step = None
         self._grid_time = None
+        self.behind = False
         for rule in self.rules:
             rule.reset()
 

@@ -9,7 +9,7 @@ there, oldest first:
 
 - a **step grid**: every ``GRID_STEPS`` steps (steps 16, 32, 48, ...), coarser as the run
   grows (``GRID_PER_DOUBLING`` points from one power of two of the step to the next: every
-  32 steps from step 1,024, every 64 from 2,048, ...), so a long fast run costs a few passes
+  32 steps from step 512, every 64 from 1,024, ...), so a long fast run costs a few passes
   a second, not hundreds;
 - a **time grid**: a row whose own wall time (the ``time`` column, as recorded) is
   ``GRID_SECONDS`` after the previous grid point's, so a slow run is judged every few
@@ -32,9 +32,9 @@ from nbmonitor.health.view import HealthInput
 from nbmonitor.health.window import FloatArray
 
 # The step grid: every GRID_STEPS steps, or GRID_PER_DOUBLING points between consecutive
-# powers of two where that is coarser (from step 1,024 = 32 * 32 on).
+# powers of two where that is coarser (from step 512 = 16 * 32 on).
 GRID_STEPS = 16
-GRID_PER_DOUBLING = 32
+GRID_PER_DOUBLING = 16
 # The time grid: a row this many seconds (its own recorded time) after the last grid point.
 GRID_SECONDS = 5.0
 # Rows before a slice's new ones that its rules see (the longest window a rule reads is
