@@ -149,7 +149,7 @@ def _loss_falling(view: View, step: int) -> bool:
     # Python floats sort faster than numpy's call overhead.
     recent = statistics.median(values[-RECENT_LOSS:])
     earlier = statistics.median(values[:-RECENT_LOSS])
-    return recent < FALLING * earlier
+    return bool(recent < FALLING * earlier)
 
 
 @functools.lru_cache(maxsize=8)
