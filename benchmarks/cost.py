@@ -6,14 +6,19 @@ sampler tick costs by stage, and what ``close()`` costs by part.
     python -m benchmarks.cost --task mlp20 --dashboard --steps 2000
     python -m benchmarks.cost --parts paired --attach check_forward=True   # an optional probe
     python -m benchmarks.cost --task mlp20 --device cuda   # on a GPU: events and copies too
+    python -m benchmarks.cost --parts floor --attach interval=3600   # the floor, no ticks
 
-Four parts, each on a fresh monitor of the same model (AdamW, ``mon.log(loss=loss)`` every
-step, defaults otherwise), timed after ``--warmup`` steps so that the layer sampling of the
-first 100 steps is left out:
+Five parts (four by default), each on a fresh monitor of the same model (AdamW,
+``mon.log(loss=loss)`` every step, defaults otherwise), timed after ``--warmup`` steps so
+that the layer sampling of the first 100 steps is left out:
 
 1. **Paired fixed cost**: a plain twin and a monitored twin stepped in turn (as
    ``paired.py``), the median of the per-pair difference with a 95 % bootstrap interval. This
    is the number; the rest says what it is made of.
+1b. **The floor** (``--parts floor``, not run by default): four twins in turn, the plain
+   loop, plus the gradient-norm pass, plus the same hooks registered empty, and monitored, in
+   the thread's CPU time: nbmonitor's own fixed cost apart from the fused norm and torch's
+   hook dispatch (``floor()``).
 2. **Per-step breakdown**: every hook, probe and listener of the training thread wrapped in a
    timer (class attributes patched before attach); inclusive microseconds per step, nested as
    they call each other. The timers add ~0.2 us per call of their own.
