@@ -47,7 +47,7 @@ HEALTH_WINDOW = 512
 HEALTH_WINDOW_MAX = 8192
 # A scheduled health check judges slices for about this long and leaves the rest to the next
 # tick's (Health.check): while the rules run, the training thread waits for the GIL.
-HEALTH_BUDGET_S = 0.002
+HEALTH_BUDGET_S = 0.001
 # The most a health check waits for the other ranks' steps (read from their files).
 RANKS_TIMEOUT_S = 1.0
 # A sink that failed repeatedly (a full disk) is tried again after this many seconds.

@@ -81,9 +81,10 @@ class ExplodingGradients(Base):
             # The run's maximum before the sustained window that is being judged.
             cut = max(0, view.new_from - t.sustain_steps + 1)
             fresh = int(np.searchsorted(view.step_col[:cut], self._total_max_step, "right"))
-            seen = finite_or_nan(total[fresh:cut])
-            if np.isfinite(seen).any():
-                self._total_max = max(self._total_max, float(np.nanmax(seen)))
+            seen = total[fresh:cut]
+            seen = seen[np.isfinite(seen)]
+            if seen.size:
+                self._total_max = max(self._total_max, float(seen.max()))
             if fresh < cut:
                 self._total_max_step = float(view.step_col[cut - 1])
             if not math.isfinite(self._total_start):
@@ -229,9 +230,10 @@ class ExplodingGradients(Base):
             return None
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = np.where(enough & (median > 0), value / median, np.nan)
-            large = value > np.nan_to_num(start, nan=np.inf)
+            # The starting scale is a median of finite values: finite or NaN (not known yet).
+            large = value > np.where(np.isnan(start), np.inf, start)
         finite = np.isfinite(value)
-        held = finite & record & large & (np.nan_to_num(ratio, nan=0.0) > t.explode_factor)
+        held = finite & record & large & (ratio > t.explode_factor)  # NaN: not a factor
         judged = seen & enough
         if t.explode_abs is not None:
             held |= finite & (value > t.explode_abs)
@@ -275,8 +277,9 @@ class GradientSpike(Base):
         if not math.isfinite(self._start):
             return nothing(rule)
         # Row k: the `window` norms before new row new_from + k (NaN-padded at the start).
-        padded = np.concatenate((np.full(t.window, np.nan), total))
-        before = sliding_window_view(padded[:-1], t.window)[view.new_from :]
+        lo = view.new_from - t.window
+        seg = total[lo:-1] if lo >= 0 else np.concatenate((np.full(-lo, np.nan), total[:-1]))
+        before = sliding_window_view(seg, t.window)
         median, count = row_medians(before)
         value = total[view.new_from :]
         judged = (count >= t.min_history) & np.isfinite(value)
@@ -284,7 +287,7 @@ class GradientSpike(Base):
             return nothing(rule)
         with np.errstate(divide="ignore", invalid="ignore"):
             factor = np.where(judged & (median > 0), value / median, np.nan)
-        spike = (np.nan_to_num(factor) > t.grad_spike_factor) & (value > self._start)
+        spike = (factor > t.grad_spike_factor) & (value > self._start)  # NaN: not a factor
         if not spike.any():
             return clear(rule)
         k = int(np.nanargmax(np.where(spike, factor, np.nan)))
