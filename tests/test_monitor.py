@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import signal
@@ -629,6 +630,42 @@ def test_scheduled_ticks_pace_the_health_rules_but_flush_runs_them(model, tmp_pa
         assert paced < sum(ticks)
         mon.flush()
         assert len(checks) > paced  # a flush runs them, unpaced
+
+
+def test_a_health_check_that_left_slices_runs_again_on_the_next_tick(model, tmp_path, monkeypatch):
+    # One slice more once the budget is spent, and a pace that would put checks hours apart:
+    # only being behind brings the next check on the next tick.
+    monkeypatch.setattr("nbmonitor._engine.pipeline.HEALTH_BUDGET_S", 0.0)
+    monkeypatch.setattr("nbmonitor._engine.pipeline.HEALTH_SHARE", 1e-9)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with attach(model, opt, tmp_path) as mon:
+        pipeline = mon._pipeline
+        health = pipeline.parts.health
+        train(model, opt, mon, 200)
+        checks: list[float | None] = []  # the step judged after each check
+        check = Health.check
+
+        def counting(self: Health, inp: object, **options: object) -> object:
+            found = check(self, inp, **options)
+            checks.append(self.judged_step)
+            return found
+
+        monkeypatch.setattr(Health, "check", counting)
+        behind = []
+        for _ in range(40):  # the sampler's scheduled ticks, driven here (interval 60 s)
+            before = len(checks)
+            pipeline.tick(paced=True)
+            behind.append((len(checks) > before, health.behind))
+            if not health.behind and len(checks) > 1:
+                break
+        # Each check judged two slices of the 12 grid points up to step 199 (16, 32, ..., 192;
+        # more if the rows' recorded times cross the 5 s time grid) and was followed by
+        # another on the very next tick, until none was left.
+        assert len(checks) >= 2 and all(ran for ran, _ in behind)
+        assert all(b is not None and a is not None and b > a for a, b in itertools.pairwise(checks))
+        assert checks[-1] is not None and checks[-1] >= 192 and not health.behind
+        pipeline.tick(paced=True)
+        assert len(checks) == len(behind)  # caught up: paced again
 
 
 def test_paced_health_judges_steps_beyond_the_window(model, tmp_path, monkeypatch):

@@ -64,9 +64,9 @@ class Health:
         (``slices.py``), oldest first, so the same run raises the same alerts at the same
         steps however its checks fell. With ``final`` (a run that closed, a flush, a run read
         from disk) the steps after the newest grid point are judged too; without, they wait
-        for the next check. Once a call has run for ``budget_s`` (wall time on ``clock``: while
-        the rules run, the training thread waits for the GIL) it judges one more slice and
-        leaves the rest to the next call (``behind``; ``judged_step`` says where it stopped).
+        for the next check. A call runs for about ``budget_s`` (wall time on ``clock``: while
+        the rules run, the training thread waits for the GIL), at least two slices, and leaves
+        the rest to the next call (``behind``; ``judged_step`` says where it stopped).
         """
         col = inp.steps.get("step")
         if col is None or not len(col):
@@ -81,9 +81,13 @@ class Health:
             # judged, with no new steps (the step rules judge nothing).
             return self._check(until(inp, steps, first, first, now=True))
         alerts: list[Alert] = []
-        start, spent = clock(), False
+        start = before = clock()
         for i, cut in enumerate(plan):
-            last = spent or i == len(plan) - 1
+            # The last slice of this call carries what is true now, so it is chosen before it
+            # runs: the one after which another, as long as the one before, would overrun.
+            now = clock()
+            last = i == len(plan) - 1 or (i > 0 and now - start + 2 * (now - before) >= budget_s)
+            before = now
             self.behind = i < len(plan) - 1
             alerts.extend(self._check(until(inp, steps, first, cut.end, now=last)))
             if cut.grid and times is not None and len(times) == steps.size:
@@ -92,7 +96,6 @@ class Health:
             if last:
                 break
             first = cut.end
-            spent = clock() - start >= budget_s
         return alerts
 
     def _check(self, inp: HealthInput) -> list[Alert]:
