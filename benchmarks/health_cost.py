@@ -38,6 +38,7 @@ from overhead import environment, make_task
 HEALTH_WINDOW = 512
 HEALTH_WINDOW_MAX = 8192
 BUDGET_S = 0.001
+THIN_BEYOND = (HEALTH_WINDOW_MAX - HEALTH_WINDOW) // 2
 PHASES = ("data", "forward", "backward", "other", "optimizer")
 
 
@@ -152,7 +153,11 @@ def checked(run: dict[str, Any], every: int, budget_s: float) -> dict[str, Any]:
         inp = window(run, n, rows)
         start = time.thread_time()
         if graded:
-            found = health.check(inp, final=final, budget_s=np.inf if final else budget_s)
+            found = (
+                health.check(inp)
+                if final
+                else health.check(inp, final=False, budget_s=budget_s, thin_beyond=THIN_BEYOND)
+            )
         else:
             found = health.check(inp)
         spent = time.thread_time() - start

@@ -24,6 +24,9 @@ from nbmonitor.health.slices import cuts, until
 from nbmonitor.health.thresholds import Thresholds
 from nbmonitor.health.view import HealthInput, View, new_from
 
+# The grid points a check that fell far behind is judged at (see ``Health.check``).
+THINNED = 8
+
 
 class Health:
     """Stateful alert rules over a monitor's recent data; one instance per monitor.
@@ -56,6 +59,7 @@ class Health:
         inp: HealthInput,
         final: bool = True,
         budget_s: float = math.inf,
+        thin_beyond: float = math.inf,
         clock: Callable[[], float] = time.perf_counter,
     ) -> list[Alert]:
         """Judge the data that arrived since the last call; return only the NEW alerts.
@@ -67,6 +71,11 @@ class Health:
         for the next check. A call runs for about ``budget_s`` (wall time on ``clock``: while
         the rules run, the training thread waits for the GIL), at least two slices, and leaves
         the rest to the next call (``behind``; ``judged_step`` says where it stopped).
+
+        A check whose new steps span more than ``thin_beyond`` steps (a loop so fast that the
+        checks fall behind: the caller would lose steps off its window) keeps up by judging
+        them at fewer points (``THINNED``, evenly spread): every step is still judged, but
+        at points that depend on how far behind it was.
         """
         col = inp.steps.get("step")
         if col is None or not len(col):
@@ -80,6 +89,9 @@ class Health:
             # No grid point reached: what is true now (system samples, other ranks) is still
             # judged, with no new steps (the step rules judge nothing).
             return self._check(until(inp, steps, first, first, now=True))
+        if len(plan) > THINNED and steps[-1] - steps[first] > thin_beyond:
+            keep = np.unique(np.linspace(0, len(plan) - 1, THINNED).round().astype(np.intp))
+            plan = [plan[i] for i in keep.tolist()]
         alerts: list[Alert] = []
         start = before = clock()
         for i, cut in enumerate(plan):
@@ -136,4 +148,4 @@ class Health:
         return outcome.make(new) if new else []
 
 
-__all__ = ["Health"]
+__all__ = ["THINNED", "Health"]

@@ -11,6 +11,7 @@ import pytest
 from tests.health.synthetic import Run
 
 from nbmonitor.health import Alert, Health, HealthInput
+from nbmonitor.health.checker import THINNED
 from nbmonitor.health.slices import GRID_SECONDS, GRID_STEPS, LOOKBACK, cuts, grid_end, until
 
 
@@ -126,3 +127,26 @@ def test_a_bounded_check_judges_a_slice_more_once_its_budget_is_spent() -> None:
     assert health.judged_step == 192 and not health.behind  # 193..200 wait for grid point 208
     health.check(run.upto(200, 200), final=True)
     assert health.judged_step == 200 and not health.behind
+
+
+def test_a_check_far_behind_judges_every_step_at_fewer_points() -> None:
+    run = Faulty(0.01)
+    passes: list[float] = []
+    health = Health()
+    inner = health._check
+
+    def counted(inp: HealthInput) -> list[Alert]:
+        passes.append(inp.steps["step"][-1])
+        return inner(inp)
+
+    health._check = counted  # type: ignore[method-assign]
+    # 460 steps, 28 grid points: more than 100 steps behind, it judges them at THINNED points.
+    health.check(run.upto(run.step, run.step), final=False, thin_beyond=100)
+    assert len(passes) == THINNED and health.judged_step == 448 and not health.behind
+    # Every step up to the newest grid point was judged, in wider slices.
+    assert passes[-1] == 448
+    # Not far behind: the grid as it is.
+    passes.clear()
+    health.reset()
+    health.check(run.upto(run.step, run.step), final=False, thin_beyond=1000)
+    assert len(passes) == 28
