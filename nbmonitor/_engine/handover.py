@@ -29,9 +29,9 @@ T = TypeVar("T")
 # How long a hand-over sleeps. Linux wakes a sleeper no sooner than its timer slack (50 us by
 # default), so shorter asks cost the same; the waiting thread needs only to be scheduled.
 PAUSE_S = 50e-6
-# The most records (or rows) one slice handles: a few microseconds each on the sampler thread,
-# so a slice is well under a millisecond.
-SLICE = 64
+# The most records (or rows) one slice handles: 5-20 us each on the sampler thread (tiny to
+# mlp20 of the benchmarks), so a slice stays under about a millisecond.
+SLICE = 32
 
 
 def pause() -> None:

@@ -377,4 +377,4 @@ class Pipeline:
             devices=tuple(parts.backend.device_gauges(dict(model.last_sample))),
             notes=self._notes(),
         )
-        return self.frames.build(state, detail=detail)
+        return self.frames.build(state, detail=detail, hand_over=self.hand_over)
