@@ -6,14 +6,19 @@ sampler tick costs by stage, and what ``close()`` costs by part.
     python -m benchmarks.cost --task mlp20 --dashboard --steps 2000
     python -m benchmarks.cost --parts paired --attach check_forward=True   # an optional probe
     python -m benchmarks.cost --task mlp20 --device cuda   # on a GPU: events and copies too
+    python -m benchmarks.cost --parts floor --attach interval=3600   # the floor, no ticks
 
-Four parts, each on a fresh monitor of the same model (AdamW, ``mon.log(loss=loss)`` every
-step, defaults otherwise), timed after ``--warmup`` steps so that the layer sampling of the
-first 100 steps is left out:
+Five parts (four by default), each on a fresh monitor of the same model (AdamW,
+``mon.log(loss=loss)`` every step, defaults otherwise), timed after ``--warmup`` steps so
+that the layer sampling of the first 100 steps is left out:
 
 1. **Paired fixed cost**: a plain twin and a monitored twin stepped in turn (as
    ``paired.py``), the median of the per-pair difference with a 95 % bootstrap interval. This
    is the number; the rest says what it is made of.
+1b. **The floor** (``--parts floor``, not run by default): four twins in turn, the plain
+   loop, plus the gradient-norm pass, plus the same hooks registered empty, and monitored, in
+   the thread's CPU time: nbmonitor's own fixed cost apart from the fused norm and torch's
+   hook dispatch (``floor()``).
 2. **Per-step breakdown**: every hook, probe and listener of the training thread wrapped in a
    timer (class attributes patched before attach); inclusive microseconds per step, nested as
    they call each other. The timers add ~0.2 us per call of their own.
@@ -167,6 +172,122 @@ def paired(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
         "added_us": float(np.median(d)) * 1e6,
         "added_us_ci95": [lo * 1e6, hi * 1e6],
     }
+
+
+# The floor's twins, each one step further from the plain loop (see floor()).
+FLOOR_ROLES = ("plain", "norm", "hooks", "monitored")
+
+
+def _empty_hooks(
+    model: torch.nn.Module, opt: torch.optim.Optimizer, norm: grad_norms.NormPass
+) -> list[Any]:
+    """The hooks nbmonitor registers at defaults, each doing nothing (the pre-step one takes the
+    norm): what torch's hook dispatch costs (``_call_impl``'s slow path, a gradient's
+    post-accumulate hook, the optimizer's hook lists) before nbmonitor does any work."""
+
+    def forward_pre(module: torch.nn.Module, args: Any) -> None:
+        return None
+
+    def forward(module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        return None
+
+    def landed(param: torch.Tensor) -> None:
+        return None
+
+    def pre_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        norm.take()
+
+    def post_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        return None
+
+    last = list(model.parameters())[-1]
+    return [
+        model.register_forward_pre_hook(forward_pre),
+        model.register_forward_hook(forward, with_kwargs=True),
+        last.register_post_accumulate_grad_hook(landed),
+        opt.register_step_pre_hook(pre_step),
+        opt.register_step_post_hook(post_step),
+    ]
+
+
+def floor(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
+    """What the fixed cost is measured against: four twins stepped in turn, in a new random
+    order each pass, each role on each twin in turn (rounds), timed in the thread's CPU time
+    (a wait for the GIL or a preempted core is not counted) and on the wall clock:
+
+    - ``plain``: the loop alone (its backward past nbmonitor's wrapper of
+      ``torch.autograd.backward``, which a monitor attached anywhere puts in every loop);
+    - ``norm``: plus the per-parameter gradient norms nbmonitor takes (``NormPass.take``: on
+      ``tiny`` one ``_foreach_norm`` and a ``stack``), before ``optimizer.step()``;
+    - ``hooks``: plus the hooks nbmonitor registers at defaults, empty (the norm taken in the
+      pre-step one): torch's own cost of a module, a gradient and an optimizer with hooks;
+    - ``monitored``: attached at defaults (``--attach`` options), ``mon.log(loss=loss)``.
+
+    ``monitored - hooks`` is nbmonitor's own fixed cost on the training thread: issue 29's
+    "15 us plus the fused norm" is ``monitored - norm``."""
+    rng = np.random.default_rng(1)
+    twins = [make_task(args.task, args.device) for _ in FLOOR_ROLES]
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-4) for m, _ in twins]
+    norms = [grad_norms.NormPass(list(m.parameters())) for m, _ in twins]
+    backward = intercept._ORIGINAL_BACKWARD
+    cpu: dict[str, list[float]] = {role: [] for role in FLOOR_ROLES}
+    wall: dict[str, list[float]] = {role: [] for role in FLOOR_ROLES}
+    rounds = len(FLOOR_ROLES)
+    for r in range(rounds):
+        role_of = {(i + r) % len(twins): role for i, role in enumerate(FLOOR_ROLES)}
+        mon: Any = None
+        handles: list[Any] = []
+        for i, role in role_of.items():
+            if role == "monitored":
+                mon = attach(twins[i][0], opts[i], tmp, args.dashboard)
+            elif role == "hooks":
+                handles = _empty_hooks(twins[i][0], opts[i], norms[i])
+
+        def step(i: int, role: str, mon: Any) -> None:
+            model, loss_fn = twins[i]
+            loss = loss_fn(model)
+            if role == "monitored":
+                loss.backward()
+            else:
+                backward(loss)
+                if role == "norm":
+                    norms[i].take()
+            opts[i].step()
+            opts[i].zero_grad(set_to_none=True)
+            if role == "monitored":
+                mon.log(loss=loss)
+
+        for _ in range(args.warmup):
+            for i, role in role_of.items():
+                step(i, role, mon)
+        order = list(role_of.items())
+        for _ in range(args.pairs // rounds):
+            for k in rng.permutation(len(order)):
+                i, role = order[k]
+                c0, t0 = time.thread_time(), time.perf_counter()
+                step(i, role, mon)
+                wall[role].append(time.perf_counter() - t0)
+                cpu[role].append(time.thread_time() - c0)
+        mon.close()
+        for handle in handles:
+            handle.remove()
+    out: dict[str, Any] = {"passes": len(cpu["plain"])}
+    for clock, times in (("cpu", cpu), ("wall", wall)):
+        base = np.asarray(times["plain"])
+        out[f"{clock}_plain_step_us"] = float(np.median(base)) * 1e6
+        for a, b in itertools.pairwise(FLOOR_ROLES):
+            out[f"{clock}_{b}_minus_{a}_us"] = _median_diff(times[b], times[a])
+        out[f"{clock}_monitored_minus_norm_us"] = _median_diff(times["monitored"], times["norm"])
+        out[f"{clock}_monitored_minus_plain_us"] = _median_diff(times["monitored"], base)
+    return out
+
+
+def _median_diff(a: list[float] | np.ndarray, b: list[float] | np.ndarray) -> list[float]:
+    """The median of the per-pass differences (us) and its 95 % bootstrap interval."""
+    d = (np.asarray(a) - np.asarray(b)) * 1e6
+    rows = np.random.default_rng(0).integers(0, len(d), size=(BOOTSTRAP_RESAMPLES, len(d)))
+    lo, hi = np.quantile(np.median(d[rows], axis=1), [0.025, 0.975])
+    return [float(np.median(d)), float(lo), float(hi)]
 
 
 def breakdown(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
@@ -406,6 +527,8 @@ def report(results: dict[str, Any]) -> None:
             f"plain step {p['plain_step_us']:.0f} us; monitored +{p['added_us']:.1f} us per "
             f"step (95 % CI {lo:+.1f} .. {hi:+.1f}, {p['pairs']} pairs)"
         )
+    if "floor" in results:
+        report_floor(results["floor"])
     if "breakdown" in results:
         print("\ntraining thread, inclusive us per step (calls per step):")
         for label, v in results["breakdown"].items():
@@ -414,6 +537,17 @@ def report(results: dict[str, Any]) -> None:
         report_counts(results["counts"])
     if "sampler" in results:
         report_sampler(results["sampler"])
+
+
+def report_floor(f: dict[str, Any]) -> None:
+    print(f"\nfloor ({f['passes']} passes of four twins), median us per step [95 % CI]:")
+    for clock in ("cpu", "wall"):
+        print(f"  {clock}: plain step {f[f'{clock}_plain_step_us']:.1f}")
+        for key, value in f.items():
+            if key.startswith(f"{clock}_") and "_minus_" in key:
+                mid, lo, hi = value
+                name = key[len(clock) + 1 : -3].replace("_minus_", " - ")
+                print(f"    {name:24s} {mid:+7.1f} [{lo:+.1f} .. {hi:+.1f}]")
 
 
 def report_counts(c: dict[str, Any]) -> None:
@@ -472,7 +606,7 @@ def main() -> int:
         "--parts",
         nargs="+",
         default=["paired", "breakdown", "counts", "sampler"],
-        choices=["paired", "breakdown", "counts", "sampler"],
+        choices=["paired", "floor", "breakdown", "counts", "sampler"],
     )
     args = ap.parse_args()
     for item in args.attach:
@@ -485,7 +619,13 @@ def main() -> int:
         "view": "dashboard" if args.dashboard else "no view",
         "attach": OPTIONS,
     }
-    parts = {"paired": paired, "breakdown": breakdown, "counts": counts, "sampler": ticks}
+    parts = {
+        "paired": paired,
+        "floor": floor,
+        "breakdown": breakdown,
+        "counts": counts,
+        "sampler": ticks,
+    }
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.parts:
             results[name] = parts[name](args, tmp)

@@ -5,9 +5,13 @@ GradScaler's scaling. One record per root; the sampler adds a step's up (each mi
 share of the step's loss, ``_engine/assemble/steps.py``). ``mon.log(loss=...)`` comes first.
 
 Most loops log the loss themselves, often after ``optimizer.step()``, so a root is only kept
-(detached: no graph) until the step has ended and the loop has had its chance to log; it is
-read (on an accelerator, one more device-to-host copy and event) only when the loop did not
-log a loss for that step: at the next micro-batch, or at ``flush()``/``close()``.
+until the step has ended and the loop has had its chance to log; it is read (on an
+accelerator, one more device-to-host copy and event) only when the loop did not log a loss for
+that step: at the next micro-batch, or at ``flush()``/``close()``. It is kept as it is, not
+detached (a torch call at every backward): the backward pass frees the graph's saved tensors,
+and what is left of the graph is a few small nodes the loop's own ``loss`` holds too. A
+backward asked to keep its graph (``retain_graph``, ``create_graph``) keeps its saved
+tensors: that root is detached, so that nbmonitor never holds a graph's memory.
 """
 
 from __future__ import annotations
@@ -25,29 +29,27 @@ from nbmonitor.records import FROM_BACKWARD, LogRecord
 class BackwardLoss:
     """Reads the roots of the backward passes of one step clock's steps."""
 
-    __slots__ = ("_ctx", "_logged", "_pending", "_scaled")
+    __slots__ = ("_ctx", "_logged", "_scaled", "pending")
 
     def __init__(self, ctx: StepContext) -> None:
         self._ctx = ctx
         # The last GradScaler.scale(loss): its result (weakly) and the loss, detached so that
         # no autograd graph is kept.
         self._scaled: tuple[weakref.ref[torch.Tensor], torch.Tensor] | None = None
-        # Roots not read yet: (step, detached root, its version when the backward started).
+        # Roots not read yet: (step, root, its version when the backward started).
         # A deque: the training thread appends, and release() may run on a flushing thread.
-        self._pending: collections.deque[tuple[int, torch.Tensor, int]] = collections.deque()
+        # Tested for truth at every forward (empty: nothing to release).
+        self.pending: collections.deque[tuple[int, torch.Tensor, int]] = collections.deque()
         self._logged = -1  # the last step mon.log(loss=...) gave a loss for
-
-    @property
-    def pending(self) -> bool:
-        return bool(self._pending)
 
     def scaled(self, scaled: torch.Tensor, loss: torch.Tensor) -> None:
         """``GradScaler.scale(loss)`` returned ``scaled``."""
         if loss.numel() == 1:
             self._scaled = (weakref.ref(scaled), loss.detach())
 
-    def started(self, tensors: object) -> None:
-        """A backward pass starts from ``tensors`` (with no gradient given)."""
+    def started(self, tensors: object, keeps_graph: bool = False) -> None:
+        """A backward pass starts from ``tensors`` (with no gradient given); ``keeps_graph``:
+        it keeps its graph (the roots are then detached)."""
         roots = (tensors,) if isinstance(tensors, torch.Tensor) else tensors
         if not isinstance(roots, (tuple, list)):
             return
@@ -59,15 +61,17 @@ class BackwardLoss:
             if root.is_meta or root.is_complex():
                 return
             values.append(scaled[1] if scaled is not None and scaled[0]() is root else root)
-        step = self._ctx.log_step
+        ctx = self._ctx
+        step = ctx.step + 1 if ctx.micro else ctx.step  # ctx.log_step, inline
         if step == self._logged:
             return  # the loop logged this step's loss already
-        if self._pending and self._pending[0][0] != step:
+        if self.pending and self.pending[0][0] != step:
             self.release(step - 1)  # an earlier step's, not released by a forward
         for value in values:
-            # detach() is a view (no device work); the version tells an in-place change since.
-            detached = value.detach()
-            self._pending.append((step, detached, detached._version))  # noqa: SLF001  (torch's in-place counter)
+            # detach() is a view (no device work); the version, shared with the view, tells an
+            # in-place change since.
+            kept = value.detach() if keeps_graph else value
+            self.pending.append((step, kept, kept._version))  # noqa: SLF001  (torch's in-place counter)
 
     def logged(self, step: int) -> None:
         """``mon.log(loss=...)`` gave the loss of ``step``: its roots are not needed."""
@@ -76,7 +80,7 @@ class BackwardLoss:
     def release(self, through: int | None = None) -> None:
         """Record the roots of the steps up to ``through`` (all: None) the loop logged no loss
         for; drop those it did."""
-        pending = self._pending
+        pending = self.pending
         recorder = self._ctx.recorder
         while pending:
             step = pending[0][0]

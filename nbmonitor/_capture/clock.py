@@ -22,16 +22,17 @@ from nbmonitor._capture import adopt, inputs, intercept, optimizer_kind
 from nbmonitor._capture.backward_end import BackwardEnd
 from nbmonitor._capture.backward_loss import BackwardLoss
 from nbmonitor._capture.closure import after_closure
+from nbmonitor._capture.device_value import DeviceValue
 from nbmonitor._capture.inputs import (
     batch_size,
     batch_tokens,
     first_tensor,
+    forward_counts,
     learning_rates,
     output_loss,
-    token_count,
 )
 from nbmonitor._capture.phases import FORWARD_START, OPTIMIZER_START, PhaseTimer
-from nbmonitor._capture.probes.base import NO_NORMS, Probe, StepContext
+from nbmonitor._capture.probes.base import NO_NORMS, Probe, StepContext, next_due
 from nbmonitor._capture.recorder import LogValueError, Recorder, make_log_record
 from nbmonitor.errors import ErrorLog, Guard, NonFiniteError
 from nbmonitor.records import StepRecord
@@ -39,6 +40,9 @@ from nbmonitor.records import StepRecord
 # A hook that torch.compile runs as it is, untraced (torch.compiler.disable, typed here).
 _eager: Callable[[Callable[..., None]], Callable[..., None]] = torch.compiler.disable
 
+
+# What a probe is called with at each moment, in order: (its guard, its bound method).
+_Calls = tuple[tuple[Guard, Callable[..., None]], ...]
 
 # One Guard each ("forward" guards an adapter's batch_started too; "optimizer_pre_step" adoption;
 # "loss" the backward passes' roots and GradScaler.scale).
@@ -123,8 +127,18 @@ class StepClock:
         self._keep_forward_pre = keep_forward_pre
         self._guards = {name: Guard(f"hook:{name}", errors) for name in _HOOKS.split()}
         self._log_guard = Guard("log", errors)
-        # Per moment, the (guard, bound method) of each probe that acts then, in order.
-        self._at: dict[str, tuple[tuple[Guard, Callable[..., None]], ...]] = {}
+        # The hot hooks' guards, one attribute load each.
+        self._forward_pre_guard = self._guards["forward_pre"]
+        self._forward_guard = self._guards["forward"]
+        self._pre_step_guard = self._guards["optimizer_pre_step"]
+        self._post_step_guard = self._guards["optimizer_post_step"]
+        self._loss_guard = self._guards["loss"]
+        # Per moment, the (guard, bound method) of each probe that acts then, in order: on
+        # the step in progress (``_at``), on any step (``_steady``), on a step a sampled probe
+        # takes (``_sampled``, every probe), the next of which is ``_next_sampled``.
+        self._at: dict[str, _Calls] = {}
+        self._steady = self._sampled = self._at
+        self._next_sampled = 0
         self._plan_calls()
         self._samples = 0
         self._tokens = 0
@@ -156,6 +170,10 @@ class StepClock:
         self._in_scaler_step = False
         self._stepped = False
         self._loss = BackwardLoss(self.ctx)
+        # The last learning rates read and the group values they were read from (see
+        # _learning_rates): none yet.
+        self._lrs: tuple[float | DeviceValue, ...] = ()
+        self._lrs_seen: tuple[object, ...] = ()
         self._step_depth = 0  # optimizer.step() calls under way (see _step_pre)
 
     @property
@@ -258,8 +276,9 @@ class StepClock:
         guard = self._log_guard
         if not guard.on:
             return
+        ctx = self.ctx
         try:
-            record = make_log_record(self.ctx.log_step, scalars)
+            record = make_log_record(ctx.step + 1 if ctx.micro else ctx.step, scalars)
         except (TypeError, LogValueError):
             raise
         except Exception as exc:
@@ -281,20 +300,39 @@ class StepClock:
     # -- probes -------------------------------------------------------------------------------
 
     def _plan_calls(self) -> None:
-        self._at = {
-            "forward_pre": self._calls("forward_pre", lambda p: p.forward_pre),
-            "forward": self._calls("forward", lambda p: p.forward),
-            "clip": self._calls("clip", lambda p: p.clip),
-            "pre_step": self._calls("pre_step", lambda p: p.pre_step),
-            "post_step": self._calls("post_step", lambda p: p.post_step),
+        self._sampled = self._plan(self.probes)
+        self._steady = self._plan([p for p in self.probes if not p.sampled])
+        self._next_sampled = self.ctx.step + 1
+        self._plan_step(self.ctx.step + 1)
+
+    def _plan(self, probes: Sequence[Probe]) -> dict[str, _Calls]:
+        return {
+            "forward_pre": self._calls(probes, "forward_pre", lambda p: p.forward_pre),
+            "forward": self._calls(probes, "forward", lambda p: p.forward),
+            "clip": self._calls(probes, "clip", lambda p: p.clip),
+            "pre_step": self._calls(probes, "pre_step", lambda p: p.pre_step),
+            "post_step": self._calls(probes, "post_step", lambda p: p.post_step),
         }
 
+    @staticmethod
     def _calls(
-        self, event: str, method: Callable[[Probe], Callable[..., None]]
-    ) -> tuple[tuple[Guard, Callable[..., None]], ...]:
-        return tuple((p.guard, method(p)) for p in self.probes if event in p.events())
+        probes: Sequence[Probe], event: str, method: Callable[[Probe], Callable[..., None]]
+    ) -> _Calls:
+        return tuple((p.guard, method(p)) for p in probes if event in p.events())
 
-    def _call(self, calls: tuple[tuple[Guard, Callable[..., None]], ...], *args: Any) -> None:
+    def _plan_step(self, step: int) -> None:
+        """The calls of ``step`` (1-based): every probe's on a step a sampled probe takes,
+        else only those of the probes that act at every step."""
+        if step < self._next_sampled:
+            self._at = self._steady
+            return
+        self._at = self._sampled
+        everies = {p.every for p in self.probes if p.sampled}
+        self._next_sampled = min((next_due(step + 1, e) for e in everies), default=step + 1)
+        if step not in {next_due(step, e) for e in everies}:
+            self._at = self._steady  # (after a plan made mid-run: retired probes, a restart)
+
+    def _call(self, calls: _Calls, *args: Any) -> None:
         ctx = self.ctx
         for guard, call in calls:
             if not guard.on:
@@ -316,8 +354,8 @@ class StepClock:
     # -- hooks --------------------------------------------------------------------------------
 
     def _forward_pre(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
-        guard = self._guards["forward_pre"]
-        if not torch.is_grad_enabled() or not guard.on:
+        guard = self._forward_pre_guard
+        if not guard.on or not torch.is_grad_enabled():
             return None
         try:
             if self._held is not None and self._held.reset():
@@ -338,8 +376,8 @@ class StepClock:
         kwargs: dict[str, Any],
         output: Any,
     ) -> None:
-        guard = self._guards["forward"]
-        if not torch.is_grad_enabled() or not guard.on:
+        guard = self._forward_guard
+        if not guard.on or not torch.is_grad_enabled():
             return None
         try:
             # Without an optimizer the step ends with the backward: _backward marks it.
@@ -350,8 +388,7 @@ class StepClock:
             self._backward_ended = False
             if self._held is not None:
                 self._held.forwarded = True
-            samples = ctx.forward_samples = batch_size(args, kwargs)
-            tokens = ctx.forward_tokens = token_count(args, kwargs)
+            samples, tokens = ctx.forward_samples, ctx.forward_tokens = forward_counts(args, kwargs)
             if not self._batches_counted:
                 ctx.micro += 1
                 self._samples += samples
@@ -449,7 +486,19 @@ class StepClock:
         return wrapped
 
     def _pre_step(self) -> None:
-        self._guarded("optimizer_pre_step", lambda: self._call(self._at["pre_step"]))
+        # _guarded(), written out: no closure made at each step.
+        guard = self._pre_step_guard
+        if guard.on:
+            try:
+                self._call(self._at["pre_step"])
+                if guard.in_a_row:
+                    guard.ok()
+            except NonFiniteError:
+                self.ctx.norms = NO_NORMS
+                raise
+            except Exception as exc:
+                self.ctx.norms = NO_NORMS
+                guard.failed(exc)
         self.phases.mark(OPTIMIZER_START)  # after the probes: their work is "other"
 
     def _step_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -460,12 +509,23 @@ class StepClock:
         if self._absorb:
             self._absorb = False
             return
-        self._guarded("optimizer_post_step", self._post_step)
-
-    def _post_step(self) -> None:
-        if self._at["post_step"]:
-            self._call(self._at["post_step"])
-        self._end_step()
+        # _guarded(), written out: no bound method made at each step.
+        guard = self._post_step_guard
+        if not guard.on:
+            return
+        try:
+            calls = self._at["post_step"]
+            if calls:
+                self._call(calls)
+            self._end_step()
+            if guard.in_a_row:
+                guard.ok()
+        except NonFiniteError:
+            self.ctx.norms = NO_NORMS
+            raise
+        except Exception as exc:
+            self.ctx.norms = NO_NORMS
+            guard.failed(exc)
 
     # -- the end of a step ----------------------------------------------------------------------
 
@@ -478,30 +538,40 @@ class StepClock:
         step_time = now - start if start is not None else float("nan")
         ctx = self.ctx
         ctx.step += 1
+        if ctx.step + 1 < self._next_sampled:  # _plan_step(), its usual case inline
+            self._at = self._steady
+        else:
+            self._plan_step(ctx.step + 1)
         norms, which, layout = ctx.norms
         ctx.norms = NO_NORMS
         clip_total = None if skipped else ctx.clip_total
         max_norm = ctx.max_norm
         ctx.clips, ctx.clip_total, ctx.max_norm = 0, None, math.nan
-        self.phases.step_end(ctx.step, now, self.recorder.put)
-        added = inputs.groups_added(self.optimizer, self._n_groups, self._param_ids)
-        self._n_groups += len(added)
-        self.recorder.put(
+        put = self.recorder.put
+        self.phases.step_end(ctx.step, now, put)
+        optimizer = self.optimizer
+        if optimizer is not None and len(optimizer.param_groups) != self._n_groups:
+            added = inputs.groups_added(optimizer, self._n_groups, self._param_ids)
+            self._n_groups += len(added)
+        else:
+            added = ()
+        # Positional, in the fields' order: a call with fourteen keywords costs more.
+        put(
             StepRecord(
-                step=ctx.step,
-                time=self._wall_clock() if wall is None else wall,
-                step_time=step_time,
-                samples=self._samples,
-                micro_batches=ctx.micro,
-                lrs=learning_rates(self.optimizer),
-                norms=norms,
-                norm_index=which,
-                norms_layout=layout,
-                clip_norm=clip_total,
-                max_norm=max_norm,
-                skipped=skipped,
-                groups_added=added,
-                tokens=self._tokens,
+                ctx.step,
+                self._wall_clock() if wall is None else wall,
+                step_time,
+                self._samples,
+                ctx.micro,
+                self._learning_rates(optimizer),
+                norms,
+                which,
+                layout,
+                clip_total,
+                max_norm,
+                skipped,
+                added,
+                self._tokens,
             )
         )
         self._last_end = now
@@ -516,19 +586,51 @@ class StepClock:
             for listener in tuple(self.step_listeners):
                 listener(ctx.step)
 
+    def _learning_rates(
+        self, optimizer: torch.optim.Optimizer | None
+    ) -> tuple[float | DeviceValue, ...]:
+        """Each param group's learning rate (``inputs.learning_rates``); the last step's tuple
+        again while every group holds the same Python number object (a scheduler sets a new
+        one, and a number never changes), so that a step with no change makes nothing new. A
+        tensor (or array) learning rate may change in place: read at every step."""
+        if optimizer is None:
+            return ()
+        groups = optimizer.param_groups
+        seen = self._lrs_seen
+        if len(groups) == len(seen):
+            for group, lr in zip(groups, seen, strict=True):
+                if group.get("lr") is not lr:
+                    break
+            else:
+                return self._lrs
+        lrs = learning_rates(optimizer)
+        raw = tuple(group.get("lr") for group in groups)
+        # Python numbers only: a 0-d array or a tensor may change in place.
+        self._lrs_seen = raw if all(isinstance(lr, (float, int)) for lr in raw) else ()
+        self._lrs = lrs
+        return lrs
+
     # -- the clip, GradScaler and backward listeners (intercept.py sees the loop call them) ---
 
     def loss_scaled(self, scaled: torch.Tensor, loss: torch.Tensor) -> None:
         if self.ctx.micro:
             self._guarded("loss", lambda: self._loss.scaled(scaled, loss))
 
-    def backward_called(self, tensors: object, grad_tensors: object) -> None:
+    def backward_called(self, tensors: object, grad_tensors: object, keeps_graph: bool) -> None:
         # Only while this model's step is under way (a forward or an adapter's batch since the
         # last step ended, and since the pass held if one is): a backward of something else,
         # between steps, is not its loss.
         held = self._held
         if self.ctx.micro and grad_tensors is None and (held is None or held.forwarded):
-            self._guarded("loss", lambda: self._loss.started(tensors))
+            guard = self._loss_guard  # _guarded(), written out: no closure at each backward
+            if not guard.on:
+                return
+            try:
+                self._loss.started(tensors, keeps_graph)
+                if guard.in_a_row:
+                    guard.ok()
+            except Exception as exc:
+                guard.failed(exc)
 
     def clip_started(self, params: list[torch.Tensor]) -> None:
         # Another model's clip (or one of no parameters) is not this step's; without an

@@ -77,6 +77,21 @@ def batch_size(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
     return 0
 
 
+def forward_counts(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[int, int]:
+    """``(batch_size(args, kwargs), token_count(args, kwargs))``, read at every forward: a
+    first argument that is a tensor (most loops) in a few calls, the rest as those two do."""
+    if args and not kwargs:
+        first = args[0]
+        if isinstance(first, torch.Tensor):
+            shape = first.shape
+            if not shape:
+                return 1, 0
+            if len(shape) == 2 and first.dtype in _TOKEN_DTYPES:
+                return shape[0], shape[0] * shape[1]
+            return shape[0], 0
+    return batch_size(args, kwargs), token_count(args, kwargs)
+
+
 def token_count(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
     """Token ids a forward call was given (0 if none): the ``input_ids`` keyword, else a 2-D
     integer tensor as the first argument (batch x sequence). The number of elements, padding

@@ -47,8 +47,9 @@ class Listener(Protocol):
     def loss_scaled(self, scaled: torch.Tensor, loss: torch.Tensor) -> None:
         """``GradScaler.scale(loss)`` returned ``scaled``."""
 
-    def backward_called(self, tensors: object, grad_tensors: object) -> None:
-        """``torch.autograd.backward`` is about to run from ``tensors``."""
+    def backward_called(self, tensors: object, grad_tensors: object, keeps_graph: bool) -> None:
+        """``torch.autograd.backward`` is about to run from ``tensors``; ``keeps_graph``: it
+        was asked to keep the graph (``retain_graph`` or ``create_graph``)."""
 
 
 _lock = threading.Lock()
@@ -110,10 +111,24 @@ def scaler_scale(self: torch.amp.GradScaler, outputs: Any) -> Any:
 
 
 @functools.wraps(_ORIGINAL_BACKWARD)
-def backward(tensors: Any, grad_tensors: Any = None, *args: Any, **kwargs: Any) -> None:
-    for listener in _live():
-        listener.backward_called(tensors, grad_tensors)
-    return _ORIGINAL_BACKWARD(tensors, grad_tensors, *args, **kwargs)
+def backward(
+    tensors: Any,
+    grad_tensors: Any = None,
+    retain_graph: bool | None = None,
+    create_graph: bool = False,
+    grad_variables: Any = None,
+    inputs: Any = None,
+) -> None:
+    # torch's own parameters, named: no tuple or dict made for them at each backward. A loop
+    # over the weak references, not _live(): no list either.
+    keeps_graph = bool(retain_graph or create_graph)
+    for ref in _listeners:
+        listener = ref()
+        if listener is not None:
+            listener.backward_called(tensors, grad_tensors, keeps_graph)
+    return _ORIGINAL_BACKWARD(
+        tensors, grad_tensors, retain_graph, create_graph, grad_variables, inputs
+    )
 
 
 # Where the function is looked up: torch.nn.utils.clip_grad_norm_ and its home module.

@@ -38,6 +38,9 @@ class StepCount:
 
     def __init__(self, clock: StepClock) -> None:
         self._clock_ref: weakref.ref[StepClock] = weakref.ref(clock)
+        # The step clock while it lives, else None: the reference itself, so that asking
+        # (Monitor.log, at every step) is one C call.
+        self.clock = self._clock_ref
         # The clock's context (the step counter, the recorder; no model) outlives the clock,
         # so that the steps counted after the last look are still known once it is gone.
         self._ctx = clock.ctx
@@ -55,9 +58,6 @@ class StepCount:
             self._last_step, self._last_ctx_step = clock.step, self._ctx.step
             return self._last_step
         return self._last_step + self._ctx.step - self._last_ctx_step
-
-    def clock(self) -> StepClock | None:
-        return self._clock_ref()
 
     def phase(self) -> int | None:
         """The step phase the training thread is in now (``PhaseTimer.current``)."""

@@ -41,6 +41,15 @@ def due(step: int, every: int) -> bool:
     return step % every == 0
 
 
+def next_due(step: int, every: int) -> int:
+    """The first step from ``step`` on that ``due(., every)`` takes."""
+    if step <= EARLY_EVERY_STEP:
+        return step
+    regular = -(-step // every) * every
+    early = -(-step // EARLY_STRIDE) * EARLY_STRIDE
+    return min(regular, early) if early <= EARLY_STEPS else regular
+
+
 # The moments of a step a probe can act at, in the order they happen.
 EVENTS = ("forward_pre", "forward", "clip", "pre_step", "post_step")
 
@@ -88,10 +97,16 @@ class StepContext:
 
 
 class Probe(Protocol):
-    """One measurement. ``name`` names its Guard (``probe:<name>`` in ``mon.errors``)."""
+    """One measurement. ``name`` names its Guard (``probe:<name>`` in ``mon.errors``).
+
+    A ``sampled`` probe acts only on the steps ``due(step, every)`` takes: the clock calls it
+    on those steps alone (and the probe may check ``due`` again), so that the steps between
+    cost it nothing, not even a call."""
 
     name: str
     guard: Guard
+    sampled: bool
+    every: int
 
     def events(self) -> tuple[str, ...]:
         """The moments (of ``EVENTS``) this probe acts at; the clock calls only those."""
@@ -119,6 +134,8 @@ class ProbeBase:
     """Does nothing at every event; a probe overrides what it needs and lists it in events()."""
 
     name = "probe"
+    sampled = False  # called at every step
+    every = 1
 
     def __init__(self, guard: Guard) -> None:
         self.guard = guard

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from nbmonitor._capture.inputs import output_loss
 from nbmonitor._capture.probes.base import ProbeBase, StepContext
 from nbmonitor._capture.recorder import make_log_record
@@ -18,6 +20,8 @@ class OutputLossProbe(ProbeBase):
         return ("forward",)
 
     def forward(self, ctx: StepContext, output: Any) -> None:
+        if isinstance(output, torch.Tensor):
+            return  # most models: no call more at each forward
         loss = output_loss(output)
         if loss is not None:
             record = make_log_record(ctx.log_step, {"loss": loss})

@@ -29,6 +29,7 @@ from nbmonitor.records import MemoryRecord
 
 class MemoryProbe(ProbeBase):
     name = "memory"
+    sampled = True  # the clock calls it on sampled steps only
 
     def __init__(
         self,

@@ -22,6 +22,7 @@ UPDATE_COPY_MAX_BYTES = 2 * 2**30
 
 class UpdateRatioProbe(ProbeBase):
     name = "update_ratio"
+    sampled = True  # the clock calls it on sampled steps only
 
     def __init__(
         self, guard: Guard, params: list[torch.nn.Parameter], names: list[str], every: int

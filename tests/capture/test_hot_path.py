@@ -1,0 +1,166 @@
+"""What the training thread skips at every step, and that the numbers stay right: sampled probes
+called on their steps only, learning rates read again only when they change, the backward's root
+kept without a torch call, the forward's inputs read in a few calls."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import nbmonitor
+from nbmonitor._capture.inputs import batch_size, forward_counts, token_count
+from nbmonitor._capture.probes.base import due, next_due
+from nbmonitor._capture.probes.memory import MemoryProbe
+from nbmonitor._capture.probes.update_ratio import UpdateRatioProbe
+from nbmonitor.records import AuxRecord, MemoryRecord, Record, StepRecord
+
+# A monitor, its model and optimizer, and the records its training thread put.
+Watched = tuple[Any, torch.nn.Module, torch.optim.Optimizer, list[Record]]
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+
+
+@pytest.fixture
+def watched(
+    tmp_path: Path,
+) -> Iterator[Watched]:
+    """A monitor (no ticks) and every record its training thread puts, in order."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon = nbmonitor.attach(
+        model, opt, run_dir=tmp_path, display=False, interval=3600, layer_every=50
+    )
+    recorder = mon._life.clock().recorder
+    put = recorder.put
+    seen: list[Record] = []
+
+    def keep(record: Record) -> None:
+        seen.append(record)
+        put(record)
+
+    recorder.put = keep
+    try:
+        yield mon, model, opt, seen
+    finally:
+        mon.close()
+
+
+def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, **backward: bool) -> torch.Tensor:
+    loss = model(torch.ones(2, 4)).pow(2).mean()
+    loss.backward(**backward)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss
+
+
+@pytest.mark.parametrize("every", [1, 7, 10, 50, 200])
+def test_next_due_is_the_first_step_due_takes(every: int) -> None:
+    for step in range(1, 700):
+        first = step
+        while not due(first, every):
+            first += 1
+        assert next_due(step, every) == first
+
+
+def test_sampled_probes_are_called_on_their_steps_only(
+    watched: Watched,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    mon, model, opt, seen = watched
+    calls: dict[str, list[int]] = {"memory": [], "update_ratio": []}
+    clock = mon._life.clock()
+    for probe in clock.probes:
+        if isinstance(probe, (MemoryProbe, UpdateRatioProbe)):
+            original = probe.post_step
+
+            def counted(ctx: Any, _name: str = probe.name, _f: Any = original) -> None:
+                calls[_name].append(ctx.step + 1)
+                _f(ctx)
+
+            monkeypatch.setattr(probe, "post_step", counted)
+    clock._plan_calls()  # the patched methods, bound again
+    for _ in range(260):
+        _step(model, opt)
+    sampled = [s for s in range(1, 261) if due(s, 50)]
+    assert sampled[-4:] == [100, 150, 200, 250]
+    # Called on the sampled steps and no other; and still measured on each of them.
+    assert calls == {"memory": sampled, "update_ratio": sampled}
+    assert [r.step for r in seen if isinstance(r, AuxRecord) and r.kind == "update"] == sampled
+    assert [r.breakdown.step for r in seen if isinstance(r, MemoryRecord)] == sampled
+    assert [r.step for r in seen if isinstance(r, StepRecord)] == list(range(1, 261))
+
+
+def test_learning_rates_follow_a_scheduler_and_a_tensor_changed_in_place(
+    watched: Watched,
+) -> None:
+    _, model, opt, seen = watched
+    for _ in range(3):
+        _step(model, opt)
+    scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    for _ in range(3):
+        _step(model, opt)
+        scheduler.step()
+    for _ in range(2):
+        _step(model, opt)
+    opt.param_groups[0]["lr"] = torch.tensor(0.25)
+    _step(model, opt)
+    opt.param_groups[0]["lr"].fill_(0.125)  # in place: the same object, a new value
+    _step(model, opt)
+    steps = [r for r in seen if isinstance(r, StepRecord)]
+    lrs = [r.lrs[0] if isinstance(r.lrs[0], float) else r.lrs[0].values()[0] for r in steps]
+    assert lrs == [0.1, 0.1, 0.1, 0.1, 0.05, 0.025, 0.0125, 0.0125, 0.25, 0.125]
+    # Unchanged Python numbers: the same tuple again, nothing new made for it.
+    assert steps[0].lrs is steps[1].lrs is steps[2].lrs
+    assert steps[3].lrs is not steps[4].lrs
+
+
+def test_the_backward_root_is_kept_as_it_is_unless_the_graph_is_kept(
+    watched: Watched,
+) -> None:
+    mon, model, opt, _ = watched
+    loss_module = mon._life.clock()._loss
+    loss = model(torch.ones(2, 4)).pow(2).mean()
+    loss.backward()
+    ((_, kept, _),) = loss_module.pending
+    assert kept is loss  # no detach() (a torch call) at each backward
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    loss = model(torch.ones(2, 4)).pow(2).mean()
+    loss.backward(retain_graph=True)
+    ((_, kept, _),) = loss_module.pending
+    # The graph's saved tensors outlive this backward: nbmonitor must not hold them.
+    assert kept is not loss and kept.grad_fn is None and not kept.requires_grad
+    assert kept.item() == loss.item()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    mon.flush()
+    losses = mon.history()["loss"].tolist()
+    assert len(losses) == 2 and losses[1] == pytest.approx(loss.item())
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [
+        ((torch.ones(3, 4),), {}),
+        ((torch.ones(3, 5, dtype=torch.int64),), {}),
+        ((torch.ones(3, 5, 2, dtype=torch.int64),), {}),
+        ((torch.ones(2, 7, dtype=torch.int32), torch.ones(2)), {}),
+        ((torch.tensor(1.0),), {}),
+        ((), {"input_ids": torch.ones(2, 6, dtype=torch.int64)}),
+        ((torch.ones(3, 4),), {"input_ids": torch.ones(2, 6, dtype=torch.int64)}),
+        (([torch.ones(5, 2)],), {}),
+        (("text", torch.ones(4, 2)), {}),
+        ((), {}),
+    ],
+)
+def test_forward_counts_read_what_batch_size_and_token_count_read(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
+    assert forward_counts(args, kwargs) == (batch_size(args, kwargs), token_count(args, kwargs))
