@@ -29,7 +29,7 @@ from nbmonitor.records import FROM_BACKWARD, LogRecord
 class BackwardLoss:
     """Reads the roots of the backward passes of one step clock's steps."""
 
-    __slots__ = ("_ctx", "_logged", "_scaled", "pending")
+    __slots__ = ("_ctx", "_scaled", "logged_step", "pending")
 
     def __init__(self, ctx: StepContext) -> None:
         self._ctx = ctx
@@ -40,7 +40,9 @@ class BackwardLoss:
         # A deque: the training thread appends, and release() may run on a flushing thread.
         # Tested for truth at every forward (empty: nothing to release).
         self.pending: collections.deque[tuple[int, torch.Tensor, int]] = collections.deque()
-        self._logged = -1  # the last step mon.log(loss=...) gave a loss for
+        # The last step mon.log(loss=...) gave a loss for: its roots are not needed (set by
+        # the clock's log(), an attribute: no call at each step).
+        self.logged_step = -1
 
     def scaled(self, scaled: torch.Tensor, loss: torch.Tensor) -> None:
         """``GradScaler.scale(loss)`` returned ``scaled``."""
@@ -63,7 +65,7 @@ class BackwardLoss:
             values.append(scaled[1] if scaled is not None and scaled[0]() is root else root)
         ctx = self._ctx
         step = ctx.step + 1 if ctx.micro else ctx.step  # ctx.log_step, inline
-        if step == self._logged:
+        if step == self.logged_step:
             return  # the loop logged this step's loss already
         if self.pending and self.pending[0][0] != step:
             self.release(step - 1)  # an earlier step's, not released by a forward
@@ -72,10 +74,6 @@ class BackwardLoss:
             # in-place change since.
             kept = value.detach() if keeps_graph else value
             self.pending.append((step, kept, kept._version))  # noqa: SLF001  (torch's in-place counter)
-
-    def logged(self, step: int) -> None:
-        """``mon.log(loss=...)`` gave the loss of ``step``: its roots are not needed."""
-        self._logged = step
 
     def release(self, through: int | None = None) -> None:
         """Record the roots of the steps up to ``through`` (all: None) the loop logged no loss
@@ -90,7 +88,7 @@ class BackwardLoss:
                 step, value, version = pending.popleft()
             except IndexError:  # emptied by another thread between the check and the pop
                 return
-            if step == self._logged or value._version != version:  # noqa: SLF001
+            if step == self.logged_step or value._version != version:  # noqa: SLF001
                 continue  # logged by the loop; or changed in place, its value then unknown
             record = LogRecord(step, source=FROM_BACKWARD)
             record.tensors.append((("loss",), DeviceValue(value)))

@@ -286,7 +286,7 @@ class StepClock:
             return
         self.recorder.put(record)
         if "loss" in scalars:
-            self._loss.logged(record.step)
+            self._loss.logged_step = record.step  # its roots are not needed
 
     def release_losses(self) -> None:
         """Record the backward passes' losses still kept (``backward_loss.py``): at
@@ -381,7 +381,7 @@ class StepClock:
             return None
         try:
             # Without an optimizer the step ends with the backward: _backward marks it.
-            self.phases.forward_ended(output, watch=self.optimizer is not None)
+            self.phases.forward_ended(output, self.optimizer is not None)
             # A micro-batch counts once its forward has run (a forward that raised is none).
             ctx = self.ctx
             self._forwarded = True

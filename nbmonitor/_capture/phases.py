@@ -33,6 +33,8 @@ DATA, FORWARD, BACKWARD, OTHER, OPTIMIZER = range(len(PHASES))
 # The most CUDA events one step keeps (a step has about five per micro-batch).
 MAX_EVENTS = 1024
 
+_ZEROS = (0.0,) * len(PHASES)
+
 # The moments a step is marked at.
 END, FORWARD_START, FORWARD_END, BACKWARD_END, OPTIMIZER_START = range(5)
 
@@ -259,11 +261,21 @@ class PhaseTimer:
 
     def step_end(self, step: int, now: float, put: Callable[[PhaseRecord], None]) -> None:
         """Mark the step's end and ``put`` the record of its phases (none before a forward)."""
-        started = self._last >= 0
-        self.mark(END, now)
-        if not started or not self.enabled or not self.guard.on:
+        last = self._last
+        if last < 0 or self._cuda or not self._ended:
+            self.mark(END, now)
+            if last >= 0 and self.enabled and self.guard.on:
+                put(self._record(step))
             return
-        put(self._record(step))
+        if not self.enabled or not self.guard.on:
+            return
+        # mark(END) and _record() on the host clock, written out: at every step's end.
+        sums = self._sums
+        sums[_PHASE[last][END]] += now - self._t
+        self._t = now
+        self._last = END
+        put(PhaseRecord(step, tuple(sums)))
+        sums[:] = _ZEROS
 
     def _record(self, step: int) -> PhaseRecord:
         first, self._ended = not self._ended, True
