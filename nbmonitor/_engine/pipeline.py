@@ -47,6 +47,9 @@ PUBLISH_EVERY_S = 0.25
 # HEALTH_WINDOW_MAX in all.
 HEALTH_WINDOW = 512
 HEALTH_WINDOW_MAX = 8192
+# A scheduled health check judges slices for about this long and leaves the rest to the next
+# tick's (Health.check): while the rules run, the training thread waits for the GIL.
+HEALTH_BUDGET_S = 0.002
 # The most a health check waits for the other ranks' steps (read from their files).
 RANKS_TIMEOUT_S = 1.0
 # A sink that failed repeatedly (a full disk) is tried again after this many seconds.
@@ -85,7 +88,9 @@ class Pipeline:
             "memory": [],
         }
         self._notes_seen = 0
-        self._health_step = 0
+        # Whether the health check judges every step it has (a flush, the final tick), not only
+        # up to the newest grid point (health/slices.py).
+        self._health_final = False
         self._copy_skip_reported = False
         self._layer_row_step = -math.inf
         self._last_publish = -math.inf
@@ -128,9 +133,11 @@ class Pipeline:
             hand_over.scheduled() if paced else contextlib.nullcontext(),
         ):
             self._scheduled = paced
+            self._health_final = not paced
+            behind = self.parts.health.behind  # it left slices to judge: not paced until done
             try:
                 for stage in self.stages:
-                    stage(paced)
+                    stage(paced and not (behind and stage is self._health_stage))
                     hand_over()
             finally:
                 self._scheduled = False
@@ -140,6 +147,7 @@ class Pipeline:
         with self.lock, np.errstate(all="ignore"):
             self.collect(wait=True, everything=True)
             # Unpaced, behind the health stage's own guard: a rule switched off stays off.
+            self._health_final = True
             self._health_stage()
             self.persist(final=True)
 
@@ -238,13 +246,17 @@ class Pipeline:
         self.flow.take_waiting()
         parts = self.parts
         step = parts.current_step()
-        # Paced, the rules may run seconds apart: they get every step since their last run.
-        window = min(HEALTH_WINDOW + step - self._health_step, HEALTH_WINDOW_MAX)
-        self._health_step = step
+        # Paced, the rules may run seconds apart: they get every step since the last one they
+        # judged.
+        judged = parts.health.judged_step
+        since = int(judged) if judged is not None and 0 <= judged <= step else 0
+        window = min(HEALTH_WINDOW + step - since, HEALTH_WINDOW_MAX)
         # What the optimizer is (recorded once by the training side), for the time rules.
         self.model.optimizer = self._assembler.optimizer
         inp = self.model.health_input(step, parts.clock(), window, self._ranks())
-        self.add_alerts(parts.health.check(inp))
+        final = self._health_final
+        budget = math.inf if final else HEALTH_BUDGET_S
+        self.add_alerts(parts.health.check(inp, final=final, budget_s=budget))
         self._publish_layers()
         self._write_layer_grads()
 
