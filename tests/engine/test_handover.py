@@ -47,11 +47,16 @@ def test_slice_size_must_be_positive():
         HandOver(size=0)
 
 
-def test_the_pause_sleeps_briefly_and_releases_the_gil(monkeypatch: pytest.MonkeyPatch):
+def test_the_pause_sleeps_as_long_as_the_slice_before_it_ran_within_bounds():
+    cpu = [0.0]
     slept: list[float] = []
-    monkeypatch.setattr(handover.time, "sleep", slept.append)
-    handover.pause()
-    assert slept == [handover.PAUSE_S] and 0 < handover.PAUSE_S <= 1e-3
+    pause = handover.Pause(cpu_clock=lambda: cpu[0], sleep=slept.append)
+    pause()  # nothing ran before: the shortest
+    for ran in (0.0003, 0.0, 0.5):
+        cpu[0] += ran
+        pause()
+    assert slept == [handover.PAUSE_S, 0.0003, handover.PAUSE_S, handover.MAX_PAUSE_S]
+    assert 0 < handover.PAUSE_S < handover.MAX_PAUSE_S <= 0.005  # under the switch interval
 
 
 def run(model: torch.nn.Module, tmp: Any, steps: int = STEPS) -> Any:
