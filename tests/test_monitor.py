@@ -607,9 +607,9 @@ def test_scheduled_ticks_pace_the_health_rules_but_flush_runs_them(model, tmp_pa
     ticks: list[bool] = []
     tick = Pipeline.tick
 
-    def counting(self: Health, inp: object) -> object:
+    def counting(self: Health, inp: object, **options: object) -> object:
         checks.append(time.monotonic())
-        return check(self, inp)
+        return check(self, inp, **options)
 
     def ticking(self: Pipeline, paced: bool) -> None:
         ticks.append(paced)
@@ -636,7 +636,9 @@ def test_paced_health_judges_steps_beyond_the_window(model, tmp_path, monkeypatc
     seen = []
     check = Health.check
     monkeypatch.setattr(
-        Health, "check", lambda self, inp: seen.append(len(inp.steps["step"])) or check(self, inp)
+        Health,
+        "check",
+        lambda self, inp, **kw: seen.append(len(inp.steps["step"])) or check(self, inp, **kw),
     )
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     with attach(model, opt, tmp_path, interval=60) as mon:

@@ -11,14 +11,18 @@ the layers already reported.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
 
 from nbmonitor.health.alert import Alert
 from nbmonitor.health.rule import Outcome, Rule, RuleFactory
 from nbmonitor.health.rules import RULES
-from nbmonitor.health.slices import slices
+from nbmonitor.health.slices import cuts, until
 from nbmonitor.health.thresholds import Thresholds
-from nbmonitor.health.view import HealthInput, View
+from nbmonitor.health.view import HealthInput, View, new_from
 
 
 class Health:
@@ -35,18 +39,60 @@ class Health:
         self.rules: tuple[Rule, ...] = tuple(make(self.thresholds) for make in rules)
         self._last_step: float | None = None
         self._last_layer_step: float | None = None
+        self._grid_time: float | None = None  # recorded time of the last grid point judged
+        # Whether the last check left grid points for the next one (its budget was spent).
+        self.behind = False
         # (rule, subject) -> step from which it has been judged clear (None while it holds)
         self._active: dict[tuple[str, str], int | None] = {}
 
-    def check(self, inp: HealthInput) -> list[Alert]:
+    @property
+    def judged_step(self) -> float | None:
+        """The newest step judged (None before the first): the next check must bring the steps
+        after it (``check`` judges in bounded passes and may leave some for the next call)."""
+        return self._last_step
+
+    def check(
+        self,
+        inp: HealthInput,
+        final: bool = True,
+        budget_s: float = math.inf,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> list[Alert]:
         """Judge the data that arrived since the last call; return only the NEW alerts.
 
-        Many new steps at once (a short run that ended before the first check, checks seconds
-        apart) are judged in slices, in step order, as if checked every few dozen steps.
+        The new steps are judged in slices that end at grid points fixed by the data
+        (``slices.py``), oldest first, so the same run raises the same alerts at the same
+        steps however its checks fell. With ``final`` (a run that closed, a flush, a run read
+        from disk) the steps after the newest grid point are judged too; without, they wait
+        for the next check. Once a call has run for ``budget_s`` (wall time on ``clock``: while
+        the rules run, the training thread waits for the GIL) it judges one more slice and
+        leaves the rest to the next call (``behind``; ``judged_step`` says where it stopped).
         """
+        col = inp.steps.get("step")
+        if col is None or not len(col):
+            return self._check(inp)
+        steps = np.asarray(col, dtype=np.float64)
+        times = inp.steps.get("time")
+        first = new_from(steps, self._last_step)
+        plan = cuts(steps, times, first, self._grid_time, final)
+        self.behind = False
+        if not plan:
+            # No grid point reached: what is true now (system samples, other ranks) is still
+            # judged, with no new steps (the step rules judge nothing).
+            return self._check(until(inp, steps, first, first, now=True))
         alerts: list[Alert] = []
-        for part in slices(inp, self._last_step):
-            alerts.extend(self._check(part))
+        start, spent = clock(), False
+        for i, cut in enumerate(plan):
+            last = spent or i == len(plan) - 1
+            self.behind = i < len(plan) - 1
+            alerts.extend(self._check(until(inp, steps, first, cut.end, now=last)))
+            if cut.grid and times is not None and len(times) == steps.size:
+                when = float(times[cut.end - 1])
+                self._grid_time = when if math.isfinite(when) else self._grid_time
+            if last:
+                break
+            first = cut.end
+            spent = clock() - start >= budget_s
         return alerts
 
     def _check(self, inp: HealthInput) -> list[Alert]:
@@ -65,6 +111,8 @@ class Health:
         self._active.clear()
         self._last_step = None
         self._last_layer_step = None
+        self._grid_time = None
+        self.behind = False
         for rule in self.rules:
             rule.reset()
 

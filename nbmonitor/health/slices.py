@@ -1,9 +1,24 @@
-"""Many new steps in one check, cut into slices the rules judge one after the other.
+"""Where the rules are judged: at grid points fixed by the data, whatever the checks' pace.
 
-A run shorter than one check interval, or checks that the pacing put seconds apart, bring
-hundreds of new steps at once. Judged as one block, a rule compares them with the little
-history before them, and misses what happened in the middle; judged in slices, each slice has
-the steps before it as reference, as if the rules had run every few dozen steps.
+A check brings whatever steps arrived since the last one: a few on a slow run, hundreds on a
+fast one or a loaded machine whose checks the pacing put seconds apart. If the rules judged
+each check's steps as one block, what they found (and the step an alert names) would depend
+on where the checks happened to fall, i.e. on the machine's speed. So a check is cut at grid
+points that depend only on the data, and each slice is judged as if a check had run exactly
+there, oldest first:
+
+- a **step grid**: every ``GRID_STEPS`` steps (steps 16, 32, 48, ...), coarser as the run
+  grows (``GRID_PER_DOUBLING`` points from one power of two of the step to the next: every
+  32 steps from step 512, every 64 from 1,024, ...), so a long fast run costs a few passes
+  a second, not hundreds;
+- a **time grid**: a row whose own wall time (the ``time`` column, as recorded) is
+  ``GRID_SECONDS`` after the previous grid point's, so a slow run is judged every few
+  seconds however coarse its step grid.
+
+Steps after the newest grid point wait for the next check (``final=False``) or are judged as
+they are (``final=True``: the run closed, a flush, a run read from disk). Each slice sees at
+most ``LOOKBACK`` rows before its new ones (what a live check sees: ``HEALTH_WINDOW``), so a
+pass costs the same at step 100 and at step 100,000.
 """
 
 from __future__ import annotations
@@ -13,48 +28,111 @@ import math
 
 import numpy as np
 
-from nbmonitor.health.view import HealthInput, new_from
+from nbmonitor.health.view import HealthInput
 from nbmonitor.health.window import FloatArray
 
-# A check with more new steps than this is judged in slices: a first one of this many steps
-# (the reference the next ones are judged against, for a run that arrives in one check) ...
-FIRST_SLICE = 32
-# ... then slices of this many steps or more ...
-SLICE_STEPS = 64
-# ... at most this many of them (each slice costs a pass of every rule).
-MAX_SLICES = 4
+# The step grid: every GRID_STEPS steps, or GRID_PER_DOUBLING points between consecutive
+# powers of two where that is coarser (from step 512 = 16 * 32 on).
+GRID_STEPS = 16
+GRID_PER_DOUBLING = 16
+# The time grid: a row this many seconds (its own recorded time) after the last grid point.
+GRID_SECONDS = 5.0
+# Rows before a slice's new ones that its rules see (the longest window a rule reads is
+# plateau_window, 200 steps by default; the live pipeline gives HEALTH_WINDOW = 512).
+LOOKBACK = 512
 
 
-def slices(inp: HealthInput, last_step: float | None) -> list[HealthInput]:
-    """``inp`` cut at step boundaries into inputs that end after each slice, oldest first;
-    the last is ``inp`` itself. System samples and the other ranks' columns go with the last
-    slice only; the activation
-    statistics, a snapshot of a lasting condition (dead units), with every slice."""
-    col = inp.steps.get("step")
-    if col is None:
-        return [inp]
-    steps = np.asarray(col, dtype=np.float64)
-    first = new_from(steps, last_step)
-    fresh = steps.size - first
-    if fresh <= FIRST_SLICE:
-        return [inp]
-    size = max(SLICE_STEPS, math.ceil((fresh - FIRST_SLICE) / MAX_SLICES))
-    ends = range(first + FIRST_SLICE, steps.size, size)
-    return [_until(inp, steps, end) for end in ends] + [inp]
+def grid_end(steps: FloatArray) -> FloatArray:
+    """The grid point at or after each step: the step that closes its slice."""
+    s = np.maximum(steps, 1.0)
+    every = np.maximum(GRID_STEPS, 2.0 ** np.floor(np.log2(s)) / GRID_PER_DOUBLING)
+    # Powers of two are multiples of every spacing at or below them, so the grids of two
+    # octaves meet there: a step's grid point never moves back when the spacing grows.
+    return np.ceil(steps / every) * every
 
 
-def _until(inp: HealthInput, steps: FloatArray, end: int) -> HealthInput:
-    """``inp`` as a check after row ``end - 1`` would have seen it."""
-    last = float(steps[end - 1])
-    columns = {k: v[:end] for k, v in inp.steps.items() if len(v) == steps.size}
+@dataclasses.dataclass(frozen=True)
+class Cut:
+    """One slice to judge: the rows before ``end``; ``grid`` when it ends at a grid point
+    (False: the newest rows, judged as they are on a final check)."""
+
+    end: int
+    grid: bool
+
+
+def cuts(
+    steps: FloatArray,
+    times: FloatArray | None,
+    first: int,
+    grid_time: float | None,
+    final: bool,
+) -> list[Cut]:
+    """The slices the new rows (from row ``first``) are judged in, oldest first.
+
+    ``grid_time`` is the recorded time of the previous grid point (None: none yet, the time
+    grid starts at the first new row)."""
+    n = steps.size
+    if first >= n:
+        return []
+    ends = grid_end(steps[first:])
+    # A row closes its slice when the next row is in a later one, or when it is the grid
+    # point itself (steps are whole numbers: no later step can share its slice).
+    closes = np.empty(n - first, dtype=bool)
+    closes[:-1] = ends[1:] != ends[:-1]
+    closes[-1] = steps[-1] == ends[-1]
+    step_ends = (np.flatnonzero(closes) + first + 1).tolist()
+    out: list[Cut] = []
+    have_times = times is not None and times.size == n
+    anchor = grid_time
+    if have_times and anchor is None:
+        assert times is not None
+        anchor = float(times[first]) if math.isfinite(times[first]) else None
+    row, k = first, 0
+    while row < n:
+        end = step_ends[k] if k < len(step_ends) else n + 1
+        if have_times and anchor is not None:
+            assert times is not None
+            late = np.flatnonzero(times[row : min(end, n)] >= anchor + GRID_SECONDS)
+            if late.size:
+                end = row + int(late[0]) + 1
+        if end > n:
+            break
+        out.append(Cut(end, True))
+        while k < len(step_ends) and step_ends[k] <= end:
+            k += 1
+        if have_times:
+            assert times is not None
+            when = float(times[end - 1])
+            anchor = when if math.isfinite(when) else anchor
+        row = end
+    if final and (not out or out[-1].end < n):
+        out.append(Cut(n, False))
+    return out
+
+
+def until(inp: HealthInput, steps: FloatArray, start: int, end: int, now: bool) -> HealthInput:
+    """``inp`` as a check after row ``end - 1`` would have seen it, with at most ``LOOKBACK``
+    rows before row ``start`` (the first it judges). ``now``: this slice also judges what is
+    true now (system samples, the other ranks), which go with one slice per check; the
+    activation statistics, a snapshot of a lasting condition (dead units), go with every
+    slice."""
+    lo = max(0, start - LOOKBACK)
+    if lo == 0 and end == steps.size:
+        return inp if now else dataclasses.replace(inp, system=None, ranks=None)
+    last = float(steps[end - 1]) if end else -math.inf
+    begin = float(steps[lo]) if end else -math.inf
+    columns = {k: v[lo:end] for k, v in inp.steps.items() if len(v) == steps.size}
     times = columns.get("time")
-    when = float(times[-1]) if times is not None and math.isfinite(times[-1]) else inp.time
+    when = float(times[-1]) if times is not None and end and math.isfinite(times[-1]) else inp.time
     layer_steps, grads = inp.layer_steps, inp.layer_grad_norms
     if layer_steps is not None and grads is not None and grads.shape[-1] == layer_steps.size:
-        keep = int(np.searchsorted(layer_steps, last, side="right"))
-        layer_steps, grads = layer_steps[:keep], grads[:, :keep]
+        a = int(np.searchsorted(layer_steps, begin, side="left"))
+        b = int(np.searchsorted(layer_steps, last, side="right"))
+        layer_steps, grads = layer_steps[a:b], grads[:, a:b]
     update_steps, series, ratios = inp.update_steps, inp.update_series, inp.update_ratios
     params, norms = inp.param_series, inp.param_norms
+    if series is None and not now:
+        ratios = None  # the newest ratios alone, without their steps, are what is true now
     if update_steps is not None and series is not None and series.shape[-1] == update_steps.size:
         keep = int(np.searchsorted(update_steps, last, side="right"))
         update_steps, series = update_steps[:keep], series[:, :keep]
@@ -65,8 +143,8 @@ def _until(inp: HealthInput, steps: FloatArray, end: int) -> HealthInput:
             params = params[:, :keep]
     return dataclasses.replace(
         inp,
-        step=int(last),
-        time=when,
+        step=int(last) if 0 < end < steps.size else inp.step,
+        time=when if end < steps.size else inp.time,
         steps=columns,
         layer_steps=layer_steps,
         layer_grad_norms=grads,
@@ -75,9 +153,18 @@ def _until(inp: HealthInput, steps: FloatArray, end: int) -> HealthInput:
         update_ratios=ratios,
         param_series=params,
         param_norms=norms,
-        system=None,
-        ranks=None,
+        system=inp.system if now else None,
+        ranks=inp.ranks if now else None,
     )
 
 
-__all__ = ["FIRST_SLICE", "MAX_SLICES", "SLICE_STEPS", "slices"]
+__all__ = [
+    "GRID_PER_DOUBLING",
+    "GRID_SECONDS",
+    "GRID_STEPS",
+    "LOOKBACK",
+    "Cut",
+    "cuts",
+    "grid_end",
+    "until",
+]

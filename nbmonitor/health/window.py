@@ -27,29 +27,53 @@ def finite_or_nan(a: FloatArray) -> FloatArray:
 
 def row_medians(a: FloatArray) -> tuple[FloatArray, IntArray]:
     """Median of the finite values of each row of a 2-D array, and how many there were."""
-    clean = finite_or_nan(a)
-    count = np.isfinite(clean).sum(axis=1)
-    if clean.shape[1] == 0:
-        return np.full(clean.shape[0], np.nan), count
-    ordered = np.sort(clean, axis=1)
-    lo = np.maximum((count - 1) // 2, 0)[:, None]
-    hi = np.maximum(count // 2, 0)[:, None]
-    hi = np.minimum(hi, clean.shape[1] - 1)
-    median = 0.5 * (
-        np.take_along_axis(ordered, lo, axis=1)[:, 0]
-        + np.take_along_axis(ordered, hi, axis=1)[:, 0]
-    )
+    rows, cols = a.shape
+    if cols == 0:
+        return np.full(rows, np.nan), np.zeros(rows, dtype=np.intp)
+    finite = np.isfinite(a)
+    if finite.all():  # the usual case, without the per-row bookkeeping
+        ordered = np.sort(a, axis=1)
+        median = 0.5 * (ordered[:, (cols - 1) // 2] + ordered[:, cols // 2])
+        return median, np.full(rows, cols, dtype=np.intp)
+    count = finite.sum(axis=1)
+    ordered = np.sort(np.where(finite, a, np.nan), axis=1)  # NaN sorts last
+    index = np.arange(rows)
+    lo = np.maximum((count - 1) // 2, 0)
+    hi = np.minimum(np.maximum(count // 2, 0), cols - 1)
+    median = 0.5 * (ordered[index, lo] + ordered[index, hi])
     return np.where(count > 0, median, np.nan), count
 
 
 def row_max(a: FloatArray) -> tuple[FloatArray, IntArray]:
     """Largest finite value of each row (NaN if none) and its column."""
-    if a.shape[1] == 0:
-        return np.full(a.shape[0], np.nan), np.zeros(a.shape[0], dtype=np.intp)
+    rows, cols = a.shape
+    if cols == 0:
+        return np.full(rows, np.nan), np.zeros(rows, dtype=np.intp)
     finite = np.isfinite(a)
+    if finite.all():
+        where = np.argmax(a, axis=1)
+        return a[np.arange(rows), where], where
     where = np.argmax(np.where(finite, a, -np.inf), axis=1)
-    value = np.take_along_axis(a, where[:, None], axis=1)[:, 0]
+    value = a[np.arange(rows), where]
     return np.where(finite.any(axis=1), value, np.nan), where
+
+
+# Windows up to this long take their minima by shifted np.minimum (a few calls) rather than
+# a strided view (whose setup costs more than the work for the short windows the rules use).
+SHIFTED_MINIMA = 8
+
+
+def window_minima(seg: FloatArray, m: int) -> FloatArray:
+    """Per row, the minimum of each window of ``m`` consecutive columns (NaN if the window
+    holds one); ``seg`` has at least ``m`` columns."""
+    width = seg.shape[1] - m + 1
+    if m > SHIFTED_MINIMA:
+        mins: FloatArray = np.lib.stride_tricks.sliding_window_view(seg, m, axis=1).min(axis=2)
+        return mins
+    mins = seg[:, :width].copy()
+    for k in range(1, m):
+        np.minimum(mins, seg[:, k : k + width], out=mins)
+    return mins
 
 
 def sustained(
@@ -69,7 +93,7 @@ def sustained(
     rows = a.shape[0]
     if seg.shape[1] < m:
         return np.full(rows, np.nan), np.zeros(rows, dtype=np.intp)
-    mins = np.lib.stride_tricks.sliding_window_view(seg, m, axis=1).min(axis=2)
+    mins = window_minima(seg, m)
     if above is not None:
         hit = mins > above
         first = np.where(hit.any(axis=1), np.argmax(hit, axis=1) + lo, -1)
@@ -90,7 +114,7 @@ def abrupt(
     lo = max(start - (m - 1), before)
     if cols - lo < m:
         return np.full(rows, np.nan), np.zeros(rows, dtype=np.intp)
-    mins = np.lib.stride_tricks.sliding_window_view(a[:, lo:], m, axis=1).min(axis=2)
+    mins = window_minima(a[:, lo:], m)
     with np.errstate(invalid="ignore"):
         r, c = np.nonzero(mins > np.where(np.isnan(floor), np.inf, floor)[:, None])
     steep = np.zeros(mins.shape, dtype=bool)
@@ -130,4 +154,5 @@ __all__ = [
     "row_medians",
     "sustained",
     "trailing_counts",
+    "window_minima",
 ]

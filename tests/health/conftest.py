@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -20,8 +21,8 @@ def check_subject(alert: Alert) -> None:
 def alerts_have_subjects(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     check = Health.check
 
-    def checked(self: Health, inp: HealthInput) -> list[Alert]:
-        alerts = check(self, inp)
+    def checked(self: Health, inp: HealthInput, **options: Any) -> list[Alert]:
+        alerts = check(self, inp, **options)
         for alert in alerts:
             check_subject(alert)
         return alerts

@@ -61,10 +61,12 @@ def test_alloc_retries_climbing_name_the_allocator_setting() -> None:
     assert "12 GiB in split blocks" in alert.message and "20 GiB reserved" in alert.message
 
 
-def feed(tracker: LeakTracker, values: np.ndarray, steps: np.ndarray, key: str) -> None:
+def feed(
+    tracker: LeakTracker, values: np.ndarray, steps: np.ndarray, key: str, every: int = 7
+) -> None:
     # In slices, as the health checks see them: each slice repeats what came before.
     times = np.arange(float(len(values)))
-    for end in range(7, len(values) + 7, 7):
+    for end in range(every, len(values) + every, every):
         tracker.add({key: values[:end], "step": steps[:end], "time": times[:end]})
 
 
@@ -83,6 +85,14 @@ def test_a_leak_is_memory_whose_floor_keeps_rising() -> None:
     assert got is not None
     grown, over = got
     assert grown >= GROWTH_MIN_BYTES and grown / over == 2.0**20
+    # Named at the sample that made it evident, however the checks cut the samples.
+    evident = []
+    for every in (1, 4, 7, n):
+        tracker = LeakTracker()
+        feed(tracker, grows, steps, "cuda_allocated_bytes", every)
+        evident.append(tracker.evident)
+    assert evident[0] is not None and evident[0][2] < steps[-1]
+    assert evident == [evident[0]] * 4
 
 
 def test_no_leak_while_steps_stand_still_or_the_growth_is_tiny() -> None:

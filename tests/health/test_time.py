@@ -4,6 +4,7 @@ loops fed by a slow DataLoader or stepped by a slow optimizer."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from nbmonitor.health.rules.time import (
     REGRESSION_SUSTAIN_S,
     optimizer_suggestion,
 )
+from nbmonitor.health.slices import GRID_STEPS
 from nbmonitor.records import OptimizerRecord
 
 FOR_LOOP_ADAM = OptimizerRecord(0, "Adam", "cpu", "for-loop", can_fuse=True, can_foreach=True)
@@ -74,25 +76,27 @@ def test_not_input_bound_below_the_share_or_in_a_toy_loop() -> None:
 def test_a_share_verdict_must_persist() -> None:
     run = timing(400, 0.1, data=0.5, optimizer=0.1)
     health = Health()
-    # The first check that finds it (after 40 steps), then checks until PERSIST_STEPS later.
-    for n in range(40, 40 + PERSIST_STEPS, 20):
+    # Judged at the grid points (every GRID_STEPS steps): first found at step 16, said at the
+    # first grid point PERSIST_STEPS after it.
+    said = 16 + math.ceil(PERSIST_STEPS / GRID_STEPS) * GRID_STEPS
+    for n in range(GRID_STEPS, said, GRID_STEPS):
         assert health.check(upto(run, n)) == [], n
-    alerts = health.check(upto(run, 40 + PERSIST_STEPS))
-    assert rules(alerts) == ["input_bound"] and alerts[0].step == 40 + PERSIST_STEPS
+    alerts = health.check(upto(run, said))
+    assert rules(alerts) == ["input_bound"] and alerts[0].step == said
 
 
 def test_a_check_that_finds_it_clear_starts_the_count_again() -> None:
     data_s = np.full(400, 0.05)  # 50 ms of each 100 ms step waits for data ...
-    data_s[120:170] = 0.0  # ... but for 50 steps (a whole window) that do not wait
+    data_s[80:130] = 0.0  # ... but for 50 steps (a whole window) that do not wait
     total = 0.05 + data_s
     run = timing(400, total, data=data_s / total, optimizer=0.1)
     health = Health()
-    for n in range(40, 400, 20):
+    for n in range(GRID_STEPS, 400, GRID_STEPS):
         got = rules(health.check(upto(run, n)))
-        # Held from step 40 until the quiet steps fill over a quarter of the window (clear at
-        # step 140, just before it would have been said), held again once they have left it
-        # (step 220): said PERSIST_STEPS after that.
-        assert got == (["input_bound"] if n == 220 + PERSIST_STEPS else []), (n, got)
+        # Held from step 16 until the quiet steps fill over a quarter of the window (clear at
+        # step 96, before it would have been said), held again once they have left it
+        # (step 176): said at the first grid point PERSIST_STEPS after that.
+        assert got == (["input_bound"] if n == 176 + 112 else []), (n, got)
 
 
 def test_the_optimizer_share_suggests_fused_to_a_for_loop_optimizer() -> None:

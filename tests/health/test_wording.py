@@ -1,14 +1,11 @@
-"""How messages name layers, and the slices a check with many new steps is judged in."""
+"""How messages name layers and fit their advice to the model."""
 
 from __future__ import annotations
-
-import itertools
 
 import numpy as np
 from tests.health.synthetic import Run, only
 
 from nbmonitor.health import Health
-from nbmonitor.health.slices import FIRST_SLICE, MAX_SLICES, SLICE_STEPS, slices
 from nbmonitor.health.wording import label, layer_list
 
 KINDS = {"0": "Linear", "1": "ReLU", "encoder": "Block", "encoder.3": "GELU"}
@@ -58,18 +55,3 @@ def test_zero_gradients_with_dead_units_are_left_to_dead_units() -> None:
     run2.add(25, fc1_weight=0.0)
     alert = only(health2.check(run2.input()), "vanishing_gradients")
     assert "exactly zero" in alert.message and "ReLU/GELU" not in alert.message
-
-
-def test_many_new_steps_are_cut_into_bounded_slices() -> None:
-    run = Run()
-    run.add(1000)
-    parts = slices(run.input(window=1000), None)
-    assert len(parts) <= MAX_SLICES + 2 and parts[-1].step == 1000
-    ends = [p.step for p in parts]
-    assert ends[0] == FIRST_SLICE  # the reference the next slices are judged against
-    assert all(b - a >= SLICE_STEPS for a, b in itertools.pairwise(ends[:-1]))
-    assert all(p.steps["step"][-1] == p.step for p in parts)
-    assert parts[0].layer_grad_norms is not None
-    assert parts[0].layer_grad_norms.shape[1] == parts[0].steps["step"].size
-    # Few new steps: judged as they are.
-    assert len(slices(run.input(window=1000), 990.0)) == 1

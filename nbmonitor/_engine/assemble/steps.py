@@ -7,7 +7,7 @@ and becomes final once a later step has ended, or at close.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -109,7 +109,7 @@ class StepAssembler:
         # Param groups added mid-run, for the caller to report: (step, time, groups_added).
         self.groups_added: list[tuple[int, float, tuple[tuple[int, int, int], ...]]] = []
 
-    def add(self, records: list[Record]) -> None:
+    def add(self, records: Sequence[Record]) -> None:
         with_norms: list[StepRecord] = []
         clipped: list[StepRecord] = []
         for record in records:
@@ -244,8 +244,16 @@ class StepAssembler:
 
     def take_final(self, everything: bool = False) -> list[dict[str, float]]:
         """Rows that can no longer change (all rows with ``everything``), in step order."""
-        done = sorted(s for s in self._open if everything or s < self._last_ended)
-        return [self._finish(s, self._open.pop(s)) for s in done]
+        return self.take_rows(self.final_steps(everything))
+
+    def final_steps(self, everything: bool = False) -> list[int]:
+        """The steps whose rows can no longer change (all with ``everything``), in order."""
+        return sorted(s for s in self._open if everything or s < self._last_ended)
+
+    def take_rows(self, steps: Sequence[int]) -> list[dict[str, float]]:
+        """The rows of ``steps`` (from ``final_steps``, taken in its order, in as many parts
+        as the caller likes: the smoothed loss runs on from one part to the next)."""
+        return [self._finish(s, self._open.pop(s)) for s in steps]
 
     def take_failures(self) -> list[tuple[str, Exception]]:
         """What could not be read since the last call, as (source, error)."""

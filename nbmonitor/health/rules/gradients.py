@@ -72,8 +72,12 @@ class ExplodingGradients(Base):
         detail: dict[str, tuple[float, float, float]] = {}
 
         total = view.column("grad_norm")
-        if total is not None and view.has_new_rows:
-            ref = total[None, view.ref_from : view.new_from]
+        # The total norm's median over the reference window, and how many values it has (the
+        # total's verdict and the layers' floor both read it).
+        total_ref: tuple[FloatArray, IntArray] | None = None
+        if total is not None:
+            total_ref = row_medians(total[None, view.ref_from : view.new_from])
+        if total is not None and total_ref is not None and view.has_new_rows:
             # The run's maximum before the sustained window that is being judged.
             cut = max(0, view.new_from - t.sustain_steps + 1)
             fresh = int(np.searchsorted(view.step_col[:cut], self._total_max_step, "right"))
@@ -86,10 +90,11 @@ class ExplodingGradients(Base):
                 self._total_start = float(self._start_level(total[None, :])[0])
             start = np.array([self._total_start])
             run_max = np.array([self._total_max])
+            median, count = total_ref
             value, where, seen_rows = self._levels(
-                total[None, :], view.new_from, ref, np.fmax(run_max, start)
+                total[None, :], view.new_from, median, np.fmax(run_max, start)
             )
-            verdict = self._explodes(ref, value, run_max, start, seen_rows)
+            verdict = self._explodes(median, count, value, run_max, start, seen_rows)
             if verdict is not None:
                 is_judged, is_held, ratio = verdict
                 judged_total = bool(is_judged[0])
@@ -101,7 +106,7 @@ class ExplodingGradients(Base):
         layer_judged: Callable[[str], bool] = never
         grads = view.grads
         if grads is not None and view.has_new_layers:
-            ref = grads[:, view.layer_ref_from : view.layer_new_from]
+            median, count = row_medians(grads[:, view.layer_ref_from : view.layer_new_from])
             if self._layer_max is None or self._layer_max.shape[0] != grads.shape[0]:
                 self._layer_max = np.full(grads.shape[0], -np.inf)
                 self._layer_max_step = -math.inf
@@ -122,13 +127,12 @@ class ExplodingGradients(Base):
             # the total norm's recent median (a LayerNorm gain whose small gradient grows while
             # the model learns is not one).
             floor = self._layer_start
-            if total is not None:
-                typical = row_medians(total[None, view.ref_from : view.new_from])[0]
-                floor = np.fmax(floor, typical[0])
+            if total_ref is not None:
+                floor = np.fmax(floor, total_ref[0][0])
             value, where, seen_rows = self._levels(
-                grads, view.layer_new_from, ref, np.fmax(self._layer_max, floor)
+                grads, view.layer_new_from, median, np.fmax(self._layer_max, floor)
             )
-            verdict = self._explodes(ref, value, self._layer_max, floor, seen_rows)
+            verdict = self._explodes(median, count, value, self._layer_max, floor, seen_rows)
             if verdict is not None:
                 is_judged, is_held, ratio = verdict
                 layer_judged = view.layer_judged(is_judged)
@@ -172,14 +176,14 @@ class ExplodingGradients(Base):
         return Outcome(rule, held, judged, make)
 
     def _levels(
-        self, rows: FloatArray, start: int, ref: FloatArray, floor: FloatArray
+        self, rows: FloatArray, start: int, median: FloatArray, floor: FloatArray
     ) -> tuple[FloatArray, IntArray, BoolArray]:
         """Per row, the largest abrupt sustained level from column ``start`` on that could be
-        an explosion (above ``explode_factor`` x the median of ``ref`` and above ``floor``)
+        an explosion (above ``explode_factor`` x ``median``, the reference window's, and above
+        ``floor``)
         and where its window begins (with ``explode_abs``, any sustained level above it too),
         and whether the row had a sustained level at all (judged, held or clear)."""
         t = self.thresholds
-        median, _ = row_medians(ref)
         bar = np.fmax(t.explode_factor * median, floor)
         value, where = abrupt(rows, start, t.sustain_steps, NEAR_STEPS, t.explode_factor, bar)
         plain, at = sustained(rows, start, t.sustain_steps)
@@ -202,7 +206,8 @@ class ExplodingGradients(Base):
 
     def _explodes(
         self,
-        ref: FloatArray,
+        median: FloatArray,
+        count: IntArray,
         value: FloatArray,
         run_max: FloatArray,
         start: FloatArray,
@@ -218,7 +223,6 @@ class ExplodingGradients(Base):
         median.
         """
         t = self.thresholds
-        median, count = row_medians(ref)
         enough = (count >= t.min_history) & np.isfinite(start)
         record = value > run_max
         if not enough.any() and t.explode_abs is None:

@@ -160,6 +160,10 @@ class LeakTracker:
         )
         self._block: list[tuple[float, float]] = []
         self._last_time = -math.inf
+        # Where the current leak became evident: (bytes, steps grown then, the step and time of
+        # the sample that completed the block), None while it is not a leak. The alert names
+        # that sample, not the newest one: the checks' pace does not move it.
+        self.evident: tuple[float, float, float, float] | None = None
 
     def add(self, columns: Columns) -> None:
         key = "cuda_allocated_bytes" if _cuda(columns) else "process_rss_bytes"
@@ -172,13 +176,19 @@ class LeakTracker:
         if not new.any():
             return
         self._last_time = float(times[new][-1])
-        for value, step in zip(values[new].tolist(), steps[new].tolist(), strict=True):
+        rows = zip(values[new].tolist(), steps[new].tolist(), times[new].tolist(), strict=True)
+        for value, step, when in rows:
             if not (math.isfinite(value) and math.isfinite(step)) or step < WARMUP_STEPS:
                 continue
             self._block.append((value, step))
             if len(self._block) == BLOCK_SAMPLES:
                 self.floors.append(min(self._block))  # the floor, and the step it was at
                 self._block = []
+                grown = self.growth()
+                if grown is None:
+                    self.evident = None
+                elif self.evident is None:
+                    self.evident = (*grown, step, when)
 
     def growth(self) -> tuple[float, float] | None:
         """(bytes, steps) grown over the rising blocks, or None while it is not a leak."""
@@ -234,14 +244,14 @@ class MemoryLeak(Base):
             return nothing(self.name)
         tracker = self.tracker
         tracker.add(system)
-        grown = tracker.growth()
-        if grown is None:
+        evident = tracker.evident
+        if evident is None:
             return clear(self.name)
-        nbytes, steps = grown
+        nbytes, steps, at, when = evident
+        step = int(at)
         cuda = tracker.key == "cuda_allocated_bytes"
         subject = _subject(list(view.inp.gpus or ()), cuda)
         what = "CUDA memory in tensors" if cuda else "The process's memory"
-        step, when = _where(system)
         per_step = nbytes / steps
         alert = Alert(
             "memory_leak",

@@ -10,6 +10,9 @@ nothing.
 
 from __future__ import annotations
 
+import functools
+import statistics
+
 import numpy as np
 
 from nbmonitor.health import alert as subjects
@@ -17,7 +20,7 @@ from nbmonitor.health.alert import Alert
 from nbmonitor.health.rule import Base, Outcome, nothing
 from nbmonitor.health.thresholds import Thresholds
 from nbmonitor.health.view import View
-from nbmonitor.health.window import BoolArray, FloatArray, row_medians
+from nbmonitor.health.window import BoolArray, FloatArray
 from nbmonitor.health.wording import HEALTHY_UPDATE, layer_list, num
 
 
@@ -131,14 +134,30 @@ def _loss_falling(view: View, step: int) -> bool:
     loss = view.column("loss")
     if loss is None:
         return False
-    seen = loss[view.step_col <= step]
-    seen = seen[np.isfinite(seen)][-(RECENT_LOSS + EARLIER_LOSS) :]
-    if seen.size < 2 * RECENT_LOSS:
+    end = int(np.searchsorted(view.step_col, step, side="right"))
+    want = RECENT_LOSS + EARLIER_LOSS
+    # The newest `want` finite losses up to `step`: looked for among the rows just before it
+    # first (a loss logged every step has them all there), the whole window only if not.
+    seen = loss[max(0, end - 4 * want) : end]
+    seen = seen[np.isfinite(seen)]
+    if seen.size < want and end > 4 * want:
+        seen = loss[:end][np.isfinite(loss[:end])]
+    values = seen[-want:].tolist()
+    if len(values) < 2 * RECENT_LOSS:
         return False
-    # row_medians, not np.median (which imports numpy.ma on the sampler thread).
-    recent = float(row_medians(seen[None, -RECENT_LOSS:])[0][0])
-    earlier = float(row_medians(seen[None, :-RECENT_LOSS])[0][0])
-    return recent < FALLING * earlier
+    # statistics, not np.median (which imports numpy.ma on the sampler thread); a few dozen
+    # Python floats sort faster than numpy's call overhead.
+    recent = statistics.median(values[-RECENT_LOSS:])
+    earlier = statistics.median(values[:-RECENT_LOSS])
+    return bool(recent < FALLING * earlier)
+
+
+@functools.lru_cache(maxsize=8)
+def _weights(names: tuple[str, ...]) -> BoolArray:
+    """Which layers are weights, not biases (read-only: shared between checks)."""
+    mask = np.array([not name.endswith("bias") for name in names], dtype=bool)
+    mask.flags.writeable = False
+    return mask
 
 
 class UpdateRatioHigh(_UpdateRatio):
@@ -147,8 +166,7 @@ class UpdateRatioHigh(_UpdateRatio):
     def _judged(self, view: View, ratios: FloatArray, step: int) -> BoolArray:
         # Biases are often initialised to zero and stay near it, so ||w|| ~ 0 makes the ratio
         # large while nothing is wrong; the hint is about weights.
-        weights = np.array([not name.endswith("bias") for name in view.layer_names], dtype=bool)
-        judged: BoolArray = np.isfinite(ratios) & weights
+        judged: BoolArray = np.isfinite(ratios) & _weights(view.layer_names)
         if _loss_falling(view, step):
             # Large updates that bring the loss down are the point (SGD's momentum builds up
             # over the first tens of steps, and a small head moves far); a learning rate too
@@ -184,7 +202,7 @@ class UpdateRatioLow(_UpdateRatio):
         # cosine decay) makes tiny updates on purpose.
         lr = view.column("lr")
         if lr is not None:
-            seen = lr[view.step_col <= step]
+            seen = lr[: int(np.searchsorted(view.step_col, step, side="right"))]
             seen = seen[np.isfinite(seen)]
             if seen.size:
                 self._lr_max = max(self._lr_max, float(seen.max()))

@@ -1,0 +1,207 @@
+"""What the health stage costs per check, on a recorded run, checked as the sampler checks it.
+
+    python -m benchmarks.health_cost                     # tiny and mlp20, 20,000 steps each
+    python -m benchmarks.health_cost --tasks mlp20 --steps 8000 --every 750 --json out.json
+
+A plain torch loop (the ``tiny`` or ``mlp20`` task of ``overhead.py``, AdamW) is recorded
+step by step: the columns the rules read (step, time, loss, grad_norm, lr, step_time, the
+phases) and the per-layer gradient norms, with update ratios every ``--layer-every`` steps.
+Then ``Health`` checks it as the pipeline does, every ``--every`` steps (a sampler tick of a
+fast loop brings ~750), each check seeing the steps since the last one judged plus
+``HEALTH_WINDOW`` before them; each check's thread CPU time is taken with the steps it judged.
+The recording is the same for every variant, so the figures compare code, not runs.
+
+Run from a checkout of the code to measure (``PYTHONPATH=/path/to/checkout``): a checkout
+whose ``Health.check`` takes no ``final`` judges each check whole (the code before the grid).
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from nbmonitor.health import Health, HealthInput
+from overhead import environment, make_task
+
+# What the pipeline gives a check (nbmonitor/_engine/pipeline.py), and its budget.
+HEALTH_WINDOW = 512
+HEALTH_WINDOW_MAX = 8192
+BUDGET_S = 0.002
+PHASES = ("data", "forward", "backward", "other", "optimizer")
+
+
+def record(task: str, steps: int, layer_every: int) -> dict[str, Any]:
+    """``steps`` steps of ``task``, as the rules see them."""
+    model, loss_fn = make_task(task)
+    torch.set_num_threads(1)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    names = [n for n, _ in model.named_parameters()]
+    params = list(model.parameters())
+    cols: dict[str, list[float]] = {k: [] for k in ("step", "time", "loss", "grad_norm", "lr")}
+    cols.update({"step_time": [], **{f"phase_{p}_s": [] for p in PHASES}})
+    grads: list[list[float]] = []
+    update_steps: list[float] = []
+    ratios: list[list[float]] = []
+    norms: list[list[float]] = []
+    last = time.perf_counter()
+    for step in range(1, steps + 1):
+        t0 = time.perf_counter()
+        loss = loss_fn(model)
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        with torch.no_grad():
+            layer = torch.stack([p.grad.norm() for p in params])  # type: ignore[union-attr]
+        measure = step % layer_every == 0
+        before = [p.detach().clone() for p in params] if measure else []
+        t3 = time.perf_counter()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        t4 = time.perf_counter()
+        if measure:
+            with torch.no_grad():
+                w = [float(p.norm()) for p in params]
+                dw = [float((p - b).norm()) for p, b in zip(params, before, strict=True)]
+            update_steps.append(step)
+            ratios.append([d / x if x else float("nan") for d, x in zip(dw, w, strict=True)])
+            norms.append(w)
+        per = layer.tolist()
+        grads.append(per)
+        row = {
+            "step": step,
+            "time": time.time(),
+            "loss": float(loss),
+            "grad_norm": float(np.sqrt(np.sum(np.square(per)))),
+            "lr": 1e-3,
+            "step_time": t4 - last,
+            "phase_data_s": t0 - last,
+            "phase_forward_s": t1 - t0,
+            "phase_backward_s": t2 - t1,
+            "phase_other_s": t3 - t2,
+            "phase_optimizer_s": t4 - t3,
+        }
+        last = t4
+        for key, value in row.items():
+            cols[key].append(float(value))
+    return {
+        "names": tuple(names),
+        "steps": {k: np.array(v) for k, v in cols.items()},
+        "grads": np.array(grads).T,
+        "update_steps": np.array(update_steps, dtype=np.float64),
+        "ratios": np.array(ratios).T,
+        "norms": np.array(norms).T,
+    }
+
+
+def window(run: dict[str, Any], n: int, rows: int) -> HealthInput:
+    """A check after step ``n`` that sees its last ``rows`` steps."""
+    keep = slice(max(0, n - rows), n)
+    steps = {k: v[keep] for k, v in run["steps"].items()}
+    u = int(np.searchsorted(run["update_steps"], n, side="right"))
+    lo = max(0, u - 64)  # LayerStats keeps the last UPDATE_HISTORY (64) measured steps
+    series, params = run["ratios"][:, lo:u], run["norms"][:, lo:u]
+    return HealthInput(
+        step=n,
+        time=float(steps["time"][-1]),
+        steps=steps,
+        layer_names=run["names"],
+        layer_steps=steps["step"],
+        layer_grad_norms=run["grads"][:, keep],
+        param_norms=params[:, -1] if u else None,
+        update_ratios=series[:, -1] if u else None,
+        update_steps=run["update_steps"][lo:u],
+        update_series=series,
+        param_series=params,
+    )
+
+
+def checked(run: dict[str, Any], every: int, budget_s: float) -> dict[str, Any]:
+    """The run checked every ``every`` steps; each check's CPU time and steps judged."""
+    health = Health()
+    graded = "final" in inspect.signature(health.check).parameters
+    passes = 0
+    inner = health._check
+
+    def counted(inp: HealthInput) -> Any:
+        nonlocal passes
+        passes += 1
+        return inner(inp)
+
+    health._check = counted  # type: ignore[method-assign]
+    total = run["steps"]["step"].size
+    cpu: list[float] = []
+    judged: list[int] = []
+    alerts: list[tuple[str, int]] = []
+    last = 0
+    for n in [*range(every, total, every), total]:
+        final = n == total
+        since = int(health.judged_step or 0) if graded else last
+        rows = min(HEALTH_WINDOW + n - since, HEALTH_WINDOW_MAX)
+        inp = window(run, n, rows)
+        start = time.thread_time()
+        if graded:
+            found = health.check(inp, final=final, budget_s=np.inf if final else budget_s)
+        else:
+            found = health.check(inp)
+        cpu.append(time.thread_time() - start)
+        now = int(health.judged_step or 0) if graded else n
+        judged.append(now - (since if graded else last))
+        last = n
+        alerts += [(a.rule, a.step) for a in found]
+    return {
+        "every": every,
+        "checks": len(cpu),
+        "passes": passes,
+        "cpu_ms_median": 1e3 * statistics.median(cpu),
+        "cpu_ms_p90": 1e3 * float(np.quantile(cpu, 0.9)),
+        "cpu_ms_p99": 1e3 * float(np.quantile(cpu, 0.99)),
+        "cpu_ms_max": 1e3 * max(cpu),
+        "cpu_ms_total": 1e3 * sum(cpu),
+        "us_per_step_judged": 1e6 * sum(cpu) / max(1, sum(judged)),
+        "steps_judged_median": statistics.median(judged),
+        "alerts": alerts,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tasks", nargs="+", default=["tiny", "mlp20"])
+    ap.add_argument("--steps", type=int, default=20000)
+    ap.add_argument("--every", type=int, nargs="+", default=[750, 7500])
+    ap.add_argument("--layer-every", type=int, default=10)
+    ap.add_argument("--budget-ms", type=float, default=BUDGET_S * 1e3)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    out: dict[str, Any] = {"environment": environment(), "load": list(_load()), "runs": []}
+    for task in args.tasks:
+        run = record(task, args.steps, args.layer_every)
+        for every in args.every:
+            got = checked(run, every, args.budget_ms / 1e3)
+            got.update(task=task, layers=len(run["names"]), steps=args.steps)
+            out["runs"].append(got)
+            shown = {k: v for k, v in got.items() if k != "alerts"}
+            print(json.dumps({k: round(v, 3) if isinstance(v, float) else v
+                              for k, v in shown.items()}))  # fmt: skip
+            print("  alerts:", got["alerts"][:10])
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1, default=str))
+
+
+def _load() -> tuple[float, float, float]:
+    with open("/proc/loadavg") as f:
+        a, b, c = f.read().split()[:3]
+    return float(a), float(b), float(c)
+
+
+if __name__ == "__main__":
+    main()
