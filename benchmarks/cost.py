@@ -27,7 +27,8 @@ that the layer sampling of the first 100 steps is left out:
    hooks installed. Stable on any machine: what the counted test
    (``tests/capture/test_cost_counted.py``) holds down.
 4. **Sampler and close**: each tick by stage (wall and the sampler thread's CPU, median and
-   p99), the steps a tick overlapped against the others, and ``close()`` by part.
+   p99), the CPU of the run-log and view workers (they hold the GIL too) from one tick's start
+   to the next, the steps a tick overlapped against the others, and ``close()`` by part.
 
 On a shared machine every time is taken under load: read the paired interval, not the point.
 """
@@ -377,19 +378,32 @@ def ticks(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
     spans: list[tuple[float, float]] = []
     original = sampler.Stage.__call__
 
+    # The run log and the view run on workers of their own, holding the GIL as the sampler
+    # does: their CPU from one tick's start to the next is that tick's.
+    workers: list[tuple[float, float]] = []
+    tick_cpu: list[float] = []
+
+    def worker_cpu() -> tuple[float, float]:
+        sources = mon._pipeline.sources
+        return float(sources.runlog.cpu_used), float(sources.view.cpu_used)
+
     def timed(self: sampler.Stage, paced: bool = False) -> None:
         start, cpu = time.perf_counter(), time.thread_time()
         original(self, paced)
         stages[self.name].append((time.perf_counter() - start, time.thread_time() - cpu))
         if self.name == "view":  # the last stage: the whole tick
             spans.append((tick_start.pop(), time.perf_counter()))
+            tick_cpu.append(time.thread_time() - tick_thread_cpu.pop())
 
     tick_start: list[float] = []
+    tick_thread_cpu: list[float] = []
     first = sampler.Stage.__call__
 
     def timed_first(self: sampler.Stage, paced: bool = False) -> None:
         if self.name == "sample":
             tick_start.append(time.perf_counter())
+            tick_thread_cpu.append(time.thread_time())
+            workers.append(worker_cpu())
         timed(self, paced)
 
     sampler.Stage.__call__ = timed_first  # type: ignore[method-assign]
@@ -413,6 +427,16 @@ def ticks(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
         out[f"stage_{name}"] = summary(wall, cpu)
     whole = [(e - s) * 1e3 for s, e in spans]
     out["tick"] = summary(whole, None)
+    out["tick_cpu_ms"] = percentiles([c * 1e3 for c in tick_cpu]) if tick_cpu else {}
+    # Worker CPU between consecutive tick starts: the tick before's run log and view work.
+    runlog = [(b[0] - a[0]) * 1e3 for a, b in itertools.pairwise(workers)]
+    view = [(b[1] - a[1]) * 1e3 for a, b in itertools.pairwise(workers)]
+    spent = [r + v for r, v in zip(runlog, view, strict=True)]
+    out["workers_cpu_ms"] = percentiles(spent) if spent else {}
+    out["runlog_worker_cpu_ms"] = percentiles(runlog) if runlog else {}
+    out["view_worker_cpu_ms"] = percentiles(view) if view else {}
+    both = [c * 1e3 + w for c, w in zip(tick_cpu, spent, strict=False)]
+    out["tick_all_cpu_ms"] = percentiles(both) if both else {}
     hit = [any(ts < e and te > s for ts, te in spans) for s, e in step_spans]
     on = [e - s for (s, e), h in zip(step_spans, hit, strict=True) if h]
     off = [e - s for (s, e), h in zip(step_spans, hit, strict=True) if not h]
@@ -539,6 +563,10 @@ def report_counts(c: dict[str, Any]) -> None:
 
 def report_sampler(t: dict[str, Any]) -> None:
     print(f"\nsampler ({t['steps']} steps): tick wall ms {fmt(t['tick']['wall_ms'])}")
+    print(f"  tick cpu ms, sampler thread: {fmt(t.get('tick_cpu_ms', {}))}")
+    print(f"  run-log worker cpu ms per tick: {fmt(t.get('runlog_worker_cpu_ms', {}))}")
+    print(f"  view worker cpu ms per tick: {fmt(t.get('view_worker_cpu_ms', {}))}")
+    print(f"  tick cpu ms, sampler and workers: {fmt(t.get('tick_all_cpu_ms', {}))}")
     for key, v in t.items():
         if key.startswith("stage_"):
             print(f"  {key[6:]:8s} wall {fmt(v['wall_ms'])}   cpu {fmt(v.get('cpu_ms', {}))}")

@@ -55,7 +55,10 @@ class DeviceValue:
                 t = tensor.detach() if tensor.requires_grad else tensor
                 if t.dtype not in (torch.float32, torch.float64):
                     t = t.to(torch.float64)
-                self._array = t.numpy()
+                # A copy of its own, not a view: a view keeps the tensor alive, one more
+                # object the garbage collector tracks (and promotes) until the sampler's tick,
+                # at every step (numpy arrays are not tracked).
+                self._array = t.numpy().copy()
             return  # nothing else kept: not the tensor, nor the autograd graph behind it
         t = tensor.detach()
         if t.is_cuda:

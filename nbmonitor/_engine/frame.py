@@ -9,7 +9,7 @@ drawn by the same builder from stores filled from disk. Keeping this the single 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -186,6 +186,10 @@ class FrameState:
     notes: Mapping[str, str] = field(default_factory=dict)
 
 
+def _nothing() -> None:
+    pass
+
+
 class FrameBuilder:
     """Builds the Frame a view shows from the run model (``run_model.RunModel``): the same for
     a live run (filled by the sampler), a replayed run and a tailed one (filled from disk)."""
@@ -194,9 +198,12 @@ class FrameBuilder:
         self.info = info
         self.model = model
 
-    def build(self, state: FrameState, detail: bool = True) -> Frame:
+    def build(
+        self, state: FrameState, detail: bool = True, hand_over: Callable[[], None] = _nothing
+    ) -> Frame:
         """Without ``detail`` the chart series and the per-layer panel are left out: a console
-        line needs neither, and decimating every series is the costly part of a frame."""
+        line needs neither, and decimating every series is the costly part of a frame.
+        ``hand_over`` is called between its parts (the sampler lets the training thread in)."""
         model = self.model
         steps, system = model.steps, model.system
         latest: dict[str, float] = {k: v for k, v in model.last_sample.items() if k != "step"}
@@ -216,14 +223,18 @@ class FrameBuilder:
             if name in store.columns:
                 x, y = store.series(name, MAX_POINTS)
                 series[name] = Series(x, y)
+                hand_over()
         timeline = layers = memory = None
         if detail:
             memory = memory_table(model.memory, system, model.device_index)
             series.update((k, Series(*xy)) for k, xy in step_time_band(steps).items())
+            hand_over()
             open_s = sum(r.get("step_time", 0.0) for r in state.open_rows)
             timeline = _timeline(steps, model.spans, open_s if math.isfinite(open_s) else 0.0)
+            hand_over()
             if model.layers is not None and model.layers.names:
                 layers = model.layers.frame(model.layer_flags)
+                hand_over()
         return Frame(
             run=self.info.run,
             backend=self.info.backend,

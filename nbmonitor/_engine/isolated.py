@@ -73,11 +73,7 @@ class Isolated:
             if self._since is not None or self._stopping:
                 self._report_hang()
                 return HUNG
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name=f"nbmonitor-{self.name}", daemon=True
-                )
-                self._thread.start()
+            self._start_worker()
             self._job, self._outcome, self._abandoned = fn, None, False
             self._since = self._monotonic()
             self._cond.notify_all()
@@ -97,6 +93,35 @@ class Isolated:
             return cast(T, value)
         assert isinstance(value, BaseException)
         raise value
+
+    def submit(self, fn: Callable[[], object]) -> bool:
+        """Start ``fn()`` on the worker and return at once, its errors going to the error log
+        (work nobody waits for: a scheduled tick's rows). False, and nothing started, while
+        an earlier call still runs or the source is closed."""
+        with self._cond:
+            if self._since is not None or self._stopping:
+                return False
+            self._start_worker()
+            self._job, self._outcome, self._abandoned = fn, None, True
+            self._since = self._monotonic()
+            self._cond.notify_all()
+            return True
+
+    def wait_idle(self) -> bool:
+        """Wait for the call in progress to return, but not past the moment it counts as hung
+        (``timeout`` after it began); True when none is in progress then."""
+        with self._cond:
+            since = self._since
+            if since is not None:
+                left = since + self.timeout - self._monotonic()
+                self._cond.wait_for(lambda: self._since is None or self._stopping, max(0.0, left))
+            return self._since is None
+
+    def note_hang(self) -> None:
+        """Say once in the error log that the call in progress hangs, once it does."""
+        if self.hung_for() is not None:
+            with self._cond:
+                self._report_hang()
 
     def defer(self, fn: Callable[[], object]) -> None:
         """Run ``fn`` on the worker once the call in progress returns (a hung source's last
@@ -132,6 +157,14 @@ class Isolated:
             return True
         thread.join(timeout)
         return not thread.is_alive()
+
+    def _start_worker(self) -> None:
+        # Under the lock.
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name=f"nbmonitor-{self.name}", daemon=True
+            )
+            self._thread.start()
 
     def _report_hang(self) -> None:
         # Under the lock. Once per hang: the status says it continuously.

@@ -9,6 +9,7 @@ for a full tick and waits for it at most its timeout.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import threading
@@ -23,6 +24,7 @@ from nbmonitor._engine.assemble.spans import span_rows
 from nbmonitor._engine.assemble.steps import StepAssembler
 from nbmonitor._engine.column_cap import ColumnCap
 from nbmonitor._engine.frame import Frame, FrameBuilder, FrameState, View
+from nbmonitor._engine.handover import HandOver
 from nbmonitor._engine.isolated import Hung, Sources, bound_waiting
 from nbmonitor._engine.pipeline_parts import PipelineParts, device_name
 from nbmonitor._engine.published import Published
@@ -65,6 +67,10 @@ class Pipeline:
         self.views: tuple[View, ...] = ()
         self.published = Published()
         self._assembler = StepAssembler(device=lambda: device_name(parts.backend))
+        # The records stage works in slices and every stage is followed by a hand-over, so
+        # that the training thread never waits long for the GIL (handover.py).
+        self.hand_over = HandOver()
+        self._scheduled = False  # in a scheduled tick, which nobody waits for
         self._columns = ColumnCap()
         self.flow = LayerFlow(
             parts.layers,
@@ -120,11 +126,21 @@ class Pipeline:
     def tick(self, paced: bool) -> None:
         # Overflow in a statistic of non-finite training values is expected (they are
         # reported as alerts); numpy must not print a RuntimeWarning into the user's cell.
-        with self.lock, np.errstate(all="ignore"):
+        hand_over = self.hand_over
+        with (
+            self.lock,
+            np.errstate(all="ignore"),
+            hand_over.scheduled() if paced else contextlib.nullcontext(),
+        ):
+            self._scheduled = paced
             self._health_final = not paced
             behind = self.parts.health.behind  # it left slices to judge: not paced until done
-            for stage in self.stages:
-                stage(paced and not (behind and stage is self._health_stage))
+            try:
+                for stage in self.stages:
+                    stage(paced and not (behind and stage is self._health_stage))
+                    hand_over()
+            finally:
+                self._scheduled = False
 
     def final_tick(self) -> None:
         """Everything recorded, taken and written (close): waits for device values."""
@@ -159,31 +175,35 @@ class Pipeline:
         self._pending["system"].append(row)
 
     def collect(self, wait: bool = False, everything: bool = False) -> None:
-        assembler = self._assembler
-        records = self.parts.drain(wait)
-        assembler.add(records)
-        spans = span_rows(records)
-        if spans:
-            self.model.add_span_rows(spans)
-            self._pending["spans"].extend(spans)
-        memory = [r.breakdown for r in records if isinstance(r, MemoryRecord)]
-        if memory:
-            self._pending["memory"].extend(b.to_record() for b in memory)
-            self.model.add_memory(memory)
+        assembler, hand_over = self._assembler, self.hand_over
+        # In slices of records, in their order: a tick of a fast loop brings thousands.
+        for records in hand_over.slices(self.parts.drain(wait)):
+            assembler.add(records)
+            spans = span_rows(records)
+            if spans:
+                self.model.add_span_rows(spans)
+                self._pending["spans"].extend(spans)
+            memory = [r.breakdown for r in records if isinstance(r, MemoryRecord)]
+            if memory:
+                self._pending["memory"].extend(b.to_record() for b in memory)
+                self.model.add_memory(memory)
         self._report_failures(assembler.take_failures())
         added = assembler.take_groups_added()
         if added:
             self.add_alerts(groups_added_notes(added))
-        rows = assembler.take_final(everything=everything)
-        # The rows are stored before anything else here can fail: they have left the
-        # assembler and exist nowhere else.
-        if rows:
+        hand_over()
+        for steps in hand_over.slices(assembler.final_steps(everything=everything)):
+            rows = assembler.take_rows(steps)
+            # The rows are stored before anything else here can fail: they have left the
+            # assembler and exist nowhere else.
             self.model.add_step_rows(self._cap_columns(rows))
             self._pending["steps"].extend(rows)
+        hand_over()
         blocks, aux = assembler.take_layer_blocks()
         step = self.parts.current_step()
         open_rows = tuple(self._columns.filter(assembler.peek_open()))
         self._publish_state(step, open_rows=open_rows)
+        hand_over()
         self.flow.add(blocks, aux, step)
         self._report_copy_skip(step)
         self._pending["layers"].extend(self.flow.take_rows())
@@ -242,7 +262,13 @@ class Pipeline:
             # Far enough behind that steps would leave the window before they are judged: the
             # check judges them at fewer points (a loop of thousands of steps a second).
             thin = (HEALTH_WINDOW_MAX - HEALTH_WINDOW) // 2
-            found = parts.health.check(inp, final=False, budget_s=HEALTH_BUDGET_S, thin_beyond=thin)
+            found = parts.health.check(
+                inp,
+                final=False,
+                budget_s=HEALTH_BUDGET_S,
+                thin_beyond=thin,
+                between=self.hand_over,
+            )
         self.add_alerts(found)
         self._publish_layers()
         self._write_layer_grads()
@@ -250,7 +276,8 @@ class Pipeline:
     def _ranks(self) -> RankColumns | None:
         if self.parts.ranks is None:
             return None
-        got = self.sources.runlog.call(self.parts.ranks, timeout=RANKS_TIMEOUT_S)
+        # After the rows the last tick handed to the same worker (not waited for there).
+        got = self.sources.runlog.call(self.parts.ranks, timeout=RANKS_TIMEOUT_S, wait_if_busy=True)
         return None if isinstance(got, Hung) else got
 
     def _write_layer_grads(self) -> None:
@@ -273,11 +300,18 @@ class Pipeline:
         self._pending["layers"].append(row)
 
     def persist(self, final: bool = False) -> None:
-        """Hand the rows of this tick to the run log's worker. While it hangs they wait here
-        (bounded); at the final tick they are left to it, written once it answers."""
+        """Hand the rows of this tick to the run log's worker. A scheduled tick does not wait
+        for the writing (it would only wait for the worker's Python to get the GIL); ``flush``
+        and the final tick wait, for an earlier write too, so the rows are on disk when they
+        return. While the worker hangs the rows wait here (bounded); at the final tick they
+        are left to it, written once it answers."""
         writer = self.sources.runlog
+        scheduled = self._scheduled
+        if not scheduled:
+            writer.wait_idle()
         busy = writer.busy
         if busy and not final:
+            writer.note_hang()
             bound_waiting(self._pending, self.parts.errors)
             return
         batch = Batch({k: v for k, v in self._pending.items() if v})
@@ -290,6 +324,9 @@ class Pipeline:
 
         if busy:  # final: after the call in progress
             writer.defer(write_and_flush)
+        elif scheduled:
+            if not writer.submit(write_and_flush):  # closed meanwhile: written after the rest
+                writer.defer(write_and_flush)
         else:  # HUNG: the worker holds the rows and writes them when the file system answers
             writer.call(write_and_flush)
 
@@ -365,4 +402,4 @@ class Pipeline:
             devices=tuple(parts.backend.device_gauges(dict(model.last_sample))),
             notes=self._notes(),
         )
-        return self.frames.build(state, detail=detail)
+        return self.frames.build(state, detail=detail, hand_over=self.hand_over)

@@ -60,6 +60,7 @@ class Health:
         final: bool = True,
         budget_s: float = math.inf,
         thin_beyond: float = math.inf,
+        between: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> list[Alert]:
         """Judge the data that arrived since the last call; return only the NEW alerts.
@@ -68,9 +69,10 @@ class Health:
         (``slices.py``), oldest first, so the same run raises the same alerts at the same
         steps however its checks fell. With ``final`` (a run that closed, a flush, a run read
         from disk) the steps after the newest grid point are judged too; without, they wait
-        for the next check. A call runs for about ``budget_s`` (wall time on ``clock``: while
-        the rules run, the training thread waits for the GIL), at least two slices, and leaves
-        the rest to the next call (``behind``; ``judged_step`` says where it stopped).
+        for the next check. A call judges slices for about ``budget_s`` (wall time on
+        ``clock``: while the rules run, the training thread waits for the GIL), at least two,
+        calls ``between`` between two (the sampler hands the GIL over there), and leaves the
+        rest to the next call (``behind``; ``judged_step`` says where it stopped).
 
         A check whose new steps span more than ``thin_beyond`` steps (a loop so fast that the
         checks fall behind: the caller would lose steps off its window) keeps up by judging
@@ -93,15 +95,18 @@ class Health:
             keep = np.unique(np.linspace(0, len(plan) - 1, THINNED).round().astype(np.intp))
             plan = [plan[i] for i in keep.tolist()]
         alerts: list[Alert] = []
-        start = before = clock()
+        spent = took = 0.0
         for i, cut in enumerate(plan):
             # The last slice of this call carries what is true now, so it is chosen before it
             # runs: the one after which another, as long as the one before, would overrun.
-            now = clock()
-            last = i == len(plan) - 1 or (i > 0 and now - start + 2 * (now - before) >= budget_s)
-            before = now
+            last = i == len(plan) - 1 or (i > 0 and spent + 2 * took >= budget_s)
             self.behind = i < len(plan) - 1
+            if i and between is not None:
+                between()
+            start = clock()
             alerts.extend(self._check(until(inp, steps, first, cut.end, now=last)))
+            took = clock() - start
+            spent += took
             if cut.grid and times is not None and len(times) == steps.size:
                 when = float(times[cut.end - 1])
                 self._grid_time = when if math.isfinite(when) else self._grid_time

@@ -13,6 +13,7 @@ from typing import Any
 from nbmonitor._capture.dist import RankInfo
 from nbmonitor._engine.derive.job_report import job_alerts, read_state, summary_record
 from nbmonitor._engine.derive.ranks import RankState, rank_columns
+from nbmonitor._engine.handover import Pause
 from nbmonitor.errors import ErrorLog
 from nbmonitor.health.rules.stragglers import WINDOW
 from nbmonitor.health.view import RankColumns
@@ -42,14 +43,16 @@ def create_runlog(
     device_index: int | None,
 ) -> tuple[RunLogSink, str]:
     """The run log and the run's name: ``<stamp>-<name>`` alone, or a rank's
-    ``<job>-<name>/rank<r>`` with its place in the job in meta.json."""
+    ``<job>-<name>/rank<r>`` with its place in the job in meta.json. It encodes its rows in
+    slices, handing the GIL over between two (``_engine/handover.py``)."""
+    pause = Pause()  # the run log's worker's own
     if rank is None:
-        log = RunLogSink.create(opts.run_dir, run_name, meta)
+        log = RunLogSink.create(opts.run_dir, run_name, meta, pause=pause)
         return log, log.path.name
     meta.update(rank.as_meta(), device=device, device_index=device_index)
     log = RunLogSink.create(
         opts.run_dir, run_name, meta, job_id=rank.job_id, rank=rank.rank,
-        world_size=rank.world_size,
+        world_size=rank.world_size, pause=pause,
     )  # fmt: skip
     return log, f"{log.path.parent.name}/{log.path.name}"
 

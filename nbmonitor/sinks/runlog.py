@@ -35,7 +35,7 @@ import os
 import pathlib
 import socket
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import IO
 
 from nbmonitor.runs.decode import to_columns
@@ -59,6 +59,8 @@ from nbmonitor.sinks.base import Batch, Rows
 BACKLOG_BYTES = 64 * 2**20
 # Problems of one write kept to be raised at the next writes (one is raised per write).
 UNSAID_MAX = 4
+# Rows encoded between two pauses (when the run log has one: a live run's).
+SLICE_ROWS = 32
 
 
 def _dir_id(path: pathlib.Path) -> tuple[int, int]:
@@ -91,10 +93,18 @@ class RunLogSink:
 
     name = "runlog"
 
-    def __init__(self, path: pathlib.Path, meta: dict[str, object]) -> None:
-        """Open the record files of an already-made run directory for append."""
+    def __init__(
+        self,
+        path: pathlib.Path,
+        meta: dict[str, object],
+        pause: Callable[[], None] | None = None,
+    ) -> None:
+        """Open the record files of an already-made run directory for append. ``pause`` is
+        called between two slices of ``SLICE_ROWS`` rows being encoded (the live sampler lets
+        the training thread take the GIL there)."""
         self._path = path
         self._meta = meta
+        self._pause = pause
         self._lock = threading.Lock()
         self._closed = False
         self.close_errors: list[BaseException] = []  # what close() swallowed
@@ -172,6 +182,7 @@ class RunLogSink:
         job_id: str | None = None,
         rank: int = 0,
         world_size: int = 1,
+        pause: Callable[[], None] | None = None,
     ) -> RunLogSink:
         """Make ``run_dir/<YYYYmmdd-HHMMSS>-<name>/`` (``-2``, ``-3``... if taken), write
         meta.json and open the record files for append.
@@ -193,7 +204,7 @@ class RunLogSink:
             full.update(meta)
             full.update(format_version=FORMAT_VERSION, files=dict(FILES), sidecar=SIDECAR)
             write_json_atomic(path / META, full)
-            return cls(path, full)
+            return cls(path, full, pause)
         except OSError as exc:
             raise _error(run_dir, exc) from None
 
@@ -233,7 +244,7 @@ class RunLogSink:
     def _append(self, stream: str, rows: Rows) -> None:
         # Encode before taking the lock and before touching the file, so a value that cannot
         # be encoded fails the batch without leaving half of it on disk.
-        data = encode_lines(rows)
+        data = self._encode(rows)
         cols = to_columns(rows) if stream in self._chunks else None
         with self._lock:
             if self._closed:
@@ -257,6 +268,19 @@ class RunLogSink:
             buf = self._chunks.get(stream)
             if buf is not None and cols is not None:
                 buf.add(cols, len(data))
+
+    def _encode(self, rows: Rows) -> bytes:
+        # Encoding is the costly part of a write (~10 us a row) and holds the GIL: in slices,
+        # with the pause between, the training thread does not wait for a whole tick's rows.
+        pause, size = self._pause, SLICE_ROWS
+        if pause is None or len(rows) <= size:
+            return encode_lines(rows)
+        parts = []
+        for start in range(0, len(rows), size):
+            if start:
+                pause()
+            parts.append(encode_lines(rows[start : start + size]))
+        return b"".join(parts)
 
     def _write(self, stream: str, data: bytes) -> bool:
         """Write ``data`` after what ``stream`` has waiting; what the OS does not take waits.

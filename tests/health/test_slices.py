@@ -120,7 +120,9 @@ def test_the_same_run_raises_the_same_alerts_at_the_same_steps_however_it_is_che
 def test_a_bounded_check_judges_a_slice_more_once_its_budget_is_spent() -> None:
     run = Faulty(0.01)
     health = Health()
-    health.check(run.upto(200, 200), final=False, budget_s=0.0)
+    handed: list[int] = []  # the sampler hands the GIL over between two slices
+    health.check(run.upto(200, 200), final=False, budget_s=0.0, between=lambda: handed.append(1))
+    assert handed == [1]
     # Two slices at least (the first gives the cost of one); the pipeline runs it again next tick.
     assert health.judged_step == 32 and health.behind
     health.check(run.upto(200, 200), final=False)

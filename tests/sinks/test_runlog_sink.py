@@ -12,13 +12,15 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pytest
 from tests.runs.runs_helpers import make_log
 
 from nbmonitor.runs import FORMAT_VERSION, RunDirError, open_run
-from nbmonitor.sinks import RunLogSink
+from nbmonitor.sinks import RunLogSink, runlog
+from nbmonitor.sinks.runlog import SLICE_ROWS
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -146,6 +148,30 @@ def test_one_write_per_batch(tmp_path: pathlib.Path) -> None:
     log._files["steps"] = real
     log.close()
     assert len(calls) == 1 and calls[0].count(b"\n") == 50
+
+
+def test_rows_are_encoded_in_slices_with_the_pause_between(tmp_path: pathlib.Path) -> None:
+    # A live run's log lets the training thread take the GIL between slices (issue 29); what
+    # reaches the disk is the same bytes, in one write.
+    rows = [{"step": float(i), "loss": 1.0 / (i + 1)} for i in range(2 * SLICE_ROWS + 5)]
+    encoded: list[int] = []
+    pauses: list[int] = []
+    log = RunLogSink.create(tmp_path, "sliced", {}, pause=lambda: pauses.append(sum(encoded)))
+    real = runlog.encode_lines
+
+    def counted(part: Sequence[Mapping[str, object]]) -> bytes:
+        encoded.append(len(part))
+        return real(part)
+
+    runlog.encode_lines = counted  # type: ignore[assignment]
+    try:
+        log.write_steps(rows)
+    finally:
+        runlog.encode_lines = real
+    log.close()
+    assert encoded == [SLICE_ROWS, SLICE_ROWS, 5]
+    assert pauses == [SLICE_ROWS, 2 * SLICE_ROWS]
+    assert (log.path / "steps.jsonl").read_bytes() == real(rows)
 
 
 _CHILD = textwrap.dedent(

@@ -41,6 +41,9 @@ DOT_MIN_NUMEL = 16_384
 # The value of a "stopped" record (on_nan="raise"): 0 for a gradient, 1 for a module's output.
 STOP_MARK = DeviceValue.packed([0.0], None)
 STOP_MARK_FORWARD = DeviceValue.packed([1.0], None)
+# The head of a packed value without dot products: one list for every step (never written to;
+# a new empty one would be one more object kept, and tracked by the collector, per step).
+NO_HEAD: list[float] = []
 # The cat, and the stack it then needs, cost about what _foreach_norm spends on four tensors.
 CONCAT_MIN_TENSORS = 4
 
@@ -182,8 +185,11 @@ def _take_cpu(
     # Each dot product is read at once: a float costs less than the view stack() makes of
     # every one of them (a new tensor right after backward() costs microseconds). CPU tensors
     # only (cpu_plan() is None anywhere else), so item() is a memory read, never a device sync.
-    flats = [flat(grads[i], -1) for i in plan.dots]
-    head = [torch.dot(f, f).item() for f in flats]
+    if plan.dots:
+        flats = [flat(grads[i], -1) for i in plan.dots]
+        head = [torch.dot(f, f).item() for f in flats]
+    else:
+        head = NO_HEAD
     tail = [grads[i] for i in plan.concat]
     if plan.rest:
         norms = _foreach_norm([grads[i] for i in plan.rest], 2, dtype=plan.dtype)
