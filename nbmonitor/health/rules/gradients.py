@@ -279,14 +279,25 @@ class GradientSpike(Base):
         # Row k: the `window` norms before new row new_from + k (NaN-padded at the start).
         lo = view.new_from - t.window
         seg = total[lo:-1] if lo >= 0 else np.concatenate((np.full(-lo, np.nan), total[:-1]))
-        before = sliding_window_view(seg, t.window)
-        median, count = row_medians(before)
+        finite = np.isfinite(seg)
+        seen = np.concatenate(([0], np.cumsum(finite)))
+        count = seen[t.window :] - seen[: -t.window]  # finite norms in each row's window
         value = total[view.new_from :]
         judged = (count >= t.min_history) & np.isfinite(value)
         if not judged.any():
             return nothing(rule)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            factor = np.where(judged & (median > 0), value / median, np.nan)
+        # A spike beats grad_spike_factor x the median of the finite norms before it, so that
+        # factor x their least too: the medians (a sort per row) are taken for those rows only.
+        least = sliding_window_view(np.where(finite, seg, np.inf), t.window).min(axis=1)
+        with np.errstate(invalid="ignore"):
+            rows = np.flatnonzero(
+                judged & (value > t.grad_spike_factor * least) & (value > self._start)
+            )
+        factor = np.full(value.size, np.nan)
+        if rows.size:
+            median, _ = row_medians(sliding_window_view(seg, t.window)[rows])
+            with np.errstate(divide="ignore", invalid="ignore"):
+                factor[rows] = np.where(median > 0, value[rows] / median, np.nan)
         spike = (factor > t.grad_spike_factor) & (value > self._start)  # NaN: not a factor
         if not spike.any():
             return clear(rule)
