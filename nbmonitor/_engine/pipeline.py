@@ -203,6 +203,7 @@ class Pipeline:
         step = self.parts.current_step()
         open_rows = tuple(self._columns.filter(assembler.peek_open()))
         self._publish_state(step, open_rows=open_rows)
+        hand_over()
         self.flow.add(blocks, aux, step)
         self._report_copy_skip(step)
         self._pending["layers"].extend(self.flow.take_rows())

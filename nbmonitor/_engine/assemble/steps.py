@@ -126,7 +126,7 @@ class StepAssembler:
                 elif isinstance(record, LogRecord):
                     self._add_logged(record)
                 elif isinstance(record, PhaseRecord):
-                    self._open.setdefault(record.step, _Row()).values.update(phase_columns(record))
+                    self._row(record.step).values.update(phase_columns(record))
                 elif isinstance(record, AuxRecord):
                     self.aux.append((record, record.value.values()))
                 elif isinstance(record, OptimizerRecord):
@@ -145,6 +145,14 @@ class StepAssembler:
         for record in clipped:
             self._add_clip(record)
 
+    def _row(self, step: int) -> _Row:
+        # Not setdefault(step, _Row()): that builds a row (three dicts) for every record of a
+        # step whose row exists, three times a step.
+        row = self._open.get(step)
+        if row is None:
+            row = self._open[step] = _Row()
+        return row
+
     def _add_clip(self, record: StepRecord) -> None:
         # grad_norm is what clip_grad_norm_ returned (the norm before clipping), over the
         # parameters it was given; the coefficient is the factor it scaled them by, as torch
@@ -158,7 +166,7 @@ class StepAssembler:
 
     def _add_logged(self, record: LogRecord) -> None:
         values, failed = record.resolve()
-        row = self._open.setdefault(record.step, _Row())
+        row = self._row(record.step)
         if record.source != LOGGED:
             if row.implicit is None:
                 row.implicit = {}
@@ -213,7 +221,7 @@ class StepAssembler:
     def _add_step(self, record: StepRecord) -> None:
         # The learning rates are read first: one that cannot be is NaN, not the step's loss.
         lrs = [lr if isinstance(lr, float) else self._read_lr(lr) for lr in record.lrs]
-        row = self._open.setdefault(record.step, _Row()).values
+        row = self._row(record.step).values
         row["time"] = record.time
         row["step_time"] = record.step_time
         row["micro_batches"] = float(record.micro_batches)
