@@ -11,7 +11,8 @@ that step: at the next micro-batch, or at ``flush()``/``close()``. It is kept as
 detached (a torch call at every backward): the backward pass frees the graph's saved tensors,
 and what is left of the graph is a few small nodes the loop's own ``loss`` holds too. A
 backward asked to keep its graph (``retain_graph``, ``create_graph``) keeps its saved
-tensors: that root is detached, so that nbmonitor never holds a graph's memory.
+tensors: that root is detached, and so is the root of a backward that raised (out of memory,
+an interrupt: its graph was not freed), so that nbmonitor never holds a graph's memory.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from nbmonitor.records import FROM_BACKWARD, LogRecord
 class BackwardLoss:
     """Reads the roots of the backward passes of one step clock's steps."""
 
-    __slots__ = ("_ctx", "_scaled", "logged_step", "pending")
+    __slots__ = ("_ctx", "_kept", "_scaled", "logged_step", "pending")
 
     def __init__(self, ctx: StepContext) -> None:
         self._ctx = ctx
@@ -40,6 +41,8 @@ class BackwardLoss:
         # A deque: the training thread appends, and release() may run on a flushing thread.
         # Tested for truth at every forward (empty: nothing to release).
         self.pending: collections.deque[tuple[int, torch.Tensor, int]] = collections.deque()
+        # The roots the last backward started from, kept with their graph (see failed()).
+        self._kept = 0
         # The last step mon.log(loss=...) gave a loss for: its roots are not needed (set by
         # the clock's log(), an attribute: no call at each step).
         self.logged_step = -1
@@ -52,6 +55,7 @@ class BackwardLoss:
     def started(self, tensors: object, keeps_graph: bool = False) -> None:
         """A backward pass starts from ``tensors`` (with no gradient given); ``keeps_graph``:
         it keeps its graph (the roots are then detached)."""
+        self._kept = 0
         roots = (tensors,) if isinstance(tensors, torch.Tensor) else tensors
         if not isinstance(roots, (tuple, list)):
             return
@@ -74,6 +78,17 @@ class BackwardLoss:
             # in-place change since.
             kept = value.detach() if keeps_graph else value
             self.pending.append((step, kept, kept._version))  # noqa: SLF001  (torch's in-place counter)
+        self._kept = 0 if keeps_graph else len(values)
+
+    def failed(self) -> None:
+        """The backward raised (out of memory, an interrupt) before freeing its graph: its
+        roots are detached, so that nbmonitor holds none of the graph's memory (what
+        ``mon.free_oom()`` frees)."""
+        kept, self._kept = self._kept, 0
+        pending = self.pending
+        for i in range(max(0, len(pending) - kept), len(pending)):
+            step, root, version = pending[i]
+            pending[i] = (step, root.detach(), version)
 
     def release(self, through: int | None = None) -> None:
         """Record the roots of the steps up to ``through`` (all: None) the loop logged no loss

@@ -632,6 +632,13 @@ class StepClock:
             except Exception as exc:
                 guard.failed(exc)
 
+    def backward_failed(self) -> None:
+        # Never raises: the loop's own exception is the one that goes on.
+        try:
+            self._loss.failed()
+        except Exception as exc:
+            self._loss_guard.failed(exc)
+
     def clip_started(self, params: list[torch.Tensor]) -> None:
         # Another model's clip (or one of no parameters) is not this step's; without an
         # optimizer (none adopted, no pass held) a step ends with its backward, before any clip.

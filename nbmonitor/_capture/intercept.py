@@ -51,6 +51,10 @@ class Listener(Protocol):
         """``torch.autograd.backward`` is about to run from ``tensors``; ``keeps_graph``: it
         was asked to keep the graph (``retain_graph`` or ``create_graph``)."""
 
+    def backward_failed(self) -> None:
+        """The backward that ``backward_called`` announced raised (out of memory, an
+        interrupt): its graph was not freed."""
+
 
 _lock = threading.Lock()
 # Held weakly: a monitor whose model is dropped goes away with it (its step clock holds the
@@ -122,13 +126,21 @@ def backward(
     # torch's own parameters, named: no tuple or dict made for them at each backward. A loop
     # over the weak references, not _live(): no list either.
     keeps_graph = bool(retain_graph or create_graph)
-    for ref in _listeners:
+    listeners = _listeners
+    for ref in listeners:
         listener = ref()
         if listener is not None:
             listener.backward_called(tensors, grad_tensors, keeps_graph)
-    return _ORIGINAL_BACKWARD(
-        tensors, grad_tensors, retain_graph, create_graph, grad_variables, inputs
-    )
+    try:
+        return _ORIGINAL_BACKWARD(
+            tensors, grad_tensors, retain_graph, create_graph, grad_variables, inputs
+        )
+    except BaseException:
+        for ref in listeners:
+            listener = ref()
+            if listener is not None:
+                listener.backward_failed()
+        raise
 
 
 # Where the function is looked up: torch.nn.utils.clip_grad_norm_ and its home module.

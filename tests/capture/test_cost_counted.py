@@ -118,7 +118,7 @@ def test_torch_operators_added_per_step(
 # Python calls into nbmonitor's code on the training thread per step, and the C functions
 # (torch's included) those call: the measure of its Python work.
 PY_CALLS_AT_DEFAULTS = 35
-C_CALLS_AT_DEFAULTS = 41
+C_CALLS_AT_DEFAULTS = 42
 
 
 def test_python_calls_per_step(tmp_path: Path) -> None:

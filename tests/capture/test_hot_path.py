@@ -145,6 +145,30 @@ def test_the_backward_root_is_kept_as_it_is_unless_the_graph_is_kept(
     assert len(losses) == 2 and losses[1] == pytest.approx(loss.item())
 
 
+def test_the_root_of_a_backward_that_raised_is_detached(watched: Watched) -> None:
+    """An out-of-memory error inside backward() leaves the graph's saved tensors unfreed: the
+    root nbmonitor keeps must not hold them (mon.free_oom() frees what the error holds)."""
+    mon, model, opt, _ = watched
+
+    def out_of_memory(grad: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("CUDA out of memory (a stand-in)")
+
+    def fail_in_backward(module: torch.nn.Module, args: Any, output: torch.Tensor) -> None:
+        output.register_hook(out_of_memory)
+
+    handle = model[0].register_forward_hook(fail_in_backward)
+    loss = model(torch.ones(2, 4)).pow(2).mean()
+    handle.remove()
+    with pytest.raises(RuntimeError, match="a stand-in"):
+        loss.backward()
+    ((_, kept, _),) = mon._life.clock()._loss.pending
+    assert kept is not loss and kept.grad_fn is None
+    assert kept.item() == loss.item()  # the value is kept: only the graph is let go
+    opt.zero_grad(set_to_none=True)
+    _step(model, opt)  # the loop goes on
+    assert mon.errors == []
+
+
 @pytest.mark.parametrize(
     ("args", "kwargs"),
     [
