@@ -587,7 +587,7 @@ def fmt(p: dict[str, float]) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--task", default="tiny", help="tiny, mlp20, mlp20_b64 or gpt")
+    ap.add_argument("--task", default="tiny", help="tiny, mlp20, mlp20_b64, mlp50 or gpt")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dashboard", action="store_true", help="the notebook dashboard as view")
     ap.add_argument("--warmup", type=int, default=110, help="untimed steps first")

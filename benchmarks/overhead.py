@@ -36,9 +36,9 @@ import nbmonitor
 BOOTSTRAP_RESAMPLES = 4000
 
 
-def mlp20(width: int = 256) -> torch.nn.Module:
+def mlp20(width: int = 256, depth: int = 20) -> torch.nn.Module:
     layers: list[torch.nn.Module] = []
-    for _ in range(20):
+    for _ in range(depth):
         layers += [torch.nn.Linear(width, width), torch.nn.GELU()]
     layers.append(torch.nn.Linear(width, 10))
     return torch.nn.Sequential(*layers)
@@ -91,6 +91,13 @@ def make_task(
         model = mlp20().to(dev)
         x = torch.randn(batch, 256, device=dev)
         y = torch.randint(0, 10, (batch,), device=dev)
+        return model, lambda m: torch.nn.functional.cross_entropy(m(x), y)
+    if name == "mlp50":
+        # Issue 29's "50-layer model": 50 narrow layers (101 parameters) and short steps, so
+        # that a sampler tick carries many steps of many layers each.
+        model = mlp20(width=64, depth=50).to(dev)
+        x = torch.randn(32, 64, device=dev)
+        y = torch.randint(0, 10, (32,), device=dev)
         return model, lambda m: torch.nn.functional.cross_entropy(m(x), y)
     if name == "tiny":
         # Almost no compute: the difference in step time is nbmonitor's bookkeeping alone.
