@@ -7,6 +7,13 @@ holding; it is re-armed only once the rule has been judged clear for that subjec
 ``rearm_steps`` steps. Keying by single subject rather than by the whole layer set means a set
 that grows or shrinks by one layer (noise around a threshold) does not raise a new alert for
 the layers already reported.
+
+A condition that spreads over a model's layers (``Outcome.spreads``: gradients vanishing layer
+after layer, judged every 16 steps) would still raise an alert at every grid point for the
+layers that joined since the last; so while a rule holds for subjects it has already reported,
+subjects that join it within ``rearm_steps`` of its last alert are taken into that episode
+without an alert of their own (they are named in the rule's next alert, with the subjects that
+join after that window, if they still hold then).
 """
 
 from __future__ import annotations
@@ -47,6 +54,10 @@ class Health:
         self.behind = False
         # (rule, subject) -> step from which it has been judged clear (None while it holds)
         self._active: dict[tuple[str, str], int | None] = {}
+        # rule -> the step of its last alert (what a spreading condition's new subjects fold into)
+        self._alerted: dict[str, int] = {}
+        # rule -> subjects taken into its episode without an alert, in the order they joined
+        self._unsaid: dict[str, list[str]] = {}
 
     @property
     def judged_step(self) -> float | None:
@@ -129,6 +140,8 @@ class Health:
     def reset(self) -> None:
         """Forget what was reported (every condition alerts again)."""
         self._active.clear()
+        self._alerted.clear()
+        self._unsaid.clear()
         self._last_step = None
         self._last_layer_step = None
         self._grid_time = None
@@ -140,6 +153,12 @@ class Health:
         rule = outcome.rule
         held = set(outcome.held)
         new = [s for s in outcome.held if (rule, s) not in self._active]
+        spreading = (
+            outcome.spreads
+            and new
+            and len(new) < len(held)  # it already held for subjects reported before
+            and step - self._alerted.get(rule, -math.inf) < self.thresholds.rearm_steps
+        )
         for subject in held:
             self._active[(rule, subject)] = None
         for key, clear_since in list(self._active.items()):
@@ -150,7 +169,15 @@ class Health:
                 del self._active[key]
             else:
                 self._active[key] = since
-        return outcome.make(new) if new else []
+        if not new:
+            return []
+        if spreading:
+            unsaid_now = self._unsaid.setdefault(rule, [])
+            unsaid_now.extend(s for s in new if s not in unsaid_now)
+            return []
+        unsaid = [s for s in self._unsaid.pop(rule, ()) if s in held and s not in new]
+        self._alerted[rule] = step
+        return outcome.make(unsaid + new)
 
 
 __all__ = ["THINNED", "Health"]

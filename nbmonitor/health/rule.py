@@ -26,6 +26,10 @@ class Outcome:
     held: Sequence[str]  # subjects for which the rule holds now
     judged: Callable[[str], bool]  # whether a subject was judged (held or clear) this time
     make: Callable[[list[str]], list[Alert]]  # alerts for the subjects that newly hold
+    # The subjects are parts of one model (layers) whose condition spreads from one to the
+    # next: subjects that join soon after an alert are the same episode (``Health._settle``).
+    # Devices, ranks and the run as a whole are each a problem of their own.
+    spreads: bool = False
 
 
 @runtime_checkable

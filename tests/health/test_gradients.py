@@ -148,6 +148,41 @@ def test_vanishing_after_enough_consecutive_steps() -> None:
     assert health.check(run.input()) == []
 
 
+def test_a_spreading_condition_is_one_episode_within_rearm_steps() -> None:
+    # Gradients vanish layer after layer, a new layer every 20 steps while the others stay
+    # vanished: one alert, not one per layer, until rearm_steps have passed since it; the
+    # layers that joined in between are named in the rule's next alert.
+    run, health = Run(), Health(Thresholds(rearm_steps=100))
+    run.param_norms = np.full(len(LAYERS), 10.0)
+    run.add(40)
+    gone: dict[str, float] = {}
+    alerts = []
+    for name in ("fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias", "fc3_weight", "fc3_bias"):
+        gone[name] = 1e-9
+        for _ in range(20):
+            run.add(1, **gone)
+            alerts += [a for a in health.check(run.input()) if a.rule == "vanishing_gradients"]
+    # fc1.weight vanishes at step 60 (20 steps in a row); fc1.bias (80) .. fc3.weight (140)
+    # join within 100 steps of that alert, silently; fc3.bias (160) joins past the window: one
+    # alert names it and those before it.
+    assert [(a.step, a.layers) for a in alerts] == [
+        (60, ("fc1.weight",)),
+        (160, ("fc1.bias", "fc2.weight", "fc2.bias", "fc3.weight", "fc3.bias")),
+    ]
+    # Without the fold (rearm_steps 0) every new layer is an alert of its own.
+    run, health = Run(), Health(Thresholds(rearm_steps=0))
+    run.param_norms = np.full(len(LAYERS), 10.0)
+    run.add(40)
+    gone.clear()
+    count = 0
+    for name in ("fc1_weight", "fc1_bias", "fc2_weight"):
+        gone[name] = 1e-9
+        for _ in range(20):
+            run.add(1, **gone)
+            count += rules(health.check(run.input())).count("vanishing_gradients")
+    assert count == 3
+
+
 def test_vanishing_ignores_unknown_param_norms() -> None:
     run, health = Run(), Health()
     run.param_norms = np.full(len(LAYERS), np.nan)

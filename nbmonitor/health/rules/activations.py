@@ -54,7 +54,7 @@ class DeadUnits(Base):
                 )
             ]
 
-        return Outcome(rule, held, judged.__contains__, make)
+        return Outcome(rule, held, judged.__contains__, make, spreads=True)
 
 
 __all__ = ["DeadUnits"]

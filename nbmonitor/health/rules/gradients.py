@@ -174,7 +174,7 @@ class ExplodingGradients(Base):
                 )
             ]
 
-        return Outcome(rule, held, judged, make)
+        return Outcome(rule, held, judged, make, spreads=True)
 
     def _levels(
         self, rows: FloatArray, start: int, median: FloatArray, floor: FloatArray
@@ -433,7 +433,7 @@ class VanishingGradients(Base):
                 )
             ]
 
-        return Outcome(rule, held, view.layer_judged(judged_mask), make)
+        return Outcome(rule, held, view.layer_judged(judged_mask), make, spreads=True)
 
 
 def _dead_modules(view: View, fraction: float) -> bool:

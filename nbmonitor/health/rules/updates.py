@@ -116,7 +116,7 @@ class _UpdateRatio(Base):
                 )
             ]
 
-        return Outcome(rule, held, view.layer_judged(judged), make)
+        return Outcome(rule, held, view.layer_judged(judged), make, spreads=True)
 
 
 # A learning rate below this fraction of the run's largest is a schedule's decay, not a bug.
