@@ -115,26 +115,23 @@ def scaler_scale(self: torch.amp.GradScaler, outputs: Any) -> Any:
 
 
 @functools.wraps(_ORIGINAL_BACKWARD)
-def backward(
-    tensors: Any,
-    grad_tensors: Any = None,
-    retain_graph: bool | None = None,
-    create_graph: bool = False,
-    grad_variables: Any = None,
-    inputs: Any = None,
-) -> None:
-    # torch's own parameters, named: no tuple or dict made for them at each backward. A loop
-    # over the weak references, not _live(): no list either.
-    keeps_graph = bool(retain_graph or create_graph)
+def backward(tensors: Any, grad_tensors: Any = None, *args: Any, **kwargs: Any) -> None:
+    # The rest is passed on as it came: a torch that adds, drops or reorders a parameter
+    # after these two is still called as the loop called it. retain_graph and create_graph
+    # are torch's next two (positional or by name). A loop over the weak references, not
+    # _live(): no list made at each backward.
+    retain, create = (*args[:2], None, None)[:2]
+    if kwargs and not args[1:]:  # (Tensor.backward passes both positionally)
+        retain = retain if args else kwargs.get("retain_graph")
+        create = kwargs.get("create_graph")
+    keeps_graph = bool(retain or create)
     listeners = _listeners
     for ref in listeners:
         listener = ref()
         if listener is not None:
             listener.backward_called(tensors, grad_tensors, keeps_graph)
     try:
-        return _ORIGINAL_BACKWARD(
-            tensors, grad_tensors, retain_graph, create_graph, grad_variables, inputs
-        )
+        return _ORIGINAL_BACKWARD(tensors, grad_tensors, *args, **kwargs)
     except BaseException:
         for ref in listeners:
             listener = ref()

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import nbmonitor
+from nbmonitor._capture import intercept
 from nbmonitor._capture.inputs import batch_size, forward_counts, token_count
 from nbmonitor._capture.probes.base import due, next_due
 from nbmonitor._capture.probes.memory import MemoryProbe
@@ -188,3 +189,72 @@ def test_forward_counts_read_what_batch_size_and_token_count_read(
     args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> None:
     assert forward_counts(args, kwargs) == (batch_size(args, kwargs), token_count(args, kwargs))
+
+
+@pytest.mark.parametrize(
+    ("call", "keeps"),
+    [
+        (lambda loss: loss.backward(), False),
+        (lambda loss: loss.backward(retain_graph=True), True),
+        (lambda loss: torch.autograd.backward(loss, None, True), True),
+        (lambda loss: torch.autograd.backward(loss, retain_graph=True), True),
+        (lambda loss: torch.autograd.backward(loss, None, None, True), True),
+        (lambda loss: torch.autograd.backward(loss, create_graph=True), True),
+        (lambda loss: torch.autograd.backward([loss], None, False, False, None, None), False),
+    ],
+    ids=[
+        "tensor-method",
+        "tensor-method-retain",
+        "retain-positional",
+        "retain-keyword",
+        "create-positional",
+        "create-keyword",
+        "all-six-positional",
+    ],
+)
+@pytest.mark.filterwarnings("ignore:Using backward\\(\\) with create_graph")
+def test_the_backward_wrapper_passes_every_way_of_calling_on(call: Any, keeps: bool) -> None:
+    # The wrapper forwards what it was given as it came (torch's parameters after the first
+    # two, positional or by name) and reads retain_graph / create_graph from either form.
+    model = torch.nn.Linear(3, 1)
+    seen: list[bool] = []
+
+    class Listener:
+        def backward_called(self, tensors: object, grad: object, keeps_graph: bool) -> None:
+            seen.append(keeps_graph)
+
+        def backward_failed(self) -> None:
+            pass
+
+    listener = Listener()  # held weakly by intercept: kept here
+    stop = intercept.listen(listener)  # type: ignore[arg-type]
+    try:
+        call(model(torch.ones(2, 3)).sum())
+    finally:
+        stop()
+    assert model.weight.grad is not None
+    assert seen == [keeps]
+
+
+def test_the_backward_wrapper_passes_on_what_another_torch_takes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A torch whose backward() dropped grad_variables and added a keyword: the wrapper still
+    # hands on exactly what the loop gave (it names no parameter after the first two).
+    got: list[tuple[Any, ...]] = []
+
+    def other_backward(
+        tensors: Any,
+        grad_tensors: Any = None,
+        retain_graph: Any = None,
+        create_graph: bool = False,
+        inputs: Any = None,
+        new_flag: bool = False,
+    ) -> None:
+        got.append((grad_tensors, retain_graph, create_graph, inputs, new_flag))
+
+    monkeypatch.setattr(intercept, "_ORIGINAL_BACKWARD", other_backward)
+    loss = torch.ones(1, requires_grad=True).sum()
+    intercept.backward(loss, None, None, False, ["x"], new_flag=True)
+    intercept.backward(loss, inputs=["y"])
+    assert got == [(None, None, False, ["x"], True), (None, None, False, ["y"], False)]
