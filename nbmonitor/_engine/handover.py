@@ -82,6 +82,11 @@ class HandOver:
         finally:
             self._on = on
 
+    @property
+    def on(self) -> bool:
+        """In a scheduled tick (which nobody waits for: it pauses between slices)."""
+        return self._on
+
     def __call__(self) -> None:
         """Let the training thread in, during a scheduled tick."""
         if self._on:

@@ -69,8 +69,7 @@ class Pipeline:
         self._assembler = StepAssembler(device=lambda: device_name(parts.backend))
         # The records stage works in slices and every stage is followed by a hand-over, so
         # that the training thread never waits long for the GIL (handover.py).
-        self.hand_over = HandOver()
-        self._scheduled = False  # in a scheduled tick, which nobody waits for
+        self.hand_over = HandOver()  # .on: in a scheduled tick, which nobody waits for
         self._columns = ColumnCap()
         self.flow = LayerFlow(
             parts.layers,
@@ -88,9 +87,6 @@ class Pipeline:
             "memory": [],
         }
         self._notes_seen = 0
-        # Whether the health check judges every step it has (a flush, the final tick), not only
-        # up to the newest grid point (health/slices.py).
-        self._health_final = False
         self._copy_skip_reported = False
         self._layer_row_step = -math.inf
         self._last_publish = -math.inf
@@ -132,22 +128,16 @@ class Pipeline:
             np.errstate(all="ignore"),
             hand_over.scheduled() if paced else contextlib.nullcontext(),
         ):
-            self._scheduled = paced
-            self._health_final = not paced
             behind = self.parts.health.behind  # it left slices to judge: not paced until done
-            try:
-                for stage in self.stages:
-                    stage(paced and not (behind and stage is self._health_stage))
-                    hand_over()
-            finally:
-                self._scheduled = False
+            for stage in self.stages:
+                stage(paced and not (behind and stage is self._health_stage))
+                hand_over()
 
     def final_tick(self) -> None:
         """Everything recorded, taken and written (close): waits for device values."""
         with self.lock, np.errstate(all="ignore"):
             self.collect(wait=True, everything=True)
             # Unpaced, behind the health stage's own guard: a rule switched off stays off.
-            self._health_final = True
             self._health_stage()
             self.persist(final=True)
 
@@ -255,8 +245,7 @@ class Pipeline:
         # What the optimizer is (recorded once by the training side), for the time rules.
         self.model.optimizer = self._assembler.optimizer
         inp = self.model.health_input(step, parts.clock(), window, self._ranks())
-        final = self._health_final
-        if final:
+        if not self.hand_over.on:  # a flush or the final tick: every step judged
             found = parts.health.check(inp)
         else:
             # Far enough behind that steps would leave the window before they are judged: the
@@ -306,7 +295,7 @@ class Pipeline:
         return. While the worker hangs the rows wait here (bounded); at the final tick they
         are left to it, written once it answers."""
         writer = self.sources.runlog
-        scheduled = self._scheduled
+        scheduled = self.hand_over.on
         if not scheduled:
             writer.wait_idle()
         busy = writer.busy

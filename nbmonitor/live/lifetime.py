@@ -37,10 +37,9 @@ class StepCount:
     the clock alone, so that everything built after it is complete when built."""
 
     def __init__(self, clock: StepClock) -> None:
-        self._clock_ref: weakref.ref[StepClock] = weakref.ref(clock)
-        # The step clock while it lives, else None: the reference itself, so that asking
+        # The step clock while it lives, else None: a weak reference, so that asking
         # (Monitor.log, at every step) is one C call.
-        self.clock = self._clock_ref
+        self.clock: weakref.ref[StepClock] = weakref.ref(clock)
         # The clock's context (the step counter, the recorder; no model) outlives the clock,
         # so that the steps counted after the last look are still known once it is gone.
         self._ctx = clock.ctx
@@ -53,7 +52,7 @@ class StepCount:
 
     def step(self) -> int:
         """Steps so far: the step clock's while it lives, then the last it counted."""
-        clock = self._clock_ref()
+        clock = self.clock()
         if clock is not None:
             self._last_step, self._last_ctx_step = clock.step, self._ctx.step
             return self._last_step
@@ -61,7 +60,7 @@ class StepCount:
 
     def phase(self) -> int | None:
         """The step phase the training thread is in now (``PhaseTimer.current``)."""
-        clock = self._clock_ref()
+        clock = self.clock()
         return clock.phases.current() if clock is not None else None
 
     def is_closed(self) -> bool:
