@@ -110,6 +110,8 @@ class SpanLog:
     """What the timeline shows, fed with step rows and span rows (bounded memory)."""
 
     def __init__(self) -> None:
+        # Counts the additions: what the timeline shows is as it was while it stays the same.
+        self.version = 0
         self._stats: dict[str, _Stats] = {}
         self._run_time = 0.0  # the sum of step_time: what "% of run" is a share of
         self._steps: collections.deque[Mapping[str, float]] = collections.deque(maxlen=RECENT_STEPS)
@@ -120,6 +122,7 @@ class SpanLog:
     def add_steps(self, rows: Sequence[Mapping[str, float]]) -> None:
         if not rows:
             return
+        self.version += 1
         nan = math.nan
         times = np.array([row.get("step_time", nan) for row in rows], dtype=np.float64)
         self._run_time += float(times[np.isfinite(times)].sum())
@@ -132,6 +135,7 @@ class SpanLog:
         """A whole steps stream read at once (a replay): the same as its rows."""
         if "step" not in columns:
             return
+        self.version += 1
         keys = [k for k in ("step", "time", "step_time", *PHASE_KEYS) if k in columns]
         n = len(columns["step"])
         if "step_time" in columns:
@@ -146,6 +150,7 @@ class SpanLog:
                 self._steps.append(row)
 
     def add_spans(self, rows: Iterable[Mapping[str, object]]) -> None:
+        self.version += 1
         for row in rows:
             name, dur = row.get("name"), row.get("dur")
             if not isinstance(name, str) or not isinstance(dur, (int, float)):
