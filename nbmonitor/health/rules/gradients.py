@@ -92,8 +92,11 @@ class ExplodingGradients(Base):
             start = np.array([self._total_start])
             run_max = np.array([self._total_max])
             median, count = total_ref
+            bar = np.fmax(run_max, start)
+            rows = total[None, :]
+            rises = self._rises(rows, view.new_from, bar)
             value, where, seen_rows = self._levels(
-                total[None, :], view.new_from, median, np.fmax(run_max, start)
+                rows, view.new_from, median if rises else None, bar
             )
             verdict = self._explodes(median, count, value, run_max, start, seen_rows)
             if verdict is not None:
