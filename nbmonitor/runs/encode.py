@@ -3,9 +3,10 @@
 The bytes are exactly those of :func:`~nbmonitor.runs.format.encode_lines` (the json module's
 encoder: keys escaped, ``ensure_ascii``, floats by ``float.__repr__``, non-finite floats as
 ``NaN`` / ``Infinity`` / ``-Infinity``), made cheaper for the rows a run writes nearly always:
-a dict whose keys are all ``str`` and whose values are all exactly ``float``, with the same keys
-as rows before it. Such a row is one ``template % values``: the keys were escaped once, when the
-template of that key set was built, and the values are formatted by one C call (``%s`` of a
+a dict whose keys are all ``str`` and whose values are all exactly ``float``, with keys (in their
+order) that came before. Such a row is one ``template % values``: the keys were escaped once,
+when the template of that key set was built (the second time it came: keys that never recur
+cost no template), and the values are formatted by one C call (``%s`` of a
 float is its repr, the json module's own text for a finite float). A row with a non-finite
 value formats its values the same way and spells ``nan`` / ``inf`` as JSON does: the only
 letters a float's repr can hold are those and ``e``, so the replace cannot touch anything else,
@@ -13,8 +14,9 @@ and the keys are not in the text it runs over. Every other row (an int, a bool, 
 ``None``, a nested value, a float subclass such as ``numpy.float64`` whose repr is not the
 json module's text, a key that is not a ``str``) goes to the json encoder, as before.
 
-What costs remains is the floats' repr (``float.__repr__``, the shortest text that reads back
-bit for bit): ~0.1 us for a short value, ~0.4 us for 17 digits (docs/performance.md).
+What it costs is nearly all the floats' repr (``float.__repr__``, the shortest text that reads
+back bit for bit): about 0.1 us for a short value and 0.4-0.6 us for 17 digits on a 2-core VM,
+over 90 % of a step row's encoding (docs/performance.md, issue 29's fourth session).
 
 The sidecar's columns come from the value tuples the templates already took, one numpy call
 per key set instead of one list per key: bit for bit what :func:`~nbmonitor.runs.decode.
@@ -29,27 +31,28 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from nbmonitor.runs.decode import Columns, FloatArray, IntArray, Sparse, to_columns
 from nbmonitor.runs.format import JSON_ENCODER
 
-# Key sets a stream's encoder keeps templates for, and their text in all: past either it starts
-# again (a stream whose keys change every row gains nothing from templates, and must not grow).
-MAX_TEMPLATES = 64
-MAX_TEMPLATE_CHARS = 8 << 20
+# Key sets a stream's encoder remembers (with a template once seen twice), and the keys they
+# hold in all: past either it starts again (a stream whose keys change every row gains nothing
+# from templates, and must not grow).
+MAX_KEY_SETS = 256
+MAX_KEYS_HELD = 1 << 20
 
 
 class _Template:
     """One key set's line: ``text % values`` is the row's JSON line (newline included)."""
 
-    __slots__ = ("at", "keys", "letters", "text", "types", "values")
+    __slots__ = ("keys", "letters", "text", "types", "values")
 
     def __init__(self, keys: tuple[str, ...]) -> None:
         enc = JSON_ENCODER.encode
         self.keys = keys
-        self.at = {k: i for i, k in enumerate(keys)}
         body = ",".join(enc(k).replace("%", "%%") + ":%s" for k in keys)
         self.text = "{" + body + "}\n"
         self.types = (float,) * len(keys)
@@ -83,8 +86,10 @@ class LineEncoder:
     """Rows of one stream as JSON Lines, with the templates of the key sets seen so far."""
 
     def __init__(self) -> None:
+        # Key set -> its template, or None: seen once (a template is built the second time,
+        # so keys that never recur cost no template), or keys that are not all str.
         self._templates: dict[tuple[object, ...], _Template | None] = {}
-        self._chars = 0
+        self._held = 0  # keys in all the key sets above
 
     def encode(
         self,
@@ -116,17 +121,18 @@ class LineEncoder:
         return data, _columns(taken)
 
     def _template(self, keys: tuple[object, ...]) -> _Template | None:
-        if keys in self._templates:
-            return self._templates[keys]
-        if len(self._templates) >= MAX_TEMPLATES or self._chars > MAX_TEMPLATE_CHARS:
-            self._templates.clear()
-            self._chars = 0
-        template = None
-        if all(type(k) is str for k in keys):
-            template = _Template(keys)  # type: ignore[arg-type]
-            self._chars += len(template.text)
-        self._templates[keys] = template
-        return template
+        templates = self._templates
+        if keys in templates:
+            template = templates[keys]
+            if template is None and all(type(k) is str for k in keys):
+                template = templates[keys] = _Template(keys)  # type: ignore[arg-type]
+            return template
+        if len(templates) >= MAX_KEY_SETS or self._held > MAX_KEYS_HELD:
+            templates.clear()
+            self._held = 0
+        templates[keys] = None
+        self._held += len(keys)
+        return None
 
     def _lines(self, rows: Sequence[Mapping[str, object]], taken: _Taken | None) -> str:
         enc = JSON_ENCODER.encode
@@ -140,7 +146,7 @@ class LineEncoder:
             if keys != last_keys:
                 template, last_keys = self._template(keys), keys
             if template is not None:
-                values = tuple(r.values())
+                values: tuple[Any, ...] = tuple(r.values())
                 if tuple(map(type, values)) == template.types:
                     line = template.text % values
                     if not isfinite(sum(values)):  # NaN or an infinity (or a sum past float64)
@@ -186,27 +192,33 @@ def _columns(taken: _Taken) -> Columns:
             grouped[t].append(v)
         else:
             where[t], grouped[t] = [i], [v]
-    blocks = {t: (np.array(where[t], dtype=np.int64), _block(vs)) for t, vs in grouped.items()}
-    order = list(dict.fromkeys(k for t in blocks for k in t.keys))
+    # Blocks in the order their key sets first came, keys in each in their order: the keys'
+    # first-seen order over the rows.
+    holders: dict[str, list[tuple[IntArray, FloatArray]]] = {}
+    for t, vs in grouped.items():
+        at = np.array(where[t], dtype=np.int64)
+        for key, column in zip(t.keys, _block(vs), strict=True):
+            if key in holders:
+                holders[key].append((at, column))
+            else:
+                holders[key] = [(at, column)]
     dense: dict[str, FloatArray] = {}
     sparse: dict[str, Sparse] = {}
-    for key in order:
-        parts = [(idx, block[t.at[key]]) for t, (idx, block) in blocks.items() if key in t.at]
-        count = sum(len(idx) for idx, _ in parts)
+    for key, parts in holders.items():
+        count = sum(len(at) for at, _ in parts)
         if 2 * count < rows:
             if len(parts) == 1:
                 sparse[key] = parts[0]
             else:
-                at: IntArray = np.concatenate([i for i, _ in parts])
+                at = np.concatenate([i for i, _ in parts])
                 ordered = np.argsort(at, kind="stable")
                 sparse[key] = (at[ordered], np.concatenate([v for _, v in parts])[ordered])
             continue
         col = np.empty(rows) if count == rows else np.full(rows, np.nan)
-        for idx, v in parts:
-            col[idx] = v
+        for at, part in parts:
+            col[at] = part
         dense[key] = col
-    # to_columns's dicts hold the keys in first-seen order too.
-    return Columns(rows, dense, sparse, order)
+    return Columns(rows, dense, sparse, list(holders))
 
 
-__all__ = ["MAX_TEMPLATES", "MAX_TEMPLATE_CHARS", "LineEncoder"]
+__all__ = ["MAX_KEYS_HELD", "MAX_KEY_SETS", "LineEncoder"]

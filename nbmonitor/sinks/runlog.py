@@ -38,8 +38,8 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import IO
 
-from nbmonitor.runs.encode import LineEncoder
 from nbmonitor.runs.decode import Columns
+from nbmonitor.runs.encode import LineEncoder
 from nbmonitor.runs.format import (
     FILES,
     FORMAT_VERSION,
