@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from nbmonitor.runs.decode import Columns, FloatArray, IntArray, Sparse, to_columns
+from nbmonitor.runs.decode import Columns, FloatArray, Sparse, to_columns
 from nbmonitor.runs.format import JSON_ENCODER
 
 # Key sets a stream's encoder remembers (with a template once seen twice), and the keys they
@@ -192,32 +192,50 @@ def _columns(taken: _Taken) -> Columns:
             grouped[t].append(v)
         else:
             where[t], grouped[t] = [i], [v]
-    # Blocks in the order their key sets first came, keys in each in their order: the keys'
-    # first-seen order over the rows.
-    holders: dict[str, list[tuple[IntArray, FloatArray]]] = {}
-    for t, vs in grouped.items():
-        at = np.array(where[t], dtype=np.int64)
-        for key, column in zip(t.keys, _block(vs), strict=True):
+    # Each key's blocks, in the order their key sets first came and the keys in each in their
+    # order: the keys' first-seen order over the rows.
+    blocks = {t: (np.array(where[t], dtype=np.int64), _block(vs)) for t, vs in grouped.items()}
+    holders: dict[str, list[tuple[_Template, int]]] = {}
+    for t in blocks:
+        for j, key in enumerate(t.keys):
             if key in holders:
-                holders[key].append((at, column))
+                holders[key].append((t, j))
             else:
-                holders[key] = [(at, column)]
-    dense: dict[str, FloatArray] = {}
-    sparse: dict[str, Sparse] = {}
-    for key, parts in holders.items():
+                holders[key] = [(t, j)]
+    made: dict[str, FloatArray | Sparse] = {}
+    for t, (at, block) in blocks.items():
+        # The keys of one key set only (a wide layers row's): all at once.
+        only = [j for j, key in enumerate(t.keys) if len(holders[key]) == 1]
+        if not only:
+            continue
+        if 2 * len(at) < rows:
+            made.update((t.keys[j], (at, block[j])) for j in only)
+        else:
+            full = np.full((len(only), rows), np.nan)
+            full[:, at] = block[only]
+            made.update((t.keys[j], col) for j, col in zip(only, full, strict=True))
+    for key, held in holders.items():
+        if len(held) == 1:
+            continue
+        parts = [(blocks[t][0], blocks[t][1][j]) for t, j in held]
         count = sum(len(at) for at, _ in parts)
         if 2 * count < rows:
-            if len(parts) == 1:
-                sparse[key] = parts[0]
-            else:
-                at = np.concatenate([i for i, _ in parts])
-                ordered = np.argsort(at, kind="stable")
-                sparse[key] = (at[ordered], np.concatenate([v for _, v in parts])[ordered])
+            at = np.concatenate([i for i, _ in parts])
+            ordered = np.argsort(at, kind="stable")
+            made[key] = (at[ordered], np.concatenate([v for _, v in parts])[ordered])
             continue
         col = np.empty(rows) if count == rows else np.full(rows, np.nan)
         for at, part in parts:
             col[at] = part
-        dense[key] = col
+        made[key] = col
+    dense: dict[str, FloatArray] = {}
+    sparse: dict[str, Sparse] = {}
+    for key in holders:
+        value = made[key]
+        if isinstance(value, tuple):
+            sparse[key] = value
+        else:
+            dense[key] = value
     return Columns(rows, dense, sparse, list(holders))
 
 

@@ -191,7 +191,10 @@ def test_several_key_sets_in_one_batch_make_to_columns_columns() -> None:
     grads = [{"step": 3.0, "grad_norm/a": 2.0}]
     logged = [{"step": float(s), "loss": 0.1, **({"acc": 0.9} if s % 3 == 0 else {})}
               for s in range(10)]  # fmt: skip
-    for rows in (norms + grads, grads + norms, logged, norms * 3 + grads * 5):
+    # A key in two key sets: rare (sparse, its rows merged in order) and common (NaN-filled).
+    rare = [{"step": 0.0, "x": 1.0}, *logged, {"x": 2.0, "step": 1.0}]
+    common = [{"step": 0.0, "y": 1.0}, {"y": 2.0, "step": 1.0}, {"step": 2.0}]
+    for rows in (norms + grads, grads + norms, logged, norms * 3 + grads * 5, rare, common):
         encoder = LineEncoder()
         encoder.encode(rows)
         data, cols = encoder.encode(rows, columns=True)
