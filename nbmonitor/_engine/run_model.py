@@ -107,7 +107,11 @@ class RunModel:
         added = list(alerts)
         for alert in added:
             for layer in alert.layers:
-                self._layer_flags.setdefault(layer, []).append(alert.rule)
+                # Each rule once per layer: a condition that recurs all run long would
+                # otherwise grow the list without bound (the table shows each rule once).
+                named = self._layer_flags.setdefault(layer, [])
+                if alert.rule not in named:
+                    named.append(alert.rule)
         self._alerts += added
         del self._alerts[:-MAX_ALERTS]
         return added
@@ -143,7 +147,7 @@ class RunModel:
 
     @property
     def layer_flags(self) -> dict[str, list[str]]:
-        """Per layer, the rules whose alerts named it."""
+        """Per layer, the rules whose alerts named it (each once, in the order they first did)."""
         return self._layer_flags
 
     @property
