@@ -326,12 +326,12 @@ def write_chunk(folder: pathlib.Path, seq: int, columns: Columns, span: tuple[in
     sparse = [columns.sparse[k] for k in keys if k in columns.sparse]
     rows = columns.rows
     lengths = [len(idx) for idx, _ in sparse]
-    small = {
+    small: dict[str, np.ndarray] = {
         "span": np.array([span[0], span[1], rows], np.int64),
         "keys": np.frombuffer(json.dumps(keys).encode(), dtype=np.uint8),
         "dense": np.array(dense_at, np.int64),
     }
-    tail = {
+    tail: dict[str, np.ndarray] = {
         "sparse_ptr": np.cumsum([0, *lengths], dtype=np.int64),
         "sparse_rows": np.concatenate([idx for idx, _ in sparse]).astype(np.int64)
         if sparse
