@@ -359,7 +359,8 @@ class Pipeline:
         self.published = dataclasses.replace(self.published, open_rows=open_rows, step=step)
 
     def _publish_layers(self) -> None:
-        table = tuple(self.model.layer_table())
+        # A snapshot, made into rows by the reader (mon.layers(), on its own thread).
+        table = self.model.layer_table()
         self.published = dataclasses.replace(self.published, layer_table=table)
 
     def refresh_layers(self) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from nbmonitor._engine.assemble.layers import LayerStats
+from nbmonitor._engine.assemble.layers import LayerStats, LayerTable
 from nbmonitor._engine.assemble.spans import SpanLog
 from nbmonitor._engine.derive.clipping import clip_share
 from nbmonitor._engine.derive.energy import energy_rates
@@ -180,8 +180,9 @@ class RunModel:
         out.update(headroom(self.system, self.steps, self.memory, self.device_index))
         return out
 
-    def layer_table(self) -> list[dict[str, object]]:
-        return self.layers.table(self._layer_flags) if self.layers is not None else []
+    def layer_table(self) -> LayerTable | None:
+        """The layer table as it is now (None before the layers are known)."""
+        return self.layers.snapshot(self._layer_flags) if self.layers is not None else None
 
     def health_input(
         self, step: int, time: float, window: int, ranks: RankColumns | None = None
