@@ -11,7 +11,7 @@ import pytest
 from nbmonitor._engine.assemble import layer_flow
 from nbmonitor._engine.assemble.layer_flow import LayerFlow
 from nbmonitor._engine.assemble.layers import LayerStats, ParamInfo
-from nbmonitor._engine.assemble.steps import LayerNorms
+from nbmonitor._engine.assemble.step_norms import LayerNorms
 from nbmonitor._engine.frame import Alert
 from nbmonitor.records import AuxRecord
 

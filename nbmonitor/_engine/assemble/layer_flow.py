@@ -17,7 +17,7 @@ import numpy.typing as npt
 
 from nbmonitor._engine.assemble.flow_alerts import first_non_finite, grads_never_arrived, stopped
 from nbmonitor._engine.assemble.layers import LayerStats
-from nbmonitor._engine.assemble.steps import LayerNorms
+from nbmonitor._engine.assemble.step_norms import LayerNorms
 from nbmonitor.health.alert import Alert
 from nbmonitor.health.wording import label
 from nbmonitor.records import AuxRecord
