@@ -15,10 +15,11 @@ that the layer sampling of the first 100 steps is left out:
 1. **Paired fixed cost**: a plain twin and a monitored twin stepped in turn (as
    ``paired.py``), the median of the per-pair difference with a 95 % bootstrap interval. This
    is the number; the rest says what it is made of.
-1b. **The floor** (``--parts floor``, not run by default): four twins in turn, the plain
-   loop, plus the gradient-norm pass, plus the same hooks registered empty, and monitored, in
+1b. **The floor** (``--parts floor``, not run by default): five twins in turn, the plain
+   loop, plus the gradient-norm pass, plus the same hooks registered empty, plus those hooks
+   doing the least Python can for the default features (``_Skeleton``), and monitored, in
    the thread's CPU time: nbmonitor's own fixed cost apart from the fused norm and torch's
-   hook dispatch (``floor()``).
+   hook dispatch, against that floor (``floor()``).
 2. **Per-step breakdown**: every hook, probe and listener of the training thread wrapped in a
    timer (class attributes patched before attach); inclusive microseconds per step, nested as
    they call each other. The timers add ~0.2 us per call of their own.
@@ -175,7 +176,7 @@ def paired(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
 
 
 # The floor's twins, each one step further from the plain loop (see floor()).
-FLOOR_ROLES = ("plain", "norm", "hooks", "monitored")
+FLOOR_ROLES = ("plain", "norm", "hooks", "skeleton", "monitored")
 
 
 def _empty_hooks(
@@ -210,8 +211,95 @@ def _empty_hooks(
     ]
 
 
+class _Skeleton:
+    """The least that hooks in Python can do for what nbmonitor shows at defaults, written as
+    plainly as it can be, with no guard, no probe and no sampler: a clock read at each of the
+    five moments of a step summed into its phase, the batch size (and tokens) of each forward
+    from its first argument, a reference to the loss, the norm, and one tuple a step (and one
+    for the logged loss) on a deque. ``skeleton - hooks`` is what those features cost in
+    Python over torch's own dispatch of the same hooks: a floor for nbmonitor's own work."""
+
+    def __init__(
+        self, model: torch.nn.Module, opt: torch.optim.Optimizer, norm: grad_norms.NormPass
+    ) -> None:
+        self.records: collections.deque[tuple[Any, ...]] = collections.deque()
+        self.sums = [0.0] * 5
+        self.last = time.perf_counter()
+        self.step = 0
+        self.samples = self.tokens = self.micro = 0
+        self.start = self.last
+        self.loss: Any = None
+        self.norms: Any = None
+        clock, sums = time.perf_counter, self.sums
+
+        def mark(phase: int) -> float:
+            now = clock()
+            sums[phase] += now - self.last
+            self.last = now
+            return now
+
+        def forward_pre(module: torch.nn.Module, args: Any) -> None:
+            if torch.is_grad_enabled():
+                mark(0)
+
+        def forward(module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+            if not torch.is_grad_enabled():
+                return
+            mark(1)
+            first = args[0] if args else None
+            if isinstance(first, torch.Tensor) and first.shape:
+                self.samples += first.shape[0]
+                if first.dim() == 2 and first.dtype in (torch.int64, torch.int32):
+                    self.tokens += first.numel()
+            self.micro += 1
+
+        def landed(param: torch.Tensor) -> None:
+            mark(2)
+
+        def pre_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            mark(3)
+            self.norms = norm.take()
+
+        def post_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            now = mark(4)
+            self.step += 1
+            self.records.append(
+                (
+                    self.step,
+                    now - self.start,
+                    self.samples,
+                    self.tokens,
+                    self.micro,
+                    optimizer.param_groups[0]["lr"],
+                    self.norms,
+                    tuple(sums),
+                )
+            )
+            self.start = now
+            self.samples = self.tokens = self.micro = 0
+            sums[:] = (0.0,) * 5
+            if len(self.records) > 4096:
+                self.records.clear()
+
+        last = list(model.parameters())[-1]
+        self.handles = [
+            model.register_forward_pre_hook(forward_pre),
+            model.register_forward_hook(forward, with_kwargs=True),
+            last.register_post_accumulate_grad_hook(landed),
+            opt.register_step_pre_hook(pre_step),
+            opt.register_step_post_hook(post_step),
+        ]
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.loss = loss  # the step's loss, read on another thread later
+        intercept._ORIGINAL_BACKWARD(loss)
+
+    def log(self, loss: torch.Tensor) -> None:
+        self.records.append((self.step, "loss", loss))
+
+
 def floor(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
-    """What the fixed cost is measured against: four twins stepped in turn, in a new random
+    """What the fixed cost is measured against: five twins stepped in turn, in a new random
     order each pass, each role on each twin in turn (rounds), timed in the thread's CPU time
     (a wait for the GIL or a preempted core is not counted) and on the wall clock:
 
@@ -221,6 +309,8 @@ def floor(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
       ``tiny`` one ``_foreach_norm`` and a ``stack``), before ``optimizer.step()``;
     - ``hooks``: plus the hooks nbmonitor registers at defaults, empty (the norm taken in the
       pre-step one): torch's own cost of a module, a gradient and an optimizer with hooks;
+    - ``skeleton``: the same hooks doing the least Python can for the default features
+      (``_Skeleton``);
     - ``monitored``: attached at defaults (``--attach`` options), ``mon.log(loss=loss)``.
 
     ``monitored - hooks`` is nbmonitor's own fixed cost on the training thread: issue 29's
@@ -237,17 +327,23 @@ def floor(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
         role_of = {(i + r) % len(twins): role for i, role in enumerate(FLOOR_ROLES)}
         mon: Any = None
         handles: list[Any] = []
+        skeleton: Any = None
         for i, role in role_of.items():
             if role == "monitored":
                 mon = attach(twins[i][0], opts[i], tmp, args.dashboard)
             elif role == "hooks":
-                handles = _empty_hooks(twins[i][0], opts[i], norms[i])
+                handles += _empty_hooks(twins[i][0], opts[i], norms[i])
+            elif role == "skeleton":
+                skeleton = _Skeleton(twins[i][0], opts[i], norms[i])
+                handles += skeleton.handles
 
-        def step(i: int, role: str, mon: Any) -> None:
+        def step(i: int, role: str, mon: Any, skeleton: Any = skeleton) -> None:
             model, loss_fn = twins[i]
             loss = loss_fn(model)
             if role == "monitored":
                 loss.backward()
+            elif role == "skeleton":
+                skeleton.backward(loss)
             else:
                 backward(loss)
                 if role == "norm":
@@ -256,6 +352,8 @@ def floor(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
             opts[i].zero_grad(set_to_none=True)
             if role == "monitored":
                 mon.log(loss=loss)
+            elif role == "skeleton":
+                skeleton.log(loss=loss)
 
         for _ in range(args.warmup):
             for i, role in role_of.items():
@@ -278,6 +376,8 @@ def floor(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
         for a, b in itertools.pairwise(FLOOR_ROLES):
             out[f"{clock}_{b}_minus_{a}_us"] = _median_diff(times[b], times[a])
         out[f"{clock}_monitored_minus_norm_us"] = _median_diff(times["monitored"], times["norm"])
+        out[f"{clock}_skeleton_minus_norm_us"] = _median_diff(times["skeleton"], times["norm"])
+        out[f"{clock}_monitored_minus_hooks_us"] = _median_diff(times["monitored"], times["hooks"])
         out[f"{clock}_monitored_minus_plain_us"] = _median_diff(times["monitored"], base)
     return out
 
@@ -540,7 +640,7 @@ def report(results: dict[str, Any]) -> None:
 
 
 def report_floor(f: dict[str, Any]) -> None:
-    print(f"\nfloor ({f['passes']} passes of four twins), median us per step [95 % CI]:")
+    print(f"\nfloor ({f['passes']} passes of five twins), median us per step [95 % CI]:")
     for clock in ("cpu", "wall"):
         print(f"  {clock}: plain step {f[f'{clock}_plain_step_us']:.1f}")
         for key, value in f.items():

@@ -89,6 +89,7 @@ class Pipeline:
         self._notes_seen = 0
         self._copy_skip_reported = False
         self._layer_row_step = -math.inf
+        self._layer_grad_keys: tuple[str, ...] | None = None
         self._last_publish = -math.inf
         self._start = parts.monotonic()
         errors = parts.errors
@@ -276,19 +277,16 @@ class Pipeline:
         """One run-log row of per-layer gradient norms (the largest of each layer since the last
         such row), so that a replay draws the layer heatmap the live dashboard drew. Written
         at the health checks' pace: every step of every layer would be most of the log."""
-        steps, norms = self.parts.layers.recent()
-        new = steps > self._layer_row_step
-        if not new.any():
+        layers = self.parts.layers
+        got = layers.peak_since(self._layer_row_step)
+        if got is None:
             return
-        with np.errstate(invalid="ignore"):
-            peak = np.fmax.reduce(norms[:, new], axis=1)
-        last = float(steps[new][-1])
+        last, peak = got
         self._layer_row_step = last
+        if self._layer_grad_keys is None:  # the layers' names are fixed: their keys once
+            self._layer_grad_keys = tuple(f"grad_norm/{name}" for name in layers.names)
         row: dict[str, float] = {"step": last}
-        row.update(
-            (f"grad_norm/{name}", float(v))
-            for name, v in zip(self.parts.layers.names, peak, strict=True)
-        )
+        row.update(zip(self._layer_grad_keys, peak.tolist(), strict=True))
         self._pending["layers"].append(row)
 
     def persist(self, final: bool = False) -> None:
@@ -364,7 +362,8 @@ class Pipeline:
         self.published = dataclasses.replace(self.published, open_rows=open_rows, step=step)
 
     def _publish_layers(self) -> None:
-        table = tuple(self.model.layer_table())
+        # A snapshot, made into rows by the reader (mon.layers(), on its own thread).
+        table = self.model.layer_table()
         self.published = dataclasses.replace(self.published, layer_table=table)
 
     def refresh_layers(self) -> None:

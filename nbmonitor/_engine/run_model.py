@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from nbmonitor._engine.assemble.layers import LayerStats
+from nbmonitor._engine.assemble.layers import LayerStats, LayerTable
 from nbmonitor._engine.assemble.spans import SpanLog
 from nbmonitor._engine.derive.clipping import clip_share
 from nbmonitor._engine.derive.energy import energy_rates
@@ -120,7 +120,11 @@ class RunModel:
         added = list(alerts)
         for alert in added:
             for layer in alert.layers:
-                self._layer_flags.setdefault(layer, []).append(alert.rule)
+                # Each rule once per layer: a condition that recurs all run long would
+                # otherwise grow the list without bound (the table shows each rule once).
+                named = self._layer_flags.setdefault(layer, [])
+                if alert.rule not in named:
+                    named.append(alert.rule)
         self._alerts += added
         del self._alerts[:-MAX_ALERTS]
         return added
@@ -156,7 +160,7 @@ class RunModel:
 
     @property
     def layer_flags(self) -> dict[str, list[str]]:
-        """Per layer, the rules whose alerts named it."""
+        """Per layer, the rules whose alerts named it (each once, in the order they first did)."""
         return self._layer_flags
 
     @property
@@ -189,8 +193,9 @@ class RunModel:
         out.update(headroom(self.system, self.steps, self.memory, self.device_index))
         return out
 
-    def layer_table(self) -> list[dict[str, object]]:
-        return self.layers.table(self._layer_flags) if self.layers is not None else []
+    def layer_table(self) -> LayerTable | None:
+        """The layer table as it is now (None before the layers are known)."""
+        return self.layers.snapshot(self._layer_flags) if self.layers is not None else None
 
     def health_input(
         self, step: int, time: float, window: int, ranks: RankColumns | None = None

@@ -52,8 +52,9 @@ class Health:
         self._grid_time: float | None = None  # recorded time of the last grid point judged
         # Whether the last check left grid points for the next one (its budget was spent).
         self.behind = False
-        # (rule, subject) -> step from which it has been judged clear (None while it holds)
-        self._active: dict[tuple[str, str], int | None] = {}
+        # rule -> subject -> step from which it has been judged clear (None while it holds);
+        # by rule, so that settling one rule's outcome reads only its own subjects
+        self._active: dict[str, dict[str, int | None]] = {}
         # rule -> the step of its last alert (what a spreading condition's new subjects fold into)
         self._alerted: dict[str, int] = {}
         # rule -> subjects taken into its episode without an alert, in the order they joined
@@ -151,8 +152,13 @@ class Health:
 
     def _settle(self, outcome: Outcome, step: int) -> list[Alert]:
         rule = outcome.rule
+        active = self._active.get(rule)
+        if not outcome.held and not active:
+            return []  # nothing holds and nothing is waiting to be cleared (most rules)
+        if active is None:
+            active = self._active[rule] = {}
         held = set(outcome.held)
-        new = [s for s in outcome.held if (rule, s) not in self._active]
+        new = [s for s in outcome.held if s not in active]
         spreading = (
             outcome.spreads
             and new
@@ -160,15 +166,15 @@ class Health:
             and step - self._alerted.get(rule, -math.inf) < self.thresholds.rearm_steps
         )
         for subject in held:
-            self._active[(rule, subject)] = None
-        for key, clear_since in list(self._active.items()):
-            if key[0] != rule or key[1] in held or not outcome.judged(key[1]):
+            active[subject] = None
+        for subject, clear_since in list(active.items()):
+            if subject in held or not outcome.judged(subject):
                 continue
             since = step if clear_since is None else clear_since
             if step - since >= self.thresholds.rearm_steps:
-                del self._active[key]
+                del active[subject]
             else:
-                self._active[key] = since
+                active[subject] = since
         if not new:
             return []
         if spreading:

@@ -360,6 +360,29 @@ def test_recent_window_is_oldest_first_and_aligned(steps):
     np.testing.assert_array_equal(recent, np.stack([expected, 2 * expected]))
 
 
+@pytest.mark.parametrize("steps", [0, 5, 64, 100, 1001])
+def test_peak_since_reads_the_recent_window_as_recent_does(steps):
+    """The run log's per-layer row (the largest norm of each layer since the last row) read
+    from the ring in place equals the same reduction over ``recent()``'s copy."""
+    rng = np.random.default_rng(steps)
+    params = [ParamInfo(f"p{i}", (2,), 2, "float32", "cpu", True, True) for i in range(3)]
+    stats = LayerStats(params, recent=64, columns=16)
+    for step in range(1, steps + 1):
+        norms = rng.random(3)
+        norms[rng.integers(3)] = math.nan if step % 7 == 0 else norms[0]
+        stats.add_grad_norms(step, norms, None)
+    recent_steps, recent = stats.recent()
+    for after in (-math.inf, 0, steps - 70, steps - 10, steps - 1, steps):
+        got = stats.peak_since(after)
+        new = recent_steps > after
+        if not new.any():
+            assert got is None
+            continue
+        assert got is not None
+        assert got[0] == recent_steps[new][-1]
+        np.testing.assert_array_equal(got[1], np.fmax.reduce(recent[:, new], axis=1))
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [

@@ -9,7 +9,7 @@ is never averaged away). Memory is ``layers x (recent + columns)`` floats howeve
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,6 +40,53 @@ def module_of(name: str) -> str:
     return name.rsplit(".", 1)[0] if "." in name else "(root)"
 
 
+def _static_row(name: str, members: Sequence[ParamInfo]) -> dict[str, object]:
+    """The part of a layer's table row that its parameters fix."""
+    first = members[0]
+    return {
+        "name": name,
+        "shape": first.shape if len(members) == 1 else f"{len(members)} tensors",
+        "numel": sum(p.numel for p in members),
+        "dtype": first.dtype,
+        "device": first.device,
+        "requires_grad": any(p.requires_grad for p in members),
+        "in_optimizer": all(p.in_optimizer for p in members),
+    }
+
+
+@dataclass(frozen=True)
+class LayerTable:
+    """The layer table as of one moment, made into rows only when read (``rows``): the
+    sampler publishes one at every health check for ``mon.layers()``, which is seldom read.
+    Its arrays are copies, never written."""
+
+    fixed: tuple[dict[str, object], ...]  # per layer, what its parameters fix
+    grad_norm: FloatArray
+    param_norm: FloatArray
+    update_ratio: FloatArray
+    flags: Mapping[str, tuple[str, ...]]  # per layer, the rules that named it, sorted
+
+    def rows(self) -> list[dict[str, object]]:
+        """One dict per layer for ``mon.layers()`` and the dashboard table."""
+        flags = self.flags
+        return [
+            {
+                **fixed,
+                "grad_norm": grad,
+                "param_norm": norm,
+                "update_ratio": ratio,
+                "flags": list(flags.get(str(fixed["name"]), ())),
+            }
+            for fixed, grad, norm, ratio in zip(
+                self.fixed,
+                self.grad_norm.tolist(),
+                self.param_norm.tolist(),
+                self.update_ratio.tolist(),
+                strict=True,
+            )
+        ]
+
+
 class LayerStats:
     """Per-layer gradient norms, parameter norms and update ratios of one run."""
 
@@ -64,8 +111,19 @@ class LayerStats:
         key = module_of if group_by == "module" else (lambda n: n)
         # Row i of the (layers x params) 0/1 matrix sums the squares of layer i's parameters.
         self._group = np.zeros((len(self.names), len(self.params)))
+        members: list[list[ParamInfo]] = [[] for _ in self.names]
         for j, p in enumerate(self.params):
             self._group[position[key(p.name)], j] = 1.0
+            members[position[key(p.name)]].append(p)
+        self._members = tuple(tuple(m) for m in members)
+        # What the table says of each layer that never changes (its parameters are fixed at
+        # attach): built once, not per table (a table a tick, of hundreds of layers).
+        self._static_rows = tuple(
+            _static_row(name, m) for name, m in zip(self.names, members, strict=True)
+        )
+        # The last table and what it was built from (``table``).
+        self._table_key: tuple[object, ...] | None = None
+        self._table: tuple[dict[str, object], ...] = ()
         n_layers = len(self.names)
         self._recent = recent
         self._recent_norms = np.full((n_layers, recent), np.nan)
@@ -233,39 +291,59 @@ class LayerStats:
         norms = np.concatenate((self._recent_norms[:, slot:], self._recent_norms[:, :slot]), axis=1)
         return steps, norms
 
+    def peak_since(self, step: float) -> tuple[float, FloatArray] | None:
+        """Of the recent window's steps after ``step``: the newest, and each layer's largest
+        gradient norm over them (NaN where none); None if none is newer. Reads only those
+        steps' columns (``recent()`` copies the whole window)."""
+        n = min(self._count, self._recent)
+        order = (self._count - n + np.arange(n)) % self._recent  # oldest first
+        new = order[self._recent_steps[order] > step]
+        if not new.size:
+            return None
+        with np.errstate(invalid="ignore"):
+            peak = np.fmax.reduce(self._recent_norms[:, new], axis=1)
+        return float(self._recent_steps[new[-1]]), peak
+
     def heatmap(self) -> tuple[FloatArray, FloatArray]:
         """(steps, layers x columns log10 grad norm) over the whole run, NaN where unknown."""
         used = self._heat_used
         return self._heat_steps[:used].copy(), self._heat[:, :used].copy()
 
     def layer_params(self, layer: int) -> list[ParamInfo]:
-        return [self.params[j] for j in np.flatnonzero(self._group[layer])]
+        return list(self._members[layer])
 
-    def table(self, flags: dict[str, list[str]] | None = None) -> list[dict[str, object]]:
-        """One dict per layer for ``mon.layers()`` and the dashboard table."""
-        flags = flags or {}
-        rows: list[dict[str, object]] = []
-        for i, name in enumerate(self.names):
-            members = self.layer_params(i)
-            first = members[0]
-            rows.append(
-                {
-                    "name": name,
-                    "shape": first.shape if len(members) == 1 else f"{len(members)} tensors",
-                    "numel": sum(p.numel for p in members),
-                    "dtype": first.dtype,
-                    "device": first.device,
-                    "requires_grad": any(p.requires_grad for p in members),
-                    "in_optimizer": all(p.in_optimizer for p in members),
-                    "grad_norm": float(self.latest_grad[i]),
-                    "param_norm": float(self.param_norm[i]),
-                    "update_ratio": float(self.update_ratio[i]),
-                    "flags": sorted(set(flags.get(name, []))),
-                }
-            )
-        return rows
+    def snapshot(self, flags: Mapping[str, Sequence[str]] | None = None) -> LayerTable:
+        """The table as it is now (``flags``: per layer, the rules whose alerts named it),
+        its rows not made yet."""
+        return LayerTable(
+            self._static_rows,
+            self.latest_grad.copy(),
+            self.param_norm.copy(),
+            self.update_ratio.copy(),
+            {name: tuple(sorted(set(rules))) for name, rules in (flags or {}).items()},
+        )
 
-    def frame(self, flags: dict[str, list[str]] | None = None) -> LayerFrame:
+    def table(self, flags: Mapping[str, Sequence[str]] | None = None) -> list[dict[str, object]]:
+        """One dict per layer for ``mon.layers()`` and the dashboard table (``flags``: per
+        layer, the rules whose alerts named it).
+
+        The rows are read-only and shared: they are made again only when one of the live
+        numbers or flags changed since the last table (compared by value, so a reader that
+        wrote into the arrays, as a run read from disk does, is seen too), from rows whose
+        fixed part was made once."""
+        now = self.snapshot(flags)
+        key = (
+            now.grad_norm.tobytes(),
+            now.param_norm.tobytes(),
+            now.update_ratio.tobytes(),
+            tuple(sorted(now.flags.items())),
+        )
+        if key != self._table_key:
+            self._table = tuple(now.rows())
+            self._table_key = key
+        return list(self._table)
+
+    def frame(self, flags: Mapping[str, Sequence[str]] | None = None) -> LayerFrame:
         steps, heat = self.heatmap()
         return LayerFrame(
             names=self.names,
