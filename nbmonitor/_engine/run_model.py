@@ -71,8 +71,21 @@ class RunModel:
 
     # -- input: the same for a live run and a run on disk ---------------------------------------
 
-    def add_step_rows(self, rows: Sequence[Mapping[str, float]]) -> None:
+    def add_step_rows(
+        self,
+        rows: Sequence[Mapping[str, float]],
+        columns: Mapping[str, Sequence[float]] | None = None,
+    ) -> None:
+        """Rows of consecutive steps; ``columns``, the same rows as columns when the caller
+        has them (a run of alike steps: every row has every key, NaN where one lacks it),
+        spare a pass per key over the rows."""
         if not rows:
+            return
+        if columns is not None:
+            arrays = {k: np.asarray(v, dtype=np.float64) for k, v in columns.items()}
+            self.steps.extend_columns(arrays)
+            self.spans.add_steps(rows, arrays)
+            self._note_steps(arrays.get("loss"), arrays.get("time"))
             return
         self.steps.extend(rows)
         self.spans.add_steps(rows)

@@ -119,15 +119,27 @@ class SpanLog:
             maxlen=RECENT_SPANS
         )
 
-    def add_steps(self, rows: Sequence[Mapping[str, float]]) -> None:
+    def add_steps(
+        self,
+        rows: Sequence[Mapping[str, float]],
+        columns: Mapping[str, np.ndarray] | None = None,
+    ) -> None:
+        """Step rows in order; ``columns``, the same rows as columns when the caller has them
+        (every row has every key), spare a pass per key over the rows."""
         if not rows:
             return
         self.version += 1
         nan = math.nan
-        times = np.array([row.get("step_time", nan) for row in rows], dtype=np.float64)
+        if columns is not None:
+            times = columns.get("step_time", np.full(len(rows), nan))
+        else:
+            times = np.array([row.get("step_time", nan) for row in rows], dtype=np.float64)
         self._run_time += float(times[np.isfinite(times)].sum())
         for name, key in zip(PHASES, PHASE_KEYS, strict=True):
-            if key in rows[-1] or key in rows[0]:
+            if columns is not None:
+                if key in columns:
+                    self._stat(name, "phase").add(columns[key])
+            elif key in rows[-1] or key in rows[0]:
                 self._stat(name, "phase").add([row.get(key, nan) for row in rows])
         self._steps.extend(r for r in rows[-RECENT_STEPS:] if PHASE_KEYS[1] in r)
 
