@@ -549,8 +549,7 @@ class StepClock:
             if self._absorb:
                 return None
             # step(closure) (Lightning, LBFGS): gradients are final once the closure returns.
-            # (args is (optimizer,) and kwargs empty at a plain step(): nothing to look at.)
-            wrapped = after_closure(args, kwargs, self._pre_step) if args[1:] or kwargs else None
+            wrapped = after_closure(args, kwargs, self._pre_step)
         except Exception as exc:  # never into the loop; the step is then measured as usual
             self._guards["optimizer_pre_step"].failed(exc)
             wrapped = None
