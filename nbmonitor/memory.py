@@ -121,12 +121,21 @@ class MemoryBreakdown:
     time: float = math.nan
     activations_step: int | None = None
     _totals: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
+    # (category, device) -> bytes: what ``bytes`` sums (the Memory tab and the batch estimate
+    # ask it for every category of every device, each frame).
+    _cells: dict[tuple[str, str], int] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         totals = dict.fromkeys(CATEGORIES, 0)
+        cells: dict[tuple[str, str], int] = {}
         for row in self.rows:
             totals[row.category] = totals.get(row.category, 0) + row.bytes
+            cell = (row.category, row.device)
+            cells[cell] = cells.get(cell, 0) + row.bytes
         self._totals.update(totals)
+        self._cells.update(cells)
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -139,10 +148,9 @@ class MemoryBreakdown:
         """The bytes of one category (all of them with None), on one device (``"cuda:0"``,
         ``"cpu"``) or all."""
         return sum(
-            r.bytes
-            for r in self.rows
-            if (category is None or r.category == category)
-            and (device is None or r.device == device)
+            n
+            for (c, d), n in self._cells.items()
+            if (category is None or c == category) and (device is None or d == device)
         )
 
     def by_category(self) -> dict[str, int]:

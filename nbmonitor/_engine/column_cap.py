@@ -9,7 +9,7 @@ the first ``limit`` keys; rows keep the rest on disk only (the run log has every
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 # Columns of the live steps store, the measured ones (about ten) included: at most
 # 128 x ~1 MiB however many keys are logged.
@@ -47,3 +47,24 @@ class ColumnCap:
             elif out is not None:
                 out.append(row)
         return rows if out is None else out
+
+    def filter_columns(
+        self, rows: Sequence[dict[str, float]], columns: Mapping[str, Sequence[float]]
+    ) -> tuple[Sequence[dict[str, float]], Mapping[str, Sequence[float]]]:
+        """``filter`` of ``rows`` given also as ``columns`` (keys in the rows' order, every row
+        with every key but for some of the first rows' last key): the keys are checked once,
+        not row by row. The same objects when nothing is cut."""
+        kept = self.kept
+        refused = False
+        for key in columns:
+            if key not in kept:
+                if len(kept) < self.limit:
+                    kept.add(key)
+                else:
+                    refused = True
+                    if self.first_refused is None:
+                        self.first_refused = key
+        if not refused:
+            return rows, columns
+        rows = [{k: v for k, v in row.items() if k in kept} for row in rows]
+        return rows, {k: v for k, v in columns.items() if k in kept}

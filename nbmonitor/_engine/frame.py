@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -88,7 +88,10 @@ class TimelineFrame:
 
 
 class TimelineSource(Protocol):
-    """What keeps the spans and phases of a run (``_engine/assemble/spans.SpanLog``)."""
+    """What keeps the spans and phases of a run (``_engine/assemble/spans.SpanLog``);
+    ``version`` changes whenever what it shows may have."""
+
+    version: int
 
     def gantt(self) -> tuple[GanttBar, ...]: ...
 
@@ -197,6 +200,7 @@ class FrameBuilder:
     def __init__(self, info: RunInfo, model: RunModel) -> None:
         self.info = info
         self.model = model
+        self._kept = _Kept()
 
     def build(
         self, state: FrameState, detail: bool = True, hand_over: Callable[[], None] = _nothing
@@ -205,13 +209,17 @@ class FrameBuilder:
         line needs neither, and decimating every series is the costly part of a frame.
         ``hand_over`` is called between its parts (the sampler lets the training thread in)."""
         model = self.model
+        kept = self._kept
         steps, system = model.steps, model.system
+        # What each part is made from, as keys: the stores only grow, so their row counts
+        # say whether they changed; the other inputs are replaced whole when they change.
+        steps_now, system_now = (steps, len(steps)), (system, len(system))
         latest: dict[str, float] = {k: v for k, v in model.last_sample.items() if k != "step"}
         if len(steps):
             latest.update(steps.last_row())
         for row in state.open_rows:
             latest.update({k: v for k, v in row.items() if not math.isnan(v) or k not in latest})
-        latest.update(model.derived())
+        latest.update(kept.get("derived", (*steps_now, *system_now, model.memory), model.derived))
         series: dict[str, Series] = {}
         names: list[tuple[Store, str]] = []
         if detail:
@@ -221,16 +229,36 @@ class FrameBuilder:
                 names += [(system, f"gpu{i}_{key}") for key in DEVICE_SERIES]
         for store, name in names:
             if name in store.columns:
-                x, y = store.series(name, MAX_POINTS)
-                series[name] = Series(x, y)
-                hand_over()
+                made = kept.made
+
+                def line(store: Store = store, name: str = name) -> Series:
+                    return Series(*store.series(name, MAX_POINTS))
+
+                series[name] = kept.get(f"series {name}", (store, len(store)), line)
+                if kept.made > made:
+                    hand_over()
         timeline = layers = memory = None
         if detail:
-            memory = memory_table(model.memory, system, model.device_index)
-            series.update((k, Series(*xy)) for k, xy in step_time_band(steps).items())
+            memory = kept.get(
+                "memory",
+                (model.memory, *system_now),
+                lambda: memory_table(model.memory, system, model.device_index),
+            )
+            band = kept.get(
+                "band",
+                steps_now,
+                lambda: {k: Series(*xy) for k, xy in step_time_band(steps).items()},
+            )
+            series.update(band)
             hand_over()
             open_s = sum(r.get("step_time", 0.0) for r in state.open_rows)
-            timeline = _timeline(steps, model.spans, open_s if math.isfinite(open_s) else 0.0)
+            open_s = open_s if math.isfinite(open_s) else 0.0
+            spans = model.spans
+            timeline = kept.get(
+                "timeline",
+                (*steps_now, spans, spans.version, open_s),
+                lambda: _timeline(steps, spans, open_s),
+            )
             hand_over()
             if model.layers is not None and model.layers.names:
                 layers = model.layers.frame(model.layer_flags)
@@ -254,6 +282,36 @@ class FrameBuilder:
             memory=memory,
             allocator=self.info.allocator,
         )
+
+
+T = TypeVar("T")
+
+
+class _Kept:
+    """The parts of the last frame, each made again only when what it is made from changed
+    (``key``: objects compared by identity, numbers by value). A dashboard frame is built
+    every second or two; on a loop slower than the sampler, or paused between cells, most of
+    its parts are as they were. ``made`` counts the parts made (a test counts them)."""
+
+    def __init__(self) -> None:
+        self._parts: dict[str, tuple[tuple[object, ...], object]] = {}
+        self.made = 0
+
+    def get(self, part: str, key: tuple[object, ...], make: Callable[[], T]) -> T:
+        kept = self._parts.get(part)
+        if kept is not None and _same(kept[0], key):
+            return cast(T, kept[1])
+        value = make()
+        self.made += 1
+        self._parts[part] = (key, value)
+        return value
+
+
+def _same(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
+    return len(a) == len(b) and all(
+        x is y or (isinstance(x, (int, float)) and type(x) is type(y) and x == y)
+        for x, y in zip(a, b, strict=True)
+    )
 
 
 def _timeline(steps: Store, spans: TimelineSource | None, open_s: float) -> TimelineFrame | None:

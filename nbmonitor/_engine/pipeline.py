@@ -21,7 +21,7 @@ import numpy as np
 from nbmonitor._engine.assemble.layer_flow import LayerFlow
 from nbmonitor._engine.assemble.param_groups import groups_added_notes
 from nbmonitor._engine.assemble.spans import span_rows
-from nbmonitor._engine.assemble.steps import StepAssembler
+from nbmonitor._engine.assemble.steps import StepAssembler, StepRows
 from nbmonitor._engine.column_cap import ColumnCap
 from nbmonitor._engine.frame import Frame, FrameBuilder, FrameState, View
 from nbmonitor._engine.handover import HandOver
@@ -168,8 +168,7 @@ class Pipeline:
     def collect(self, wait: bool = False, everything: bool = False) -> None:
         assembler, hand_over = self._assembler, self.hand_over
         # In slices of records, in their order: a tick of a fast loop brings thousands.
-        for records in hand_over.slices(self.parts.drain(wait)):
-            assembler.add(records)
+        for records in assembler.feed(self.parts.drain(wait)):
             spans = span_rows(records)
             if spans:
                 self.model.add_span_rows(spans)
@@ -178,18 +177,17 @@ class Pipeline:
             if memory:
                 self._pending["memory"].extend(b.to_record() for b in memory)
                 self.model.add_memory(memory)
+            hand_over()
         self._report_failures(assembler.take_failures())
         added = assembler.take_groups_added()
         if added:
             self.add_alerts(groups_added_notes(added))
-        hand_over()
-        for steps in hand_over.slices(assembler.final_steps(everything=everything)):
-            rows = assembler.take_rows(steps)
+        for part in assembler.take(everything=everything):
             # The rows are stored before anything else here can fail: they have left the
             # assembler and exist nowhere else.
-            self.model.add_step_rows(self._cap_columns(rows))
-            self._pending["steps"].extend(rows)
-        hand_over()
+            self.model.add_step_rows(*self._cap_columns(part))
+            self._pending["steps"].extend(part.rows)
+            hand_over()
         blocks, aux = assembler.take_layer_blocks()
         step = self.parts.current_step()
         open_rows = tuple(self._columns.filter(assembler.peek_open()))
@@ -199,10 +197,15 @@ class Pipeline:
         self._report_copy_skip(step)
         self._pending["layers"].extend(self.flow.take_rows())
 
-    def _cap_columns(self, rows: list[dict[str, float]]) -> Sequence[dict[str, float]]:
-        cap = self._columns
+    def _cap_columns(
+        self, part: StepRows
+    ) -> tuple[Sequence[dict[str, float]], Mapping[str, Sequence[float]] | None]:
+        cap, rows = self._columns, part.rows
         had_refused = cap.first_refused is not None
-        kept = cap.filter(rows)
+        if part.columns is None:
+            kept, columns = cap.filter(rows), None
+        else:
+            kept, columns = cap.filter_columns(rows, part.columns)
         if not had_refused and cap.first_refused is not None:
             message = (
                 f"More than {cap.limit} distinct keys were logged: {cap.first_refused!r} and "
@@ -211,7 +214,7 @@ class Pipeline:
             )
             step = int(rows[-1]["step"])
             self.add_alerts([Alert("columns_capped", "info", message, step, self.parts.clock())])
-        return kept
+        return kept, columns
 
     def _report_failures(self, failures: list[tuple[str, Exception]]) -> None:
         # Once per source per tick: a value that cannot be read every step is one error per
@@ -359,7 +362,8 @@ class Pipeline:
         self.published = dataclasses.replace(self.published, open_rows=open_rows, step=step)
 
     def _publish_layers(self) -> None:
-        table = tuple(self.model.layer_table())
+        # A snapshot, made into rows by the reader (mon.layers(), on its own thread).
+        table = self.model.layer_table()
         self.published = dataclasses.replace(self.published, layer_table=table)
 
     def refresh_layers(self) -> None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from nbmonitor._engine.assemble.layers import LayerTable
 from nbmonitor._engine.frame import Alert
 from nbmonitor._engine.store import Store
 
@@ -21,7 +22,7 @@ class Published:
 
     open_rows: tuple[dict[str, float], ...] = ()
     alerts: tuple[Alert, ...] = ()
-    layer_table: tuple[dict[str, object], ...] = ()
+    layer_table: LayerTable | None = None  # as of the last health check
     step: int = 0
 
 

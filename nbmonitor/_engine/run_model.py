@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from nbmonitor._engine.assemble.layers import LayerStats
+from nbmonitor._engine.assemble.layers import LayerStats, LayerTable
 from nbmonitor._engine.assemble.spans import SpanLog
 from nbmonitor._engine.derive.clipping import clip_share
 from nbmonitor._engine.derive.energy import energy_rates
@@ -71,8 +71,21 @@ class RunModel:
 
     # -- input: the same for a live run and a run on disk ---------------------------------------
 
-    def add_step_rows(self, rows: Sequence[Mapping[str, float]]) -> None:
+    def add_step_rows(
+        self,
+        rows: Sequence[Mapping[str, float]],
+        columns: Mapping[str, Sequence[float]] | None = None,
+    ) -> None:
+        """Rows of consecutive steps; ``columns``, the same rows as columns when the caller
+        has them (a run of alike steps: every row has every key, NaN where one lacks it),
+        spare a pass per key over the rows."""
         if not rows:
+            return
+        if columns is not None:
+            arrays = {k: np.asarray(v, dtype=np.float64) for k, v in columns.items()}
+            self.steps.extend_columns(arrays)
+            self.spans.add_steps(rows, arrays)
+            self._note_steps(arrays.get("loss"), arrays.get("time"))
             return
         self.steps.extend(rows)
         self.spans.add_steps(rows)
@@ -180,8 +193,9 @@ class RunModel:
         out.update(headroom(self.system, self.steps, self.memory, self.device_index))
         return out
 
-    def layer_table(self) -> list[dict[str, object]]:
-        return self.layers.table(self._layer_flags) if self.layers is not None else []
+    def layer_table(self) -> LayerTable | None:
+        """The layer table as it is now (None before the layers are known)."""
+        return self.layers.snapshot(self._layer_flags) if self.layers is not None else None
 
     def health_input(
         self, step: int, time: float, window: int, ranks: RankColumns | None = None

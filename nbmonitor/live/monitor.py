@@ -301,7 +301,8 @@ class Monitor:
         As of the last health check or flush (call ``flush()`` first for the newest). Returns
         a list of dicts, or a pandas DataFrame with ``as_dataframe=True``.
         """
-        rows = [dict(row) for row in self._pipeline.published.layer_table]
+        table = self._pipeline.published.layer_table
+        rows = table.rows() if table is not None else []
         if as_dataframe:
             try:
                 import pandas as pd

@@ -167,12 +167,12 @@ def json_default(obj: object) -> object:
 # allow_nan=True writes NaN / Infinity / -Infinity, which Python's json reads back exactly;
 # NaN is data here (a diverged loss), not an error. One encoder for every line: json.dumps()
 # with options builds a new one per call, a third of the cost of a step's line.
-_ENCODER = json.JSONEncoder(allow_nan=True, separators=(",", ":"), default=json_default)
+JSON_ENCODER = json.JSONEncoder(allow_nan=True, separators=(",", ":"), default=json_default)
 
 
 def encode_lines(records: Iterable[Mapping[str, object]]) -> bytes:
     """Records as JSON Lines bytes, one line each, every line ending in ``\\n``."""
-    enc = _ENCODER.encode
+    enc = JSON_ENCODER.encode
     return "".join(enc(r if type(r) is dict else dict(r)) + "\n" for r in records).encode()
 
 
@@ -193,6 +193,7 @@ def stream_file(meta: dict[str, object], stream: Stream) -> str:
 __all__ = [
     "FILES",
     "FORMAT_VERSION",
+    "JSON_ENCODER",
     "MAX_DEPTH",
     "MAX_META_BYTES",
     "MAX_NAME",

@@ -33,9 +33,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from nbmonitor._atomic import atomic_path
 from nbmonitor.runs.decode import Columns, concat_columns, loads_line, to_columns
 from nbmonitor.runs.files import RunFolder
-from nbmonitor.runs.format import RunDirError, write_atomic
+from nbmonitor.runs.format import RunDirError
 
 # A chunk is cut once the buffer holds this many values (rows x keys), so the JSON Lines a
 # reader must parse past the last chunk stay small whatever the stream's width; see
@@ -312,34 +313,48 @@ def _value(columns: Columns, key: str, row: int) -> float:
 
 def write_chunk(folder: pathlib.Path, seq: int, columns: Columns, span: tuple[int, int]) -> None:
     """Write chunk ``seq`` (format 2: dense and sparse keys) atomically, creating the folder
-    on first use."""
+    on first use.
+
+    The npz is written straight into its file, each dense column's bytes as they lie: no
+    ``(keys, rows)`` matrix stacked, no copy of it as bytes, none of the whole file in memory.
+    A chunk is ~2 MiB cut in one tick on the writer's thread, and every copy of it held the
+    GIL the training thread needs (docs/performance.md, issue 29's fourth session)."""
     folder.mkdir(parents=True, exist_ok=True)
     keys = list(columns)
     dense_at = [i for i, k in enumerate(keys) if k in columns.dense]
+    dense = [columns.dense[keys[i]] for i in dense_at]
     sparse = [columns.sparse[k] for k in keys if k in columns.sparse]
     rows = columns.rows
-    data = (
-        np.stack([columns.dense[keys[i]] for i in dense_at]).astype(np.float64, copy=False)
-        if dense_at
-        else np.empty((0, rows))
-    )
     lengths = [len(idx) for idx, _ in sparse]
-    buf = io.BytesIO()
-    np.savez(
-        buf,
-        span=np.array([span[0], span[1], rows], np.int64),
-        keys=np.frombuffer(json.dumps(keys).encode(), dtype=np.uint8),
-        dense=np.array(dense_at, np.int64),
-        data=data,
-        sparse_ptr=np.cumsum([0, *lengths], dtype=np.int64),
-        sparse_rows=np.concatenate([idx for idx, _ in sparse]).astype(np.int64)
+    small: dict[str, np.ndarray] = {
+        "span": np.array([span[0], span[1], rows], np.int64),
+        "keys": np.frombuffer(json.dumps(keys).encode(), dtype=np.uint8),
+        "dense": np.array(dense_at, np.int64),
+    }
+    tail: dict[str, np.ndarray] = {
+        "sparse_ptr": np.cumsum([0, *lengths], dtype=np.int64),
+        "sparse_rows": np.concatenate([idx for idx, _ in sparse]).astype(np.int64)
         if sparse
         else np.empty(0, np.int64),
-        sparse_values=np.concatenate([v for _, v in sparse]).astype(np.float64)
+        "sparse_values": np.concatenate([v for _, v in sparse]).astype(np.float64)
         if sparse
         else np.empty(0),
-    )
-    write_atomic(folder / f"{seq:06d}.npz", buf.getvalue())
+    }
+    with (
+        atomic_path(folder / f"{seq:06d}.npz") as tmp,
+        zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED, allowZip64=True) as zf,
+    ):
+        for name, array in small.items():
+            with zf.open(f"{name}.npy", "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, array, allow_pickle=False)
+        with zf.open("data.npy", "w", force_zip64=True) as f:
+            header = {"descr": "<f8", "fortran_order": False, "shape": (len(dense), rows)}
+            np.lib.format.write_array_header_1_0(f, header)
+            for col in dense:
+                f.write(np.ascontiguousarray(col, dtype=np.float64).data)
+        for name, array in tail.items():
+            with zf.open(f"{name}.npy", "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, array, allow_pickle=False)
 
 
 class ChunkBuffer:

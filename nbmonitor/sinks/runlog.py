@@ -38,7 +38,8 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import IO
 
-from nbmonitor.runs.decode import to_columns
+from nbmonitor.runs.decode import Columns
+from nbmonitor.runs.encode import LineEncoder
 from nbmonitor.runs.format import (
     FILES,
     FORMAT_VERSION,
@@ -124,6 +125,9 @@ class RunLogSink:
             for name, s in STREAMS.items()
             if s.sidecar and meta.get("sidecar") == SIDECAR
         }
+        # Numeric streams' rows are encoded by key-set templates (their keys recur every row);
+        # free-form streams (events, spans, memory) by the json encoder.
+        self._encoders = {name: LineEncoder() for name, s in STREAMS.items() if s.sidecar}
 
     def _open_files(self) -> None:
         files: dict[str, IO[bytes]] = {}
@@ -244,8 +248,7 @@ class RunLogSink:
     def _append(self, stream: str, rows: Rows) -> None:
         # Encode before taking the lock and before touching the file, so a value that cannot
         # be encoded fails the batch without leaving half of it on disk.
-        data = self._encode(rows)
-        cols = to_columns(rows) if stream in self._chunks else None
+        data, cols = self._encode(stream, rows)
         with self._lock:
             if self._closed:
                 raise ValueError(f"nbmonitor: run log {self._path} is closed")
@@ -269,18 +272,24 @@ class RunLogSink:
             if buf is not None and cols is not None:
                 buf.add(cols, len(data))
 
-    def _encode(self, rows: Rows) -> bytes:
-        # Encoding is the costly part of a write (~10 us a row) and holds the GIL: in slices,
-        # with the pause between, the training thread does not wait for a whole tick's rows.
+    def _encode(self, stream: str, rows: Rows) -> tuple[bytes, Columns | None]:
+        """The rows' JSON Lines, and their columns when ``stream`` has a sidecar. Encoding is
+        the costly part of a write and holds the GIL: in slices of ``SLICE_ROWS`` rows, with
+        the pause between, so the training thread does not wait for a whole tick's rows."""
+        encoder = self._encoders.get(stream)
+        if encoder is not None:
+            return encoder.encode(
+                rows, columns=stream in self._chunks, pause=self._pause, every=SLICE_ROWS
+            )
         pause, size = self._pause, SLICE_ROWS
         if pause is None or len(rows) <= size:
-            return encode_lines(rows)
+            return encode_lines(rows), None
         parts = []
         for start in range(0, len(rows), size):
             if start:
                 pause()
             parts.append(encode_lines(rows[start : start + size]))
-        return b"".join(parts)
+        return b"".join(parts), None
 
     def _write(self, stream: str, data: bytes) -> bool:
         """Write ``data`` after what ``stream`` has waiting; what the OS does not take waits.

@@ -16,7 +16,8 @@ from tests.helpers import mlp
 
 import nbmonitor
 from nbmonitor._engine import handover
-from nbmonitor._engine.assemble.steps import StepAssembler
+from nbmonitor._engine.assemble import alike
+from nbmonitor._engine.assemble.steps import ALIKE_SLICE, TAKE_ROWS, StepAssembler
 from nbmonitor._engine.handover import HandOver
 from nbmonitor._engine.run_model import RunModel
 
@@ -83,9 +84,12 @@ def test_a_scheduled_tick_handles_at_most_a_slice_of_records_between_hand_overs(
     try:
         assert not mon._life.closed
         pipeline = mon._pipeline
+        # Records read one by one count SLICE to a slice; those of alike runs, read as columns
+        # (assemble/alike.py), ALIKE_SLICE.
+        share = ALIKE_SLICE // handover.SLICE
         work = {"records": 0, "rows": 0}
         most = {"records": 0, "rows": 0}
-        total = {"records": 0, "rows": 0}
+        total = {"records": 0, "rows": 0, "alike": 0}
         pauses = [0]
 
         def pause() -> None:
@@ -94,29 +98,39 @@ def test_a_scheduled_tick_handles_at_most_a_slice_of_records_between_hand_overs(
                 most[kind] = max(most[kind], work[kind])
                 work[kind] = 0
 
-        add, add_rows = StepAssembler.add, RunModel.add_step_rows
+        add, add_rows, read = StepAssembler.add, RunModel.add_step_rows, alike.read
 
         def counted_add(self: StepAssembler, records: list[Any]) -> None:
-            work["records"] += len(records)
+            work["records"] += share * len(records)
             total["records"] += len(records)
             add(self, records)
 
-        def counted_rows(self: RunModel, rows: Any) -> None:
+        def counted_read(records: list[Any], *args: Any) -> Any:
+            got = read(records, *args)
+            if got is not None:
+                work["records"] += len(records)
+                total["records"] += len(records)
+                total["alike"] += len(records)
+            return got
+
+        def counted_rows(self: RunModel, rows: Any, columns: Any = None) -> None:
             work["rows"] += len(rows)
             total["rows"] += len(rows)
-            add_rows(self, rows)
+            add_rows(self, rows, columns)
 
         monkeypatch.setattr(StepAssembler, "add", counted_add)
+        monkeypatch.setattr(alike, "read", counted_read)
         monkeypatch.setattr(RunModel, "add_step_rows", counted_rows)
         pipeline.hand_over.pause = pause
         pipeline.tick(paced=True)
         pause()
-        # A record or more per step: many slices' worth in one tick.
+        # A record or more per step, most of them in alike runs: many slices' worth.
         assert total["records"] >= STEPS > 4 * handover.SLICE
+        assert total["alike"] > total["records"] // 2
         assert total["rows"] == STEPS - 1  # the last step's row stays open
-        assert 0 < most["records"] <= handover.SLICE
-        assert 0 < most["rows"] <= handover.SLICE
-        assert pauses[0] >= total["records"] // handover.SLICE
+        assert 0 < most["records"] <= ALIKE_SLICE
+        assert 0 < most["rows"] <= TAKE_ROWS < STEPS
+        assert pauses[0] >= total["records"] // ALIKE_SLICE + total["rows"] // TAKE_ROWS
     finally:
         mon.close()
 

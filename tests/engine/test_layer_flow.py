@@ -4,6 +4,7 @@ in step order; a non-finite step takes the waiting ones first and is reported on
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ import pytest
 from nbmonitor._engine.assemble import layer_flow
 from nbmonitor._engine.assemble.layer_flow import LayerFlow
 from nbmonitor._engine.assemble.layers import LayerStats, ParamInfo
-from nbmonitor._engine.assemble.steps import LayerNorms
+from nbmonitor._engine.assemble.step_norms import LayerNorms
 from nbmonitor._engine.frame import Alert
 from nbmonitor.records import AuxRecord
 
@@ -99,3 +100,47 @@ def test_finite_rows_between_other_records_wait_as_one_slice_in_step_order() -> 
     expected[4, 1] = math.nan
     np.testing.assert_array_equal(norms, expected.T)
     assert [a.step for a in alerts] == [5]
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_blocks_cut_where_other_records_fall_give_what_row_by_row_gives(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Rising blocks are cut only where an update record or a non-finite step falls between
+    # their rows (_in_order_cut); row by row (blocks that do not rise) gives the same.
+    rng = np.random.default_rng(seed)
+    blocks, step = [], 0
+    for _ in range(int(rng.integers(1, 5))):
+        n = int(rng.integers(1, 12))
+        steps = list(range(step + 1, step + 1 + n))
+        step += n + int(rng.integers(0, 3))
+        bad = {
+            int(r): int(rng.integers(len(NAMES)))
+            for r in rng.integers(0, n, 2)
+            if rng.random() < 0.3
+        }
+        blocks.append(block(steps, bad))
+    updates = sorted(int(s) for s in rng.integers(1, step + 2, int(rng.integers(1, 6))))
+    aux = [(AuxRecord(s, "update", (), None), [float(s)] * (2 * len(NAMES))) for s in updates]  # type: ignore[arg-type]
+
+    def run() -> tuple[object, ...]:
+        f, layers, alerts = flow()
+        calls: list[tuple[str, object]] = []  # what reaches the statistics, in order
+        for name in ("add_grad_norm_rows", "add_grad_norms", "add_update"):
+            method = getattr(layers, name)
+
+            def logged(*args: Any, _name: str = name, _method: Any = method) -> Any:
+                calls.append((_name, repr(args)))
+                return _method(*args)
+
+            setattr(layers, name, logged)
+        f.add(blocks, aux, step=step)
+        waiting = [(b.steps, b.norms.tolist()) for b in f._deferred]
+        f.take_waiting()
+        steps, norms = layers.recent()
+        return (calls, waiting, steps.tolist(), repr(norms.tolist()), [a.step for a in alerts],
+                f.take_rows(), repr(layers.update_ratio.tolist()))  # fmt: skip
+
+    cut = run()
+    monkeypatch.setattr(layer_flow, "_rising", lambda blocks: False)
+    assert cut == run()

@@ -93,19 +93,42 @@ def test_the_table_follows_every_change_of_its_input(group_by):
     check()
 
 
-def test_a_flag_added_to_a_layer_already_flagged_rebuilds_the_table():
-    model = RunModel(LayerStats(params()))
+def published(model: RunModel) -> list[dict[str, object]]:
+    """The rows of the table the pipeline publishes (what ``mon.layers()`` returns)."""
     table = model.layer_table()
-    assert all(row["flags"] == [] for row in table)
+    assert table is not None
+    return table.rows()
+
+
+def test_a_flag_added_to_a_layer_already_flagged_is_in_the_next_table():
+    model = RunModel(LayerStats(params()))
+    assert all(row["flags"] == [] for row in published(model))
     alert = Alert("exploding_gradients", "warning", "m", 5, 0.0, ("0.weight",))
     model.add_alerts([alert])
-    assert model.layer_table()[0]["flags"] == ["exploding_gradients"]
+    assert published(model)[0]["flags"] == ["exploding_gradients"]
     model.add_alerts([Alert("gradient_spike", "warning", "m", 6, 0.0, ("0.weight",))])
-    assert model.layer_table()[0]["flags"] == ["exploding_gradients", "gradient_spike"]
+    assert published(model)[0]["flags"] == ["exploding_gradients", "gradient_spike"]
     # A rule that keeps naming a layer is kept once: the flags stay bounded all run long.
     model.add_alerts([alert] * 50)
     assert model.layer_flags["0.weight"] == ["exploding_gradients", "gradient_spike"]
-    assert same(model.layer_table(), from_scratch(model.layers, model.layer_flags))  # type: ignore[arg-type]
+    assert model.layers is not None
+    expected = from_scratch(model.layers, model.layer_flags)
+    assert same(published(model), expected)
+    assert same(model.layers.table(model.layer_flags), expected)
+
+
+def test_a_published_table_stays_as_it_was_when_the_layers_move_on():
+    stats = LayerStats(params())
+    n = len(stats.params)
+    flags = {"head": ["vanishing_gradients"]}
+    stats.add_grad_norm_rows([1], np.full((1, n), 2.0), None)
+    table = stats.snapshot(flags)
+    then = from_scratch(stats, flags)
+    stats.add_grad_norm_rows([2], np.full((1, n), 3.0), None)
+    stats.param_norm[:] = 9.0
+    flags["head"].append("exploding_gradients")
+    assert same(table.rows(), then)
+    assert same(stats.snapshot(flags).rows(), from_scratch(stats, flags))
 
 
 def test_a_tick_builds_the_fixed_part_of_no_row(monkeypatch):

@@ -84,3 +84,21 @@ def test_the_allocator_settings_from_meta_json_bounded_and_only_on_cuda() -> Non
     assert run_info(cuda, "r").allocator == "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
     cpu = {"backend": {"name": "cpu", "device_index": None}, "allocator": conf}
     assert run_info(cpu, "r").allocator == ""  # a CPU run has no CUDA allocator to speak of
+
+
+def test_bytes_of_every_category_and_device_is_the_sum_of_its_rows():
+    """``MemoryBreakdown.bytes`` reads totals kept by (category, device): the same sums as
+    adding up the rows, for every combination the table and the batch estimate ask."""
+    mixed = (*rows("cuda:0"), *rows("cpu"), MemoryRow("buffers", "2", "int64", "cpu", 24, 1))
+    breakdown = MemoryBreakdown(mixed + rows("cuda:1")[:2])
+    categories = [None, *{r.category for r in breakdown.rows}, "nothing"]
+    devices = [None, "cuda:0", "cuda:1", "cpu", "mps"]
+    for category in categories:
+        for device in devices:
+            expected = sum(
+                r.bytes
+                for r in breakdown.rows
+                if category in (None, r.category) and device in (None, r.device)
+            )
+            assert breakdown.bytes(category, device=device) == expected
+    assert breakdown.bytes() == breakdown.total_bytes

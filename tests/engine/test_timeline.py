@@ -3,6 +3,8 @@ the frame that carries them (live and replayed alike)."""
 
 from __future__ import annotations
 
+import collections
+import statistics
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +13,7 @@ import torch
 from tests.helpers import mlp
 
 import nbmonitor
+from nbmonitor._engine.assemble import spans as spans_module
 from nbmonitor._engine.assemble.spans import SpanLog
 from nbmonitor._engine.derive.timeline import MIN_WINDOW, phase_stack, step_time_band
 from nbmonitor._engine.store import Store
@@ -116,3 +119,13 @@ def test_a_tailed_run_feeds_the_timeline_record_by_record() -> None:
     assert rows[("phase", "data")]["percent"] == pytest.approx(50.0)
     assert rows[("span", "eval")]["total_s"] == pytest.approx(0.2)
     assert timeline.phases == ("data",)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 10, 1023, 1024])
+def test_the_summary_median_is_statistics_median_to_the_bit(n):
+    rng = np.random.default_rng(n)
+    values = collections.deque((rng.lognormal(-5, 3, n) * rng.choice([1, -1], n)).tolist())
+    values[0] = 1e308 if n > 1 else values[0]
+    assert spans_module._median(values) == statistics.median(values)
+    ties = collections.deque([0.1, 0.2] * n)
+    assert spans_module._median(ties) == statistics.median(ties)

@@ -12,14 +12,15 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pytest
 from tests.runs.runs_helpers import make_log
 
 from nbmonitor.runs import FORMAT_VERSION, RunDirError, open_run
-from nbmonitor.sinks import RunLogSink, runlog
+from nbmonitor.runs.format import encode_lines
+from nbmonitor.sinks import RunLogSink
+from nbmonitor.sinks.base import Batch
 from nbmonitor.sinks.runlog import SLICE_ROWS
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -153,25 +154,29 @@ def test_one_write_per_batch(tmp_path: pathlib.Path) -> None:
 def test_rows_are_encoded_in_slices_with_the_pause_between(tmp_path: pathlib.Path) -> None:
     # A live run's log lets the training thread take the GIL between slices (issue 29); what
     # reaches the disk is the same bytes, in one write.
-    rows = [{"step": float(i), "loss": 1.0 / (i + 1)} for i in range(2 * SLICE_ROWS + 5)]
-    encoded: list[int] = []
+    taken: list[int] = []
     pauses: list[int] = []
-    log = RunLogSink.create(tmp_path, "sliced", {}, pause=lambda: pauses.append(sum(encoded)))
-    real = runlog.encode_lines
 
-    def counted(part: Sequence[Mapping[str, object]]) -> bytes:
-        encoded.append(len(part))
-        return real(part)
+    class Sliced(list):  # type: ignore[type-arg]
+        def __getitem__(self, i: object) -> object:
+            if isinstance(i, slice):
+                taken.append(len(super().__getitem__(i)))
+            return super().__getitem__(i)  # type: ignore[index]
 
-    runlog.encode_lines = counted  # type: ignore[assignment]
-    try:
-        log.write_steps(rows)
-    finally:
-        runlog.encode_lines = real
+    log = RunLogSink.create(tmp_path, "sliced", {}, pause=lambda: pauses.append(sum(taken)))
+    written = {"steps": b"", "events": b""}
+    # The steps twice: their key set's template is used the second time.
+    for stream, row in (("steps", {"step": 0.0}), ("steps", {"step": 1.0}), ("events", {})):
+        rows = Sliced(dict(row, n=float(i)) for i in range(2 * SLICE_ROWS + 5))
+        taken.clear()
+        pauses.clear()
+        log.write(Batch({stream: rows}))
+        assert taken == [SLICE_ROWS, SLICE_ROWS, 5]
+        assert pauses == [SLICE_ROWS, 2 * SLICE_ROWS]
+        log.flush()
+        written[stream] += encode_lines(rows)
+        assert (log.path / f"{stream}.jsonl").read_bytes() == written[stream]
     log.close()
-    assert encoded == [SLICE_ROWS, SLICE_ROWS, 5]
-    assert pauses == [SLICE_ROWS, 2 * SLICE_ROWS]
-    assert (log.path / "steps.jsonl").read_bytes() == real(rows)
 
 
 _CHILD = textwrap.dedent(

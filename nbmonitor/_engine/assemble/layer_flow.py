@@ -9,7 +9,10 @@ report names the module of its own episode.
 
 from __future__ import annotations
 
+import bisect
 import itertools
+import math
+import operator
 from collections.abc import Callable, Iterable
 
 import numpy as np
@@ -17,7 +20,7 @@ import numpy.typing as npt
 
 from nbmonitor._engine.assemble.flow_alerts import first_non_finite, grads_never_arrived, stopped
 from nbmonitor._engine.assemble.layers import LayerStats
-from nbmonitor._engine.assemble.steps import LayerNorms
+from nbmonitor._engine.assemble.step_norms import LayerNorms
 from nbmonitor.health.alert import Alert
 from nbmonitor.health.wording import label
 from nbmonitor.records import AuxRecord
@@ -114,6 +117,9 @@ class LayerFlow:
         # wait as in the usual tick, consecutive rows of a block as one slice of it (per row it
         # was an object and a call each, most of this pass); whatever else comes takes the
         # waiting ones first.
+        if _rising(blocks):
+            self._in_order_cut(blocks, aux)
+            return
         work: list[tuple[int, int, AuxRecord | LayerNorms, int | list[float]]] = [
             (record.step, 0, record, values) for record, values in aux
         ]
@@ -140,6 +146,42 @@ class LayerFlow:
                 self.take_waiting()
                 self._take_aux(item, detail)
         self._defer_rows(run)
+
+    def _in_order_cut(
+        self, blocks: list[LayerNorms], aux: list[tuple[AuxRecord, list[float]]]
+    ) -> None:
+        """``_in_order`` for blocks whose steps rise from one to the next (the usual tick):
+        each block cut only where a per-layer record or a non-finite step comes between its
+        rows, not visited row by row."""
+        aux = sorted(aux, key=lambda item: item[0].step)  # stable: one step's in their order
+        taken = 0
+        for block in blocks:
+            steps = block.steps
+            bad = np.flatnonzero(~block.finite).tolist()
+            at = 0
+            while at < len(steps):
+                next_aux = (
+                    bisect.bisect_left(steps, aux[taken][0].step, at)
+                    if taken < len(aux)
+                    else len(steps)
+                )
+                next_bad = bad[0] if bad else len(steps)
+                cut = min(next_aux, next_bad)
+                if cut > at:
+                    self._defer_rows((block, at, cut))
+                    at = cut
+                    continue
+                self.take_waiting()
+                if next_aux <= next_bad:  # a step's forward measurements before its gradients
+                    self._take_aux(*aux[taken])
+                    taken += 1
+                else:
+                    del bad[0]
+                    self._take_non_finite(steps[at], block.norms[at], block.index)
+                    at += 1
+        for record, values in aux[taken:]:
+            self.take_waiting()
+            self._take_aux(record, values)
 
     def _defer_rows(self, run: tuple[LayerNorms, int, int] | None) -> None:
         if run is None:
@@ -193,6 +235,19 @@ class LayerFlow:
             )
         self._nonfinite_reported = True
         layers.add_grad_norms(step, norms, index)
+
+
+def _rising(blocks: list[LayerNorms]) -> bool:
+    """Every step of ``blocks`` after the one before it, across blocks too."""
+    last = -math.inf
+    for block in blocks:
+        steps = block.steps
+        if not steps:
+            continue
+        if steps[0] <= last or not all(map(operator.lt, steps, steps[1:])):
+            return False
+        last = steps[-1]
+    return True
 
 
 __all__ = ["LAYER_DEFER_MAX_VALUES", "NO_GRAD_AFTER_STEPS", "LayerFlow"]

@@ -54,6 +54,39 @@ def _static_row(name: str, members: Sequence[ParamInfo]) -> dict[str, object]:
     }
 
 
+@dataclass(frozen=True)
+class LayerTable:
+    """The layer table as of one moment, made into rows only when read (``rows``): the
+    sampler publishes one at every health check for ``mon.layers()``, which is seldom read.
+    Its arrays are copies, never written."""
+
+    fixed: tuple[dict[str, object], ...]  # per layer, what its parameters fix
+    grad_norm: FloatArray
+    param_norm: FloatArray
+    update_ratio: FloatArray
+    flags: Mapping[str, tuple[str, ...]]  # per layer, the rules that named it, sorted
+
+    def rows(self) -> list[dict[str, object]]:
+        """One dict per layer for ``mon.layers()`` and the dashboard table."""
+        flags = self.flags
+        return [
+            {
+                **fixed,
+                "grad_norm": grad,
+                "param_norm": norm,
+                "update_ratio": ratio,
+                "flags": list(flags.get(str(fixed["name"]), ())),
+            }
+            for fixed, grad, norm, ratio in zip(
+                self.fixed,
+                self.grad_norm.tolist(),
+                self.param_norm.tolist(),
+                self.update_ratio.tolist(),
+                strict=True,
+            )
+        ]
+
+
 class LayerStats:
     """Per-layer gradient norms, parameter norms and update ratios of one run."""
 
@@ -279,40 +312,34 @@ class LayerStats:
     def layer_params(self, layer: int) -> list[ParamInfo]:
         return list(self._members[layer])
 
+    def snapshot(self, flags: Mapping[str, Sequence[str]] | None = None) -> LayerTable:
+        """The table as it is now (``flags``: per layer, the rules whose alerts named it),
+        its rows not made yet."""
+        return LayerTable(
+            self._static_rows,
+            self.latest_grad.copy(),
+            self.param_norm.copy(),
+            self.update_ratio.copy(),
+            {name: tuple(sorted(set(rules))) for name, rules in (flags or {}).items()},
+        )
+
     def table(self, flags: Mapping[str, Sequence[str]] | None = None) -> list[dict[str, object]]:
         """One dict per layer for ``mon.layers()`` and the dashboard table (``flags``: per
         layer, the rules whose alerts named it).
 
-        The rows are read-only and shared: a table is asked for twice a tick (the health
-        check publishes it, the frame shows it), so it is built again only when one of its
-        live numbers or flags changed since the last (compared by value, so a reader that
+        The rows are read-only and shared: they are made again only when one of the live
+        numbers or flags changed since the last table (compared by value, so a reader that
         wrote into the arrays, as a run read from disk does, is seen too), from rows whose
-        fixed part was built once."""
-        flagged = {name: tuple(sorted(set(rules))) for name, rules in (flags or {}).items()}
+        fixed part was made once."""
+        now = self.snapshot(flags)
         key = (
-            self.latest_grad.tobytes(),
-            self.param_norm.tobytes(),
-            self.update_ratio.tobytes(),
-            tuple(sorted(flagged.items())),
+            now.grad_norm.tobytes(),
+            now.param_norm.tobytes(),
+            now.update_ratio.tobytes(),
+            tuple(sorted(now.flags.items())),
         )
         if key != self._table_key:
-            self._table = tuple(
-                {
-                    **static,
-                    "grad_norm": grad,
-                    "param_norm": norm,
-                    "update_ratio": ratio,
-                    "flags": list(flagged.get(name, ())),
-                }
-                for name, static, grad, norm, ratio in zip(
-                    self.names,
-                    self._static_rows,
-                    self.latest_grad.tolist(),
-                    self.param_norm.tolist(),
-                    self.update_ratio.tolist(),
-                    strict=True,
-                )
-            )
+            self._table = tuple(now.rows())
             self._table_key = key
         return list(self._table)
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import collections
 import math
-import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -87,8 +86,7 @@ class _Stats:
             "kind": self.kind,
             "count": n,
             "mean_s": mean,
-            # statistics, not numpy: np.median imports numpy.ma on first use.
-            "median_s": statistics.median(self.recent),
+            "median_s": _median(self.recent),
             "std_s": math.sqrt(var),
             "min_s": self.low,
             "max_s": self.high,
@@ -97,10 +95,23 @@ class _Stats:
         }
 
 
+def _median(values: collections.deque[float]) -> float:
+    """``statistics.median(values)``, to the bit, with numpy's sort (a sort of a thousand
+    Python floats per phase per frame is most of the timeline's summary); not np.median,
+    which imports numpy.ma on first use."""
+    ordered = np.sort(np.fromiter(values, dtype=np.float64, count=len(values)))
+    i = ordered.size // 2
+    if ordered.size % 2:
+        return float(ordered[i])
+    return (float(ordered[i - 1]) + float(ordered[i])) / 2
+
+
 class SpanLog:
     """What the timeline shows, fed with step rows and span rows (bounded memory)."""
 
     def __init__(self) -> None:
+        # Counts the additions: what the timeline shows is as it was while it stays the same.
+        self.version = 0
         self._stats: dict[str, _Stats] = {}
         self._run_time = 0.0  # the sum of step_time: what "% of run" is a share of
         self._steps: collections.deque[Mapping[str, float]] = collections.deque(maxlen=RECENT_STEPS)
@@ -108,14 +119,27 @@ class SpanLog:
             maxlen=RECENT_SPANS
         )
 
-    def add_steps(self, rows: Sequence[Mapping[str, float]]) -> None:
+    def add_steps(
+        self,
+        rows: Sequence[Mapping[str, float]],
+        columns: Mapping[str, np.ndarray] | None = None,
+    ) -> None:
+        """Step rows in order; ``columns``, the same rows as columns when the caller has them
+        (every row has every key), spare a pass per key over the rows."""
         if not rows:
             return
+        self.version += 1
         nan = math.nan
-        times = np.array([row.get("step_time", nan) for row in rows], dtype=np.float64)
+        if columns is not None:
+            times = columns.get("step_time", np.full(len(rows), nan))
+        else:
+            times = np.array([row.get("step_time", nan) for row in rows], dtype=np.float64)
         self._run_time += float(times[np.isfinite(times)].sum())
         for name, key in zip(PHASES, PHASE_KEYS, strict=True):
-            if key in rows[-1] or key in rows[0]:
+            if columns is not None:
+                if key in columns:
+                    self._stat(name, "phase").add(columns[key])
+            elif key in rows[-1] or key in rows[0]:
                 self._stat(name, "phase").add([row.get(key, nan) for row in rows])
         self._steps.extend(r for r in rows[-RECENT_STEPS:] if PHASE_KEYS[1] in r)
 
@@ -123,6 +147,7 @@ class SpanLog:
         """A whole steps stream read at once (a replay): the same as its rows."""
         if "step" not in columns:
             return
+        self.version += 1
         keys = [k for k in ("step", "time", "step_time", *PHASE_KEYS) if k in columns]
         n = len(columns["step"])
         if "step_time" in columns:
@@ -137,6 +162,7 @@ class SpanLog:
                 self._steps.append(row)
 
     def add_spans(self, rows: Iterable[Mapping[str, object]]) -> None:
+        self.version += 1
         for row in rows:
             name, dur = row.get("name"), row.get("dur")
             if not isinstance(name, str) or not isinstance(dur, (int, float)):

@@ -6,15 +6,17 @@ and becomes final once a later step has ended, or at close.
 
 from __future__ import annotations
 
+import bisect
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
-import numpy.typing as npt
-
+from nbmonitor._engine.assemble import alike
+from nbmonitor._engine.assemble.alike import AlikeSteps
 from nbmonitor._engine.assemble.spans import phase_columns
+from nbmonitor._engine.assemble.step_norms import LayerNorms, alike_groups, read_norms
 from nbmonitor._engine.derive.mfu import StepFlops
+from nbmonitor._engine.handover import SLICE
 from nbmonitor.records import (
     FROM_BACKWARD,
     LOGGED,
@@ -26,13 +28,18 @@ from nbmonitor.records import (
     PhaseRecord,
     Record,
     StepRecord,
-    squared_norms,
-    squared_norms_split,
 )
 
 # Exponential smoothing of the loss for display (about a 20-step window), debiased like Adam so
 # the first points are not pulled towards zero.
 SMOOTHING = 0.95
+# The records of alike runs that one slice of ``StepAssembler.feed`` may read: each costs
+# about a tenth of one read record by record (docs/performance.md, issue 29), so a slice
+# takes about as long as one of ``SLICE`` records read one by one.
+ALIKE_SLICE = 8 * SLICE
+# The most rows ``StepAssembler.take`` hands on in one part: rows cost alike however they were
+# read (2-6 us each to finish, cap and store), and a part costs ~0.1 ms whatever its size.
+TAKE_ROWS = 4 * SLICE
 
 
 @dataclass
@@ -67,29 +74,22 @@ class _Row:
         return row
 
 
-@dataclass(frozen=True, slots=True)
-class LayerNorms:
-    """Per-parameter gradient norms of consecutive steps packed alike, one row per step;
-    ``index`` None means every tracked parameter."""
+@dataclass(slots=True)
+class StepRows:
+    """Final rows of consecutive steps, in step order; ``columns`` are the same rows as
+    columns when every row has every key in the same order (a run of alike steps), else None."""
 
-    steps: tuple[int, ...]
-    norms: npt.NDArray[np.float64]  # steps x parameters
-    index: tuple[int, ...] | None
-    finite: npt.NDArray[np.bool_]  # per step: all of its norms are
-
-
-def _packed_alike(a: StepRecord, b: StepRecord) -> bool:
-    # The same layout and index mean the same number of values (NormPass packs them, and
-    # hands the same two objects to every step: compared by identity first).
-    if a.norms_layout is b.norms_layout and a.norm_index is b.norm_index:
-        return True
-    return a.norms_layout == b.norms_layout and a.norm_index == b.norm_index
+    rows: list[dict[str, float]]
+    columns: dict[str, list[float]] | None = None
 
 
 class StepAssembler:
     """Merges StepRecords and LogRecords into one row per step.
 
     ``device`` names the accelerator (read once a FLOPs count arrives), for the MFU peak.
+
+    A tick's records come through ``feed``: runs of alike steps are read as columns
+    (``alike.py``), everything else record by record (``add``), into the same rows.
     """
 
     def __init__(self, device: Callable[[], str | None] = lambda: None) -> None:
@@ -98,6 +98,8 @@ class StepAssembler:
         self.flops: StepFlops | None = None
         self.optimizer: OptimizerRecord | None = None  # what the monitor's optimizer is
         self._open: dict[int, _Row] = {}
+        # Final rows of runs of alike steps, read as columns, not yet taken; in step order.
+        self._alike: list[AlikeSteps] = []
         self._last_ended = 0
         self._ema = 0.0
         self._ema_weight = 0.0
@@ -109,7 +111,56 @@ class StepAssembler:
         # Param groups added mid-run, for the caller to report: (step, time, groups_added).
         self.groups_added: list[tuple[int, float, tuple[tuple[int, int, int], ...]]] = []
 
+    def feed(self, records: Sequence[Record]) -> Iterator[Sequence[Record]]:
+        """Add ``records`` (a tick's, in order) slice by slice, yielding each slice once it is
+        added, so that the caller can hand the GIL over between two (``handover.py``). A slice
+        holds at most ``SLICE`` records read one by one, or ``ALIKE_SLICE`` of alike runs
+        (each costs about a tenth), or a mix in that proportion."""
+        done = used = 0  # records [done, at) are added and not yet yielded; their cost
+        for segment in alike.plan(records, self._open):
+            width = segment.width
+            cost = 1 if width else ALIKE_SLICE // SLICE
+            at = segment.start
+            while at < segment.end:
+                room = (ALIKE_SLICE - used) // cost
+                if width:
+                    room -= room % width
+                if room <= 0 and used:
+                    yield records[done:at]
+                    done, used = at, 0
+                    continue
+                end = min(segment.end, at + max(room, width or 1))
+                if width:
+                    self._add_alike(records[at:end], width)
+                else:
+                    self.add(records[at:end])
+                used += (end - at) * cost
+                at = end
+        if done < len(records):
+            yield records[done:]
+
+    def _add_alike(self, records: Sequence[Record], width: int) -> None:
+        taken = self._open
+        run = alike.read(records, width, self.flops, taken)
+        if run is not None and self._alike and run.steps[0] <= self._alike[-1].steps[-1]:
+            run = None  # rows left from a tick whose taking failed: in order, one by one
+        if run is None:
+            # Not alike after all (a value that cannot be read, a key logged once): halves,
+            # down to single steps read record by record, which reports what failed.
+            steps = len(records) // width
+            if steps == 1:
+                self.add(records)
+            else:
+                half = steps // 2 * width
+                self._add_alike(records[:half], width)
+                self._add_alike(records[half:], width)
+            return
+        self._alike.append(run)
+        self.layer_norms += run.norms
+        self._last_ended = max(self._last_ended, run.steps[-1])
+
     def add(self, records: Sequence[Record]) -> None:
+        """Add ``records`` one by one (``feed`` adds a tick's)."""
         with_norms: list[StepRecord] = []
         clipped: list[StepRecord] = []
         for record in records:
@@ -143,15 +194,40 @@ class StepAssembler:
                 self.failures.append((f"records:{type(record).__name__}", exc))
         self._add_norms(with_norms)
         for record in clipped:
-            self._add_clip(record)
+            try:
+                self._add_clip(record)
+            except Exception as exc:  # its grad_norm is then the norms' (if read), not lost
+                self.failures.append(("records:grad_norm", exc))
 
     def _row(self, step: int) -> _Row:
         # Not setdefault(step, _Row()): that builds a row (three dicts) for every record of a
         # step whose row exists, three times a step.
         row = self._open.get(step)
         if row is None:
-            row = self._open[step] = _Row()
+            row = self._open[step] = self._unread(step) if self._alike else _Row()
         return row
+
+    def _unread(self, step: int) -> _Row:
+        """The row of ``step`` as the record-by-record path would hold it, out of the alike
+        run that has it (a new row if none has): a record of a step read in a run arrived
+        after the run was read (a tick whose rows were not all taken)."""
+        found = [
+            (i, at)
+            for i, run in enumerate(self._alike)
+            if (at := bisect.bisect_left(run.steps, step)) < len(run) and run.steps[at] == step
+        ]
+        if not found:
+            return _Row()
+        i, at = found[0]
+        run = self._alike[i]
+        before, after = run.cut(at)
+        _, after = after.cut(1)
+        self._alike[i : i + 1] = [r for r in (before, after) if len(r)]
+        values = {k: v[at] for k, v in run.values.items()}
+        sums = {k: v[at] for k, v in run.sums.items()}
+        if run.source == LOGGED or not sums:
+            return _Row(values, sums, dict(run.counts) if sums else {})
+        return _Row(values, implicit={run.source: _Row(sums=sums, counts=dict(run.counts))})
 
     def _add_clip(self, record: StepRecord) -> None:
         # grad_norm is what clip_grad_norm_ returned (the norm before clipping), over the
@@ -178,45 +254,19 @@ class StepAssembler:
     def _add_norms(self, records: list[StepRecord]) -> None:
         # Consecutive steps whose values are packed alike (the usual tick: all of them) are
         # unpacked in one numpy pass: per step it would be a dozen calls on the sampler thread.
-        start = 0
-        while start < len(records):
-            first = records[start]
-            end = start + 1
-            while end < len(records) and _packed_alike(first, records[end]):
-                end += 1
-            group = records[start:end]
+        for group in alike_groups(records):
             try:
-                self._add_norm_group(group)
+                totals, norms = read_norms(group)
             except Exception as exc:
                 if len(group) == 1:
                     self.failures.append(("records:grad_norm", exc))
                 else:  # one step's values that cannot be read must not cost the others
                     for record in group:
                         self._add_norms([record])
-            start = end
-
-    def _add_norm_group(self, records: list[StepRecord]) -> None:
-        # Reads everything before it changes anything, so that a failure leaves no trace.
-        values = [r.norms for r in records if r.norms is not None]
-        first = records[0]
-        layout = first.norms_layout
-        split = values[0].stack_alike(values) if layout is not None else None
-        if split is not None and layout is not None:
-            squares = squared_norms_split(*split, layout)
-        else:
-            matrix = np.stack([v.floats() for v in values])
-            squares = squared_norms(matrix, layout)
-        # The total norm from the per-tensor ones; NaN/Inf in any of them carries through.
-        totals = np.sqrt(squares.sum(axis=1)).tolist()
-        if layout is None:
-            norms = matrix.astype(np.float64, copy=False)
-        else:
-            norms = np.sqrt(squares, out=squares)
-        steps = tuple(record.step for record in records)
-        finite = np.all(np.isfinite(norms), axis=1, keepdims=True)[:, 0]
-        for step, total in zip(steps, totals, strict=True):
-            self._open[step].values["grad_norm"] = total
-        self.layer_norms.append(LayerNorms(steps, norms, first.norm_index, finite))
+                continue
+            for step, total in zip(norms.steps, totals, strict=True):
+                self._open[step].values["grad_norm"] = total
+            self.layer_norms.append(norms)
 
     def _add_step(self, record: StepRecord) -> None:
         # The learning rates are read first: one that cannot be is NaN, not the step's loss.
@@ -252,16 +302,71 @@ class StepAssembler:
 
     def take_final(self, everything: bool = False) -> list[dict[str, float]]:
         """Rows that can no longer change (all rows with ``everything``), in step order."""
-        return self.take_rows(self.final_steps(everything))
+        return [row for part in self.take(everything) for row in part.rows]
 
-    def final_steps(self, everything: bool = False) -> list[int]:
-        """The steps whose rows can no longer change (all with ``everything``), in order."""
-        return sorted(s for s in self._open if everything or s < self._last_ended)
+    def take(self, everything: bool = False) -> Iterator[StepRows]:
+        """The rows that can no longer change (all with ``everything``), in step order, at most
+        ``TAKE_ROWS`` a part. Taken as the caller iterates (the smoothed loss runs on from one
+        part to the next), so that it can hand the GIL over between two; a part not reached
+        is taken next time."""
+        final = sorted(s for s in self._open if everything or s < self._last_ended)
+        at = size = 0
+        pieces: list[StepRows] = []
+        while self._alike or at < len(final):
+            run = self._alike[0] if self._alike else None
+            # The rows read one by one before the run, then the run up to the next of them.
+            upto = len(final) if run is None else bisect.bisect_left(final, run.steps[0], at)
+            if at < upto:
+                steps = final[at : min(upto, at + TAKE_ROWS - size)]
+                at += len(steps)
+                pieces.append(StepRows([self._finish(s, self._open.pop(s)) for s in steps]))
+                size += len(steps)
+            elif run is not None:
+                end = len(run)
+                if at < len(final) and final[at] < run.steps[-1]:
+                    end = bisect.bisect_left(run.steps, final[at])
+                end = min(end, TAKE_ROWS - size)
+                if end < len(run):
+                    run, self._alike[0] = run.cut(end)
+                else:
+                    del self._alike[0]
+                pieces.append(self._finish_alike(run))
+                size += len(run)
+            if size >= TAKE_ROWS:
+                yield _joined(pieces)
+                pieces, size = [], 0
+        if pieces:
+            yield _joined(pieces)
 
-    def take_rows(self, steps: Sequence[int]) -> list[dict[str, float]]:
-        """The rows of ``steps`` (from ``final_steps``, taken in its order, in as many parts
-        as the caller likes: the smoothed loss runs on from one part to the next)."""
-        return [self._finish(s, self._open.pop(s)) for s in steps]
+    def _finish_alike(self, run: AlikeSteps) -> StepRows:
+        """``_finish`` of every row of ``run``, a column at a time."""
+        columns = {"step": [float(s) for s in run.steps], **run.values, **run.logged()}
+        loss = columns.get("loss")
+        missing = 0
+        if loss is not None:
+            ema, weight = self._ema, self._ema_weight
+            keep, take = SMOOTHING, 1 - SMOOTHING
+            smooth: list[float] = []
+            for value in loss:
+                if math.isfinite(value):
+                    ema = keep * ema + take * value
+                    weight = keep * weight + take
+                if weight > 0:
+                    smooth.append(ema / weight)
+                else:  # no finite loss yet: no smoothed one (only ever the first rows)
+                    smooth.append(math.nan)
+                    missing += 1
+            self._ema, self._ema_weight = ema, weight
+            if missing < len(loss):
+                columns["loss_smooth"] = smooth
+        keys = list(columns)
+        rows = [
+            dict(zip(keys, values, strict=True)) for values in zip(*columns.values(), strict=True)
+        ]
+        if missing and "loss_smooth" in columns:
+            for row in rows[:missing]:
+                del row["loss_smooth"]
+        return StepRows(rows, columns)
 
     def take_failures(self) -> list[tuple[str, Exception]]:
         """What could not be read since the last call, as (source, error)."""
@@ -282,7 +387,23 @@ class StepAssembler:
     def peek_open(self) -> list[dict[str, float]]:
         """The rows still open, as they stand now (for history() and the header)."""
         ema, weight = self._ema, self._ema_weight
-        rows = [self._finish(s, self._open[s]) for s in sorted(self._open)]
+        steps = sorted(self._open)
+        if not self._alike:
+            rows = [self._finish(s, self._open[s]) for s in steps]
+        else:  # not taken (a tick whose store failed): they are shown too, in order
+            rows = []
+            runs, at = list(self._alike), 0
+            while runs or at < len(steps):
+                if not runs or (at < len(steps) and steps[at] < runs[0].steps[0]):
+                    rows.append(self._finish(steps[at], self._open[steps[at]]))
+                    at += 1
+                    continue
+                end = bisect.bisect_left(runs[0].steps, steps[at]) if at < len(steps) else 0
+                if 0 < end < len(runs[0]):
+                    run, runs[0] = runs[0].cut(end)
+                else:
+                    run = runs.pop(0)
+                rows += self._finish_alike(run).rows
         self._ema, self._ema_weight = ema, weight
         return rows
 
@@ -296,3 +417,29 @@ class StepAssembler:
         if loss is not None and self._ema_weight > 0:
             out["loss_smooth"] = self._ema / self._ema_weight
         return out
+
+
+def _joined(pieces: list[StepRows]) -> StepRows:
+    """Consecutive rows as one part, with columns when every row has the keys of the alike
+    runs among them (a step read record by record amid alike ones, usually)."""
+    if len(pieces) == 1:
+        return pieces[0]
+    rows = [row for piece in pieces for row in piece.rows]
+    keys = next((tuple(p.columns) for p in pieces if p.columns is not None), None)
+    if keys is None:
+        return StepRows(rows)
+    for piece in pieces:
+        if piece.columns is not None:
+            if tuple(piece.columns) != keys:
+                return StepRows(rows)
+        elif any(tuple(row) != keys for row in piece.rows):
+            return StepRows(rows)
+    columns: dict[str, list[float]] = {key: [] for key in keys}
+    for piece in pieces:
+        if piece.columns is not None:
+            for key, column in columns.items():
+                column += piece.columns[key]
+        else:
+            for key, column in columns.items():
+                column += [row[key] for row in piece.rows]
+    return StepRows(rows, columns)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 T = 1e12
@@ -174,4 +175,32 @@ class StepFlops:
             "flops_per_step": flops,
             "tflops_per_s": rate / T,
             "mfu_percent": mfu_percent(rate, self.peak),
+        }
+
+    def step_columns(
+        self, tokens: Sequence[float], samples: Sequence[float], step_times: Sequence[float]
+    ) -> dict[str, list[float]] | None:
+        """``step_values`` of several steps as columns, the same numbers: {} when no step has
+        them, None when some have and some have not."""
+        per_token = self.per_token if math.isfinite(self.per_token) else None
+        per_sample = self.per_sample if math.isfinite(self.per_sample) else None
+        flops = [
+            per_token * t
+            if t > 0 and per_token is not None
+            else per_sample * s
+            if s > 0 and per_sample is not None
+            else None
+            for t, s in zip(tokens, samples, strict=True)
+        ]
+        missing = flops.count(None)
+        if missing == len(flops):
+            return {}
+        if missing:
+            return None
+        nan, peak = math.nan, self.peak
+        rates = [f / t if t > 0 else nan for f, t in zip(flops, step_times, strict=True)]  # type: ignore[operator]
+        return {
+            "flops_per_step": flops,  # type: ignore[dict-item]
+            "tflops_per_s": [r / T for r in rates],
+            "mfu_percent": [mfu_percent(r, peak) for r in rates],
         }

@@ -1,0 +1,340 @@
+"""Runs of alike steps read as columns: the records stage's fast path (sampler thread only).
+
+A fast loop brings hundreds of steps a tick, nearly all as the same few records (the step's
+phases, its StepRecord, a LogRecord of the loss). Read record by record (``steps.py``) a step
+cost ~35 us of the sampler's Python, most of it small dict operations per value. Here a run of
+steps whose records are alike is read one field at a time for the whole run, a list
+comprehension per field, into the columns of exactly the rows the record-by-record path builds:
+the same keys in the same order, the same float operations in the same order.
+
+``plan`` cuts a tick's records into segments: runs of steps that are alike and that no other
+record of the tick touches (read here), and everything else (read record by record: a mon.log
+of extra keys, several sources of a loss, a value still on a device that failed, the first
+steps, a sampled step with its per-layer records). ``read`` reads one run, or says it cannot
+(None), having changed nothing: the caller then reads it in parts, down to record by record.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from operator import attrgetter, itemgetter
+from typing import Any
+
+import numpy as np
+
+from nbmonitor._engine.assemble.step_norms import LayerNorms, alike_groups, read_norms
+from nbmonitor._engine.derive.mfu import StepFlops
+from nbmonitor.records import (
+    FROM_BACKWARD,
+    PHASE_KEYS,
+    LogRecord,
+    MemoryRecord,
+    PhaseRecord,
+    Record,
+    SpanRecord,
+    StepRecord,
+)
+
+# The kinds of record a step of an alike run may bring: those that make its row, and those
+# that others read (spans, memory breakdowns), not the assembler.
+_ROW_KINDS = frozenset((StepRecord, PhaseRecord, LogRecord))
+_KINDS = _ROW_KINDS | {SpanRecord, MemoryRecord}
+# A run of fewer steps is read record by record: reading columns has a cost per run.
+MIN_RUN = 2
+
+_time = attrgetter("time")
+_step_time = attrgetter("step_time")
+_samples = attrgetter("samples")
+_tokens = attrgetter("tokens")
+_lrs = attrgetter("lrs")
+_norms = attrgetter("norms")
+_clip = attrgetter("clip_norm")
+_source = attrgetter("source")
+_durations = attrgetter("durations")
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """Records ``[start, end)`` of a tick: ``width`` records a step for a run of alike steps,
+    0 for records read one by one."""
+
+    start: int
+    end: int
+    width: int = 0
+
+
+@dataclass(slots=True)
+class AlikeSteps:
+    """The rows of a run of steps before they are finished (``steps.StepAssembler``): what a
+    ``steps._Row`` holds, as columns. ``values`` are the measured values in the row's order;
+    ``sums`` the logged values of each key summed over the step's records (``counts`` of them a
+    step), all from ``source``. ``norms`` go to the layer statistics."""
+
+    steps: list[int]
+    values: dict[str, list[float]]
+    sums: dict[str, list[float]]
+    counts: dict[str, int]
+    source: int
+    norms: list[LayerNorms]
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def cut(self, i: int) -> tuple[AlikeSteps, AlikeSteps]:
+        """The steps before ``i`` and from ``i`` on (the layer norms stay with neither: they
+        were handed on when the run was read)."""
+
+        def part(s: slice) -> AlikeSteps:
+            return AlikeSteps(
+                self.steps[s],
+                {k: v[s] for k, v in self.values.items()},
+                {k: v[s] for k, v in self.sums.items()},
+                self.counts,
+                self.source,
+                [],
+            )
+
+        return part(slice(None, i)), part(slice(i, None))
+
+    def logged(self) -> dict[str, list[float]]:
+        """The logged columns as the row gives them: the roots of a step's backward passes
+        add up, several values of any other source are averaged (``steps._Row.build``)."""
+        if self.source == FROM_BACKWARD:
+            return dict(self.sums)
+        return {k: [t / self.counts[k] for t in v] for k, v in self.sums.items()}
+
+
+def plan(records: Sequence[Record], open_steps: Any = ()) -> list[Segment]:
+    """``records`` (a tick's, in order) as segments in order. A step is read in an alike run
+    when its records are contiguous and of the run's kinds in the run's order, no other record
+    of the tick (before or after) is of its step, none of ``open_steps`` (rows still open) is
+    its step, and a later step ends in the tick: its row is final once the tick is read, as
+    the record-by-record path would make it."""
+    n = len(records)
+    if n < 2 * MIN_RUN:
+        return [Segment(0, n)] if n else []
+    steps = np.fromiter((r.step for r in records), dtype=np.int64, count=n)
+    cuts = (np.flatnonzero(steps[1:] != steps[:-1]) + 1).tolist()
+    starts = [0, *cuts]
+    ends = [*cuts, n]
+    group_steps = steps[starts].tolist()
+    kinds = list(map(type, records))
+    patterns = [tuple(kinds[a:b]) for a, b in zip(starts, ends, strict=True)]
+    usable: dict[tuple[type, ...], bool] = {}
+    # Per group from the last: the smallest step a later record of a row touches, and the
+    # largest step a later StepRecord ends.
+    g = len(starts)
+    later_touch = [0] * g
+    later_end = [0] * g
+    touch, end = math.inf, -math.inf
+    for i in range(g - 1, -1, -1):
+        later_touch[i] = touch  # type: ignore[call-overload]
+        later_end[i] = end  # type: ignore[call-overload]
+        pattern = patterns[i]
+        ok = usable.get(pattern)
+        if ok is None:
+            ok = usable[pattern] = _usable(pattern)
+        s = group_steps[i]
+        if ok or not _ROW_KINDS.isdisjoint(pattern):
+            touch = min(touch, s)
+            if StepRecord in pattern:
+                end = max(end, s)
+    segments: list[Segment] = []
+    i = 0
+    exact_from = 0
+    while i < g:
+        pattern = patterns[i]
+        j = i
+        if usable[pattern]:
+            # The run: the same pattern, steps rising, each final and touched by nothing else.
+            while (
+                j < g
+                and patterns[j] == pattern
+                and (j == i or group_steps[j] > group_steps[j - 1])
+                and group_steps[j] < later_touch[j]
+                and group_steps[j] < later_end[j]
+                and group_steps[j] not in open_steps
+            ):
+                j += 1
+        if j - i >= MIN_RUN:
+            if starts[i] > exact_from:
+                segments.append(Segment(exact_from, starts[i]))
+            segments.append(Segment(starts[i], ends[j - 1], len(pattern)))
+            exact_from = ends[j - 1]
+            i = j
+        else:
+            i += 1
+    if exact_from < n:
+        segments.append(Segment(exact_from, n))
+    return segments
+
+
+def _usable(pattern: tuple[type, ...]) -> bool:
+    # A step's phases come before its StepRecord (the clock puts them so): read the other way
+    # round, a phase's columns would land before or after grad_norm as the slices fell.
+    steps, phases = pattern.count(StepRecord), pattern.count(PhaseRecord)
+    return (
+        steps == 1
+        and (
+            phases == 0 or (phases == 1 and pattern.index(PhaseRecord) < pattern.index(StepRecord))
+        )
+        and _KINDS.issuperset(pattern)
+    )
+
+
+def read(
+    records: Sequence[Record], width: int, flops: StepFlops | None, taken: Any = ()
+) -> AlikeSteps | None:
+    """The run of alike steps in ``records`` (``width`` records a step, as ``plan`` found
+    them) as columns; None when its steps are not alike after all (the caller reads them in
+    parts), or one of them is in ``taken`` (rows already open). Changes nothing."""
+    pattern = [type(r) for r in records[:width]]
+    at = pattern.index(StepRecord)
+    ends: list[StepRecord] = records[at::width]  # type: ignore[assignment]
+    steps = [r.step for r in ends]
+    if not taken or set(steps).isdisjoint(taken):
+        try:
+            values = _measured(records, pattern, ends, flops)
+            logged = _logged(records, pattern, width) if values is not None else None
+        except Exception:  # a value that cannot be read: the record-by-record path reports it
+            return None
+        if values is not None and logged is not None:
+            sums, counts, source = logged
+            if values[0].keys().isdisjoint(sums):
+                return AlikeSteps(steps, values[0], sums, counts, source, values[1])
+    return None
+
+
+def _measured(
+    records: Sequence[Record],
+    pattern: list[type],
+    ends: list[StepRecord],
+    flops: StepFlops | None,
+) -> tuple[dict[str, list[float]], list[LayerNorms]] | None:
+    """The measured columns in the order ``steps.StepAssembler`` writes them (the phases, then
+    the StepRecord's values, then grad_norm), and the layer norms; None if not alike."""
+    n = len(ends)
+    width = len(pattern)
+    values: dict[str, list[float]] = {}
+    if PhaseRecord in pattern and not _phases(records[pattern.index(PhaseRecord) :: width], values):
+        return None
+    if any(r.skipped or r.groups_added for r in ends):
+        return None
+    step_time = list(map(_step_time, ends))
+    values["time"] = list(map(_time, ends))
+    values["step_time"] = step_time
+    values["micro_batches"] = [float(r.micro_batches) for r in ends]
+    nan = math.nan
+    samples = list(map(_samples, ends))
+    tokens = list(map(_tokens, ends))
+    for key, counted in (("samples", samples), ("tokens", tokens)):
+        none = sum(1 for c in counted if not c)
+        if none == n:
+            continue
+        if none:
+            return None
+        values[key] = list(map(float, counted))
+        values[f"{key}_per_s"] = [
+            c / t if t > 0 else nan for c, t in zip(counted, step_time, strict=True)
+        ]
+    if flops is not None:
+        rates = flops.step_columns(tokens, samples, step_time)
+        if rates is None:
+            return None
+        values.update(rates)
+    lrs = list(map(_lrs, ends))
+    width_lr = len(lrs[0])
+    if any(len(lr) != width_lr for lr in lrs):
+        return None
+    for i, column in enumerate(zip(*lrs, strict=True)):
+        values["lr" if i == 0 else f"lr_group{i}"] = [
+            lr if isinstance(lr, float) else lr.values()[0] for lr in column
+        ]
+    layer_norms: list[LayerNorms] = []
+    with_norms = sum(1 for v in map(_norms, ends) if v is not None)
+    if with_norms:
+        if with_norms != n:
+            return None
+        totals: list[float] = []
+        for group in alike_groups(ends):
+            total, norms = read_norms(group)
+            totals += total
+            layer_norms.append(norms)
+        values["grad_norm"] = totals
+    clipped = sum(1 for v in map(_clip, ends) if v is not None)
+    if clipped:
+        if clipped != n:
+            return None
+        # What clip_grad_norm_ returned replaces the norm from the per-parameter ones.
+        totals = [r.clip_norm.values()[0] for r in ends]  # type: ignore[union-attr]
+        values["grad_norm"] = totals
+        max_norms = [r.max_norm for r in ends]
+        finite = sum(1 for m in max_norms if math.isfinite(m))
+        if finite == n:
+            values["grad_clip_coef"] = [
+                min(1.0, m / (t + 1e-6)) for m, t in zip(max_norms, totals, strict=True)
+            ]
+        elif finite:
+            return None
+    return values, layer_norms
+
+
+def _phases(records: Sequence[Record], values: dict[str, list[float]]) -> bool:
+    durations: list[Any] = list(map(_durations, records))
+    if not all(type(d) is tuple for d in durations):
+        durations = [r.values() for r in records]  # type: ignore[union-attr]
+    if any(len(d) != len(PHASE_KEYS) for d in durations):
+        return False
+    values.update(zip(PHASE_KEYS, map(list, zip(*durations, strict=True)), strict=True))
+    return True
+
+
+def _logged(
+    records: Sequence[Record], pattern: list[type], width: int
+) -> tuple[dict[str, list[float]], dict[str, int], int] | None:
+    """The logged values summed per key over each step's LogRecords in their order, the
+    number of values per key a step, and their source; None unless every step logs the same
+    keys in the same order from one source, every value read."""
+    sums: dict[str, list[float]] = {}
+    counts: dict[str, int] = {}
+    source = -1
+    for at, kind in enumerate(pattern):
+        if kind is not LogRecord:
+            continue
+        logs: list[LogRecord] = records[at::width]  # type: ignore[assignment]
+        sources = set(map(_source, logs))
+        if len(sources) != 1 or (source >= 0 and source not in sources):
+            return None
+        source = sources.pop()
+        if any(r.dropped for r in logs):
+            return None
+        if any(r.tensors for r in logs):
+            resolved = [r.resolve() for r in logs]
+            if any(failed for _, failed in resolved):
+                return None
+            dicts = [values for values, _ in resolved]
+        else:
+            dicts = [r.numbers for r in logs]
+        keys = tuple(dicts[0])
+        if not keys:
+            if any(dicts):
+                return None
+            continue
+        if len(set(map(tuple, dicts))) != 1:
+            return None
+        if len(keys) == 1:
+            columns: list[Any] = [list(map(itemgetter(keys[0]), dicts))]
+        else:
+            columns = list(zip(*map(itemgetter(*keys), dicts), strict=True))
+        for key, column in zip(keys, columns, strict=True):
+            # As steps._Row.add_logged: from 0.0, in the records' order.
+            total = sums.get(key)
+            sums[key] = (
+                [0.0 + v for v in column]
+                if total is None
+                else [t + v for t, v in zip(total, column, strict=True)]
+            )
+            counts[key] = counts.get(key, 0) + 1
+    return sums, counts, source

@@ -1,0 +1,72 @@
+"""Per-parameter gradient norms of many steps, unpacked in one numpy pass (sampler thread only).
+
+Both ways of reading steps (record by record, and runs of alike steps as columns) read the
+norms here, so that a step's ``grad_norm`` and its per-layer norms are the same numbers
+whichever way its records were read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from nbmonitor.records import StepRecord, squared_norms, squared_norms_split
+
+
+@dataclass(frozen=True, slots=True)
+class LayerNorms:
+    """Per-parameter gradient norms of consecutive steps packed alike, one row per step;
+    ``index`` None means every tracked parameter."""
+
+    steps: tuple[int, ...]
+    norms: npt.NDArray[np.float64]  # steps x parameters
+    index: tuple[int, ...] | None
+    finite: npt.NDArray[np.bool_]  # per step: all of its norms are
+
+
+def packed_alike(a: StepRecord, b: StepRecord) -> bool:
+    # The same layout and index mean the same number of values (NormPass packs them, and
+    # hands the same two objects to every step: compared by identity first).
+    if a.norms_layout is b.norms_layout and a.norm_index is b.norm_index:
+        return True
+    return a.norms_layout == b.norms_layout and a.norm_index == b.norm_index
+
+
+def alike_groups(records: Sequence[StepRecord]) -> Iterator[Sequence[StepRecord]]:
+    """``records`` (steps with norms, in order) cut into runs of consecutive steps whose values
+    are packed alike (the usual tick: one run)."""
+    start = 0
+    while start < len(records):
+        first = records[start]
+        end = start + 1
+        while end < len(records) and packed_alike(first, records[end]):
+            end += 1
+        yield records[start:end]
+        start = end
+
+
+def read_norms(records: Sequence[StepRecord]) -> tuple[list[float], LayerNorms]:
+    """The total gradient norm of each step and their per-parameter norms, for ``records``
+    packed alike (``alike_groups``) that all have norms. Raises if the values cannot be read;
+    changes nothing, so that a failure leaves no trace."""
+    values = [r.norms for r in records if r.norms is not None]
+    first = records[0]
+    layout = first.norms_layout
+    split = values[0].stack_alike(values) if layout is not None else None
+    if split is not None and layout is not None:
+        squares = squared_norms_split(*split, layout)
+    else:
+        matrix = np.stack([v.floats() for v in values])
+        squares = squared_norms(matrix, layout)
+    # The total norm from the per-tensor ones; NaN/Inf in any of them carries through.
+    totals: list[float] = np.sqrt(squares.sum(axis=1)).tolist()
+    if layout is None:
+        norms = matrix.astype(np.float64, copy=False)
+    else:
+        norms = np.sqrt(squares, out=squares)
+    steps = tuple(record.step for record in records)
+    finite = np.all(np.isfinite(norms), axis=1, keepdims=True)[:, 0]
+    return totals, LayerNorms(steps, norms, first.norm_index, finite)
