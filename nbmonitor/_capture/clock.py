@@ -32,16 +32,18 @@ from nbmonitor._capture.inputs import (
     output_loss,
 )
 from nbmonitor._capture.phases import (
+    END,
     FORWARD_END,
     FORWARD_START,
     INTO,
     OPTIMIZER_START,
+    PHASE_ZEROS,
     PhaseTimer,
 )
 from nbmonitor._capture.probes.base import NO_NORMS, Probe, StepContext, next_due
 from nbmonitor._capture.recorder import LogValueError, Recorder, make_log_record
 from nbmonitor.errors import ErrorLog, Guard, NonFiniteError
-from nbmonitor.records import LogRecord, StepRecord
+from nbmonitor.records import LogRecord, PhaseRecord, StepRecord
 
 # A hook that torch.compile runs as it is, untraced (torch.compiler.disable, typed here).
 _eager: Callable[[Callable[..., None]], Callable[..., None]] = torch.compiler.disable
@@ -62,6 +64,7 @@ _grad_enabled = torch.is_grad_enabled
 _INTO_FORWARD_START = INTO[FORWARD_START]
 _INTO_FORWARD_END = INTO[FORWARD_END]
 _INTO_OPTIMIZER_START = INTO[OPTIMIZER_START]
+_INTO_END = INTO[END]
 
 
 # What a probe is called with at each moment, in order: (its guard, its bound method).
@@ -347,10 +350,6 @@ class StepClock:
         return {
             "forward_pre": self._calls(probes, "forward_pre", lambda p: p.forward_pre),
             "forward": self._calls(probes, "forward", lambda p: p.forward),
-            # A forward whose output is a plain tensor: the probes that act on one.
-            "forward_tensor": self._calls(
-                [p for p in probes if p.tensor_output], "forward", lambda p: p.forward
-            ),
             "clip": self._calls(probes, "clip", lambda p: p.clip),
             "pre_step": self._calls(probes, "pre_step", lambda p: p.pre_step),
             "post_step": self._calls(probes, "post_step", lambda p: p.post_step),
@@ -464,7 +463,7 @@ class StepClock:
                 self._tokens += tokens
             if self._loss.pending:  # the last step's losses, unless the loop logged one
                 self._loss.release(ctx.step)
-            calls = self._at["forward_tensor" if isinstance(output, torch.Tensor) else "forward"]
+            calls = self._at["forward"]
             if calls:
                 self._call(calls, output)
             if self.optimizer is None:
@@ -630,13 +629,34 @@ class StepClock:
         max_norm = ctx.max_norm
         ctx.clips, ctx.clip_total, ctx.max_norm = 0, None, math.nan
         put = self.recorder.put
-        self.phases.step_end(ctx.step, now, put)
-        optimizer = self.optimizer
-        if optimizer is not None and len(optimizer.param_groups) != self._n_groups:
-            added = inputs.groups_added(optimizer, self._n_groups, self._param_ids)
-            self._n_groups += len(added)
+        phases = self.phases
+        last = phases.last
+        if phases.host and phases.ended and last >= 0 and phases.guard.on:
+            # phases.step_end() on the host clock, its usual case written out.
+            sums = phases.sums
+            sums[_INTO_END[last]] += now - phases.t
+            phases.t = now
+            phases.last = END
+            put(PhaseRecord(ctx.step, tuple(sums)))
+            sums[:] = PHASE_ZEROS
         else:
-            added = ()
+            phases.step_end(ctx.step, now, put)
+        optimizer = self.optimizer
+        if optimizer is None:
+            added: tuple[tuple[int, int, int], ...] = ()
+            lrs: tuple[float | DeviceValue, ...] = ()
+        else:
+            groups = optimizer.param_groups
+            if len(groups) != self._n_groups:
+                added = inputs.groups_added(optimizer, self._n_groups, self._param_ids)
+                self._n_groups += len(added)
+            else:
+                added = ()
+            seen = self._lrs_seen
+            if len(groups) == 1 == len(seen) and groups[0].get("lr") is seen[0]:
+                lrs = self._lrs  # _learning_rates(), its usual case written out
+            else:
+                lrs = self._learning_rates(optimizer)
         # Positional, in the fields' order: a call with fourteen keywords costs more.
         put(
             StepRecord(
@@ -645,7 +665,7 @@ class StepClock:
                 step_time,
                 self._samples,
                 ctx.micro,
-                self._learning_rates(optimizer),
+                lrs,
                 norms,
                 which,
                 layout,

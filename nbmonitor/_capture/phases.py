@@ -33,7 +33,7 @@ DATA, FORWARD, BACKWARD, OTHER, OPTIMIZER = range(len(PHASES))
 # The most CUDA events one step keeps (a step has about five per micro-batch).
 MAX_EVENTS = 1024
 
-_ZEROS = (0.0,) * len(PHASES)
+PHASE_ZEROS = (0.0,) * len(PHASES)
 
 # The moments a step is marked at.
 END, FORWARD_START, FORWARD_END, BACKWARD_END, OPTIMIZER_START = range(5)
@@ -161,7 +161,7 @@ class PhaseTimer:
         self._spare: collections.deque[Any] = collections.deque()
         self._new_event = new_event or _timing_event
         self._backward = BackwardEnd(self._backward_end, guard)
-        self._ended = False  # a step has ended (before, the first step's data wait is unknown)
+        self.ended = False  # a step has ended (before, the first step's data wait is unknown)
         # The backward's end: until one full backward has been seen, a hook on each forward's
         # output queues a callback for the end of the pass (~8 us a step); meanwhile every
         # trainable parameter says when its gradient lands, and the one that lands last takes
@@ -286,7 +286,7 @@ class PhaseTimer:
     def step_end(self, step: int, now: float, put: Callable[[PhaseRecord], None]) -> None:
         """Mark the step's end and ``put`` the record of its phases (none before a forward)."""
         last = self.last
-        if last < 0 or self._cuda or not self._ended:
+        if last < 0 or self._cuda or not self.ended:
             self.mark(END, now)
             if last >= 0 and self.enabled and self.guard.on:
                 put(self._record(step))
@@ -297,14 +297,14 @@ class PhaseTimer:
             return
         # mark(END) and _record() on the host clock, written out: at every step's end.
         sums = self.sums
-        sums[_INTO_END[last]] += now - self.t
+        sums[INTO[END][last]] += now - self.t
         self.t = now
         self.last = END
         put(PhaseRecord(step, tuple(sums)))
-        sums[:] = _ZEROS
+        sums[:] = PHASE_ZEROS
 
     def _record(self, step: int) -> PhaseRecord:
-        first, self._ended = not self._ended, True
+        first, self.ended = not self.ended, True
         if self._cuda:
             events, phases = self._events, self._phases
             # The step's last event is where the next step's first interval starts.
@@ -317,7 +317,7 @@ class PhaseTimer:
         return PhaseRecord(step, tuple(sums))
 
 
-_INTO_END, _INTO_BACKWARD_END = INTO[END], INTO[BACKWARD_END]
+_INTO_BACKWARD_END = INTO[BACKWARD_END]
 
 
 def _timing_event() -> Any:
@@ -331,6 +331,7 @@ __all__ = [
     "FORWARD_START",
     "INTO",
     "OPTIMIZER_START",
+    "PHASE_ZEROS",
     "EventIntervals",
     "PhaseTimer",
 ]

@@ -107,9 +107,6 @@ class Probe(Protocol):
     guard: Guard
     sampled: bool
     every: int
-    # Whether its ``forward`` acts when the model's output is a plain tensor (most models);
-    # False: the clock calls it only for other outputs (a Hugging Face output's ``.loss``).
-    tensor_output: bool
 
     def events(self) -> tuple[str, ...]:
         """The moments (of ``EVENTS``) this probe acts at; the clock calls only those."""
@@ -139,7 +136,6 @@ class ProbeBase:
     name = "probe"
     sampled = False  # called at every step
     every = 1
-    tensor_output = True
 
     def __init__(self, guard: Guard) -> None:
         self.guard = guard

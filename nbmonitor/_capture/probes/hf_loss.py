@@ -15,14 +15,13 @@ from nbmonitor.records import FROM_OUTPUT
 
 class OutputLossProbe(ProbeBase):
     name = "output_loss"
-    tensor_output = False  # a plain tensor has no .loss: not called then
 
     def events(self) -> tuple[str, ...]:
         return ("forward",)
 
     def forward(self, ctx: StepContext, output: Any) -> None:
         if isinstance(output, torch.Tensor):
-            return  # (the clock does not call it then: see tensor_output)
+            return  # most models: no call more at each forward
         loss = output_loss(output)
         if loss is not None:
             record = make_log_record(ctx.log_step, {"loss": loss})
