@@ -43,6 +43,20 @@ _ROW_KINDS = frozenset((StepRecord, PhaseRecord, LogRecord))
 _KINDS = _ROW_KINDS | {SpanRecord, MemoryRecord}
 # A run of fewer steps is read record by record: reading columns has a cost per run.
 MIN_RUN = 2
+# The record kinds as numbers for plan(); the kinds that make rows are _STEP.._LOG.
+_STEP, _PHASE, _LOG = 1, 2, 3
+
+
+class _Codes(dict[type, int]):
+    def __missing__(self, kind: type) -> int:
+        return 7  # every other kind: never alike, touches no row (not 0: a digit of its own)
+
+
+_CODES = _Codes({StepRecord: _STEP, PhaseRecord: _PHASE, LogRecord: _LOG, SpanRecord: 4,
+                 MemoryRecord: 5})  # fmt: skip
+# The most records a step of an alike run may have (3 bits each in an int64).
+_LONGEST = 20
+_step = attrgetter("step")
 
 _time = attrgetter("time")
 _step_time = attrgetter("step_time")
@@ -53,6 +67,8 @@ _norms = attrgetter("norms")
 _clip = attrgetter("clip_norm")
 _source = attrgetter("source")
 _durations = attrgetter("durations")
+_skipped = attrgetter("skipped")
+_groups_added = attrgetter("groups_added")
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,59 +131,58 @@ def plan(records: Sequence[Record], open_steps: Any = ()) -> list[Segment]:
     n = len(records)
     if n < 2 * MIN_RUN:
         return [Segment(0, n)] if n else []
-    steps = np.fromiter((r.step for r in records), dtype=np.int64, count=n)
-    cuts = (np.flatnonzero(steps[1:] != steps[:-1]) + 1).tolist()
-    starts = [0, *cuts]
-    ends = [*cuts, n]
-    group_steps = steps[starts].tolist()
+    # A group: consecutive records of one step. numpy over the records, Python over the runs.
     kinds = list(map(type, records))
-    patterns = [tuple(kinds[a:b]) for a, b in zip(starts, ends, strict=True)]
-    usable: dict[tuple[type, ...], bool] = {}
-    # Per group from the last: the smallest step a later record of a row touches, and the
-    # largest step a later StepRecord ends.
-    g = len(starts)
-    later_touch = [0] * g
-    later_end = [0] * g
-    touch, end = math.inf, -math.inf
-    for i in range(g - 1, -1, -1):
-        later_touch[i] = touch  # type: ignore[call-overload]
-        later_end[i] = end  # type: ignore[call-overload]
-        pattern = patterns[i]
-        ok = usable.get(pattern)
-        if ok is None:
-            ok = usable[pattern] = _usable(pattern)
-        s = group_steps[i]
-        if ok or not _ROW_KINDS.isdisjoint(pattern):
-            touch = min(touch, s)
-            if StepRecord in pattern:
-                end = max(end, s)
+    steps = np.array(list(map(_step, records)), dtype=np.int64)
+    codes = np.array(list(map(_CODES.__getitem__, kinds)), dtype=np.int64)
+    new = np.empty(n, dtype=bool)
+    new[0] = True
+    np.not_equal(steps[1:], steps[:-1], out=new[1:])
+    starts = np.flatnonzero(new)
+    sizes = np.diff(starts, append=n)
+    group_steps = steps[starts]
+    # The kinds of a group in their order as one number (three bits a record), to compare
+    # groups; longer groups are never alike.
+    at = np.arange(n) - np.repeat(starts, sizes)
+    key = np.add.reduceat(codes << (3 * np.minimum(at, _LONGEST)), starts)
+    key[sizes > _LONGEST] = -1
+    usable = np.zeros(len(starts), dtype=bool)
+    for k in np.unique(key).tolist():
+        one = int(np.argmax(key == k))
+        a = int(starts[one])
+        if k >= 0 and _usable(tuple(kinds[a : a + int(sizes[one])])):
+            usable |= key == k
+    # Per group: the smallest step a later record of a row touches, and the largest step a
+    # later StepRecord ends.
+    touches = np.logical_or.reduceat((codes >= _STEP) & (codes <= _LOG), starts)
+    ends_step = np.logical_or.reduceat(codes == _STEP, starts)
+    big = np.iinfo(np.int64).max
+    later_touch = np.minimum.accumulate(np.where(touches, group_steps, big)[::-1])[::-1]
+    later_end = np.maximum.accumulate(np.where(ends_step, group_steps, -big)[::-1])[::-1]
+    ok = usable.copy()
+    ok[:-1] &= (group_steps[:-1] < later_touch[1:]) & (group_steps[:-1] < later_end[1:])
+    ok[-1] = False
+    if len(open_steps):
+        ok &= ~np.isin(group_steps, np.fromiter(open_steps, dtype=np.int64))
+    # A run goes on while its groups are alike, of the same kinds, their steps rising.
+    goes_on = np.zeros(len(starts), dtype=bool)
+    goes_on[1:] = ok[1:] & ok[:-1] & (key[1:] == key[:-1]) & (group_steps[1:] > group_steps[:-1])
+    breaks = np.flatnonzero(~goes_on)
+    first = breaks[ok[breaks]]
+    last = np.append(breaks, len(starts))[np.searchsorted(breaks, first, side="right")]
     segments: list[Segment] = []
-    i = 0
-    exact_from = 0
-    while i < g:
-        pattern = patterns[i]
-        j = i
-        if usable[pattern]:
-            # The run: the same pattern, steps rising, each final and touched by nothing else.
-            while (
-                j < g
-                and patterns[j] == pattern
-                and (j == i or group_steps[j] > group_steps[j - 1])
-                and group_steps[j] < later_touch[j]
-                and group_steps[j] < later_end[j]
-                and group_steps[j] not in open_steps
-            ):
-                j += 1
-        if j - i >= MIN_RUN:
-            if starts[i] > exact_from:
-                segments.append(Segment(exact_from, starts[i]))
-            segments.append(Segment(starts[i], ends[j - 1], len(pattern)))
-            exact_from = ends[j - 1]
-            i = j
-        else:
-            i += 1
-    if exact_from < n:
-        segments.append(Segment(exact_from, n))
+    done = 0
+    group_ends = np.append(starts[1:], n)
+    for i, j in zip(first.tolist(), last.tolist(), strict=True):
+        if j - i < MIN_RUN:
+            continue
+        a, b = int(starts[i]), int(group_ends[j - 1])
+        if a > done:
+            segments.append(Segment(done, a))
+        segments.append(Segment(a, b, int(sizes[i])))
+        done = b
+    if done < n:
+        segments.append(Segment(done, n))
     return segments
 
 
@@ -220,7 +235,7 @@ def _measured(
     values: dict[str, list[float]] = {}
     if PhaseRecord in pattern and not _phases(records[pattern.index(PhaseRecord) :: width], values):
         return None
-    if any(r.skipped or r.groups_added for r in ends):
+    if any(map(_skipped, ends)) or any(map(_groups_added, ends)):
         return None
     step_time = list(map(_step_time, ends))
     values["time"] = list(map(_time, ends))
@@ -283,9 +298,9 @@ def _measured(
 
 def _phases(records: Sequence[Record], values: dict[str, list[float]]) -> bool:
     durations: list[Any] = list(map(_durations, records))
-    if not all(type(d) is tuple for d in durations):
+    if set(map(type, durations)) != {tuple}:
         durations = [r.values() for r in records]  # type: ignore[union-attr]
-    if any(len(d) != len(PHASE_KEYS) for d in durations):
+    if set(map(len, durations)) != {len(PHASE_KEYS)}:
         return False
     values.update(zip(PHASE_KEYS, map(list, zip(*durations, strict=True)), strict=True))
     return True
