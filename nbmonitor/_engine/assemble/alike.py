@@ -58,17 +58,8 @@ _CODES = _Codes({StepRecord: _STEP, PhaseRecord: _PHASE, LogRecord: _LOG, SpanRe
 _LONGEST = 20
 _step = attrgetter("step")
 
-_time = attrgetter("time")
-_step_time = attrgetter("step_time")
-_samples = attrgetter("samples")
-_tokens = attrgetter("tokens")
-_lrs = attrgetter("lrs")
-_norms = attrgetter("norms")
-_clip = attrgetter("clip_norm")
 _source = attrgetter("source")
 _durations = attrgetter("durations")
-_skipped = attrgetter("skipped")
-_groups_added = attrgetter("groups_added")
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,10 +199,13 @@ def read(
     pattern = [type(r) for r in records[:width]]
     at = pattern.index(StepRecord)
     ends: list[StepRecord] = records[at::width]  # type: ignore[assignment]
-    steps = [r.step for r in ends]
+    # Every field of every StepRecord in one pass (a record's fields are near each other in
+    # memory, the records are not: a pass per field would fetch each record again).
+    fields = _fields(ends)
+    steps: list[int] = list(fields[0])
     if not taken or set(steps).isdisjoint(taken):
         try:
-            values = _measured(records, pattern, ends, flops)
+            values = _measured(records, pattern, ends, fields, flops)
             logged = _logged(records, pattern, width) if values is not None else None
         except Exception:  # a value that cannot be read: the record-by-record path reports it
             return None
@@ -222,30 +216,42 @@ def read(
     return None
 
 
+_STEP_FIELDS = (
+    "step", "time", "step_time", "samples", "tokens", "micro_batches", "lrs", "norms",
+    "clip_norm", "max_norm", "skipped", "groups_added",
+)  # fmt: skip
+_fields_of = attrgetter(*_STEP_FIELDS)
+
+
+def _fields(ends: list[StepRecord]) -> list[tuple[Any, ...]]:
+    return list(zip(*map(_fields_of, ends), strict=True))
+
+
 def _measured(
     records: Sequence[Record],
     pattern: list[type],
     ends: list[StepRecord],
+    fields: list[tuple[Any, ...]],
     flops: StepFlops | None,
 ) -> tuple[dict[str, list[float]], list[LayerNorms]] | None:
     """The measured columns in the order ``steps.StepAssembler`` writes them (the phases, then
     the StepRecord's values, then grad_norm), and the layer norms; None if not alike."""
+    (_, time, step_time, samples, tokens, micro, lrs, norms, clip, max_norm, skipped, added) = (
+        fields
+    )
     n = len(ends)
     width = len(pattern)
     values: dict[str, list[float]] = {}
     if PhaseRecord in pattern and not _phases(records[pattern.index(PhaseRecord) :: width], values):
         return None
-    if any(map(_skipped, ends)) or any(map(_groups_added, ends)):
+    if any(skipped) or any(added):
         return None
-    step_time = list(map(_step_time, ends))
-    values["time"] = list(map(_time, ends))
-    values["step_time"] = step_time
-    values["micro_batches"] = [float(r.micro_batches) for r in ends]
+    values["time"] = list(time)
+    values["step_time"] = list(step_time)
+    values["micro_batches"] = list(map(float, micro))
     nan = math.nan
-    samples = list(map(_samples, ends))
-    tokens = list(map(_tokens, ends))
     for key, counted in (("samples", samples), ("tokens", tokens)):
-        none = sum(1 for c in counted if not c)
+        none = counted.count(0)  # as `if record.samples:` (ints)
         if none == n:
             continue
         if none:
@@ -259,37 +265,35 @@ def _measured(
         if rates is None:
             return None
         values.update(rates)
-    lrs = list(map(_lrs, ends))
     width_lr = len(lrs[0])
-    if any(len(lr) != width_lr for lr in lrs):
+    if set(map(len, lrs)) != {width_lr}:
         return None
     for i, column in enumerate(zip(*lrs, strict=True)):
         values["lr" if i == 0 else f"lr_group{i}"] = [
             lr if isinstance(lr, float) else lr.values()[0] for lr in column
         ]
     layer_norms: list[LayerNorms] = []
-    with_norms = sum(1 for v in map(_norms, ends) if v is not None)
-    if with_norms:
-        if with_norms != n:
+    without = sum(v is None for v in norms)
+    if without != n:
+        if without:
             return None
         totals: list[float] = []
         for group in alike_groups(ends):
-            total, norms = read_norms(group)
+            total, read_ = read_norms(group)
             totals += total
-            layer_norms.append(norms)
+            layer_norms.append(read_)
         values["grad_norm"] = totals
-    clipped = sum(1 for v in map(_clip, ends) if v is not None)
-    if clipped:
-        if clipped != n:
+    unclipped = sum(v is None for v in clip)
+    if unclipped != n:
+        if unclipped:
             return None
         # What clip_grad_norm_ returned replaces the norm from the per-parameter ones.
-        totals = [r.clip_norm.values()[0] for r in ends]  # type: ignore[union-attr]
+        totals = [v.values()[0] for v in clip]
         values["grad_norm"] = totals
-        max_norms = [r.max_norm for r in ends]
-        finite = sum(1 for m in max_norms if math.isfinite(m))
+        finite = sum(map(math.isfinite, max_norm))
         if finite == n:
             values["grad_clip_coef"] = [
-                min(1.0, m / (t + 1e-6)) for m, t in zip(max_norms, totals, strict=True)
+                min(1.0, m / (t + 1e-6)) for m, t in zip(max_norm, totals, strict=True)
             ]
         elif finite:
             return None
