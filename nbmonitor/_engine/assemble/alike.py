@@ -138,7 +138,8 @@ def plan(records: Sequence[Record], open_steps: Any = ()) -> list[Segment]:
     key = np.add.reduceat(codes << (3 * np.minimum(at, _LONGEST)), starts)
     key[sizes > _LONGEST] = -1
     usable = np.zeros(len(starts), dtype=bool)
-    for k in np.unique(key).tolist():
+    # Not np.unique: it imports numpy.ma (~20 ms holding the GIL) the first time.
+    for k in dict.fromkeys(key.tolist()):
         one = int(np.argmax(key == k))
         a = int(starts[one])
         if k >= 0 and _usable(tuple(kinds[a : a + int(sizes[one])])):
