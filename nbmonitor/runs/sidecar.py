@@ -311,20 +311,41 @@ def _value(columns: Columns, key: str, row: int) -> float:
     return float(values[at]) if at < len(idx) and idx[at] == row else math.nan
 
 
-def write_chunk(folder: pathlib.Path, seq: int, columns: Columns, span: tuple[int, int]) -> None:
+def write_chunk(
+    folder: pathlib.Path, seq: int, blocks: Sequence[Columns], span: tuple[int, int]
+) -> None:
     """Write chunk ``seq`` (format 2: dense and sparse keys) atomically, creating the folder
-    on first use.
+    on first use: the rows of ``blocks`` one after the other, as ``concat_columns(blocks)``.
 
-    The npz is written straight into its file, each dense column's bytes as they lie: no
-    ``(keys, rows)`` matrix stacked, no copy of it as bytes, none of the whole file in memory.
-    A chunk is ~2 MiB cut in one tick on the writer's thread, and every copy of it held the
-    GIL the training thread needs (docs/performance.md, issue 29's fourth session)."""
+    The npz is written straight into its file, the dense values' bytes as they lie: no copy
+    of them as bytes, none of the whole file in memory; blocks that all hold the same keys,
+    none sparse (a stream whose keys do not change), fill one ``(keys, rows)`` matrix without
+    being concatenated per key first. A chunk is ~2 MiB cut in one tick on the writer's thread, and
+    every copy of it held the GIL the training thread needs (docs/performance.md, issue 29's
+    fourth session)."""
     folder.mkdir(parents=True, exist_ok=True)
-    keys = list(columns)
-    dense_at = [i for i, k in enumerate(keys) if k in columns.dense]
-    dense = [columns.dense[keys[i]] for i in dense_at]
-    sparse = [columns.sparse[k] for k in keys if k in columns.sparse]
-    rows = columns.rows
+    first = blocks[0] if blocks else Columns(0)
+    dense: list[np.ndarray]
+    if all(not b.sparse and b.order == first.order for b in blocks) and first.rows:
+        keys = list(first.order)
+        dense_at = list(range(len(keys)))
+        rows = sum(b.rows for b in blocks)
+        # One (keys, rows) matrix filled block by block: one allocation, one write.
+        data = np.empty((len(keys), rows))
+        at = 0
+        for b in blocks:
+            for j, key in enumerate(keys):
+                data[j, at : at + b.rows] = b.dense[key]
+            at += b.rows
+        dense = [data]
+        sparse: list[tuple[np.ndarray, np.ndarray]] = []
+    else:
+        columns = concat_columns(blocks)
+        keys = list(columns)
+        dense_at = [i for i, k in enumerate(keys) if k in columns.dense]
+        dense = [columns.dense[keys[i]] for i in dense_at]
+        sparse = [columns.sparse[k] for k in keys if k in columns.sparse]
+        rows = columns.rows
     lengths = [len(idx) for idx, _ in sparse]
     small: dict[str, np.ndarray] = {
         "span": np.array([span[0], span[1], rows], np.int64),
@@ -348,10 +369,10 @@ def write_chunk(folder: pathlib.Path, seq: int, columns: Columns, span: tuple[in
             with zf.open(f"{name}.npy", "w", force_zip64=True) as f:
                 np.lib.format.write_array(f, array, allow_pickle=False)
         with zf.open("data.npy", "w", force_zip64=True) as f:
-            header = {"descr": "<f8", "fortran_order": False, "shape": (len(dense), rows)}
+            header = {"descr": "<f8", "fortran_order": False, "shape": (len(dense_at), rows)}
             np.lib.format.write_array_header_1_0(f, header)
-            for col in dense:
-                f.write(np.ascontiguousarray(col, dtype=np.float64).data)
+            for part in dense:  # the keys' rows one after the other: C order
+                f.write(np.ascontiguousarray(part, dtype=np.float64).data)
         for name, array in tail.items():
             with zf.open(f"{name}.npy", "w", force_zip64=True) as f:
                 np.lib.format.write_array(f, array, allow_pickle=False)
@@ -386,9 +407,10 @@ class ChunkBuffer:
         self._values += max(1, columns.nbytes // 8)
         self.end += nbytes
 
-    def take(self) -> tuple[Columns, tuple[int, int]]:
-        cols = concat_columns(self._blocks)
-        span = (self.start, self.end)
+    def take(self) -> tuple[list[Columns], tuple[int, int]]:
+        """The buffered blocks (for :func:`write_chunk`) and their byte span; the buffer
+        starts again after them."""
+        blocks, span = self._blocks, (self.start, self.end)
         self._blocks, self._values = [], 0
         self.start = self.end
-        return cols, span
+        return blocks, span

@@ -354,8 +354,8 @@ class RunLogSink:
         try:
             if self._files[stream].tell() != buf.end:
                 raise RunDirError(f"nbmonitor: {stream} file and its sidecar disagree")
-            cols, span = buf.take()
-            write_chunk(self._path / SIDECAR / stream, buf.seq, cols, span)
+            blocks, span = buf.take()
+            write_chunk(self._path / SIDECAR / stream, buf.seq, blocks, span)
             buf.seq += 1
         except BaseException:
             del self._chunks[stream]  # readers parse the text past the last good chunk
