@@ -203,12 +203,8 @@ class RunModel:
         """What the health rules read: the last ``window`` steps, the layers, recent system
         samples and, on a job's display rank, every rank's step times."""
         steps = self.steps
-        columns: dict[str, FloatArray] = {
-            key: steps.tail(key, window)
-            for key in (*HEALTH_COLUMNS, "step_time", *PHASE_KEYS)
-            if key in steps.columns
-        }
-        system = {key: self.system.tail(key, HEALTH_SYSTEM_ROWS) for key in self.system.columns}
+        columns = steps.tails((*HEALTH_COLUMNS, "step_time", *PHASE_KEYS), window)
+        system = self.system.tails(self.system.columns, HEALTH_SYSTEM_ROWS)
         gpus = [self.device_index] if self.device_index is not None else None
         layers = self.layers
         if layers is None:

@@ -154,7 +154,7 @@ class Loop:
         record = StepRecord(
             step=step,
             time=1000.0 + step * 0.01,
-            step_time=rng.choice([0.01, 0.02]) if not (irregular and rng.random() < 0.2) else 0.0,
+            step_time=rng.uniform(0.01, 0.02) if not (irregular and rng.random() < 0.2) else 0.0,
             samples=style["samples"],
             micro_batches=len(style["logs"]) or 1,
             lrs=tuple(lrs),
@@ -191,7 +191,7 @@ class Loop:
                 out.append(LogRecord(step - rng.randint(1, 3), numbers={"late": 1.0}))
             elif what == 4:
                 out.append(
-                    FlopsRecord(step, forward_flops=1e9, tokens=64, samples=8, dtype="float32")
+                    FlopsRecord(step, forward_flops=1e9, tokens=64, samples=8, dtype="bfloat16")
                 )
             else:
                 out.append(OptimizerRecord(step, "SGD", "cpu", "for-loop", False, True))
@@ -202,11 +202,16 @@ def _exact(records: Sequence[Record], open_steps: Any = ()) -> list[Segment]:
     return [Segment(0, len(records))] if records else []
 
 
-def run(ticks: list[list[Record]], limit: int, untaken: set[int] = set()) -> dict[str, Any]:  # noqa: B006
+def run(
+    ticks: list[list[Record]],
+    limit: int,
+    untaken: set[int] = set(),  # noqa: B006
+    device: str | None = None,
+) -> dict[str, Any]:
     """What the records stage makes of ``ticks``: as the pipeline feeds and takes them; after
     the ticks in ``untaken`` it takes nothing (its store failed), so rows read in alike runs
     wait for the next, and a late record of one of their steps joins it."""
-    assembler = StepAssembler()
+    assembler = StepAssembler(device=lambda: device)  # a known device: MFU is a number
     model, cap = RunModel(), ColumnCap(limit)
     rows: list[str] = []
     jsonl = b""
@@ -270,6 +275,7 @@ def test_alike_runs_read_as_columns_give_what_records_read_one_by_one_give(
     ticks = cut(records, rng)
     untaken = {i for i in range(len(ticks) - 1) if rng.random() < 0.3}
     limit = rng.choice([128, 128, 12])  # a cap that cuts columns, sometimes
+    device = rng.choice([None, "NVIDIA H100 80GB HBM3"])
     read, alike_steps = alike.read, []
 
     def counted(*args: Any, **kwargs: Any) -> Any:
@@ -278,10 +284,10 @@ def test_alike_runs_read_as_columns_give_what_records_read_one_by_one_give(
         return got
 
     monkeypatch.setattr(alike, "read", counted)
-    fast = run(ticks, limit, untaken)
+    fast = run(ticks, limit, untaken, device)
     assert sum(alike_steps) > 0  # most steps, in fact: irregular ones are frequent here
     monkeypatch.setattr(alike, "plan", _exact)
-    exact = run(ticks, limit, untaken)
+    exact = run(ticks, limit, untaken, device)
     assert fast == exact
 
 
@@ -302,3 +308,9 @@ def test_the_usual_loop_is_read_as_columns_but_for_its_edges() -> None:
     late = LogRecord(50, numbers={"late": 1.0})
     segments = alike.plan([*records[:200], late, *records[200:]])
     assert segments[0] == Segment(0, 147, 3) and segments[1].width == 0
+    # A step with one record more (here the optimizer's) is not alike the steps around it.
+    optimizer = OptimizerRecord(60, "SGD", "cpu", "for-loop", False, True)
+    segments = alike.plan([*records[:180], optimizer, *records[180:]])
+    assert [(s.start, s.end, s.width) for s in segments] == [
+        (0, 177, 3), (177, 181, 0), (181, 298, 3), (298, 301, 0)
+    ]  # fmt: skip

@@ -151,3 +151,48 @@ def test_a_tick_builds_the_fixed_part_of_no_row(monkeypatch):
         stats.frame()
     assert built == list(stats.names)
     assert [row["grad_norm"] for row in stats.table()] == [19.0] * n
+
+
+def heat_one_column_at_a_time(stats: LayerStats, steps: np.ndarray, logs: np.ndarray) -> None:
+    """The heatmap's merge written column by column (what ``_add_heat`` did before it
+    filled the columns of a tick at once): the reference it must equal."""
+    r, k = 0, len(steps)
+    while r < k:
+        if stats._in_bucket == 0:
+            if stats._heat_used == stats._columns:
+                stats._merge_pairs()
+            take = min(stats._width, k - r)
+            col = stats._heat_used
+            stats._heat[:, col] = np.fmax.reduce(logs[r : r + take], axis=0)
+            stats._heat_steps[col] = steps[r]
+            stats._heat_used += 1
+        else:
+            take = min(stats._width - stats._in_bucket, k - r)
+            col = stats._heat_used - 1
+            chunk = np.fmax.reduce(logs[r : r + take], axis=0)
+            stats._heat[:, col] = np.fmax(stats._heat[:, col], chunk)
+        stats._in_bucket = (stats._in_bucket + take) % stats._width
+        r += take
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_heatmap_filled_a_tick_at_a_time_is_the_one_filled_column_by_column(seed):
+    rng = np.random.default_rng(seed)
+    n = 3
+    infos = [ParamInfo(f"p{i}", (2,), 2, "float32", "cpu", True, True) for i in range(n)]
+    fast, slow = LayerStats(infos, columns=8), LayerStats(infos, columns=8)
+    step = 0
+    for _ in range(40):
+        k = int(rng.integers(1, 30))
+        norms = rng.lognormal(0, 2, (k, n))
+        norms[rng.random((k, n)) < 0.1] = np.nan
+        steps = np.arange(step + 1, step + k + 1, dtype=np.float64)
+        step += k
+        fast.add_grad_norm_rows(steps.astype(int).tolist(), norms, None)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            logs = np.log10(norms)
+        logs[~np.isfinite(logs)] = np.nan
+        heat_one_column_at_a_time(slow, steps, logs)
+        for a, b in zip(fast.heatmap(), slow.heatmap(), strict=True):
+            np.testing.assert_array_equal(a, b)
+        assert (fast._width, fast._in_bucket) == (slow._width, slow._in_bucket)

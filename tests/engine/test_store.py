@@ -115,6 +115,18 @@ def test_tail_returns_full_resolution_recent_values() -> None:
     assert s.tail("x", 0).size == 0
 
 
+@pytest.mark.parametrize("n", [0, 1, 5, 100, 10_000])
+def test_tails_are_the_tail_of_each_known_column(n: int) -> None:
+    s = Store(recent=100, buckets=8)
+    s.extend([{"step": float(i), "time": 0.0, "x": float(i), "y": -float(i)} for i in range(1000)])
+    got = s.tails(["y", "nope", "x", "step"], n)
+    assert list(got) == ["y", "x", "step"]
+    for name, values in got.items():
+        np.testing.assert_array_equal(values, s.tail(name, n))
+    got["x"][:] = -1.0  # copies: the store keeps its values
+    np.testing.assert_array_equal(s.tail("x", 1), [999.0])
+
+
 def test_column_matches_history_and_unknown_raises() -> None:
     s = Store(recent=64, buckets=8)
     _fill(s, 3000, ["a", "b"], chunk=999)

@@ -253,3 +253,32 @@ def test_no_spike_below_the_factor_or_without_history() -> None:
     again.add(60)
     again.add(1, fc3_weight=8.0)
     assert rules(strict.check(again.input())) == ["gradient_spike"]
+
+
+def test_a_quiet_check_takes_no_median_of_the_layers(monkeypatch) -> None:
+    """Counted, not timed: while no layer's gradient rises above the run's maximum, no
+    window can be an explosion, and the medians of every layer's reference window (a sort
+    per layer, every check) are not taken; the one check that brings a rise takes them, and
+    alerts as before."""
+    import nbmonitor.health.rules.gradients as gradients
+
+    taken: list[int] = []
+    real = gradients.row_medians
+
+    def counted(a):  # type: ignore[no-untyped-def]
+        taken.append(a.shape[0])
+        return real(a)
+
+    monkeypatch.setattr(gradients, "row_medians", counted)
+    health, run = Health(), Run()
+    run.add(120)
+    health.check(run.input())
+    taken.clear()
+    for _ in range(10):
+        run.add(16)
+        assert health.check(run.input()) == []
+    assert all(rows == 1 for rows in taken)  # the total's, one row: never the layers'
+    run.add(3, fc3_weight=50.0, fc3_bias=60.0)
+    alert = only(health.check(run.input()), "exploding_gradients")
+    assert alert.layers == ("fc3.weight", "fc3.bias")
+    assert any(rows == len(LAYERS) for rows in taken)

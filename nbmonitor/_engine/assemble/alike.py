@@ -43,14 +43,21 @@ _ROW_KINDS = frozenset((StepRecord, PhaseRecord, LogRecord))
 _KINDS = _ROW_KINDS | {SpanRecord, MemoryRecord}
 # A run of fewer steps is read record by record: reading columns has a cost per run.
 MIN_RUN = 2
+# The record kinds as numbers for plan(); the kinds that make rows are _STEP.._LOG.
+_STEP, _PHASE, _LOG = 1, 2, 3
 
-_time = attrgetter("time")
-_step_time = attrgetter("step_time")
-_samples = attrgetter("samples")
-_tokens = attrgetter("tokens")
-_lrs = attrgetter("lrs")
-_norms = attrgetter("norms")
-_clip = attrgetter("clip_norm")
+
+class _Codes(dict[type, int]):
+    def __missing__(self, kind: type) -> int:
+        return 7  # every other kind: never alike, touches no row (not 0: a digit of its own)
+
+
+_CODES = _Codes({StepRecord: _STEP, PhaseRecord: _PHASE, LogRecord: _LOG, SpanRecord: 4,
+                 MemoryRecord: 5})  # fmt: skip
+# The most records a step of an alike run may have (3 bits each in an int64).
+_LONGEST = 20
+_step = attrgetter("step")
+
 _source = attrgetter("source")
 _durations = attrgetter("durations")
 
@@ -115,59 +122,59 @@ def plan(records: Sequence[Record], open_steps: Any = ()) -> list[Segment]:
     n = len(records)
     if n < 2 * MIN_RUN:
         return [Segment(0, n)] if n else []
-    steps = np.fromiter((r.step for r in records), dtype=np.int64, count=n)
-    cuts = (np.flatnonzero(steps[1:] != steps[:-1]) + 1).tolist()
-    starts = [0, *cuts]
-    ends = [*cuts, n]
-    group_steps = steps[starts].tolist()
+    # A group: consecutive records of one step. numpy over the records, Python over the runs.
     kinds = list(map(type, records))
-    patterns = [tuple(kinds[a:b]) for a, b in zip(starts, ends, strict=True)]
-    usable: dict[tuple[type, ...], bool] = {}
-    # Per group from the last: the smallest step a later record of a row touches, and the
-    # largest step a later StepRecord ends.
-    g = len(starts)
-    later_touch = [0] * g
-    later_end = [0] * g
-    touch, end = math.inf, -math.inf
-    for i in range(g - 1, -1, -1):
-        later_touch[i] = touch  # type: ignore[call-overload]
-        later_end[i] = end  # type: ignore[call-overload]
-        pattern = patterns[i]
-        ok = usable.get(pattern)
-        if ok is None:
-            ok = usable[pattern] = _usable(pattern)
-        s = group_steps[i]
-        if ok or not _ROW_KINDS.isdisjoint(pattern):
-            touch = min(touch, s)
-            if StepRecord in pattern:
-                end = max(end, s)
+    steps = np.array(list(map(_step, records)), dtype=np.int64)
+    codes = np.array(list(map(_CODES.__getitem__, kinds)), dtype=np.int64)
+    new = np.empty(n, dtype=bool)
+    new[0] = True
+    np.not_equal(steps[1:], steps[:-1], out=new[1:])
+    starts = np.flatnonzero(new)
+    sizes = np.diff(starts, append=n)
+    group_steps = steps[starts]
+    # The kinds of a group in their order as one number (three bits a record), to compare
+    # groups; longer groups are never alike.
+    at = np.arange(n) - np.repeat(starts, sizes)
+    key = np.add.reduceat(codes << (3 * np.minimum(at, _LONGEST)), starts)
+    key[sizes > _LONGEST] = -1
+    usable = np.zeros(len(starts), dtype=bool)
+    # Not np.unique: it imports numpy.ma (~20 ms holding the GIL) the first time.
+    for k in dict.fromkeys(key.tolist()):
+        one = int(np.argmax(key == k))
+        a = int(starts[one])
+        if k >= 0 and _usable(tuple(kinds[a : a + int(sizes[one])])):
+            usable |= key == k
+    # Per group: the smallest step a later record of a row touches, and the largest step a
+    # later StepRecord ends.
+    touches = np.logical_or.reduceat((codes >= _STEP) & (codes <= _LOG), starts)
+    ends_step = np.logical_or.reduceat(codes == _STEP, starts)
+    big = np.iinfo(np.int64).max
+    later_touch = np.minimum.accumulate(np.where(touches, group_steps, big)[::-1])[::-1]
+    later_end = np.maximum.accumulate(np.where(ends_step, group_steps, -big)[::-1])[::-1]
+    ok = usable.copy()
+    ok[:-1] &= (group_steps[:-1] < later_touch[1:]) & (group_steps[:-1] < later_end[1:])
+    ok[-1] = False
+    if len(open_steps):
+        ok &= ~np.isin(group_steps, np.fromiter(open_steps, dtype=np.int64))
+    # A run goes on while its groups are alike, of the same kinds, their steps rising.
+    goes_on = np.zeros(len(starts), dtype=bool)
+    goes_on[1:] = ok[1:] & ok[:-1] & (key[1:] == key[:-1]) & (group_steps[1:] > group_steps[:-1])
+    breaks = np.flatnonzero(~goes_on)
+    first = breaks[ok[breaks]]
+    last = np.append(breaks, len(starts))[np.searchsorted(breaks, first, side="right")]
     segments: list[Segment] = []
-    i = 0
-    exact_from = 0
-    while i < g:
-        pattern = patterns[i]
-        j = i
-        if usable[pattern]:
-            # The run: the same pattern, steps rising, each final and touched by nothing else.
-            while (
-                j < g
-                and patterns[j] == pattern
-                and (j == i or group_steps[j] > group_steps[j - 1])
-                and group_steps[j] < later_touch[j]
-                and group_steps[j] < later_end[j]
-                and group_steps[j] not in open_steps
-            ):
-                j += 1
-        if j - i >= MIN_RUN:
-            if starts[i] > exact_from:
-                segments.append(Segment(exact_from, starts[i]))
-            segments.append(Segment(starts[i], ends[j - 1], len(pattern)))
-            exact_from = ends[j - 1]
-            i = j
-        else:
-            i += 1
-    if exact_from < n:
-        segments.append(Segment(exact_from, n))
+    done = 0
+    group_ends = np.append(starts[1:], n)
+    for i, j in zip(first.tolist(), last.tolist(), strict=True):
+        if j - i < MIN_RUN:
+            continue
+        a, b = int(starts[i]), int(group_ends[j - 1])
+        if a > done:
+            segments.append(Segment(done, a))
+        segments.append(Segment(a, b, int(sizes[i])))
+        done = b
+    if done < n:
+        segments.append(Segment(done, n))
     return segments
 
 
@@ -193,10 +200,13 @@ def read(
     pattern = [type(r) for r in records[:width]]
     at = pattern.index(StepRecord)
     ends: list[StepRecord] = records[at::width]  # type: ignore[assignment]
-    steps = [r.step for r in ends]
+    # Every field of every StepRecord in one pass (a record's fields are near each other in
+    # memory, the records are not: a pass per field would fetch each record again).
+    fields = _fields(ends)
+    steps: list[int] = list(fields[0])
     if not taken or set(steps).isdisjoint(taken):
         try:
-            values = _measured(records, pattern, ends, flops)
+            values = _measured(records, pattern, ends, fields, flops)
             logged = _logged(records, pattern, width) if values is not None else None
         except Exception:  # a value that cannot be read: the record-by-record path reports it
             return None
@@ -207,30 +217,42 @@ def read(
     return None
 
 
+_STEP_FIELDS = (
+    "step", "time", "step_time", "samples", "tokens", "micro_batches", "lrs", "norms",
+    "clip_norm", "max_norm", "skipped", "groups_added",
+)  # fmt: skip
+_fields_of = attrgetter(*_STEP_FIELDS)
+
+
+def _fields(ends: list[StepRecord]) -> list[tuple[Any, ...]]:
+    return list(zip(*map(_fields_of, ends), strict=True))
+
+
 def _measured(
     records: Sequence[Record],
     pattern: list[type],
     ends: list[StepRecord],
+    fields: list[tuple[Any, ...]],
     flops: StepFlops | None,
 ) -> tuple[dict[str, list[float]], list[LayerNorms]] | None:
     """The measured columns in the order ``steps.StepAssembler`` writes them (the phases, then
     the StepRecord's values, then grad_norm), and the layer norms; None if not alike."""
+    (_, time, step_time, samples, tokens, micro, lrs, norms, clip, max_norm, skipped, added) = (
+        fields
+    )
     n = len(ends)
     width = len(pattern)
     values: dict[str, list[float]] = {}
     if PhaseRecord in pattern and not _phases(records[pattern.index(PhaseRecord) :: width], values):
         return None
-    if any(r.skipped or r.groups_added for r in ends):
+    if any(skipped) or any(added):
         return None
-    step_time = list(map(_step_time, ends))
-    values["time"] = list(map(_time, ends))
-    values["step_time"] = step_time
-    values["micro_batches"] = [float(r.micro_batches) for r in ends]
+    values["time"] = list(time)
+    values["step_time"] = list(step_time)
+    values["micro_batches"] = list(map(float, micro))
     nan = math.nan
-    samples = list(map(_samples, ends))
-    tokens = list(map(_tokens, ends))
     for key, counted in (("samples", samples), ("tokens", tokens)):
-        none = sum(1 for c in counted if not c)
+        none = counted.count(0)  # as `if record.samples:` (ints)
         if none == n:
             continue
         if none:
@@ -244,37 +266,35 @@ def _measured(
         if rates is None:
             return None
         values.update(rates)
-    lrs = list(map(_lrs, ends))
     width_lr = len(lrs[0])
-    if any(len(lr) != width_lr for lr in lrs):
+    if set(map(len, lrs)) != {width_lr}:
         return None
     for i, column in enumerate(zip(*lrs, strict=True)):
         values["lr" if i == 0 else f"lr_group{i}"] = [
             lr if isinstance(lr, float) else lr.values()[0] for lr in column
         ]
     layer_norms: list[LayerNorms] = []
-    with_norms = sum(1 for v in map(_norms, ends) if v is not None)
-    if with_norms:
-        if with_norms != n:
+    without = sum(v is None for v in norms)
+    if without != n:
+        if without:
             return None
         totals: list[float] = []
         for group in alike_groups(ends):
-            total, norms = read_norms(group)
+            total, read_ = read_norms(group)
             totals += total
-            layer_norms.append(norms)
+            layer_norms.append(read_)
         values["grad_norm"] = totals
-    clipped = sum(1 for v in map(_clip, ends) if v is not None)
-    if clipped:
-        if clipped != n:
+    unclipped = sum(v is None for v in clip)
+    if unclipped != n:
+        if unclipped:
             return None
         # What clip_grad_norm_ returned replaces the norm from the per-parameter ones.
-        totals = [r.clip_norm.values()[0] for r in ends]  # type: ignore[union-attr]
+        totals = [v.values()[0] for v in clip]
         values["grad_norm"] = totals
-        max_norms = [r.max_norm for r in ends]
-        finite = sum(1 for m in max_norms if math.isfinite(m))
+        finite = sum(map(math.isfinite, max_norm))
         if finite == n:
             values["grad_clip_coef"] = [
-                min(1.0, m / (t + 1e-6)) for m, t in zip(max_norms, totals, strict=True)
+                min(1.0, m / (t + 1e-6)) for m, t in zip(max_norm, totals, strict=True)
             ]
         elif finite:
             return None
@@ -283,9 +303,9 @@ def _measured(
 
 def _phases(records: Sequence[Record], values: dict[str, list[float]]) -> bool:
     durations: list[Any] = list(map(_durations, records))
-    if not all(type(d) is tuple for d in durations):
+    if set(map(type, durations)) != {tuple}:
         durations = [r.values() for r in records]  # type: ignore[union-attr]
-    if any(len(d) != len(PHASE_KEYS) for d in durations):
+    if set(map(len, durations)) != {len(PHASE_KEYS)}:
         return False
     values.update(zip(PHASE_KEYS, map(list, zip(*durations, strict=True)), strict=True))
     return True

@@ -203,24 +203,30 @@ class LayerStats:
         self._add_heat(step_arr, logs)
 
     def _add_heat(self, steps: FloatArray, logs: FloatArray) -> None:
-        """Max-merge rows of log10 norms into heatmap columns of ``_width`` steps each."""
+        """Max-merge rows of log10 norms into heatmap columns of ``_width`` steps each: the
+        open column first, then as many new columns as fit before the heatmap is full, in
+        one ``reduceat`` (a tick brings tens of rows: one call, not one per column)."""
         r, k = 0, len(steps)
         while r < k:
             if self._in_bucket == 0:
                 if self._heat_used == self._columns:
                     self._merge_pairs()
-                take = min(self._width, k - r)
-                col = self._heat_used
-                self._heat[:, col] = np.fmax.reduce(logs[r : r + take], axis=0)
-                self._heat_steps[col] = steps[r]
-                self._heat_used += 1
+                width, used = self._width, self._heat_used
+                rows = min(k - r, (self._columns - used) * width)
+                starts = np.arange(0, rows, width)
+                n = starts.size
+                self._heat[:, used : used + n] = np.fmax.reduceat(logs[r : r + rows], starts).T
+                self._heat_steps[used : used + n] = steps[r + starts]
+                self._heat_used += n
+                self._in_bucket = rows % width
+                r += rows
             else:
                 take = min(self._width - self._in_bucket, k - r)
                 col = self._heat_used - 1
                 chunk = np.fmax.reduce(logs[r : r + take], axis=0)
                 self._heat[:, col] = np.fmax(self._heat[:, col], chunk)
-            self._in_bucket = (self._in_bucket + take) % self._width
-            r += take
+                self._in_bucket = (self._in_bucket + take) % self._width
+                r += take
 
     def _merge_pairs(self) -> None:
         used = self._heat_used

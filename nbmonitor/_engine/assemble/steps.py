@@ -36,10 +36,10 @@ SMOOTHING = 0.95
 # The records of alike runs that one slice of ``StepAssembler.feed`` may read: each costs
 # about a tenth of one read record by record (docs/performance.md, issue 29), so a slice
 # takes about as long as one of ``SLICE`` records read one by one.
-ALIKE_SLICE = 8 * SLICE
+ALIKE_SLICE = 16 * SLICE
 # The most rows ``StepAssembler.take`` hands on in one part: rows cost alike however they were
 # read (2-6 us each to finish, cap and store), and a part costs ~0.1 ms whatever its size.
-TAKE_ROWS = 4 * SLICE
+TAKE_ROWS = 8 * SLICE
 
 
 @dataclass

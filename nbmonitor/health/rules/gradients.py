@@ -24,9 +24,9 @@ from nbmonitor.health.window import (
     IntArray,
     abrupt,
     finite_or_nan,
-    row_max,
     row_medians,
     sustained,
+    window_minima,
 )
 from nbmonitor.health.wording import SATURATING, kinds_of, layer_list, name_list, num
 
@@ -92,8 +92,11 @@ class ExplodingGradients(Base):
             start = np.array([self._total_start])
             run_max = np.array([self._total_max])
             median, count = total_ref
+            bar = np.fmax(run_max, start)
+            rows = total[None, :]
+            rises = self._rises(rows, view.new_from, bar)
             value, where, seen_rows = self._levels(
-                total[None, :], view.new_from, median, np.fmax(run_max, start)
+                rows, view.new_from, median if rises else None, bar
             )
             verdict = self._explodes(median, count, value, run_max, start, seen_rows)
             if verdict is not None:
@@ -107,7 +110,7 @@ class ExplodingGradients(Base):
         layer_judged: Callable[[str], bool] = never
         grads = view.grads
         if grads is not None and view.has_new_layers:
-            median, count = row_medians(grads[:, view.layer_ref_from : view.layer_new_from])
+            reference = grads[:, view.layer_ref_from : view.layer_new_from]
             if self._layer_max is None or self._layer_max.shape[0] != grads.shape[0]:
                 self._layer_max = np.full(grads.shape[0], -np.inf)
                 self._layer_max_step = -math.inf
@@ -121,7 +124,8 @@ class ExplodingGradients(Base):
             cut = max(0, view.layer_new_from - t.sustain_steps + 1)
             fresh = int(np.searchsorted(view.layer_step_col[:cut], self._layer_max_step, "right"))
             if fresh < cut:
-                seen_max, _ = row_max(finite_or_nan(grads[:, fresh:cut]))
+                # Each row's largest finite value (NaN where none): what row_max gives.
+                seen_max = np.fmax.reduce(finite_or_nan(grads[:, fresh:cut]), axis=1)
                 self._layer_max = np.fmax(self._layer_max, seen_max)
                 self._layer_max_step = float(view.layer_step_col[cut - 1])
             # A layer's explosion also stands out in the whole model's gradient: it rises above
@@ -130,9 +134,16 @@ class ExplodingGradients(Base):
             floor = self._layer_start
             if total_ref is not None:
                 floor = np.fmax(floor, total_ref[0][0])
-            value, where, seen_rows = self._levels(
-                grads, view.layer_new_from, median, np.fmax(self._layer_max, floor)
-            )
+            bar = np.fmax(self._layer_max, floor)
+            if self._rises(grads, view.layer_new_from, bar):
+                median, count = row_medians(reference)
+                value, where, seen_rows = self._levels(grads, view.layer_new_from, median, bar)
+            else:
+                # No window rises above the run's maximum: none is an explosion, whatever the
+                # medians (a sort of every layer's reference window) would say.
+                median = np.full(grads.shape[0], np.nan)
+                count = np.isfinite(reference).sum(axis=1)
+                value, where, seen_rows = self._levels(grads, view.layer_new_from, None, bar)
             verdict = self._explodes(median, count, value, self._layer_max, floor, seen_rows)
             if verdict is not None:
                 is_judged, is_held, ratio = verdict
@@ -176,18 +187,33 @@ class ExplodingGradients(Base):
 
         return Outcome(rule, held, judged, make, spreads=True)
 
+    def _rises(self, rows: FloatArray, start: int, floor: FloatArray) -> bool:
+        """Whether a window ``_levels`` judges is held above ``floor`` in some row (NaN: no
+        floor): without one, no abrupt level can be found, whatever the medians."""
+        m = self.thresholds.sustain_steps
+        lo = max(start - (m - 1), NEAR_STEPS)  # the windows ``abrupt`` judges
+        if rows.shape[1] - lo < m:
+            return False
+        mins = window_minima(rows[:, lo:], m)
+        with np.errstate(invalid="ignore"):
+            return bool((mins > np.where(np.isnan(floor), -np.inf, floor)[:, None]).any())
+
     def _levels(
-        self, rows: FloatArray, start: int, median: FloatArray, floor: FloatArray
+        self, rows: FloatArray, start: int, median: FloatArray | None, floor: FloatArray
     ) -> tuple[FloatArray, IntArray, BoolArray]:
         """Per row, the largest abrupt sustained level from column ``start`` on that could be
         an explosion (above ``explode_factor`` x ``median``, the reference window's, and above
         ``floor``)
         and where its window begins (with ``explode_abs``, any sustained level above it too),
-        and whether the row had a sustained level at all (judged, held or clear)."""
+        and whether the row had a sustained level at all (judged, held or clear). ``median``
+        None: no window rises above ``floor`` (``_rises``), so none is abrupt."""
         t = self.thresholds
-        bar = np.fmax(t.explode_factor * median, floor)
-        value, where = abrupt(rows, start, t.sustain_steps, NEAR_STEPS, t.explode_factor, bar)
         plain, at = sustained(rows, start, t.sustain_steps)
+        if median is None:
+            value, where = np.full(rows.shape[0], np.nan), np.zeros(rows.shape[0], dtype=np.intp)
+        else:
+            bar = np.fmax(t.explode_factor * median, floor)
+            value, where = abrupt(rows, start, t.sustain_steps, NEAR_STEPS, t.explode_factor, bar)
         if t.explode_abs is not None:
             over = plain > t.explode_abs
             value, where = np.where(over, plain, value), np.where(over, at, where)
