@@ -341,7 +341,9 @@ def floor(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
             model, loss_fn = twins[i]
             loss = loss_fn(model)
             if role == "monitored":
-                loss.backward()
+                # What Tensor.backward calls (nbmonitor's wrapper), without Tensor.backward's
+                # own frame, which the other twins skip too.
+                torch.autograd.backward(loss)
             elif role == "skeleton":
                 skeleton.backward(loss)
             else:

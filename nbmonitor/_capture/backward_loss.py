@@ -56,6 +56,22 @@ class BackwardLoss:
         """A backward pass starts from ``tensors`` (with no gradient given); ``keeps_graph``:
         it keeps its graph (the roots are then detached)."""
         self._kept = 0
+        if isinstance(tensors, torch.Tensor) and self._scaled is None:
+            # One root and no GradScaler (most loops), written out: whether it is a loss (one
+            # real value on a real device) is asked only if it is read (release()), since a
+            # loop that logs its loss has it dropped unread. (A backward from a root of
+            # several values and no gradient raises: failed() then detaches it.)
+            ctx = self._ctx
+            step = ctx.step + 1 if ctx.micro else ctx.step  # ctx.log_step, inline
+            if step == self.logged_step:
+                return
+            pending = self.pending
+            if pending and pending[0][0] != step:
+                self.release(step - 1)
+            kept = tensors.detach() if keeps_graph else tensors
+            pending.append((step, kept, kept._version))  # noqa: SLF001
+            self._kept = 0 if keeps_graph else 1
+            return
         roots = (tensors,) if isinstance(tensors, torch.Tensor) else tensors
         if not isinstance(roots, (tuple, list)):
             return
@@ -105,6 +121,8 @@ class BackwardLoss:
                 return
             if step == self.logged_step or value._version != version:  # noqa: SLF001
                 continue  # logged by the loop; or changed in place, its value then unknown
+            if value.numel() != 1 or value.is_meta or value.is_complex():
+                continue  # not a loss (started() asks only here of a root alone)
             record = LogRecord(step, source=FROM_BACKWARD)
             record.tensors.append((("loss",), DeviceValue(value)))
             recorder.put(record)

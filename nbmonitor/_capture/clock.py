@@ -31,14 +31,40 @@ from nbmonitor._capture.inputs import (
     learning_rates,
     output_loss,
 )
-from nbmonitor._capture.phases import FORWARD_START, OPTIMIZER_START, PhaseTimer
+from nbmonitor._capture.phases import (
+    END,
+    FORWARD_END,
+    FORWARD_START,
+    INTO,
+    OPTIMIZER_START,
+    PHASE_ZEROS,
+    PhaseTimer,
+)
 from nbmonitor._capture.probes.base import NO_NORMS, Probe, StepContext, next_due
 from nbmonitor._capture.recorder import LogValueError, Recorder, make_log_record
 from nbmonitor.errors import ErrorLog, Guard, NonFiniteError
-from nbmonitor.records import StepRecord
+from nbmonitor.records import LogRecord, PhaseRecord, StepRecord
 
 # A hook that torch.compile runs as it is, untraced (torch.compiler.disable, typed here).
 _eager: Callable[[Callable[..., None]], Callable[..., None]] = torch.compiler.disable
+# The root hooks hand over to their _eager copy (dynamo's frame evaluation off for all they
+# call) only inside torch.compile: while dynamo traces them (it reads is_compiling() as a
+# constant true) or runs them inside a compiled region (its frame callback is set, and it would
+# compile each function they call). Elsewhere the wrapper would cost ~1.5 us a call; these two
+# tests cost ~0.2. A torch without the callback's getter gets the wrapper at every call.
+_compiling = torch.compiler.is_compiling
+_dynamo_frames: Callable[[], object] = getattr(
+    getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None),  # noqa: SLF001
+    "get_eval_frame_callback",
+    lambda: True,
+)
+_grad_enabled = torch.is_grad_enabled
+
+# The phase of the time up to each mark the hooks write out (phases.INTO), by the last mark.
+_INTO_FORWARD_START = INTO[FORWARD_START]
+_INTO_FORWARD_END = INTO[FORWARD_END]
+_INTO_OPTIMIZER_START = INTO[OPTIMIZER_START]
+_INTO_END = INTO[END]
 
 
 # What a probe is called with at each moment, in order: (its guard, its bound method).
@@ -211,10 +237,10 @@ class StepClock:
         # after step 1.
         # Under torch.compile the root hooks run eagerly, at the compiled graph's edges: traced,
         # their clock reads and Python state would break the graph (and warn) every forward.
-        self._pre_handle = m.register_forward_pre_hook(_eager(self._forward_pre))
+        # Outside torch.compile the hook is a plain call (see _compiling).
+        self._pre_handle = m.register_forward_pre_hook(self._forward_pre)
         self.handles.append(self._pre_handle)
-        forward = _eager(self._forward)
-        self.handles.append(m.register_forward_hook(forward, with_kwargs=True))
+        self.handles.append(m.register_forward_hook(self._forward, with_kwargs=True))
         self._param_ids = frozenset(id(p) for p in m.parameters())
         # The backward passes' roots (the loss) are read with or without an optimizer.
         self._unlisten = intercept.listen(self)
@@ -277,6 +303,21 @@ class StepClock:
         if not guard.on:
             return
         ctx = self.ctx
+        if len(scalars) == 1:
+            # mon.log(loss=loss) of a float CPU tensor, most loops' only call: what
+            # make_log_record does for it, written out (item() reads it at once, DeviceValue's
+            # way on the CPU; anything else takes the whole way below).
+            value = scalars.get("loss")
+            if type(value) is torch.Tensor and value.is_cpu:
+                try:
+                    number = value.item()
+                except RuntimeError:
+                    number = None  # several values: refused below, with its message
+                if type(number) is float:
+                    step = ctx.step + 1 if ctx.micro else ctx.step
+                    self.recorder.put(LogRecord(step, {"loss": number}))
+                    self._loss.logged_step = step  # its roots are not needed
+                    return
         try:
             record = make_log_record(ctx.step + 1 if ctx.micro else ctx.step, scalars)
         except (TypeError, LogValueError):
@@ -354,20 +395,36 @@ class StepClock:
     # -- hooks --------------------------------------------------------------------------------
 
     def _forward_pre(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        if _compiling() or _dynamo_frames() is not None:  # under torch.compile (see _eager)
+            return self._forward_pre_eager(module, args)
         guard = self._forward_pre_guard
-        if not guard.on or not torch.is_grad_enabled():
+        if not guard.on or not _grad_enabled():
             return None
         try:
             if self._held is not None and self._held.reset():
                 self._release(backward_only=True)
-            self.phases.mark(FORWARD_START)
+            phases = self.phases
+            if phases.host:  # phases.mark(FORWARD_START), written out: at every forward
+                t = phases.clock()
+                last = phases.last
+                if last >= 0:
+                    phases.sums[_INTO_FORWARD_START[last]] += t - phases.t
+                phases.t = t
+                phases.last = FORWARD_START
+            else:
+                phases.mark(FORWARD_START)
             if self._step_start is None:
                 self._step_start = self._clock()
-            if self._at["forward_pre"] and not self._forwarded:
-                self._call(self._at["forward_pre"])
+            calls = self._at["forward_pre"]
+            if calls and not self._forwarded:
+                self._call(calls)
         except Exception as exc:
             guard.failed(exc)
         return None
+
+    # The hooks' copies that dynamo runs untraced (class attributes: an instance's own would
+    # be a reference cycle through its bound method).
+    _forward_pre_eager = _eager(_forward_pre)
 
     def _forward(
         self,
@@ -376,12 +433,23 @@ class StepClock:
         kwargs: dict[str, Any],
         output: Any,
     ) -> None:
+        if _compiling() or _dynamo_frames() is not None:  # as in _forward_pre
+            return self._forward_eager(module, args, kwargs, output)
         guard = self._forward_guard
-        if not guard.on or not torch.is_grad_enabled():
+        if not guard.on or not _grad_enabled():
             return None
         try:
-            # Without an optimizer the step ends with the backward: _backward marks it.
-            self.phases.forward_ended(output, self.optimizer is not None)
+            phases = self.phases
+            if phases.host and phases.learned:  # phases.forward_ended(), its usual case inline
+                t = phases.clock()
+                last = phases.last
+                if last >= 0:
+                    phases.sums[_INTO_FORWARD_END[last]] += t - phases.t
+                phases.t = t
+                phases.last = FORWARD_END
+            else:
+                # Without an optimizer the step ends with the backward: _backward marks it.
+                phases.forward_ended(output, self.optimizer is not None)
             # A micro-batch counts once its forward has run (a forward that raised is none).
             ctx = self.ctx
             self._forwarded = True
@@ -395,8 +463,9 @@ class StepClock:
                 self._tokens += tokens
             if self._loss.pending:  # the last step's losses, unless the loop logged one
                 self._loss.release(ctx.step)
-            if self._at["forward"]:
-                self._call(self._at["forward"], output)
+            calls = self._at["forward"]
+            if calls:
+                self._call(calls, output)
             if self.optimizer is None:
                 loss = output_loss(output)
                 # Without an optimizer a step is a backward pass through the output.
@@ -408,6 +477,8 @@ class StepClock:
         except Exception as exc:
             guard.failed(exc)
         return None
+
+    _forward_eager = _eager(_forward)
 
     def _guarded(self, hook: str, work: Callable[[], None]) -> None:
         """Run a hook's ``work`` behind that hook's guard: a failure drops the step's pending
@@ -499,7 +570,17 @@ class StepClock:
             except Exception as exc:
                 self.ctx.norms = NO_NORMS
                 guard.failed(exc)
-        self.phases.mark(OPTIMIZER_START)  # after the probes: their work is "other"
+        # After the probes: their work is "other". phases.mark(OPTIMIZER_START), written out.
+        phases = self.phases
+        if phases.host:
+            t = phases.clock()
+            last = phases.last
+            if last >= 0:
+                phases.sums[_INTO_OPTIMIZER_START[last]] += t - phases.t
+            phases.t = t
+            phases.last = OPTIMIZER_START
+        else:
+            phases.mark(OPTIMIZER_START)
 
     def _step_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._step_depth -= 1
@@ -548,13 +629,34 @@ class StepClock:
         max_norm = ctx.max_norm
         ctx.clips, ctx.clip_total, ctx.max_norm = 0, None, math.nan
         put = self.recorder.put
-        self.phases.step_end(ctx.step, now, put)
-        optimizer = self.optimizer
-        if optimizer is not None and len(optimizer.param_groups) != self._n_groups:
-            added = inputs.groups_added(optimizer, self._n_groups, self._param_ids)
-            self._n_groups += len(added)
+        phases = self.phases
+        last = phases.last
+        if phases.host and phases.ended and last >= 0 and phases.guard.on:
+            # phases.step_end() on the host clock, its usual case written out.
+            sums = phases.sums
+            sums[_INTO_END[last]] += now - phases.t
+            phases.t = now
+            phases.last = END
+            put(PhaseRecord(ctx.step, tuple(sums)))
+            sums[:] = PHASE_ZEROS
         else:
-            added = ()
+            phases.step_end(ctx.step, now, put)
+        optimizer = self.optimizer
+        if optimizer is None:
+            added: tuple[tuple[int, int, int], ...] = ()
+            lrs: tuple[float | DeviceValue, ...] = ()
+        else:
+            groups = optimizer.param_groups
+            if len(groups) != self._n_groups:
+                added = inputs.groups_added(optimizer, self._n_groups, self._param_ids)
+                self._n_groups += len(added)
+            else:
+                added = ()
+            seen = self._lrs_seen
+            if len(groups) == 1 == len(seen) and groups[0].get("lr") is seen[0]:
+                lrs = self._lrs  # _learning_rates(), its usual case written out
+            else:
+                lrs = self._learning_rates(optimizer)
         # Positional, in the fields' order: a call with fourteen keywords costs more.
         put(
             StepRecord(
@@ -563,7 +665,7 @@ class StepClock:
                 step_time,
                 self._samples,
                 ctx.micro,
-                self._learning_rates(optimizer),
+                lrs,
                 norms,
                 which,
                 layout,

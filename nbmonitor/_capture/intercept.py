@@ -120,11 +120,11 @@ def backward(tensors: Any, grad_tensors: Any = None, *args: Any, **kwargs: Any) 
     # after these two is still called as the loop called it. retain_graph and create_graph
     # are torch's next two (positional or by name). A loop over the weak references, not
     # _live(): no list made at each backward.
-    retain, create = (*args[:2], None, None)[:2]
-    if kwargs and not args[1:]:  # (Tensor.backward passes both positionally)
-        retain = retain if args else kwargs.get("retain_graph")
-        create = kwargs.get("create_graph")
-    keeps_graph = bool(retain or create)
+    if args[1:]:  # Tensor.backward passes both positionally
+        keeps_graph = bool(args[0] or args[1])
+    else:
+        retain = args[0] if args else kwargs.get("retain_graph")
+        keeps_graph = bool(retain or kwargs.get("create_graph"))
     listeners = _listeners
     for ref in listeners:
         listener = ref()

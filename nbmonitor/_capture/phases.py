@@ -33,7 +33,7 @@ DATA, FORWARD, BACKWARD, OTHER, OPTIMIZER = range(len(PHASES))
 # The most CUDA events one step keeps (a step has about five per micro-batch).
 MAX_EVENTS = 1024
 
-_ZEROS = (0.0,) * len(PHASES)
+PHASE_ZEROS = (0.0,) * len(PHASES)
 
 # The moments a step is marked at.
 END, FORWARD_START, FORWARD_END, BACKWARD_END, OPTIMIZER_START = range(5)
@@ -52,6 +52,12 @@ _PHASE: tuple[tuple[int, ...], ...] = (
     (BACKWARD, BACKWARD, OTHER, BACKWARD, BACKWARD),  # from FORWARD_END
     (OTHER, DATA, OTHER, BACKWARD, OTHER),  # from BACKWARD_END
     (OPTIMIZER, OTHER, OTHER, OTHER, OTHER),  # from OPTIMIZER_START
+)
+
+# INTO[this mark][previous mark]: _PHASE by columns, so that a mark written out in the step
+# clock's hooks (``PhaseTimer.host``) takes its column once, as a constant.
+INTO: tuple[tuple[int, ...], ...] = tuple(
+    tuple(row[kind] for row in _PHASE) for kind in range(len(_PHASE))
 )
 
 
@@ -138,11 +144,15 @@ class PhaseTimer:
     ) -> None:
         self.guard = guard
         self.enabled = enabled  # off: every call returns at once (attach(phases=False))
-        self._clock = clock
+        self.clock = clock
         self._cuda = cuda
-        self._last = -1  # the previous mark; -1 before the first forward
-        self._t = 0.0
-        self._sums = [0.0] * len(PHASES)
+        # Marks on the host clock, and the timer on: the step clock's hooks then mark in
+        # place (``last``, ``t``, ``sums``), without a call to mark(); false once the guard
+        # is off (seen at the next step's end at the latest).
+        self.host = enabled and not cuda
+        self.last = -1  # the previous mark; -1 before the first forward
+        self.t = 0.0  # when it was made (host clock)
+        self.sums = [0.0] * len(PHASES)
         self._events: list[Any] = []
         self._phases: list[int] = []
         # CUDA events the sampler has read, recorded again instead of making new ones (a new
@@ -151,7 +161,7 @@ class PhaseTimer:
         self._spare: collections.deque[Any] = collections.deque()
         self._new_event = new_event or _timing_event
         self._backward = BackwardEnd(self._backward_end, guard)
-        self._ended = False  # a step has ended (before, the first step's data wait is unknown)
+        self.ended = False  # a step has ended (before, the first step's data wait is unknown)
         # The backward's end: until one full backward has been seen, a hook on each forward's
         # output queues a callback for the end of the pass (~8 us a step); meanwhile every
         # trainable parameter says when its gradient lands, and the one that lands last takes
@@ -163,7 +173,9 @@ class PhaseTimer:
         self._last_param: int | None = None
         self._learning: list[RemovableHandle] = []
         self._handles: list[RemovableHandle] = []
-        self._learned = False
+        # The parameter that marks the backward's end is known: a forward's end is then only a
+        # mark (the step clock writes it out).
+        self.learned = False
 
     def mark(self, kind: int, now: float | None = None) -> None:
         """The moment ``kind`` happens now (``now``: a clock reading the caller took)."""
@@ -173,19 +185,23 @@ class PhaseTimer:
             if self._cuda:
                 self._mark_event(kind)
             else:
-                t = self._clock() if now is None else now
-                if self._last >= 0:
-                    self._sums[_PHASE[self._last][kind]] += t - self._t
-                self._t = t
-            self._last = kind
+                t = self.clock() if now is None else now
+                if self.last >= 0:
+                    self.sums[_PHASE[self.last][kind]] += t - self.t
+                self.t = t
+            self.last = kind
         except Exception as exc:
-            self.guard.failed(exc)
+            self._failed(exc)
+
+    def _failed(self, exc: Exception) -> None:
+        self.guard.failed(exc)
+        self.host = self.host and self.guard.on
 
     def current(self) -> int | None:
         """The phase (index into ``PHASES``) the training thread is in now, as its last mark
         says; None before the first forward or with the phases off. Read from the sampler
         thread: one attribute read, nothing done on the training thread for it."""
-        last = self._last
+        last = self.last
         return _AFTER[last] if self.enabled and self.guard.on and last >= 0 else None
 
     def install(self, model: torch.nn.Module | None) -> list[RemovableHandle]:
@@ -212,48 +228,56 @@ class PhaseTimer:
     def _learn(self) -> None:
         # After the first full backward: the parameter whose gradient landed last marks the
         # backward's end from now on.
-        self._learned = True
+        self.learned = True
         for h in self._learning:
             h.remove()
         self._learning.clear()
         last = self._params.get(self._last_param) if self._last_param is not None else None
         self._params.clear()
         if last is None:  # no gradient landed: keep watching each forward's output
-            self._learned = False
+            self.learned = False
             return
         hook = last.register_post_accumulate_grad_hook(self._param_landed)  # type: ignore[no-untyped-call]
         self._handles.append(hook)
 
     def _param_landed(self, param: torch.Tensor) -> None:
-        self.mark(BACKWARD_END)
+        if self.host:  # mark(BACKWARD_END), written out: at every step
+            t = self.clock()
+            last = self.last
+            if last >= 0:
+                self.sums[_INTO_BACKWARD_END[last]] += t - self.t
+            self.t = t
+            self.last = BACKWARD_END
+        else:
+            self.mark(BACKWARD_END)
 
     def forward_ended(self, output: Any, watch: bool) -> None:
         """Mark a forward's end; with ``watch``, watch its output for the backward's end (until
         the parameter that marks it is known)."""
         self.mark(FORWARD_END)
-        if watch and self.enabled and not self._learned and self.guard.on:
+        if watch and self.enabled and not self.learned and self.guard.on:
             try:
                 loss = output_loss(output)
                 self._backward.watch(loss if loss is not None else first_tensor(output))
             except Exception as exc:
-                self.guard.failed(exc)
+                self._failed(exc)
 
     def _backward_end(self) -> None:
         self.mark(BACKWARD_END)
-        if not self._learned:
+        if not self.learned:
             try:
                 self._learn()
             except Exception as exc:
-                self.guard.failed(exc)
+                self._failed(exc)
 
     def _mark_event(self, kind: int) -> None:
         spare = self._spare
         event = spare.pop() if spare else self._new_event()
         event.record()
-        if self._last < 0:
+        if self.last < 0:
             self._events.append(event)
         elif len(self._events) < MAX_EVENTS:
-            self._phases.append(_PHASE[self._last][kind])
+            self._phases.append(_PHASE[self.last][kind])
             self._events.append(event)
         else:  # forwards without a step (grad-enabled evaluation): bounded, the rest "other"
             self._phases[-1] = OTHER
@@ -261,34 +285,39 @@ class PhaseTimer:
 
     def step_end(self, step: int, now: float, put: Callable[[PhaseRecord], None]) -> None:
         """Mark the step's end and ``put`` the record of its phases (none before a forward)."""
-        last = self._last
-        if last < 0 or self._cuda or not self._ended:
+        last = self.last
+        if last < 0 or self._cuda or not self.ended:
             self.mark(END, now)
             if last >= 0 and self.enabled and self.guard.on:
                 put(self._record(step))
             return
-        if not self.enabled or not self.guard.on:
+        if not self.host or not self.guard.on:
+            # (a failure the hooks' marks did not see: BackwardEnd counts on this guard too)
+            self.host = False
             return
         # mark(END) and _record() on the host clock, written out: at every step's end.
-        sums = self._sums
-        sums[_PHASE[last][END]] += now - self._t
-        self._t = now
-        self._last = END
+        sums = self.sums
+        sums[INTO[END][last]] += now - self.t
+        self.t = now
+        self.last = END
         put(PhaseRecord(step, tuple(sums)))
-        sums[:] = _ZEROS
+        sums[:] = PHASE_ZEROS
 
     def _record(self, step: int) -> PhaseRecord:
-        first, self._ended = not self._ended, True
+        first, self.ended = not self.ended, True
         if self._cuda:
             events, phases = self._events, self._phases
             # The step's last event is where the next step's first interval starts.
             self._events, self._phases = events[-1:], []
             return PhaseRecord(step, EventIntervals(events, phases, first, self._spare))
-        sums = self._sums
-        self._sums = [0.0] * len(PHASES)
+        sums = self.sums
+        self.sums = [0.0] * len(PHASES)
         if first:  # the first step starts at its forward: what it waited for is unknown
             sums[DATA] = math.nan
         return PhaseRecord(step, tuple(sums))
+
+
+_INTO_BACKWARD_END = INTO[BACKWARD_END]
 
 
 def _timing_event() -> Any:
@@ -300,7 +329,9 @@ __all__ = [
     "END",
     "FORWARD_END",
     "FORWARD_START",
+    "INTO",
     "OPTIMIZER_START",
+    "PHASE_ZEROS",
     "EventIntervals",
     "PhaseTimer",
 ]

@@ -117,8 +117,8 @@ def test_torch_operators_added_per_step(
 
 # Python calls into nbmonitor's code on the training thread per step, and the C functions
 # (torch's included) those call: the measure of its Python work.
-PY_CALLS_AT_DEFAULTS = 35
-C_CALLS_AT_DEFAULTS = 42
+PY_CALLS_AT_DEFAULTS = 27
+C_CALLS_AT_DEFAULTS = 35
 
 
 def test_python_calls_per_step(tmp_path: Path) -> None:

@@ -4,6 +4,8 @@ kept without a torch call, the forward's inputs read in a few calls."""
 
 from __future__ import annotations
 
+import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,8 @@ from nbmonitor._capture.inputs import batch_size, forward_counts, token_count
 from nbmonitor._capture.probes.base import due, next_due
 from nbmonitor._capture.probes.memory import MemoryProbe
 from nbmonitor._capture.probes.update_ratio import UpdateRatioProbe
-from nbmonitor.records import AuxRecord, MemoryRecord, Record, StepRecord
+from nbmonitor._capture.recorder import make_log_record
+from nbmonitor.records import LOGGED, AuxRecord, LogRecord, MemoryRecord, Record, StepRecord
 
 # A monitor, its model and optimizer, and the records its training thread put.
 Watched = tuple[Any, torch.nn.Module, torch.optim.Optimizer, list[Record]]
@@ -258,3 +261,88 @@ def test_the_backward_wrapper_passes_on_what_another_torch_takes(
     intercept.backward(loss, None, None, False, ["x"], new_flag=True)
     intercept.backward(loss, inputs=["y"])
     assert got == [(None, None, False, ["x"], True), (None, None, False, ["y"], False)]
+
+
+def test_the_root_hooks_call_dynamo_only_under_torch_compile(tmp_path: Path) -> None:
+    # torch.compiler.disable's wrapper switches dynamo's frame evaluation off and on (~1.5 us
+    # a call): outside torch.compile the root hooks are plain calls. (Under it they run
+    # untraced: tests/test_grad_norm_frameworks.py and test_throughput.py compile a model.)
+    def dynamo_calls(monitored: bool) -> int:
+        model = _model()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        mon = (
+            nbmonitor.attach(model, opt, run_dir=tmp_path / str(monitored), display=False)
+            if monitored
+            else None
+        )
+        calls = 0
+
+        def profile(frame: Any, event: str, arg: object) -> None:
+            nonlocal calls
+            if event == "call" and frame.f_code.co_filename.endswith("eval_frame.py"):
+                calls += 1
+
+        _step(model, opt)
+        sys.setprofile(profile)
+        try:
+            for _ in range(5):
+                _step(model, opt)
+        finally:
+            sys.setprofile(None)
+            if mon is not None:
+                mon.close()
+        return calls
+
+    assert dynamo_calls(True) == dynamo_calls(False)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        torch.tensor(0.25),
+        torch.tensor([1.5], dtype=torch.float64),
+        torch.tensor(2.0, requires_grad=True) * 3,
+        torch.tensor(float("nan")),
+        torch.tensor(3, dtype=torch.int64),
+        torch.tensor(True),
+        torch.tensor(0.5, dtype=torch.bfloat16),
+        torch.tensor(1 + 2j),
+        torch.ones(3),
+    ],
+    ids=["f32", "f64-1", "grad", "nan", "int", "bool", "bf16", "complex", "several"],
+)
+def test_a_logged_cpu_loss_is_what_make_log_record_makes(
+    watched: Watched, value: torch.Tensor
+) -> None:
+    # mon.log(loss=t) of a CPU tensor takes a short way: the same record, the same refusals.
+    mon, model, opt, seen = watched
+    _step(model, opt)
+    try:
+        want = make_log_record(1, {"loss": value})
+    except TypeError as exc:
+        with pytest.raises(TypeError, match=re.escape(str(exc))):
+            mon.log(loss=value)
+        return
+    mon.log(loss=value)
+    got = seen[-1]
+    assert isinstance(got, LogRecord)
+    assert (got.step, got.source, got.tensors, got.dropped) == (1, LOGGED, [], ())
+    assert got.numbers.keys() == want.numbers.keys() == {"loss"}
+    assert type(got.numbers["loss"]) is float
+    assert got.numbers["loss"] == pytest.approx(want.numbers["loss"], nan_ok=True)
+    assert mon._life.clock()._loss.logged_step == 1
+
+
+def test_a_root_of_several_values_is_never_read_as_a_loss(watched: Watched) -> None:
+    # A root alone is kept unchecked (started()); one that is no loss is dropped when read.
+    mon, model, opt, _ = watched
+    out = model(torch.ones(2, 4))
+    with pytest.raises(RuntimeError, match="scalar outputs"):
+        out.backward()  # two values and no gradient given: torch refuses
+    loss = out.sum()
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    mon.flush()
+    assert mon.history()["loss"].tolist() == [pytest.approx(loss.item())]
+    assert mon.errors == []

@@ -127,6 +127,17 @@ def test_tails_are_the_tail_of_each_known_column(n: int) -> None:
     np.testing.assert_array_equal(s.tail("x", 1), [999.0])
 
 
+def test_select_is_column_of_each_name() -> None:
+    s = Store(recent=64, buckets=8)
+    _fill(s, 3000, ["a", "b"], chunk=999)  # folded: bucket means, then the recent rows
+    got = s.select(["b", "step", "a"])
+    assert list(got) == ["b", "step", "a"]
+    for name, values in got.items():
+        np.testing.assert_array_equal(values, s.column(name))
+    with pytest.raises(KeyError):
+        s.select(["a", "missing"])
+
+
 def test_column_matches_history_and_unknown_raises() -> None:
     s = Store(recent=64, buckets=8)
     _fill(s, 3000, ["a", "b"], chunk=999)

@@ -30,7 +30,8 @@ def step_time_band(store: Store, points: int = BAND_POINTS) -> dict[str, tuple[F
     rows (older rows are the store's bucket means)."""
     if "step_time" not in store.columns or "step" not in store.columns:
         return {}
-    x, y = store.column("step"), store.column("step_time")
+    columns = store.select(("step", "step_time"))
+    x, y = columns["step"], columns["step_time"]
     keep = np.isfinite(x) & np.isfinite(y)
     x, y = x[keep], y[keep]
     n = y.size
@@ -60,8 +61,9 @@ def phase_stack(
     present = [(name, key) for name, key in zip(PHASES, PHASE_KEYS, strict=True) if key in cols]
     if not present or "step" not in cols:
         return None
-    steps = store.column("step")
-    matrix = np.vstack([store.column(key) for _, key in present])
+    columns = store.select(("step", *(key for _, key in present)))
+    steps = columns["step"]
+    matrix = np.vstack([columns[key] for _, key in present])
     rows = np.isfinite(matrix).any(axis=0) & np.isfinite(steps)
     steps, matrix = steps[rows], np.nan_to_num(matrix[:, rows], nan=0.0)
     n = steps.size
