@@ -33,12 +33,13 @@ from nbmonitor.records import (
 # Exponential smoothing of the loss for display (about a 20-step window), debiased like Adam so
 # the first points are not pulled towards zero.
 SMOOTHING = 0.95
-# The records of alike runs that one slice of ``StepAssembler.feed`` may read: each costs
-# about a tenth of one read record by record (docs/performance.md, issue 29), so a slice
-# takes about as long as one of ``SLICE`` records read one by one.
+# The records of alike runs that one slice of ``StepAssembler.feed`` may read (~170 steps of
+# three records, 0.3-0.6 ms): each costs a tenth to a twentieth of one read record by record,
+# and a run has a cost of its own (numpy calls), so a slice holds 32 of those or this many.
 ALIKE_SLICE = 16 * SLICE
 # The most rows ``StepAssembler.take`` hands on in one part: rows cost alike however they were
-# read (2-6 us each to finish, cap and store), and a part costs ~0.1 ms whatever its size.
+# read (2-4 us each to finish, cap and store: ~0.5-1 ms a part), and a part costs ~0.1-0.2 ms
+# whatever its size (a numpy call per column, the span log's statistics).
 TAKE_ROWS = 8 * SLICE
 
 
