@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from nbmonitor._engine.assemble import alike
+from nbmonitor._engine.assemble import alike, step_norms
 from nbmonitor._engine.assemble.alike import Segment
 from nbmonitor._engine.assemble.steps import StepAssembler, StepRows
 from nbmonitor._engine.column_cap import ColumnCap
@@ -301,8 +301,12 @@ def test_the_usual_loop_is_read_as_columns_but_for_its_edges() -> None:
         loop.step += 1
         records += loop.one_step(irregular=False)
     assert len(records) == 300
-    # Every step but the last (still open: mon.log may add to it) in one alike run.
-    assert alike.plan(records) == [Segment(0, 297, 3), Segment(297, 300)]
+    # Every step in one alike run, the last one's row held open (mon.log may add to it).
+    assert alike.plan(records) == [Segment(0, 300, 3, open_last=True)]
+    assembler = StepAssembler()
+    assert sum(len(part) for part in assembler.feed(records)) == 300
+    assert list(assembler._open) == [100]
+    assert [len(part.rows) for part in assembler.take()] == [99]
     # A row already open, or a record of a step out of its place, is read one by one.
     assert alike.plan(records, {1: None})[0] == Segment(0, 3)
     late = LogRecord(50, numbers={"late": 1.0})
@@ -312,5 +316,14 @@ def test_the_usual_loop_is_read_as_columns_but_for_its_edges() -> None:
     optimizer = OptimizerRecord(60, "SGD", "cpu", "for-loop", False, True)
     segments = alike.plan([*records[:180], optimizer, *records[180:]])
     assert [(s.start, s.end, s.width) for s in segments] == [
-        (0, 177, 3), (177, 181, 0), (181, 298, 3), (298, 301, 0)
+        (0, 177, 3), (177, 181, 0), (181, 301, 3)
     ]  # fmt: skip
+
+
+def test_norms_of_many_steps_stack_as_numpy_stacks_them() -> None:
+    rows = [np.arange(4, dtype=np.float32) + i for i in range(5)] + [np.ones(4)]
+    stacked = step_norms._stacked(rows)
+    assert stacked.dtype == np.float64 and np.array_equal(stacked, np.stack(rows))
+    assert step_norms._stacked([np.empty(0)] * 3).shape == (3, 0)
+    with pytest.raises(ValueError, match="different lengths"):  # never one row's values cut
+        step_norms._stacked([np.ones(3), np.ones(5), np.ones(4), np.ones(4)])

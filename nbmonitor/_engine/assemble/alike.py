@@ -70,6 +70,9 @@ class Segment:
     start: int
     end: int
     width: int = 0
+    # The run's last step stays open: it is the last to end in the tick, so a later mon.log
+    # may add to it (read with the run, then held as a row read one by one).
+    open_last: bool = False
 
 
 @dataclass(slots=True)
@@ -151,11 +154,13 @@ def plan(records: Sequence[Record], open_steps: Any = ()) -> list[Segment]:
     big = np.iinfo(np.int64).max
     later_touch = np.minimum.accumulate(np.where(touches, group_steps, big)[::-1])[::-1]
     later_end = np.maximum.accumulate(np.where(ends_step, group_steps, -big)[::-1])[::-1]
-    ok = usable.copy()
-    ok[:-1] &= (group_steps[:-1] < later_touch[1:]) & (group_steps[:-1] < later_end[1:])
-    ok[-1] = False
+    untouched = usable.copy()
+    untouched[:-1] &= group_steps[:-1] < later_touch[1:]
     if len(open_steps):
-        ok &= ~np.isin(group_steps, np.fromiter(open_steps, dtype=np.int64))
+        untouched &= ~np.isin(group_steps, np.fromiter(open_steps, dtype=np.int64))
+    ended = np.zeros(len(starts), dtype=bool)
+    ended[:-1] = group_steps[:-1] < later_end[1:]
+    ok = untouched & ended
     # A run goes on while its groups are alike, of the same kinds, their steps rising.
     goes_on = np.zeros(len(starts), dtype=bool)
     goes_on[1:] = ok[1:] & ok[:-1] & (key[1:] == key[:-1]) & (group_steps[1:] > group_steps[:-1])
@@ -166,12 +171,20 @@ def plan(records: Sequence[Record], open_steps: Any = ()) -> list[Segment]:
     done = 0
     group_ends = np.append(starts[1:], n)
     for i, j in zip(first.tolist(), last.tolist(), strict=True):
+        # The step after the run, alike but not final (the tick's last to end): read with it.
+        open_last = bool(
+            j < len(starts)
+            and untouched[j]
+            and key[j] == key[j - 1]
+            and group_steps[j] > group_steps[j - 1]
+        )
+        j += open_last
         if j - i < MIN_RUN:
             continue
         a, b = int(starts[i]), int(group_ends[j - 1])
         if a > done:
             segments.append(Segment(done, a))
-        segments.append(Segment(a, b, int(sizes[i])))
+        segments.append(Segment(a, b, int(sizes[i]), open_last))
         done = b
     if done < n:
         segments.append(Segment(done, n))

@@ -33,12 +33,13 @@ from nbmonitor.records import (
 # Exponential smoothing of the loss for display (about a 20-step window), debiased like Adam so
 # the first points are not pulled towards zero.
 SMOOTHING = 0.95
-# The records of alike runs that one slice of ``StepAssembler.feed`` may read: each costs
-# about a tenth of one read record by record (docs/performance.md, issue 29), so a slice
-# takes about as long as one of ``SLICE`` records read one by one.
+# The records of alike runs that one slice of ``StepAssembler.feed`` may read (~170 steps of
+# three records, 0.3-0.6 ms): each costs a tenth to a twentieth of one read record by record,
+# and a run has a cost of its own (numpy calls), so a slice holds 32 of those or this many.
 ALIKE_SLICE = 16 * SLICE
 # The most rows ``StepAssembler.take`` hands on in one part: rows cost alike however they were
-# read (2-6 us each to finish, cap and store), and a part costs ~0.1 ms whatever its size.
+# read (2-4 us each to finish, cap and store: ~0.5-1 ms a part), and a part costs ~0.1-0.2 ms
+# whatever its size (a numpy call per column, the span log's statistics).
 TAKE_ROWS = 8 * SLICE
 
 
@@ -131,7 +132,9 @@ class StepAssembler:
                     continue
                 end = min(segment.end, at + max(room, width or 1))
                 if width:
-                    self._add_alike(records[at:end], width)
+                    self._add_alike(
+                        records[at:end], width, segment.open_last and end == segment.end
+                    )
                 else:
                     self.add(records[at:end])
                 used += (end - at) * cost
@@ -139,7 +142,7 @@ class StepAssembler:
         if done < len(records):
             yield records[done:]
 
-    def _add_alike(self, records: Sequence[Record], width: int) -> None:
+    def _add_alike(self, records: Sequence[Record], width: int, open_last: bool = False) -> None:
         taken = self._open
         run = alike.read(records, width, self.flops, taken)
         if run is not None and self._alike and run.steps[0] <= self._alike[-1].steps[-1]:
@@ -153,11 +156,15 @@ class StepAssembler:
             else:
                 half = steps // 2 * width
                 self._add_alike(records[:half], width)
-                self._add_alike(records[half:], width)
+                self._add_alike(records[half:], width, open_last)
             return
-        self._alike.append(run)
         self.layer_norms += run.norms
         self._last_ended = max(self._last_ended, run.steps[-1])
+        if open_last:  # the tick's last step: its row stays open, as one read record by record
+            run, last = run.cut(len(run) - 1)
+            self._open[last.steps[0]] = _row_of(last, 0)
+        if len(run):
+            self._alike.append(run)
 
     def add(self, records: Sequence[Record]) -> None:
         """Add ``records`` one by one (``feed`` adds a tick's)."""
@@ -223,11 +230,7 @@ class StepAssembler:
         before, after = run.cut(at)
         _, after = after.cut(1)
         self._alike[i : i + 1] = [r for r in (before, after) if len(r)]
-        values = {k: v[at] for k, v in run.values.items()}
-        sums = {k: v[at] for k, v in run.sums.items()}
-        if run.source == LOGGED or not sums:
-            return _Row(values, sums, dict(run.counts) if sums else {})
-        return _Row(values, implicit={run.source: _Row(sums=sums, counts=dict(run.counts))})
+        return _row_of(run, at)
 
     def _add_clip(self, record: StepRecord) -> None:
         # grad_norm is what clip_grad_norm_ returned (the norm before clipping), over the
@@ -417,6 +420,15 @@ class StepAssembler:
         if loss is not None and self._ema_weight > 0:
             out["loss_smooth"] = self._ema / self._ema_weight
         return out
+
+
+def _row_of(run: AlikeSteps, at: int) -> _Row:
+    """Step ``at`` of ``run`` as the row its records read one by one would have made."""
+    values = {k: v[at] for k, v in run.values.items()}
+    sums = {k: v[at] for k, v in run.sums.items()}
+    if run.source == LOGGED or not sums:
+        return _Row(values, sums, dict(run.counts) if sums else {})
+    return _Row(values, implicit={run.source: _Row(sums=sums, counts=dict(run.counts))})
 
 
 def _joined(pieces: list[StepRows]) -> StepRows:
