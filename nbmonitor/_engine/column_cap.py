@@ -22,6 +22,19 @@ class ColumnCap:
         self.kept: set[str] = set()
         self.first_refused: str | None = None  # the first key left out, for the one notice
 
+    def _admit(self, new: Sequence[str]) -> bool:
+        """Keep the keys of ``new`` (not kept yet) while there is room; True if one was
+        refused."""
+        kept, refused = self.kept, False
+        for key in new:
+            if len(kept) < self.limit:
+                kept.add(key)
+            else:
+                refused = True
+                if self.first_refused is None:
+                    self.first_refused = key
+        return refused
+
     def filter(self, rows: Sequence[dict[str, float]]) -> Sequence[dict[str, float]]:
         """``rows`` with only the keys the store keeps (the same objects when nothing is cut)."""
         kept = self.kept
@@ -32,15 +45,7 @@ class ColumnCap:
                 if out is not None:
                     out.append(row)
                 continue
-            refused = False
-            for key in new:
-                if len(kept) < self.limit:
-                    kept.add(key)
-                else:
-                    refused = True
-                    if self.first_refused is None:
-                        self.first_refused = key
-            if refused:
+            if self._admit(new):
                 if out is None:
                     out = list(rows[:i])
                 out.append({k: v for k, v in row.items() if k in kept})
@@ -55,16 +60,7 @@ class ColumnCap:
         with every key but for some of the first rows' last key): the keys are checked once,
         not row by row. The same objects when nothing is cut."""
         kept = self.kept
-        refused = False
-        for key in columns:
-            if key not in kept:
-                if len(kept) < self.limit:
-                    kept.add(key)
-                else:
-                    refused = True
-                    if self.first_refused is None:
-                        self.first_refused = key
-        if not refused:
+        if not self._admit([key for key in columns if key not in kept]):
             return rows, columns
         rows = [{k: v for k, v in row.items() if k in kept} for row in rows]
         return rows, {k: v for k, v in columns.items() if k in kept}
