@@ -114,7 +114,6 @@ class LayerStats:
         for j, p in enumerate(self.params):
             self._group[position[key(p.name)], j] = 1.0
             members[position[key(p.name)]].append(p)
-        self._members = tuple(tuple(m) for m in members)
         # What the table says of each layer that never changes (its parameters are fixed at
         # attach): built once, not per table (a table a tick, of hundreds of layers).
         self._static_rows = tuple(
@@ -313,9 +312,6 @@ class LayerStats:
         """(steps, layers x columns log10 grad norm) over the whole run, NaN where unknown."""
         used = self._heat_used
         return self._heat_steps[:used].copy(), self._heat[:, :used].copy()
-
-    def layer_params(self, layer: int) -> list[ParamInfo]:
-        return list(self._members[layer])
 
     def snapshot(self, flags: Mapping[str, Sequence[str]] | None = None) -> LayerTable:
         """The table as it is now (``flags``: per layer, the rules whose alerts named it),

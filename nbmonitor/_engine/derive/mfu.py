@@ -197,12 +197,9 @@ class StepFlops:
             return {}
         if missing:
             return None
-        nan, peak, isfinite = math.nan, self.peak, math.isfinite
+        nan, peak = math.nan, self.peak
         rates = [f / t if t > 0 else nan for f, t in zip(flops, step_times, strict=True)]  # type: ignore[operator]
-        if isfinite(peak) and peak > 0:  # mfu_percent, written out: a call a step costs more
-            mfu = [100.0 * r / peak if isfinite(r) else nan for r in rates]
-        else:
-            mfu = [nan] * len(rates)
+        mfu = [mfu_percent(r, peak) for r in rates]
         return {
             "flops_per_step": flops,  # type: ignore[dict-item]
             "tflops_per_s": [r / T for r in rates],
