@@ -106,7 +106,8 @@ def test_tail_of_a_file_or_a_folder_without_runs_says_so_at_once(tmp_path: Path)
     afile = tmp_path / "notes.txt"
     afile.write_text("x")
     (tmp_path / "empty").mkdir()
-    for target, why in ((afile, "is a file, not a run folder"), (tmp_path / "empty", "holds no run")):
+    cases = ((afile, "is a file, not a run folder"), (tmp_path / "empty", "holds no run"))
+    for target, why in cases:
         start = time.monotonic()
         out = _cli("tail", str(target), check=False)  # the default --wait is 60 s
         assert time.monotonic() - start < 50, target  # said at once, not after the wait
