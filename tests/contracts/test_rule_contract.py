@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tests.health.adapter_runs import stuck, too_slow
 from tests.health.synthetic import LAYERS, Run
 
 import nbmonitor.health
@@ -174,6 +175,9 @@ def every_alert() -> list[Alert]:
     for n, when in ((60, 0.0), (100, 1.0), (160, 2.0), (200, 3.0), (260, 10.0), (300, 60.0)):
         cut = {k: v[:n] for k, v in timing.items()}
         alerts += health.check(HealthInput(n, when, cut, optimizer=adam))
+    # Fine-tuning: adapters that never move, adapters that move far too little a step.
+    alerts += Health().check(stuck(60))
+    alerts += Health().check(too_slow(60))
     alerts.append(non_finite_gradients(5, 0.0, ["fc1.weight"]))
     alerts.append(non_finite_gradients(5, 0.0, []))
     return alerts
