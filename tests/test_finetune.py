@@ -275,8 +275,10 @@ def test_optimizer_built_before_get_peft_model_is_adapters_not_trained(tmp_path:
         model = peft.get_peft_model(base, peft.LoraConfig(target_modules=["0", "2"], r=4))
     alerts, verdict, _, _ = train(model, opt, tmp_path)
     causes = [a for a in alerts if a.rule == "adapters_not_trained"]
-    assert len(causes) == 1 and causes[0].step == 0
-    assert "4 LoRA matrices are not in the optimizer" in causes[0].message
+    assert len(causes) == 1 and causes[0].step <= 16
+    assert "4 LoRA matrices not in the optimizer" in causes[0].message
+    # The symptoms of adapters that never move are its evidence, not alerts of their own.
+    assert rules(alerts) == ["adapters_not_trained"]
     # The cause explains the generic setup alerts: they do not stand beside it.
     assert "params_not_in_optimizer" not in rules(alerts)
     assert "frozen_params_in_optimizer" not in rules(alerts)
@@ -291,7 +293,7 @@ def test_adapters_frozen_after_loading_are_adapters_not_trained(tmp_path: Path) 
     alerts, verdict, _, _ = train(model, torch.optim.AdamW(model.parameters(), lr=3e-3), tmp_path)
     causes = [a for a in alerts if a.rule == "adapters_not_trained"]
     assert len(causes) == 1
-    assert "4 LoRA matrices of 4 are frozen (requires_grad=False)" in causes[0].message
+    assert "4 LoRA matrices of 4 frozen (requires_grad=False)" in causes[0].message
     assert "frozen_params_in_optimizer" not in rules(alerts)
     assert verdict.state == "not trained"
 
@@ -302,7 +304,7 @@ def test_base_trained_beside_hand_written_lora_is_base_not_frozen(tmp_path: Path
     model.requires_grad_(True)  # the bug: the base was unfrozen again
     alerts, verdict, _, _ = train(model, torch.optim.AdamW(model.parameters(), lr=3e-3), tmp_path)
     causes = [a for a in alerts if a.rule == "base_not_frozen"]
-    assert len(causes) == 1 and causes[0].subject == "setup"
+    assert len(causes) == 1 and causes[0].step <= 16
     assert set(causes[0].layers) >= {"0.base.weight", "2.base.weight"}
     assert "including the weights the adapters wrap" in causes[0].message
     assert verdict.state == "learning"  # the adapters do learn; the base trains too
@@ -315,7 +317,7 @@ def test_a_zero_a_and_zero_b_never_learn(tmp_path: Path) -> None:
     alerts, verdict, _, _ = train(model, torch.optim.AdamW(trainable(model), lr=3e-3), tmp_path)
     causes = [a for a in alerts if a.rule == "adapters_not_learning"]
     assert len(causes) == 1 and causes[0].step <= 50
-    assert "gradient is exactly zero: A and B both start at zero" in causes[0].message
+    assert causes[0].cause.startswith("the adapters' A and B both start at zero")
     assert verdict.state == "not learning"
     assert "grads exactly zero" in verdict.text
 
@@ -344,7 +346,7 @@ def test_checkpointing_that_cuts_the_adapters_off_is_named(tmp_path: Path) -> No
     causes = [a for a in alerts if a.rule == "adapters_not_learning"]
     assert len(causes) == 1 and causes[0].step <= 50
     assert causes[0].layers == ("block.lora_down", "block.lora_up")
-    assert "no gradient reaches them" in causes[0].message
+    assert causes[0].cause.startswith("no gradient reaches the adapters")
     assert verdict.state == "not learning"
 
 
@@ -354,4 +356,6 @@ def test_adapter_lr_far_too_small_is_named(tmp_path: Path) -> None:
     causes = [a for a in alerts if a.rule == "adapter_lr_too_small"]
     assert len(causes) == 1 and causes[0].step <= 50
     assert "lr 1.0e-09 (group 0)" in causes[0].message
+    assert causes[0].evidence["lr"] == [1e-9]
+    assert rules(alerts) == ["adapter_lr_too_small"]  # its symptoms are its evidence
     assert verdict.state == "too slow"

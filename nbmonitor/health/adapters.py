@@ -60,6 +60,9 @@ class Adapters:
     # Base weights an adapter wraps (LoRA's base_layer.weight) that require grad: training them
     # beside their own low-rank update is never what a LoRA setup means.
     wrapped_trainable: tuple[str, ...] = ()
+    # Whether the optimizer was known at attach (without it, "in the optimizer" is not known:
+    # an optimizer adopted at its first step holds what it holds).
+    optimizer_known: bool = True
 
     @property
     def adapters(self) -> tuple[AdapterTensor, ...]:
@@ -73,7 +76,8 @@ class Adapters:
     @property
     def training(self) -> tuple[AdapterTensor, ...]:
         """The adapters that can train: they require grad and the optimizer holds them."""
-        return tuple(t for t in self.adapters if t.trainable and t.in_optimizer)
+        known = self.optimizer_known
+        return tuple(t for t in self.adapters if t.trainable and (t.in_optimizer or not known))
 
     @property
     def adapter_numel(self) -> int:
@@ -123,6 +127,7 @@ class Adapters:
             "base_unstepped": list(self.base_unstepped),
             "base_unstepped_count": self.base_unstepped_count,
             "wrapped_trainable": list(self.wrapped_trainable),
+            "optimizer_known": self.optimizer_known,
         }
 
     @classmethod
@@ -168,6 +173,7 @@ class Adapters:
                 base_unstepped=names("base_unstepped"),
                 base_unstepped_count=int(data.get("base_unstepped_count", 0)),
                 wrapped_trainable=names("wrapped_trainable"),
+                optimizer_known=bool(data.get("optimizer_known", True)),
             )
         except (KeyError, TypeError, ValueError):
             return None

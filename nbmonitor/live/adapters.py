@@ -251,6 +251,7 @@ def find_adapters(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> 
         base_unstepped=tuple(unstepped[:MAX_BASE_NAMES]),
         base_unstepped_count=len(unstepped),
         wrapped_trainable=tuple(wrapped[:MAX_BASE_NAMES]),
+        optimizer_known=optimizer is not None,
     )
 
 

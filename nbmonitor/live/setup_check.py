@@ -11,7 +11,7 @@ import torch
 from nbmonitor.health import alert as subjects
 from nbmonitor.health.adapters import Adapters
 from nbmonitor.health.alert import Alert
-from nbmonitor.health.rules.finetune import setup_alerts
+from nbmonitor.health.rules.finetune import setup_explained
 from nbmonitor.health.wording import MAX_NAMED, name_list
 
 
@@ -25,17 +25,15 @@ def check_setup(
     """Training bugs visible before the first step, as alerts naming the parameters.
 
     Rules: ``params_not_in_optimizer``, ``frozen_params_in_optimizer``, ``lr_zero`` and
-    ``duplicate_params``; with ``adapters`` (a fine-tune), ``adapters_not_trained`` and
-    ``base_not_frozen``, which explain the generic two for the parameters they name.
+    ``duplicate_params``. With ``adapters`` (a fine-tune), the parameters that the health
+    rules ``adapters_not_trained`` and ``base_not_frozen`` name (with their own fix) are left
+    out of the generic two, and a frozen base in the optimizer is on purpose.
     Parameter names are model.named_parameters() names.
     """
     when = _time.time() if time is None else time
-    explained: set[str] = set()
-    tuned: list[Alert] = []
-    if adapters is not None:
-        tuned, explained = setup_alerts(adapters, optimizer is not None, step, when)
     if optimizer is None:
-        return tuned
+        return []
+    explained = setup_explained(adapters) if adapters is not None else set()
     names = {id(p): n for n, p in model.named_parameters()}
     params_in_groups: list[list[torch.Tensor]] = [list(g["params"]) for g in optimizer.param_groups]
 
@@ -140,7 +138,7 @@ def check_setup(
                 subject=subjects.SETUP,
             )
         )
-    return tuned + alerts
+    return alerts
 
 
 def _placement(groups: list[int]) -> str:

@@ -5,6 +5,7 @@ named as an lr too small; the setup causes come from the layout alone."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from tests.health.adapter_runs import (
@@ -17,7 +18,7 @@ from tests.health.adapter_runs import (
 )
 from tests.health.synthetic import only
 
-from nbmonitor.health import Health
+from nbmonitor.health import Alert, Health
 from nbmonitor.health.adapters import Adapters, AdapterTensor
 from nbmonitor.health.finetune import (
     LEARNING,
@@ -28,7 +29,7 @@ from nbmonitor.health.finetune import (
     WAITING,
     AdapterWatch,
 )
-from nbmonitor.health.rules.finetune import setup_alerts
+from nbmonitor.health.rules.finetune import setup_explained, setup_findings
 
 FINETUNE_RULES = {"adapters_not_learning", "adapter_lr_too_small"}
 
@@ -73,17 +74,18 @@ def test_adapters_that_never_move_without_gradient_are_named() -> None:
     alert = only(alerts, "adapters_not_learning")
     assert alert.layers == NAMES
     assert "B stays exactly at zero" in alert.message
-    assert "no gradient reaches them" in alert.message
-    assert "enable_input_require_grads" in alert.message
+    assert alert.cause.startswith("no gradient reaches the adapters")
+    assert "enable_input_require_grads" in alert.fix
+    assert alert.evidence["grads"] == "none" and alert.evidence["left_zero"] == 0
     assert alert.step <= 50
 
 
 def test_zero_gradient_and_nonzero_gradient_are_told_apart() -> None:
     zero = only(Health().check(stuck(60, grad=0.0)), "adapters_not_learning")
-    assert "gradient is exactly zero" in zero.message
+    assert zero.cause.startswith("the adapters' gradient is exactly zero")
     arriving = only(Health().check(stuck(60, grad=0.3)), "adapters_not_learning")
-    assert "although gradients reach them" in arriving.message
-    assert "0.3" in arriving.message
+    assert arriving.cause.startswith("gradients reach the adapters but the optimizer")
+    assert "grads non-zero (median norm 0.3)" in arriving.message
 
 
 def test_verdict_says_not_learning_with_its_evidence() -> None:
@@ -114,7 +116,8 @@ def test_lr_far_too_small_is_named_once_with_the_lr() -> None:
     alerts = health.check(too_slow(60))
     alert = only(alerts, "adapter_lr_too_small")
     assert "lr 1.0e-03 (group 0)" in alert.message
-    assert "Raise the adapters' learning rate" in alert.message
+    assert alert.fix.startswith("raise the adapters' learning rate")
+    assert alert.evidence["update_ratio"] == 1e-9
     assert "adapters_not_learning" not in [a.rule for a in alerts]
     # Held, not raised again.
     assert "adapter_lr_too_small" not in [a.rule for a in health.check(too_slow(90))]
@@ -144,24 +147,48 @@ def test_reset_forgets_the_account() -> None:
 # -- setup causes ------------------------------------------------------------------------------
 
 
+def setup_alerts(ad: Adapters) -> list[Alert]:
+    """What Health raises for the layout ``ad`` on a healthy-looking run."""
+    inp = healthy(40)
+    return [
+        a
+        for a in Health().check(dataclasses.replace(inp, adapters=ad))
+        if a.rule in ("adapters_not_trained", "base_not_frozen")
+    ]
+
+
 def test_frozen_adapters_are_not_trained() -> None:
-    alerts, explained = setup_alerts(lora_adapters(trainable=False), True, 0, 0.0)
-    alert = only(alerts, "adapters_not_trained")
-    assert alert.layers == NAMES
-    assert "4 LoRA matrices of 4 are frozen" in alert.message
-    assert "is_trainable=True" in alert.message
-    assert explained == set(NAMES)
+    ad = lora_adapters(trainable=False)
+    alert = only(setup_alerts(ad), "adapters_not_trained")
+    assert alert.layers == NAMES and alert.step == 1 and alert.severity == "error"
+    assert alert.cause.startswith("the adapters are frozen")
+    assert "is_trainable=True" in alert.fix
+    assert alert.evidence["frozen"] == list(NAMES)
+    assert setup_explained(ad) == set(NAMES)
 
 
 def test_adapters_missing_from_the_optimizer_are_not_trained() -> None:
-    alerts, _ = setup_alerts(lora_adapters(in_optimizer=False), True, 0, 0.0)
-    alert = only(alerts, "adapters_not_trained")
-    assert "are not in the optimizer" in alert.message
-    assert "Build the optimizer after adding the adapters" in alert.message
+    alert = only(setup_alerts(lora_adapters(in_optimizer=False)), "adapters_not_trained")
+    assert "4 LoRA matrices not in the optimizer" in alert.message
+    assert alert.fix.startswith("build the optimizer after adding the adapters")
     # Without an optimizer at attach (adopted later), missing is not judged.
-    assert setup_alerts(lora_adapters(in_optimizer=False), False, 0, 0.0) == ([], set())
+    unknown = dataclasses.replace(lora_adapters(in_optimizer=False), optimizer_known=False)
+    assert setup_findings(unknown) == []
     watch = AdapterWatch(lora_adapters(in_optimizer=False))
     assert watch.verdict().state == NOT_TRAINED
+    assert AdapterWatch(unknown).verdict().state == WAITING
+
+
+def test_the_cause_takes_in_the_symptoms_it_explains() -> None:
+    # Adapters missing from the optimizer: A gets a zero gradient (B stays zero), which alone
+    # reads as vanishing gradients; the cause takes that in.
+    ad = lora_adapters(in_optimizer=False)
+    health = Health()
+    raised = []
+    for n in (16, 32, 48, 64):
+        inp = lora_input(n, b_step=0.0, a_ratio=0.0, grad=0.0, loss=1.0, adapters=ad)
+        raised += health.check(inp)
+    assert [a.rule for a in raised] == ["adapters_not_trained"]
 
 
 def _peft_two_adapters(active_trainable: bool) -> Adapters:
@@ -176,9 +203,9 @@ def _peft_two_adapters(active_trainable: bool) -> Adapters:
 
 
 def test_an_inactive_peft_adapter_frozen_on_purpose_is_silent() -> None:
-    assert setup_alerts(_peft_two_adapters(active_trainable=True), True, 0, 0.0) == ([], set())
-    alerts, _ = setup_alerts(_peft_two_adapters(active_trainable=False), True, 0, 0.0)
-    assert [a.rule for a in alerts] == ["adapters_not_trained"]
+    assert setup_findings(_peft_two_adapters(active_trainable=True)) == []
+    found = setup_findings(_peft_two_adapters(active_trainable=False))
+    assert [f.rule for f in found] == ["adapters_not_trained"]
 
 
 def test_base_stepped_beside_its_adapters_is_not_frozen() -> None:
@@ -192,11 +219,26 @@ def test_base_stepped_beside_its_adapters_is_not_frozen() -> None:
         base_stepped_numel=4096,
         wrapped_trainable=("l0.base.weight", "l1.base.weight"),
     )
-    alerts, explained = setup_alerts(base, True, 0, 0.0)
-    alert = only(alerts, "base_not_frozen")
+    alert = only(setup_alerts(base), "base_not_frozen")
     assert alert.severity == "error"
+    assert alert.layers == ("l0.base.weight", "l1.base.weight")
     assert "including the weights the adapters wrap" in alert.message
-    assert explained == {"l0.base.weight", "l1.base.weight"}
+    assert alert.evidence["base_stepped_values"] == 4096
+    assert setup_explained(base) == {"l0.base.weight", "l1.base.weight"}
+
+
+def test_a_base_that_requires_grad_outside_the_optimizer_is_said_as_waste() -> None:
+    base = Adapters(
+        "LoRA",
+        lora_adapters().tensors,
+        base_numel=4096,
+        base_trainable_numel=4096,
+        base_unstepped=("l0.base.weight",),
+        base_unstepped_count=1,
+    )
+    alert = only(setup_alerts(base), "base_not_frozen")
+    assert alert.severity == "warning"
+    assert "never applied" in alert.message
 
 
 def test_a_few_norms_trained_on_purpose_are_not_a_base_that_trains() -> None:
@@ -209,12 +251,13 @@ def test_a_few_norms_trained_on_purpose_are_not_a_base_that_trains() -> None:
         base_stepped_count=1,
         base_stepped_numel=64,
     )
-    assert setup_alerts(norms, True, 0, 0.0) == ([], set())
+    assert setup_findings(norms) == []
+    assert setup_alerts(norms) == []
 
 
 def test_a_trainable_part_raises_no_setup_cause() -> None:
     part = Adapters("trainable part", lora_adapters(trainable=False).tensors, 4096, 0)
-    assert setup_alerts(part, True, 0, 0.0) == ([], set())
+    assert setup_findings(part) == []
 
 
 def test_layout_round_trips_through_meta_json() -> None:
