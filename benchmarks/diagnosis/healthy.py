@@ -8,6 +8,7 @@ from collections.abc import Callable
 import torch
 from benchmarks.diagnosis.harness import LOAD_PER_CORE, Attach, Scenario
 from benchmarks.diagnosis.models import (
+    BatchNormCNN,
     LoRALinear,
     Patterns,
     ResidualTanh,
@@ -104,8 +105,8 @@ def residual_tanh(steps: int, attach: Attach) -> None:
     regression(model, opt, steps, attach)
 
 
-def cnn(steps: int, attach: Attach) -> None:
-    model = SmallCNN()
+def cnn(steps: int, attach: Attach, model: nn.Module | None = None) -> None:
+    model = model if model is not None else SmallCNN()
     task = Patterns(shape=(1, 8, 8), noise=0.5)
     opt = torch.optim.Adam(model.parameters(), lr=2e-3)
     mon = attach(model, opt, total_steps=steps)
@@ -116,6 +117,11 @@ def cnn(steps: int, attach: Attach) -> None:
         opt.step()
         opt.zero_grad()
         mon.log(loss=loss)
+
+
+def cnn_batchnorm(steps: int, attach: Attach) -> None:
+    # Conv biases right before BatchNorm: their gradient is zero by construction (healthy).
+    cnn(steps, attach, BatchNormCNN())
 
 
 def transformer(steps: int, attach: Attach) -> None:
@@ -214,6 +220,8 @@ HEALTHY = (
     Scenario("residual_tanh", "MLP", "8 pre-norm residual tanh blocks, Adam", residual_tanh,
              1500, 300),
     Scenario("cnn", "CNN", "2 conv layers, Adam, 4 classes", cnn, 1500, 300),
+    Scenario("cnn_batchnorm", "CNN", "conv (with bias) -> BatchNorm x2, Adam", cnn_batchnorm,
+             1500, 300),
     Scenario("transformer", "transformer", "2 blocks, AdamW + warm-up/cosine + clipping",
              transformer, 1500, 300),
     Scenario("lora", "LoRA", "frozen base, rank-4 adapters, AdamW", lora, 1500, 300),

@@ -183,6 +183,21 @@ def test_a_spreading_condition_is_one_episode_within_rearm_steps() -> None:
     assert count == 3
 
 
+def test_a_bias_cancelled_by_the_norm_after_it_is_not_vanishing() -> None:
+    # conv.bias right before a BatchNorm: its gradient is rounding noise (the norm subtracts
+    # the batch mean) while conv.weight learns. Zero by construction: nothing to say.
+    layers = ("conv.weight", "conv.bias", "bn.weight", "bn.bias", "head.weight", "head.bias")
+    run, health = Run(layers), Health()
+    run.module_kinds = {"conv": "Conv2d", "bn": "BatchNorm2d", "head": "Linear"}
+    run.param_norms = np.full(len(layers), 10.0)
+    run.add(200, conv_bias=1e-10)
+    assert health.check(run.input()) == []
+    # The same bias with its weight vanishing too: the module's gradients vanish.
+    run.add(40, conv_bias=1e-10, conv_weight=1e-10)
+    alert = only(health.check(run.input()), "vanishing_gradients")
+    assert alert.layers == ("conv.weight", "conv.bias")
+
+
 def test_vanishing_ignores_unknown_param_norms() -> None:
     run, health = Run(), Health()
     run.param_norms = np.full(len(LAYERS), np.nan)

@@ -425,6 +425,7 @@ class VanishingGradients(Base):
         if _dead_modules(view, t.dead_fraction):
             judged_mask &= ~zero  # dead units explain them: dead_units names the modules
         held_mask = judged_mask & (ratio < t.vanish_ratio).all(axis=1)
+        held_mask &= ~_cancelled(view.layer_names, held_mask, judged_mask)
         held = [view.layer_names[i] for i in np.flatnonzero(held_mask)]
         step = float(view.layer_step_col[-1])
         worst = np.where(held_mask, ratio.max(axis=1, initial=-np.inf), np.nan)
@@ -460,6 +461,23 @@ class VanishingGradients(Base):
             ]
 
         return Outcome(rule, held, view.layer_judged(judged_mask), make, spreads=True)
+
+
+def _cancelled(names: Sequence[str], vanishing: BoolArray, judged: BoolArray) -> BoolArray:
+    """The biases whose gradient is nil while their module's weight learns: zero by
+    construction, not vanishing. A conv/linear bias right before a BatchNorm (the norm
+    subtracts the batch mean, so the gradient reaching the bias sums to zero in every channel)
+    is the common case; a module whose gradients vanish loses all its parameters' at once."""
+    out = np.zeros(len(names), dtype=bool)
+    if not vanishing.any():
+        return out
+    learning: set[str] = set()
+    for i in np.flatnonzero(judged & ~vanishing):
+        learning.add(names[i].rpartition(".")[0])
+    for i in np.flatnonzero(vanishing):
+        module, _, leaf = names[i].rpartition(".")
+        out[i] = leaf == "bias" and bool(module) and module in learning
+    return out
 
 
 def _dead_modules(view: View, fraction: float) -> bool:
