@@ -180,6 +180,23 @@ def classify_sgd_long(steps: int, attach: Attach) -> None:
         mon.log(loss=loss)
 
 
+def classify_adam_small_batch(steps: int, attach: Attach) -> None:
+    # Batches of 8 on a classifier that converges to ~1e-5: most steps' gradients are tiny,
+    # a hard sample now and then makes one 100x-1000x the rest (the heavy tail of a converged
+    # run's noise, not a spike).
+    model = mlp(width=16, depth=2, out=4)
+    task = Patterns(noise=0.4)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    mon = attach(model, opt, total_steps=steps)
+    for _ in range(steps):
+        x, y = task.batch(8)
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        mon.log(loss=loss)
+
+
 def _slow_forward(module: nn.Module, args: object, output: object) -> None:
     time.sleep(0.05)
 
@@ -209,6 +226,8 @@ HEALTHY = (
              6000, 2500),
     Scenario("classify_sgd_long", "MLP", "SGD classifier, loss to ~0 and flat", classify_sgd_long,
              5000, 1000),
+    Scenario("classify_adam_small_batch", "MLP", "Adam classifier, batches of 8, loss to ~1e-5",
+             classify_adam_small_batch, 5000, 3000),
     Scenario("mlp_sgd_steplr", "MLP", "SGD momentum + StepLR, tanh", mlp_sgd_steplr, 2000, 400),
     Scenario("sgd_momentum", "MLP", "SGD momentum 0.9, lr 0.05, no schedule",
              sgd_momentum_regression, 4000, 400),
