@@ -516,9 +516,9 @@ def _cancelled(names: Sequence[str], vanishing: BoolArray, judged: BoolArray) ->
     if not vanishing.any():
         return out
     learning: set[str] = set()
-    for i in np.flatnonzero(judged & ~vanishing):
+    for i in np.flatnonzero(judged & ~vanishing).tolist():
         learning.add(names[i].rpartition(".")[0])
-    for i in np.flatnonzero(vanishing):
+    for i in np.flatnonzero(vanishing).tolist():
         module, _, leaf = names[i].rpartition(".")
         out[i] = leaf == "bias" and bool(module) and module in learning
     return out
