@@ -162,6 +162,8 @@ class Pipeline:
             dict.fromkeys(parts.backend.keys, math.nan) if isinstance(sampled, Hung) else sampled
         )
         row = {"time": parts.clock(), "step": float(parts.current_step()), **sample}
+        # What nbmonitor's own stores hold: the leak rule does not count it as the user's.
+        row["monitor_bytes"] = float(self.model.steps.nbytes + self.model.system.nbytes)
         if parts.current_phase is not None:
             phase = parts.current_phase()
             row["phase"] = math.nan if phase is None else float(phase)
