@@ -173,6 +173,7 @@ class Monitor:
         exps = self.options.export
         if not exps:
             return []
+        from nbmonitor._engine.pipeline import SINK_RETRY_S
         from nbmonitor.export import PER_RANK, open_sinks
         from nbmonitor.sinks.exporter import ExportContext
 
@@ -187,7 +188,7 @@ class Monitor:
             live=True,
             uuids=gpu_uuids(self.backend.name),
         )
-        return open_sinks(exps, context, self.errors_log)
+        return open_sinks(exps, context, self.errors_log, retry_after=SINK_RETRY_S)
 
     def _setup_views(self, display: bool) -> None:
         from nbmonitor.ui.console import ConsoleView, console_logger
