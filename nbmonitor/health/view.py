@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from nbmonitor.health.structure import Structure
 from nbmonitor.health.window import BoolArray, FloatArray
 from nbmonitor.records import OptimizerRecord
 
@@ -86,6 +87,9 @@ class HealthInput:
     # What the optimizer is and which faster implementations it offers (the time rules
     # suggest only those the run does not use); None when not known.
     optimizer: OptimizerRecord | None = None
+    # What the training side read of the model, the optimizer, the loss's graph and the
+    # loop's order (health/structure.py); None when nothing was read.
+    structure: Structure | None = None
 
 
 class View:
