@@ -56,6 +56,17 @@ class Structure:
                 return o
         return None
 
+    def recent(self, kind: str, n: int, key: str | None = None) -> tuple[Observation, ...]:
+        """The newest ``n`` observations of ``kind`` (those where ``key`` is known, not
+        None, when given), oldest first."""
+        out: list[Observation] = []
+        for o in reversed(self.observations):
+            if o.kind == kind and (key is None or o.facts.get(key) is not None):
+                out.append(o)
+                if len(out) >= n:
+                    break
+        return tuple(reversed(out))
+
     def until(self, step: float) -> Structure:
         kept = tuple(o for o in self.observations if o.step <= step)
         return self if len(kept) == len(self.observations) else Structure(kept)
@@ -87,4 +98,18 @@ class StructureLog:
         self._kinds.clear()
 
 
-__all__ = ["KEEP", "Facts", "Observation", "Structure", "StructureLog"]
+def structure_of(view_inp: object) -> Structure | None:
+    """The structure of a ``HealthInput`` (None when nothing was read)."""
+    structure = getattr(view_inp, "structure", None)
+    return structure if isinstance(structure, Structure) and structure else None
+
+
+def steady(observations: tuple[Observation, ...], least: int, holds: object) -> bool:
+    """Whether at least ``least`` observations exist and ``holds`` (a predicate) is true of
+    every one: a structural fact seen on consecutive sampled steps, not once by chance."""
+    if len(observations) < least or not callable(holds):
+        return False
+    return all(holds(o) for o in observations)
+
+
+__all__ = ["KEEP", "Facts", "Observation", "Structure", "StructureLog", "steady", "structure_of"]

@@ -74,7 +74,10 @@ _WANTS_LOGITS = {
     "LogSoftmaxBackward0": ("SoftmaxBackward0", "cross_entropy"),
     "NllLossBackward0": ("SoftmaxBackward0", "nll_loss"),
     "NllLoss2DBackward0": ("SoftmaxBackward0", "nll_loss"),
-    "BinaryCrossEntropyWithLogitsBackward0": ("SigmoidBackward0", "binary_cross_entropy_with_logits"),
+    "BinaryCrossEntropyWithLogitsBackward0": (
+        "SigmoidBackward0",
+        "binary_cross_entropy_with_logits",
+    ),
 }
 # Loss nodes whose reduction is saved on the node (ATen's Reduction: 0 none, 1 mean, 2 sum).
 _LOSS_NODES = frozenset(
@@ -151,7 +154,10 @@ def optimizer_facts(
             )
         )
     n_half = sum(
-        1 for group in optimizer.param_groups for p in group.get("params", ()) if p.dtype == torch.float16
+        1
+        for group in optimizer.param_groups
+        for p in group.get("params", ())
+        if p.dtype == torch.float16
     )
     facts: tuple[tuple[str, Fact], ...] = (
         ("name", type(optimizer).__name__),
@@ -229,16 +235,25 @@ class StructureProbe(ProbeBase):
         first: tuple[str, nn.Module] | None = None
         for name, module in modules.items():
             if isinstance(module, _MODE_KINDS):
-                counts = part_trains(name)
+                own = [p for p in module.parameters(recurse=False)]
+                # A BatchNorm whose own weights are frozen, or any such module in a part that
+                # does not train, is left in eval() on purpose (a frozen backbone).
+                counts = any(p.requires_grad for p in own) if own else part_trains(name)
                 self._modes.append((name, weakref.ref(module), counts))
-                modes.append((name, _kind(module), counts))
+                owned = tuple(
+                    f"{name}.{n}" if name else n for n, _ in module.named_parameters(recurse=False)
+                )
+                modes.append((name, _kind(module), counts, owned))
             if isinstance(module, nn.Softmax | nn.LogSoftmax):
                 softmax.append(name)
             elif isinstance(module, nn.Sigmoid):
                 sigmoid.append(name)
-            if first is None and not next(module.children(), None):
-                if next(module.parameters(recurse=False), None) is not None:
-                    first = (name, module)
+            if (
+                first is None
+                and next(module.children(), None) is None
+                and next(module.parameters(recurse=False), None) is not None
+            ):
+                first = (name, module)
         if first is not None:
             name, module = first
             self._first = (name, weakref.ref(module), not isinstance(module, _SCALE_FREE))
@@ -252,6 +267,15 @@ class StructureProbe(ProbeBase):
             ("modes", tuple(modes)),
             ("first_layer", first[0] if first else None),
             ("first_layer_kind", _kind(first[1]) if first else None),
+            (
+                "first_layer_params",
+                tuple(
+                    f"{first[0]}.{n}" if first[0] else n
+                    for n, _ in first[1].named_parameters(recurse=False)
+                )
+                if first
+                else (),
+            ),
             ("softmax_modules", tuple(softmax)),
             ("sigmoid_modules", tuple(sigmoid)),
             ("dtypes", tuple(sorted(dtypes.items()))),
@@ -522,9 +546,13 @@ def walk(
             if isinstance(reduction, int):
                 out["reduction"] = _REDUCTIONS.get(reduction)
         wants = _WANTS_LOGITS.get(name)
-        if wants is not None and out["probabilities_into"] is None and node.next_functions:
-            if _through_views(node.next_functions[0][0]) == wants[0]:
-                out["probabilities_into"] = wants[1]
+        if (
+            wants is not None
+            and out["probabilities_into"] is None
+            and node.next_functions
+            and _through_views(node.next_functions[0][0]) == wants[0]
+        ):
+            out["probabilities_into"] = wants[1]
         for child, _ in node.next_functions:
             if child is not None:
                 queue.append(child)

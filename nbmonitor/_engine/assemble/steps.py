@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from nbmonitor._engine.assemble import alike
@@ -108,7 +108,7 @@ class StepAssembler:
         self.layer_norms: list[LayerNorms] = []
         self.aux: list[tuple[AuxRecord, list[float]]] = []
         # Structural facts read by the training side (records.StructureRecord), resolved.
-        self.structure: list[tuple[int, str, dict[str, object]]] = []
+        self.structure: list[tuple[int, str, Mapping[str, object]]] = []
         # What could not be read since the caller last took it: (source, error), e.g.
         # ("log:acc", ValueError(...)). The rest of each record, and every other record, is kept.
         self.failures: list[tuple[str, Exception]] = []
@@ -392,7 +392,7 @@ class StepAssembler:
         self.layer_norms, self.aux = [], []
         return out
 
-    def take_structure(self) -> list[tuple[int, str, dict[str, object]]]:
+    def take_structure(self) -> list[tuple[int, str, Mapping[str, object]]]:
         """The structural facts since the last call: (step, kind, facts)."""
         out, self.structure = self.structure, []
         return out
