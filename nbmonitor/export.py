@@ -235,6 +235,9 @@ def export_run(
 
 
 def _where(sink: Sink) -> str:
+    where = getattr(sink, "where", None)
+    if isinstance(where, str):
+        return where
     for attr in ("out", "root"):
         value = getattr(sink, attr, None)
         if isinstance(value, pathlib.Path):

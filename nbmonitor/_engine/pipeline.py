@@ -357,7 +357,7 @@ class Pipeline:
     def add_alerts(self, alerts: Iterable[Alert]) -> None:
         added = self.model.add_alerts(alerts)
         if added:
-            self._pending["events"].extend(dataclasses.asdict(a) for a in added)
+            self._pending["events"].extend(a.to_record() for a in added)
             self.published = dataclasses.replace(self.published, alerts=self.model.alerts)
 
     def _publish_state(self, step: int, open_rows: tuple[dict[str, float], ...]) -> None:

@@ -22,7 +22,6 @@ from nbmonitor.memory import MemoryBreakdown
 GRAD_PREFIX = "grad_norm/"
 PARAM_PREFIX = "param_norm/"
 RATIO_PREFIX = "update_ratio/"
-ALERT_FIELDS = ("rule", "severity", "message", "step", "time", "layers", "subject")
 
 
 def run_info(meta: Mapping[str, Any], name: str) -> RunInfo:
@@ -108,22 +107,9 @@ class RunState:
             return
 
     def add_events(self, events: Iterable[Mapping[str, Any]]) -> None:
-        alerts = []
-        for event in events:
-            try:
-                alerts.append(
-                    Alert(
-                        rule=str(event["rule"]),
-                        severity=str(event.get("severity", "info")),
-                        message=str(event.get("message", "")),
-                        step=int(event.get("step", 0)),
-                        time=float(event.get("time", math.nan)),
-                        layers=tuple(str(n) for n in event.get("layers", ()) or ()),
-                        subject=str(event.get("subject", "run")),  # runs before subjects: "run"
-                    )
-                )
-            except (KeyError, TypeError, ValueError):
-                continue  # one bad record never costs the others
+        """Records of events.jsonl as alerts (typed and bounded: ``Alert.from_record``); a
+        record that is not one is skipped (one bad record never costs the others)."""
+        alerts = [a for a in map(Alert.from_record, events) if a is not None]
         self.model.add_alerts(alerts)
 
     def _add_layer_columns(self, columns: Mapping[str, np.ndarray[Any, Any]]) -> None:

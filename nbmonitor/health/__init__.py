@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from nbmonitor.health.alert import Alert
 from nbmonitor.health.checker import Health
+from nbmonitor.health.diagnose import cause_alert, symptom_alert
+from nbmonitor.health.doc import RuleDoc
 from nbmonitor.health.rule import Outcome, Rule, RuleFactory
 from nbmonitor.health.rules import RULES
 from nbmonitor.health.rules.gradients import non_finite_gradients
@@ -22,9 +24,12 @@ __all__ = [
     "HealthInput",
     "Outcome",
     "Rule",
+    "RuleDoc",
     "RuleFactory",
     "Thresholds",
     "View",
+    "cause_alert",
     "name_list",
     "non_finite_gradients",
+    "symptom_alert",
 ]

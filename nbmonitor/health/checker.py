@@ -14,6 +14,10 @@ layers that joined since the last; so while a rule holds for subjects it has alr
 subjects that join it within ``rearm_steps`` of its last alert are taken into that episode
 without an alert of their own (they are named in the rule's next alert, with the subjects that
 join after that window, if they still hold then).
+
+The alerts of each judged slice are then sorted by the differential diagnosis
+(``differential.py``): a cause that holds takes in the symptoms it declares it explains
+(``explains``), and a symptom is raised on its own only when no open cause explains it.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from nbmonitor.health.alert import Alert
+from nbmonitor.health.differential import Differential
 from nbmonitor.health.rule import Outcome, Rule, RuleFactory
 from nbmonitor.health.rules import RULES
 from nbmonitor.health.slices import cuts, until
@@ -59,6 +64,7 @@ class Health:
         self._alerted: dict[str, int] = {}
         # rule -> subjects taken into its episode without an alert, in the order they joined
         self._unsaid: dict[str, list[str]] = {}
+        self.differential = Differential(self.rules)
 
     @property
     def judged_step(self) -> float | None:
@@ -132,6 +138,7 @@ class Health:
         alerts: list[Alert] = []
         for outcome in [rule.check(view) for rule in self.rules]:
             alerts.extend(self._settle(outcome, inp.step))
+        alerts = self.differential.sort(alerts, self._open)
         if view.step_col.size:
             self._last_step = float(view.step_col[-1])
         if view.layer_step_col.size:
@@ -143,12 +150,21 @@ class Health:
         self._active.clear()
         self._alerted.clear()
         self._unsaid.clear()
+        self.differential.reset()
         self._last_step = None
         self._last_layer_step = None
         self._grid_time = None
         self.behind = False
         for rule in self.rules:
             rule.reset()
+
+    def _open(self, alert: Alert) -> bool:
+        """Whether the episode ``alert`` was raised for is still open: its rule still holds
+        for one of its subjects, or has not been clear for ``rearm_steps`` yet."""
+        active = self._active.get(alert.rule)
+        if not active:
+            return False
+        return not alert.layers or any(layer in active for layer in alert.layers)
 
     def _settle(self, outcome: Outcome, step: int) -> list[Alert]:
         rule = outcome.rule

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from nbmonitor.health.alert import Alert
+from nbmonitor.health.doc import RuleDoc
 from nbmonitor.health.thresholds import Thresholds
 from nbmonitor.health.view import View
 
@@ -50,9 +51,15 @@ RuleFactory = Callable[[Thresholds], Rule]
 
 
 class Base:
-    """What most rules share: the thresholds, and no run-wide state to reset."""
+    """What most rules share: the thresholds, and no run-wide state to reset.
+
+    ``explains``: the rules whose alerts this one's explains (a cause's symptoms; ``Health``
+    folds them into its alert, ``differential.py``). ``doc``: its entry in the table of causes
+    (``doc.RuleDoc``; every registered rule has one)."""
 
     name = ""
+    explains: tuple[str, ...] = ()
+    doc: RuleDoc | None = None
 
     def __init__(self, thresholds: Thresholds) -> None:
         self.thresholds = thresholds
@@ -79,4 +86,29 @@ def clear(rule: str) -> Outcome:
     return Outcome(rule, (), always, lambda _new: [])
 
 
-__all__ = ["Base", "Outcome", "Rule", "RuleFactory", "always", "clear", "never", "nothing"]
+def explains_of(rule: object) -> tuple[str, ...]:
+    """The rules whose alerts ``rule`` explains (its ``explains``; none if it has none)."""
+    names = getattr(rule, "explains", ())
+    if not isinstance(names, tuple | list) or not all(isinstance(n, str) for n in names):
+        raise TypeError(f"{type(rule).__name__}.explains must be a tuple of rule names.")
+    return tuple(names)
+
+
+def doc_of(rule: object) -> RuleDoc | None:
+    """The rule's ``doc`` (None if it has none)."""
+    doc = getattr(rule, "doc", None)
+    return doc if isinstance(doc, RuleDoc) else None
+
+
+__all__ = [
+    "Base",
+    "Outcome",
+    "Rule",
+    "RuleFactory",
+    "always",
+    "clear",
+    "doc_of",
+    "explains_of",
+    "never",
+    "nothing",
+]

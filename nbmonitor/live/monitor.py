@@ -22,6 +22,7 @@ import numpy.typing as npt
 import torch
 
 import nbmonitor.backends.selection as _backends
+from nbmonitor._capture import frameworks
 from nbmonitor._capture.capture import build_capture
 from nbmonitor._capture.dist import RankInfo, rank_info
 from nbmonitor._capture.heap import settle_heap
@@ -70,6 +71,8 @@ class Monitor:
         timer: Callable[[], float] = time.perf_counter,
         **options: Unpack[AttachOptions],
     ) -> None:
+        # Read from the optimizer as given: a framework's wrapper says how it accumulates.
+        accumulation = frameworks.accumulation(model, optimizer)
         optimizer = check_model(model, optimizer)
         opts = Options.from_kwargs(options)
         self.options = opts
@@ -99,6 +102,7 @@ class Monitor:
             phases=opts.phases,
             clock=timer,
             wall_clock=clock,
+            accumulation=accumulation,
         )
         # Held until start(); then the model's hooks hold the step clock and this only weakly.
         self._capture: Any = capture

@@ -139,7 +139,7 @@ def _check_events(r: Record) -> str | None:
     step = r.get("step")
     if step is not None and not _finite_int(step):
         return f"step {_short(step)} is not a finite integer"
-    for key in ("rule", "severity", "message", "subject", "kind"):
+    for key in ("rule", "severity", "message", "subject", "kind", "cause", "place", "fix"):
         if key in r and not isinstance(r[key], (str, type(None))):
             return f"{key} is not a string"
     layers = r.get("layers")
@@ -147,6 +147,10 @@ def _check_events(r: Record) -> str | None:
         isinstance(layers, list) and all(isinstance(x, str) for x in layers)
     ):
         return "layers is not a list of names"
+    if not isinstance(r.get("evidence"), (dict, type(None))):
+        return "evidence is not an object"
+    if not isinstance(r.get("explains"), (list, type(None))):
+        return "explains is not a list"
     return None
 
 

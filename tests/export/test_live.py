@@ -133,3 +133,45 @@ def test_unknown_target_is_refused_at_attach(tmp_path: pathlib.Path) -> None:
         nbmonitor.attach(model, run_dir=tmp_path, display=False, export=["csv", "CSV"])
     with pytest.raises(TypeError, match="export= takes"):
         nbmonitor.attach(model, run_dir=tmp_path, display=False, export=[3])
+
+
+def test_live_mlflow_without_a_tracking_uri_keeps_every_metric_and_the_config(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``export=["mlflow"]`` with the extra's mlflow-skinny and no MLFLOW_TRACKING_URI: a file
+    store in the run folder; a key MLflow's names refuse (``acc@1``) is mapped and costs no
+    other metric; the model and optimizer are the run's params."""
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    for key in ("MLFLOW_TRACKING_URI", "MLFLOW_ALLOW_FILE_STORE", "MLFLOW_EXPERIMENT_NAME"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.chdir(tmp_path)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    mon = nbmonitor.attach(
+        model, opt, run_dir=tmp_path / "runs", display=False, interval=0.05, export=["mlflow"]
+    )
+    for _ in range(STEPS):
+        loss = model(torch.randn(8, 4)).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        mon.log(loss=loss, **{"acc@1": 0.5})
+    mon.close()
+    assert mon.errors == [], mon.errors
+    store = mon.run_dir / "mlruns"
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3's own reader asks for it
+    client = MlflowClient(store.as_uri())
+    (found,) = client.search_runs([client.get_experiment_by_name("nbmonitor").experiment_id])
+    assert found.info.status == "FINISHED" and found.info.run_name == mon.name
+    history = client.get_metric_history(found.info.run_id, "train/loss")
+    assert sorted(m.step for m in history) == list(range(1, STEPS + 1))
+    acc = client.get_metric_history(found.info.run_id, "train/acc_1")
+    assert len(acc) == STEPS and {m.value for m in acc} == {0.5}
+    params = found.data.params
+    assert params["nbmonitor.model.class"] == "Sequential"
+    assert params["nbmonitor.optimizer.class"] == "SGD"
+    assert float(params["nbmonitor.optimizer.defaults.lr"]) == 0.01
+    assert float(params["nbmonitor.optimizer.defaults.momentum"]) == 0.9

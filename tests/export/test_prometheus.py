@@ -20,6 +20,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("prometheus_client")
 
+from tests.required import missing_tool  # noqa: E402
+
 import nbmonitor  # noqa: E402
 from nbmonitor.sinks import Batch  # noqa: E402
 from nbmonitor.sinks.exporter import ExportContext  # noqa: E402
@@ -27,7 +29,7 @@ from nbmonitor.sinks.prometheus import Prometheus, endpoints, metric_name  # noq
 
 PROMETHEUS = shutil.which("prometheus")
 PROMTOOL = shutil.which("promtool")
-NO_SERVER = "Debian's prometheus is not installed (.ci/run installs it: apt-get install prometheus)"
+NO_SERVER = "Debian's prometheus is not installed (apt-get install prometheus)"
 
 
 def free_port() -> int:
@@ -69,7 +71,7 @@ def server(tmp_path: pathlib.Path) -> Iterator[tuple[str, int]]:
     """A Prometheus server on 127.0.0.1 scraping 127.0.0.1:<target> every 0.5 s; yields its
     API address and the target port."""
     if PROMETHEUS is None:
-        pytest.skip(NO_SERVER)
+        missing_tool(NO_SERVER)
     target, port = free_port(), free_port()
     config = tmp_path / "prometheus.yml"
     config.write_text(
@@ -133,7 +135,7 @@ def test_a_real_prometheus_scrapes_the_run_with_its_labels(
 
 def test_promtool_finds_the_exposition_clean_with_dcgm_labels(tmp_path: pathlib.Path) -> None:
     if PROMTOOL is None:
-        pytest.skip(NO_SERVER)
+        missing_tool(NO_SERVER)
     context = ExportContext(
         "20240101-000000-run", tmp_path, {"host": "node7"}, uuids=["GPU-1234", "GPU-5678"]
     )

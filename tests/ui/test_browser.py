@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.required import missing_tool
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -41,7 +42,7 @@ INSTALLED = bool(os.environ.get("NBMONITOR_TEST_INSTALLED"))
 
 
 def _require_browser() -> Any:
-    """Playwright's sync API; skip locally without Chromium, but never skip in CI."""
+    """Playwright's sync API; skip by hand without Chromium, fail under scripts/test or CI."""
     missing = None
     if not CHROMIUM.exists():
         missing = f"{CHROMIUM} not found"
@@ -50,9 +51,7 @@ def _require_browser() -> Any:
     except ImportError:
         missing = "playwright is not installed"
     if missing:
-        if os.environ.get("CI"):
-            pytest.fail(f"browser test cannot run in CI: {missing}")
-        pytest.skip(missing)
+        missing_tool(f"browser test cannot run: {missing}")
     return sync_api
 
 

@@ -12,6 +12,8 @@ import numpy as np
 
 from nbmonitor.health import alert as subjects
 from nbmonitor.health.alert import Alert
+from nbmonitor.health.diagnose import cause_alert
+from nbmonitor.health.doc import CAUSE, RuleDoc
 from nbmonitor.health.rule import Base, Outcome, always, clear, nothing
 from nbmonitor.health.view import View
 from nbmonitor.health.window import trailing_counts
@@ -21,6 +23,13 @@ SKIPPED = "step_skipped"
 
 class ScalerSkipping(Base):
     name = "scaler_skipping"
+    doc = RuleDoc(
+        CAUSE,
+        "a `GradScaler` skips most optimizer steps: float16 gradients overflow at every scale",
+        "`step_skipped` on at least `skip_steps` (20) of the last 40 steps",
+        "find the overflow (`check_forward=True`), keep the loss in float32, or use bfloat16",
+        ("a scaler finding its scale in the first steps", "a skip now and then"),
+    )
 
     def check(self, view: View) -> Outcome:
         rule = self.name
@@ -39,17 +48,17 @@ class ScalerSkipping(Base):
 
         def make(_new: list[str]) -> list[Alert]:
             return [
-                Alert(
+                cause_alert(
                     rule,
-                    "warning",
-                    f"The GradScaler skipped {n} of the last {of} optimizer steps (by step "
-                    f"{int(step)}): the fp16 gradients overflow at every scale it tries, so "
-                    "those steps train nothing. Find the overflow (attach(..., "
-                    "check_forward=True) names the first module with an Inf output), keep "
-                    "the loss and large reductions in float32, use bfloat16, or lower the "
-                    "learning rate.",
-                    int(step),
-                    view.time_at(step),
+                    cause="The GradScaler skips most optimizer steps: the float16 gradients "
+                    "overflow at every scale it tries, so those steps train nothing",
+                    said=f"it skipped {n} of the last {of} optimizer steps, by step {int(step)}",
+                    evidence={"skipped": n, "of_steps": of, "first_step": int(step)},
+                    fix="find the overflow (attach(..., check_forward=True) names the first "
+                    "module with an Inf output) and keep the loss and large reductions in "
+                    "float32, or train in bfloat16",
+                    step=int(step),
+                    time=view.time_at(step),
                     subject=subjects.RUN,
                 )
             ]
