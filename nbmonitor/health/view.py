@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from nbmonitor.health.adapters import Adapters
 from nbmonitor.health.structure import Structure
 from nbmonitor.health.window import BoolArray, FloatArray
 from nbmonitor.records import OptimizerRecord
@@ -90,6 +91,8 @@ class HealthInput:
     # What the training side read of the model, the optimizer, the loss's graph and the
     # loop's order (health/structure.py); None when nothing was read.
     structure: Structure | None = None
+    # The adapters of a fine-tune and the base they sit on (read at attach), or None.
+    adapters: Adapters | None = None
 
 
 class View:
