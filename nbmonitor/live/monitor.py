@@ -31,6 +31,7 @@ from nbmonitor._engine.frame import Frame, RunInfo, View
 from nbmonitor._engine.published import history
 from nbmonitor.errors import ErrorLog, Guard
 from nbmonitor.health import Alert, Health
+from nbmonitor.health.explain import Explanation, explain
 from nbmonitor.live import ranks as _ranks
 from nbmonitor.live import registry as _registry
 from nbmonitor.live.build import build_sampler
@@ -291,8 +292,17 @@ class Monitor:
         return self._pipeline.model.system.history()
 
     def events(self) -> list[Alert]:
-        """Alerts raised so far, oldest first (as of the sampler's last tick)."""
+        """Alerts raised so far, oldest first (as of the sampler's last tick):
+        ``nbmonitor.health.Alert`` objects, the type ``nbmonitor.open(path).events()`` returns."""
         return list(self._pipeline.published.alerts)
+
+    def explain(self, which: Alert | int | str | None = None) -> Explanation:
+        """What an alert says, as data: its cause, evidence, place and fix, the symptoms it
+        took in, or the cause that took it in. ``which``: an alert of ``events()``, an index
+        into them (``-1``: the newest), a rule name (its newest alert), or None (the newest
+        alert). ``LookupError`` when there is no such alert. A run read back from disk
+        (``nbmonitor.open(run_dir).explain``) explains it the same way."""
+        return explain(self.events(), which, "mon.explain")
 
     def layers(self, as_dataframe: bool = False) -> Any:
         """One row per layer: name, shape, numel, dtype, device, requires_grad, in_optimizer,
