@@ -26,10 +26,11 @@ from typing import TextIO
 
 from nbmonitor._version import __version__
 
-# How long the demo trains unmonitored first, to estimate its number of steps (for the
-# progress bar and the ETA): a tenth of the run, between these bounds.
-WARMUP_MIN_S = 0.2
-WARMUP_MAX_S = 1.0
+# The demo's pace: a step every 1/DEMO_STEPS_PER_S seconds (the wait before each is its data
+# phase, as a data loader's would be), so its step count, its ETA and its lr schedule are
+# known before it starts, whatever the machine: a steady rate rather than an estimate timed on a
+# machine whose load changes. A machine slower than this takes longer, for the same steps.
+DEMO_STEPS_PER_S = 20
 
 
 def demo(seconds: float, run_dir: str, interval: float) -> int:
@@ -57,28 +58,19 @@ def demo(seconds: float, run_dir: str, interval: float) -> int:
         optimizer.zero_grad(set_to_none=True)
         return loss
 
-    # The step rate differs a hundredfold between machines: a timed warm-up sets total_steps
-    # (what the progress bar and the ETA count towards); the deadline alone ends the run.
-    for _ in range(5):  # the first steps pay one-off costs (allocator, kernel selection)
-        train_step()
-    warmup_s = min(WARMUP_MAX_S, max(WARMUP_MIN_S, seconds / 10))
-    warmup_steps = 0
-    start = time.monotonic()
-    while time.monotonic() - start < warmup_s:
-        train_step()
-        warmup_steps += 1
-    per_step_s = (time.monotonic() - start) / warmup_steps
-    estimate = max(1, math.ceil(seconds / per_step_s))
-    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=estimate)
-
+    steps = max(1, math.ceil(seconds * DEMO_STEPS_PER_S))
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=steps)
     with nbmonitor.attach(
-        model, optimizer, total_steps=estimate, run_dir=run_dir, name="demo", interval=interval
+        model, optimizer, total_steps=steps, run_dir=run_dir, name="demo", interval=interval
     ) as mon:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
+        start = time.monotonic()
+        for step in range(steps):
+            # Step i starts at i+1 intervals at the earliest: the last one ends past ``seconds``.
+            wait = start + (step + 1) / DEMO_STEPS_PER_S - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
             loss = train_step()
-            if scheduler.last_epoch < estimate:  # past T_max the cosine would climb again
-                scheduler.step()
+            scheduler.step()
             mon.log(loss=loss)
     history = mon.history()
     print(
@@ -89,7 +81,12 @@ def demo(seconds: float, run_dir: str, interval: float) -> int:
 
 
 def _positive(text: str) -> float:
-    value = float(text)
+    # ArgumentTypeError, never ValueError: argparse would name this function in its message
+    # ("invalid _positive value").
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive number, not {text!r}") from None
     if not (value > 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"must be a positive number, not {text}")
     return value
@@ -101,15 +98,20 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="train a tiny model on synthetic data with the monitor attached",
         description=(
             "Train a small MLP on synthetic regression data for a fixed time with the monitor "
-            "attached: a status line is printed every few seconds, and the run is written "
-            "to RUN_DIR (open it later with nbmonitor.open(path))."
+            f"attached, at a steady {DEMO_STEPS_PER_S} steps a second (so the step count, the "
+            "ETA and the cosine lr schedule are known from the start): a status line is printed "
+            "every few seconds, and the run is written to RUN_DIR (open it later with "
+            "nbmonitor.open(path))."
         ),
     )
     p.add_argument(
         "--seconds",
         type=_positive,
         default=20.0,
-        help="how long to train, in seconds (default: %(default)g)",
+        help=(
+            f"how long to train, in seconds, at {DEMO_STEPS_PER_S} steps a second (a machine "
+            "slower than that takes longer for the same steps; default: %(default)g)"
+        ),
     )
     p.add_argument(
         "--run-dir",
@@ -137,32 +139,60 @@ def _is_run(path: Path) -> bool:
     return os.path.lexists(path / "meta.json")
 
 
-def _wait_for(path: Path, wait: float, interval: float) -> bool:
-    """Whether the run (or folder of runs) at ``path`` appeared within ``wait`` seconds."""
+def _holds_run(path: Path) -> bool:
+    """Whether ``path`` is a run (or job) folder or a folder with a run in it."""
     from nbmonitor.runs import list_runs
+
+    if _is_run(path):
+        return True
+    try:
+        return path.is_dir() and len(list_runs(path)) > 0
+    except Exception:  # being made right now: the next look sees it
+        return False
+
+
+# How long a folder that exists but holds no run is looked at again before ``tail`` says so:
+# a run folder being made has its meta.json a moment after the folder.
+HOLDS_NO_RUN_GRACE_S = 1.0
+
+
+def _wait_for(path: Path, wait: float, interval: float) -> bool:
+    """Whether the run (or folder of runs) at ``path``, which does not exist yet, appeared
+    within ``wait`` seconds."""
     from nbmonitor.runs.text import printable
 
-    def ready() -> bool:
-        if _is_run(path):
-            return True
-        try:
-            return path.is_dir() and len(list_runs(path)) > 0
-        except Exception:  # being made right now: the next look sees it
-            return False
-
-    if ready():
+    if _holds_run(path):
         return True
     print(
         f"nbmonitor tail: waiting for {printable(str(path))} to appear "
         f"(up to {wait:g} s; --wait sets how long)",
         flush=True,
     )
+    return _poll(path, wait, interval)
+
+
+def _poll(path: Path, wait: float, interval: float) -> bool:
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         time.sleep(min(interval, 0.5, max(0.0, deadline - time.monotonic())))
-        if ready():
+        if _holds_run(path):
             return True
     return False
+
+
+def _not_a_run(run: str, path: Path, interval: float) -> str | None:
+    """Why ``path``, which exists, cannot be followed (a file, a folder with no run in it),
+    or None when it can."""
+    if not path.is_dir():
+        if _is_run(path.parent):
+            return f"'{run}' is a file of the run '{path.parent}'; pass that folder."
+        return f"'{run}' is a file, not a run folder; pass the folder of one run (with meta.json)."
+    if _holds_run(path) or _poll(path, HOLDS_NO_RUN_GRACE_S, interval):
+        return None
+    return (
+        f"'{run}' holds no run (no meta.json in it or in its folders); pass the folder of one "
+        "run, or a folder of runs."
+    )
 
 
 def tail(run: str, interval: float, wait: float, tui: bool = False) -> int:
@@ -185,7 +215,12 @@ def tail(run: str, interval: float, wait: float, tui: bool = False) -> int:
             "does not exist either; check the path."
         )
         return 2
-    if not _wait_for(path, wait, interval):
+    if os.path.lexists(path):  # there now: what it holds is known at once
+        why = _not_a_run(run, path, interval)
+        if why is not None:
+            _say(f"nbmonitor tail: {why}")
+            return 2
+    elif not _wait_for(path, wait, interval):
         if path.is_dir():
             _say(f"nbmonitor tail: no run appeared in '{run}' within {wait:g} s; pass the "
                  "folder of one run, or --wait SECONDS to wait longer.")  # fmt: skip
@@ -270,7 +305,8 @@ def _add_runs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(run=lambda args: runs(args.folder))
 
 
-# Where --out goes for each target (trackio writes to TRACKIO_DIR, set in the environment).
+# Where --out goes for each target (trackio writes to TRACKIO_DIR, set in the environment;
+# MLflow's is a file store's URI).
 _OUT_OPTION = {"tensorboard": "log_dir", "parquet": "out", "csv": "out", "wandb": "dir"}
 
 
@@ -311,21 +347,25 @@ def export(run: str, to: str, out: str | None) -> int:
     from pathlib import Path
 
     from nbmonitor.errors import RunDirError
-    from nbmonitor.export import ExportError, export_run
+    from nbmonitor.export import FROM_DISK, ExportError, export_run, exporter
     from nbmonitor.runs.reader import run_path
 
+    try:
+        exporter(to)  # an unknown target is the reason, before anything about --out
+    except ValueError as exc:
+        print(exc)
+        return 1
     options: dict[str, object] = {}
-    if out is not None:
+    if out is not None and to in FROM_DISK:
         if to == "mlflow":
-            import os
-
-            # A folder is MLflow's file store, which MLflow 3 opens only when allowed.
-            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-            options["tracking_uri"] = Path(out).resolve().as_uri()
+            options["tracking_uri"] = Path(out).resolve().as_uri()  # a file store there
         elif to in _OUT_OPTION:
             options[_OUT_OPTION[to]] = out
         else:
-            print(f"nbmonitor export: --out does not apply to {to} (set TRACKIO_DIR instead).")
+            print(
+                f"nbmonitor export: --out does not apply to {to}: it writes where its "
+                "TRACKIO_DIR says (default ~/.cache/huggingface/trackio); set that instead."
+            )
             return 2
     bar = _Bar(f"{run_path(run).name} -> {to}")
     try:
@@ -410,7 +450,11 @@ def _add_top(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "the output is not a terminal. Needs the tui extra (Textual), but for --once."
         ),
     )
-    p.add_argument("--runs", default="runs", help="folder of runs to follow (default: %(default)s)")
+    p.add_argument(
+        "--runs",
+        default=None,
+        help="folder of runs to follow (default: runs, when it exists; a folder named here must)",
+    )
     p.add_argument(
         "--interval",
         type=_positive,
@@ -425,8 +469,16 @@ def _add_top(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     def run(args: argparse.Namespace) -> int:
         from nbmonitor.machine.top import top
 
+        if args.runs is not None and not Path(args.runs).is_dir():
+            # Named, so wanted: not a line the full-screen app would draw over at once.
+            what = "is not a folder" if os.path.lexists(args.runs) else "does not exist"
+            _say(
+                f"nbmonitor top: --runs '{args.runs}' {what}; name the folder your runs are "
+                "written to (attach's run_dir), or leave --runs out for devices only."
+            )
+            return 2
         return top(
-            args.runs,
+            args.runs if args.runs is not None else "runs",
             args.interval,
             once=args.once,
             devices=not args.no_devices,

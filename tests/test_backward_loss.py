@@ -141,6 +141,43 @@ def test_accelerate_backward(tmp_path: Path) -> None:
     np.testing.assert_allclose(h["loss"], want, rtol=1e-6)
 
 
+def test_accelerate_a_short_last_step_shows_the_mean_of_its_losses(tmp_path: Path) -> None:
+    # 9 batches an epoch, gradient_accumulation_steps=2: each epoch's last step has one
+    # micro-batch, which accelerator.backward divides by 2 all the same. The loss shown is the
+    # mean of the losses given to accelerator.backward over each step, the short ones included.
+    accelerate = pytest.importorskip("accelerate")
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(1)
+    accelerator = accelerate.Accelerator(cpu=True, gradient_accumulation_steps=2)
+    xs = torch.randint(0, 32, (36, 8), generator=gen)
+    data = torch.utils.data.TensorDataset(xs, torch.roll(xs, 1, dims=1))
+    model = TupleGPT()
+    model, opt, loader = accelerator.prepare(
+        model, torch.optim.SGD(model.parameters(), lr=1e-2), torch.utils.data.DataLoader(data, 4)
+    )
+    want: list[float] = []
+    micro: list[float] = []
+    counts: list[int] = []
+    with nbmonitor.attach(model, opt, run_dir=tmp_path, display=False) as mon:
+        for _ in range(2):
+            for x, y in loader:
+                with accelerator.accumulate(model):
+                    _, loss = model(x, y)
+                    micro.append(loss.item())
+                    accelerator.backward(loss)
+                    opt.step()
+                    opt.zero_grad()
+                if accelerator.sync_gradients:
+                    want.append(sum(micro) / len(micro))
+                    counts.append(len(micro))
+                    micro = []
+        assert mon.flush()
+        h = mon.history()
+    assert counts == [2, 2, 2, 2, 1] * 2
+    assert h["step"].tolist() == list(range(1, 11))
+    np.testing.assert_allclose(h["loss"], want, rtol=1e-6)
+
+
 def test_the_wrappers_leave_with_the_last_monitor(tmp_path: Path) -> None:
     model = TupleGPT()
     with nbmonitor.attach(model, run_dir=tmp_path, display=False):

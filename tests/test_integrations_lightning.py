@@ -37,15 +37,30 @@ class Regressor(L.LightningModule):
             torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1)
         )
         self.callback = callback
+        # Without the callback: a plain attach(self, optimizer) at the start of training.
+        self.plain: dict[str, Any] | None = None
+        self.plain_monitor: Any = None
 
     fail_at: int | None = None
+
+    def on_train_start(self) -> None:
+        if self.plain is not None:
+            self.plain_monitor = nbmonitor.attach(self, self.optimizers(), **self.plain)
+
+    def on_train_end(self) -> None:
+        if self.plain_monitor is not None:
+            self.plain_monitor.close()
+
+    @property
+    def monitor(self) -> Any:
+        return self.plain_monitor if self.plain is not None else self.callback.monitor
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         if self.trainer.global_step == self.fail_at:
             raise RuntimeError("a bug in training_step")
         x, y = batch
         loss = torch.nn.functional.mse_loss(self.body(x), y)
-        mon = self.callback.monitor
+        mon = self.monitor
         assert mon is not None
         mon.log(step_seen=float(self.trainer.global_step + 1))  # the step in progress
         return loss
@@ -89,12 +104,16 @@ def fit(
     clip: float | None,
     fail_at: int | None = None,
     plugins: list[Any] | None = None,
+    samples: int = 40,
+    plain: bool = False,
     **options: Any,
 ) -> tuple[Any, Reference, Any]:
+    """``plain``: no callback; the module attaches itself (``attach(self, self.optimizers())``)
+    when training starts. ``samples``: 36 makes 9 batches of 4, an odd count."""
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(1)
-    x = torch.randn(40, 8, generator=gen) * 5  # large inputs: norms well above the clip
-    data = torch.utils.data.TensorDataset(x, torch.randn(40, 1, generator=gen))
+    x = torch.randn(samples, 8, generator=gen) * 5  # large inputs: norms well above the clip
+    data = torch.utils.data.TensorDataset(x, torch.randn(samples, 1, generator=gen))
     callback = NbmonitorCallback(run_dir=tmp_path / "runs", display=False, **options)
     reference = Reference()
     trainer = L.Trainer(
@@ -104,7 +123,7 @@ def fit(
         val_check_interval=3,  # validation inside the epoch, between training steps
         limit_val_batches=2,
         accelerator="cpu",
-        callbacks=[callback, reference],
+        callbacks=[reference] if plain else [callback, reference],
         enable_progress_bar=False,
         logger=False,
         enable_checkpointing=False,
@@ -114,8 +133,46 @@ def fit(
     loader = torch.utils.data.DataLoader(data, batch_size=4)
     module = Regressor(callback)
     module.fail_at = fail_at
+    if plain:
+        module.plain = {"run_dir": tmp_path / "runs", "display": False, **options}
     trainer.fit(module, loader, torch.utils.data.DataLoader(data, batch_size=4))
-    return trainer, reference, callback.monitor
+    return trainer, reference, module.monitor
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("plain", [False, True], ids=["callback", "plain-attach"])
+def test_a_short_last_step_shows_lightnings_loss(tmp_path: Path, plain: bool) -> None:
+    # 9 batches an epoch, accumulate_grad_batches=2: each epoch ends with a step of one batch,
+    # whose loss Lightning divides by 2 for backward all the same. The loss shown is the mean
+    # of training_step's losses on every step, the short ones included.
+    trainer, reference, mon = fit(tmp_path, 2, None, samples=36, plain=plain)
+    assert mon is not None and mon.status == "closed" and not mon.errors
+    h = mon.history()
+    assert trainer.global_step == mon.step == 10
+    assert h["micro_batches"].tolist() == [2, 2, 2, 2, 1] * 2
+    np.testing.assert_allclose(h["loss"], reference.step_losses, rtol=1e-4)
+    np.testing.assert_allclose(h["grad_norm"], reference.norms, rtol=1e-4)
+
+
+@pytest.mark.timeout(600)
+def test_a_plain_attach_in_the_module_gives_the_callbacks_numbers(tmp_path: Path) -> None:
+    # attach(self, self.optimizers()) inside the LightningModule, no callback: training_step
+    # never calls the module itself, and still its batches, samples and logged values count as
+    # with the callback.
+    _, reference, plain = fit(tmp_path / "plain", 2, 0.5, plain=True)
+    _, _, callback = fit(tmp_path / "callback", 2, 0.5)
+    assert plain.status == "closed" and not plain.errors
+    p, c = plain.history(), callback.history()
+    assert p["step"].tolist() == c["step"].tolist() == list(range(1, 11))
+    for key in ("micro_batches", "samples", "loss", "grad_norm"):
+        np.testing.assert_allclose(p[key], c[key], rtol=1e-5, err_msg=key)
+    assert p["samples"].tolist() == [8.0] * 10
+    assert (p["samples_per_s"] > 0).all()
+    np.testing.assert_allclose(p["loss"], reference.step_losses, rtol=1e-4)
+    # mon.log inside training_step belongs to the step in progress.
+    assert p["step_seen"].tolist() == p["step"].tolist()
+    # Put back at close: the module's training_step is its class's again.
+    assert "training_step" not in plain._model_ref().__dict__
 
 
 @pytest.mark.timeout(300)

@@ -43,7 +43,7 @@ class Scenario:
     name: str
     family: str
     what: str  # the bug, or the healthy setup, in a few words
-    train: Callable[[int, Attach], None]
+    train: Callable[[int, Attach], object]  # may return the run's own numbers, for ``check``
     steps: int  # the full variant
     fast_steps: int  # the CI variant
     rules: tuple[str, ...] = ()  # the rules that name the bug (first: the main one); () healthy
@@ -51,6 +51,12 @@ class Scenario:
     bug_step: int = 0  # the step after which the bug is present (0: from the start)
     why_late: str = ""  # why the bug cannot be named within TARGET_STEPS, when it cannot
     load: int = 0  # CPU-bound processes competing with the run (LOAD_PER_CORE: one per core)
+    source: str = ""  # the public report of the bug or the pattern (URL or thread title)
+    signal: str = ""  # what a careful human sees in the run that makes naming the cause fair
+    # On what ``train`` returned, judged without the monitor: "" when the run showed its own
+    # signal (a broken run reproduced its bug; a healthy run trained), else what was missing.
+    check: Callable[[Any], str] | None = None
+    gpu: bool = False  # needs a CUDA device
 
     @property
     def healthy(self) -> bool:
@@ -65,6 +71,13 @@ class Score:
     final_loss: float
     alerts: list[Alert] = field(default_factory=list)
     hit: Alert | None = None  # the first alert that names the bug
+    result: Any = None  # what the scenario's ``train`` returned (its own numbers)
+
+    @property
+    def reproduced(self) -> str:
+        """ "" when the run showed its own signal (``Scenario.check``), else what was missing."""
+        check = self.scenario.check
+        return "" if check is None else check(self.result)
 
     @property
     def found(self) -> bool:
@@ -149,7 +162,7 @@ def run(scenario: Scenario, fast: bool = True, **extra: Any) -> Score:
         start = time.perf_counter()
         try:
             with cpu_load(scenario.load):
-                scenario.train(steps, attach)
+                result = scenario.train(steps, attach)
         finally:
             torch.set_num_threads(threads)
             for mon in monitors:
@@ -163,7 +176,7 @@ def run(scenario: Scenario, fast: bool = True, **extra: Any) -> Score:
     final = float(loss[-1]) if loss is not None and loss.size else math.nan
     hits = [a for a in alerts if matches(a, scenario)]
     hit = min(hits, key=lambda a: a.step) if hits else None
-    return Score(scenario, steps, seconds, final, alerts, hit)
+    return Score(scenario, steps, seconds, final, alerts, hit, result)
 
 
 __all__ = [

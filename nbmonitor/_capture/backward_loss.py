@@ -13,12 +13,18 @@ and what is left of the graph is a few small nodes the loop's own ``loss`` holds
 backward asked to keep its graph (``retain_graph``, ``create_graph``) keeps its saved
 tensors: that root is detached, and so is the root of a backward that raised (out of memory,
 an interrupt: its graph was not freed), so that nbmonitor never holds a graph's memory.
+
+Under a framework that divides each micro-batch's loss by its configured accumulation count
+(``frameworks.py``: Lightning, Accelerate), a step that ended with fewer roots than that count
+(an epoch's last) has each root scaled by count/roots when it is read, so that the step's sum
+is the mean of its micro-batches' losses, as the framework reports it.
 """
 
 from __future__ import annotations
 
 import collections
 import weakref
+from collections.abc import Callable
 
 import torch
 
@@ -30,10 +36,12 @@ from nbmonitor.records import FROM_BACKWARD, LogRecord
 class BackwardLoss:
     """Reads the roots of the backward passes of one step clock's steps."""
 
-    __slots__ = ("_ctx", "_kept", "_scaled", "logged_step", "pending")
+    __slots__ = ("_accumulation", "_ctx", "_kept", "_scaled", "logged_step", "pending")
 
-    def __init__(self, ctx: StepContext) -> None:
+    def __init__(self, ctx: StepContext, accumulation: Callable[[], int] | None = None) -> None:
         self._ctx = ctx
+        # The count a framework divides each micro-batch's loss by, or None (frameworks.py).
+        self._accumulation = accumulation
         # The last GradScaler.scale(loss): its result (weakly) and the loss, detached so that
         # no autograd graph is kept.
         self._scaled: tuple[weakref.ref[torch.Tensor], torch.Tensor] | None = None
@@ -111,10 +119,13 @@ class BackwardLoss:
         for; drop those it did."""
         pending = self.pending
         recorder = self._ctx.recorder
+        group, factor = -1, 1.0
         while pending:
             step = pending[0][0]
             if through is not None and step > through:
                 return
+            if step != group and self._accumulation is not None:
+                group, factor = step, self._short_step_factor(step)
             try:
                 step, value, version = pending.popleft()
             except IndexError:  # emptied by another thread between the check and the pop
@@ -123,6 +134,20 @@ class BackwardLoss:
                 continue  # logged by the loop; or changed in place, its value then unknown
             if value.numel() != 1 or value.is_meta or value.is_complex():
                 continue  # not a loss (started() asks only here of a root alone)
+            if factor != 1.0 and step == group:
+                value = value.detach() * factor  # a short step's (no sync: a device op)
             record = LogRecord(step, source=FROM_BACKWARD)
             record.tensors.append((("loss",), DeviceValue(value)))
             recorder.put(record)
+
+    def _short_step_factor(self, step: int) -> float:
+        """count/roots for an ended ``step`` with fewer roots than the framework's configured
+        accumulation count, else 1 (a full step's roots already add up to the mean)."""
+        if self._accumulation is None or step > self._ctx.step:
+            return 1.0  # no framework, or the step is still under way (a flush)
+        try:
+            count = self._accumulation()
+        except Exception:  # a framework object in an odd state: the sum as it is
+            return 1.0
+        roots = sum(1 for entry in tuple(self.pending) if entry[0] == step)
+        return count / roots if 0 < roots < count else 1.0

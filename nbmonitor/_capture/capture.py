@@ -52,6 +52,7 @@ def build_capture(
     phases: bool = True,
     clock: Callable[[], float] = time.perf_counter,
     wall_clock: Callable[[], float] = time.time,
+    accumulation: Callable[[], int] | None = None,
 ) -> Capture:
     names = {id(p): n for n, p in model.named_parameters()}
     params = optimizer_parameters(optimizer) if optimizer is not None else []
@@ -102,6 +103,7 @@ def build_capture(
         start_step=start_step,
         clock=clock,
         wall_clock=wall_clock,
+        accumulation=accumulation,
     )
     clock_ref = weakref.ref(step_clock)  # the model's hooks hold the clock, which holds this
 

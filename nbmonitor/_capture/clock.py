@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from nbmonitor._capture import adopt, inputs, intercept, optimizer_kind
+from nbmonitor._capture import adopt, frameworks, inputs, intercept, optimizer_kind
 from nbmonitor._capture.backward_end import BackwardEnd
 from nbmonitor._capture.backward_loss import BackwardLoss
 from nbmonitor._capture.closure import after_closure
@@ -138,6 +138,7 @@ class StepClock:
         start_step: int = 0,
         clock: Callable[[], float] = time.perf_counter,
         wall_clock: Callable[[], float] = time.time,
+        accumulation: Callable[[], int] | None = None,
     ) -> None:
         # Weakly: the model's hooks hold this clock, so a strong reference back would make a
         # cycle that keeps a dropped model (and its GPU memory) until a full garbage collection.
@@ -187,7 +188,9 @@ class StepClock:
         self._backward_only = False
         # An adapter counts micro-batches and samples (batch_started); forwards then do not.
         self._batches_counted = False
-        self.handles: list[RemovableHandle | adopt.GlobalHookHandle] = []
+        self.handles: list[
+            RemovableHandle | adopt.GlobalHookHandle | frameworks.TrainingStepBatches
+        ] = []
         self._pre_handle: RemovableHandle | None = None
         self._unlisten: Callable[[], None] | None = None
         self._param_ids: frozenset[int] = frozenset()
@@ -195,7 +198,9 @@ class StepClock:
         # Inside GradScaler.step for our optimizer, and whether the optimizer stepped there.
         self._in_scaler_step = False
         self._stepped = False
-        self._loss = BackwardLoss(self.ctx)
+        # ``accumulation``: the count a framework divides each micro-batch's loss by
+        # (frameworks.py), or None.
+        self._loss = BackwardLoss(self.ctx, accumulation)
         # The last learning rates read and the group values they were read from (see
         # _learning_rates): none yet.
         self._lrs: tuple[float | DeviceValue, ...] = ()
@@ -241,6 +246,11 @@ class StepClock:
         self._pre_handle = m.register_forward_pre_hook(self._forward_pre)
         self.handles.append(self._pre_handle)
         self.handles.append(m.register_forward_hook(self._forward, with_kwargs=True))
+        # A LightningModule attached without the callback: its training_step starts each
+        # micro-batch (frameworks.py).
+        batches = frameworks.watch_batches(m, self.batch_started)
+        if batches is not None:
+            self.handles.append(batches)
         self._param_ids = frozenset(id(p) for p in m.parameters())
         # The backward passes' roots (the loss) are read with or without an optimizer.
         self._unlisten = intercept.listen(self)

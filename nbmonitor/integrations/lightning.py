@@ -10,10 +10,12 @@ runs forward and backward inside ``optimizer.step(closure)``: the gradient norms
 the closure returns, or as ``gradient_clip_val``'s clip starts (after
 ``on_before_optimizer_step``), so ``grad_norm`` is the norm before clipping. Each training batch
 counts as a micro-batch, its samples the leading dimension of its first tensor, whatever
-``training_step`` calls; ``mon.log`` inside ``training_step`` belongs to the step in progress.
-The loss is what the step's backward passes started from, added up over its micro-batches
-(Lightning divides ``training_step``'s loss by ``accumulate_grad_batches`` for backward: the sum
-is their mean), read by nbmonitor from the backward itself; ``manual_backward`` alike.
+``training_step`` calls; ``mon.log`` inside ``training_step`` belongs to the step in progress
+(``attach`` on a LightningModule does this by itself, callback or not: see
+``_capture/frameworks.py``). The loss is the mean of ``training_step``'s losses over the step,
+as Lightning reports it, read by nbmonitor from the backward itself: Lightning divides each by
+``accumulate_grad_batches`` for backward, so their sum is their mean, and a shorter step (an
+epoch's last) is scaled back by the count it lacks; ``manual_backward`` alike.
 """
 
 from __future__ import annotations
@@ -43,13 +45,6 @@ class NbmonitorCallback(Callback):  # type: ignore[misc, unused-ignore]
             **self.options,
         }
         self.monitor = attach(pl_module, optimizers[0] if len(optimizers) == 1 else None, **options)
-
-    def on_train_batch_start(
-        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
-    ) -> None:
-        mon = self.monitor
-        if mon is not None:
-            mon.batch_started(batch)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.monitor is not None:

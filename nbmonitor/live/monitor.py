@@ -22,6 +22,7 @@ import numpy.typing as npt
 import torch
 
 import nbmonitor.backends.selection as _backends
+from nbmonitor._capture import frameworks
 from nbmonitor._capture.capture import build_capture
 from nbmonitor._capture.dist import RankInfo, rank_info
 from nbmonitor._capture.heap import settle_heap
@@ -71,6 +72,8 @@ class Monitor:
         timer: Callable[[], float] = time.perf_counter,
         **options: Unpack[AttachOptions],
     ) -> None:
+        # Read from the optimizer as given: a framework's wrapper says how it accumulates.
+        accumulation = frameworks.accumulation(model, optimizer)
         optimizer = check_model(model, optimizer)
         opts = Options.from_kwargs(options)
         self.options = opts
@@ -100,6 +103,7 @@ class Monitor:
             phases=opts.phases,
             clock=timer,
             wall_clock=clock,
+            accumulation=accumulation,
         )
         # Held until start(); then the model's hooks hold the step clock and this only weakly.
         self._capture: Any = capture
@@ -164,6 +168,7 @@ class Monitor:
         exps = self.options.export
         if not exps:
             return []
+        from nbmonitor._engine.pipeline import SINK_RETRY_S
         from nbmonitor.export import PER_RANK, open_sinks
         from nbmonitor.sinks.exporter import ExportContext
 
@@ -178,7 +183,7 @@ class Monitor:
             live=True,
             uuids=gpu_uuids(self.backend.name),
         )
-        return open_sinks(exps, context, self.errors_log)
+        return open_sinks(exps, context, self.errors_log, retry_after=SINK_RETRY_S)
 
     def _setup_views(self, display: bool) -> None:
         from nbmonitor.ui.console import ConsoleView, console_logger

@@ -123,12 +123,23 @@ def points(streams: Mapping[str, Sequence[Mapping[str, object]]]) -> Iterator[Po
                 yield Point(stream, int(step), when, values)
 
 
+# What of meta.json a tool gets as the run's configuration (W&B's config, MLflow's params).
+CONFIG_KEYS = ("model", "optimizer", "backend", "attach", "host")
+
+
+def config(meta: Mapping[str, object]) -> dict[str, object]:
+    """The run's configuration for another tool: the model, the optimizer and its
+    hyper-parameters, the backend, attach's options and the host, as meta.json holds them."""
+    return {k: meta[k] for k in CONFIG_KEYS if k in meta}
+
+
 def tag(stream: str, key: str) -> str:
     """``key`` of ``stream`` in a tool with one namespace (``train/loss``)."""
     return f"{PREFIX[stream]}/{key}"
 
 
 __all__ = [
+    "CONFIG_KEYS",
     "PLACE",
     "PREFIX",
     "STEP_KEY",
@@ -136,6 +147,7 @@ __all__ = [
     "ExportError",
     "Exporter",
     "Point",
+    "config",
     "missing",
     "number",
     "points",

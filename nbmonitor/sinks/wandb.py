@@ -24,6 +24,7 @@ from nbmonitor.sinks.exporter import (
     STEP_KEY,
     ExportContext,
     ExportError,
+    config,
     missing,
     points,
     tag,
@@ -53,7 +54,7 @@ class WandB:
             init: dict[str, Any] = {
                 "project": self.project or os.environ.get("WANDB_PROJECT") or "nbmonitor",
                 "name": context.label,
-                "config": {"nbmonitor": _config(context.meta)},
+                "config": {"nbmonitor": config(context.meta)},
                 "reinit": "create_new",
             }
             if context.rank is not None:
@@ -71,10 +72,6 @@ class WandB:
         for prefix in PREFIX.values():
             run.define_metric(f"{prefix}/*", step_metric=STEP_KEY)
         return WandBSink(run, started)
-
-
-def _config(meta: Mapping[str, object]) -> dict[str, object]:
-    return {k: meta[k] for k in ("model", "optimizer", "backend", "attach", "host") if k in meta}
 
 
 class WandBSink:

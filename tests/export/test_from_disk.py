@@ -28,9 +28,12 @@ def no_torch_env(tmp_path: pathlib.Path) -> dict[str, str]:
 
 
 def cli(tmp_path: pathlib.Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = no_torch_env(tmp_path)
+    for key in ("MLFLOW_TRACKING_URI", "MLFLOW_ALLOW_FILE_STORE"):  # as on a fresh machine
+        env.pop(key, None)
     return subprocess.run(
         [sys.executable, "-m", "nbmonitor", "export", *args],
-        capture_output=True, text=True, env=no_torch_env(tmp_path), cwd=tmp_path, timeout=300,
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
     )  # fmt: skip
 
 
@@ -42,6 +45,33 @@ def test_cli_exports_a_run_without_torch_with_a_progress_bar(tmp_path: pathlib.P
     assert out.stdout.strip() == f"nbmonitor export: {path.name} -> tensorboard: {tmp_path / 'tb'}"
     assert "] 100% " in out.stderr and f"{path.name} -> tensorboard [" in out.stderr
     assert sorted(p.name for p in (tmp_path / "tb").iterdir()) == ["layers", "system", "train"]
+
+
+def test_cli_exports_to_mlflow_without_a_tracking_uri(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """mlflow-skinny cannot open MLflow's default (SQLite) store: with no MLFLOW_TRACKING_URI the
+    run goes to a file store in the run folder, read back by MLflow's own client."""
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+    from tests.export.export_helpers import assert_same
+
+    path = make_run(tmp_path / "runs")
+    out = cli(tmp_path, str(path), "--to", "mlflow")
+    assert out.returncode == 0, out.stderr + out.stdout
+    store = path / "mlruns"
+    assert out.stdout.strip().startswith(f"nbmonitor export: {path.name} -> mlflow: {store}, run ")
+    run_id = out.stdout.split()[-1]
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    client = MlflowClient(store.as_uri())
+    info = client.get_run(run_id)
+    assert info.info.status == "FINISHED"
+    exported = {}
+    for key in info.data.metrics:
+        history = client.get_metric_history(run_id, key)
+        exported[key] = [(m.step, m.value) for m in sorted(history, key=lambda m: m.timestamp)]
+    assert_same(exported, path)
+    assert info.data.params["nbmonitor.host"] == "box"
 
 
 def test_cli_says_what_is_wrong_in_one_line(tmp_path: pathlib.Path) -> None:
