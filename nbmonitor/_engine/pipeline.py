@@ -254,6 +254,7 @@ class Pipeline:
         # What the optimizer is (recorded once by the training side), for the time rules.
         self.model.optimizer = self._assembler.optimizer
         inp = self.model.health_input(step, parts.clock(), window, self._ranks())
+        self.model.watch_adapters(inp, parts.health.thresholds.update_ratio_low)
         if not self.hand_over.on:  # a flush or the final tick: every step judged
             found = parts.health.check(inp)
         else:
@@ -371,7 +372,8 @@ class Pipeline:
     def _publish_layers(self) -> None:
         # A snapshot, made into rows by the reader (mon.layers(), on its own thread).
         table = self.model.layer_table()
-        self.published = dataclasses.replace(self.published, layer_table=table)
+        verdict = self.model.adapter_verdict
+        self.published = dataclasses.replace(self.published, layer_table=table, adapters=verdict)
 
     def refresh_layers(self) -> None:
         """Take the waiting per-layer norms and publish the layer table (flush, close)."""

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from nbmonitor.health.adapters import Adapters
 from nbmonitor.health.window import BoolArray, FloatArray
 from nbmonitor.records import OptimizerRecord
 
@@ -86,6 +87,8 @@ class HealthInput:
     # What the optimizer is and which faster implementations it offers (the time rules
     # suggest only those the run does not use); None when not known.
     optimizer: OptimizerRecord | None = None
+    # The adapters of a fine-tune and the base they sit on (read at attach), or None.
+    adapters: Adapters | None = None
 
 
 class View:

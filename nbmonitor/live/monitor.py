@@ -33,8 +33,10 @@ from nbmonitor._engine.published import history
 from nbmonitor.errors import ErrorLog, Guard
 from nbmonitor.health import Alert, Health
 from nbmonitor.health.explain import Explanation, explain
+from nbmonitor.health.finetune import AdapterVerdict
 from nbmonitor.live import ranks as _ranks
 from nbmonitor.live import registry as _registry
+from nbmonitor.live.adapters import find_adapters
 from nbmonitor.live.build import build_sampler
 from nbmonitor.live.lifetime import StepCount, flush_tick
 from nbmonitor.live.memory_history import MemoryHistory
@@ -115,10 +117,14 @@ class Monitor:
         self._memory_probe = weakref.ref(capture.memory)
         layers = layer_stats(capture.params, capture.param_names, optimizer, opts.layer_group)
         layers.module_kinds = {n: type(m).__name__ for n, m in model.named_modules() if n}
+        # The adapters of a fine-tune (LoRA, peft's methods, a small trainable part).
+        adapters = layers.adapters = find_adapters(model, optimizer)
         run_name = opts.name or type(model).__name__
         meta = run_meta(model, optimizer, opts, self.backend, self._start)
         # The tracked parameters, so that a replay's layer table says what each layer is.
         meta["params"] = [dataclasses.asdict(p) for p in layers.params]
+        if adapters is not None:
+            meta["adapters"] = adapters.to_json()
         first = next(iter(model.parameters()), None)
         device = str(first.device) if first is not None else "cpu"
         self._runlog, self.name = _ranks.create_runlog(
@@ -152,7 +158,7 @@ class Monitor:
         # A model collected (dropped by the user) closes its run; see lifetime.py.
         self._model_ref = weakref.ref(model, life.release_soon)
         self._pipeline.add_alerts(
-            check_setup(model, optimizer, step=opts.start_step, time=self._start)
+            check_setup(model, optimizer, step=opts.start_step, time=self._start, adapters=adapters)
         )
         self._finalizer = weakref.finalize(self, life.release_soon)
         self._finalizer.atexit = False  # at exit _signal_all only signals
@@ -308,6 +314,16 @@ class Monitor:
         alert). ``LookupError`` when there is no such alert. A run read back from disk
         (``nbmonitor.open(run_dir).explain``) explains it the same way."""
         return explain(self.events(), which, "mon.explain")
+
+    def adapters(self) -> AdapterVerdict | None:
+        """Is this fine-tune training? For a model with adapters (LoRA by hand or with peft,
+        IA3, prompts, or a small trainable part on a frozen base), the verdict as of the last
+        health check (``flush()`` first for the newest): ``.state`` (``"learning"``,
+        ``"not learning"``, ``"not trained"``, ``"too slow"``, ``"waiting"``), ``.text`` (one
+        line, e.g. ``adapters learning: 24 LoRA matrices, B left zero in 12 of 12 (median norm
+        0.031), A moved 0.02 (relative), grads non-zero (median 0.4)``) and the figures it is
+        made of. None for a model trained whole."""
+        return self._pipeline.published.adapters
 
     def layers(self, as_dataframe: bool = False) -> Any:
         """One row per layer: name, shape, numel, dtype, device, requires_grad, in_optimizer,

@@ -4,10 +4,12 @@ data: nothing in nbmonitor.health reads an alert's wording."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 import pytest
+from tests.health.adapter_runs import healthy, lora_adapters, stuck, too_slow
 from tests.health.synthetic import LAYERS, Run
 
 import nbmonitor.health
@@ -174,6 +176,17 @@ def every_alert() -> list[Alert]:
     for n, when in ((60, 0.0), (100, 1.0), (160, 2.0), (200, 3.0), (260, 10.0), (300, 60.0)):
         cut = {k: v[:n] for k, v in timing.items()}
         alerts += health.check(HealthInput(n, when, cut, optimizer=adam))
+    # Fine-tuning: adapters that never move, adapters that move far too little a step.
+    alerts += Health().check(stuck(60))
+    alerts += Health().check(too_slow(60))
+    # Fine-tuning setup: adapters missing from the optimizer, a base stepped beside them.
+    missing = lora_adapters(in_optimizer=False)
+    alerts += Health().check(dataclasses.replace(healthy(40), adapters=missing))
+    stepped = dataclasses.replace(
+        lora_adapters(), base_stepped=("l0.base.weight",), base_stepped_count=1,
+        base_stepped_numel=4096, wrapped_trainable=("l0.base.weight",),
+    )  # fmt: skip
+    alerts += Health().check(dataclasses.replace(healthy(40), adapters=stepped))
     alerts.append(non_finite_gradients(5, 0.0, ["fc1.weight"]))
     alerts.append(non_finite_gradients(5, 0.0, []))
     return alerts

@@ -10,6 +10,12 @@ from nbmonitor.health.rule import RuleFactory
 from nbmonitor.health.rules.activations import DeadUnits
 from nbmonitor.health.rules.clipping import ClippingActive
 from nbmonitor.health.rules.devices import DeviceMemory, GpuIdle, GpuTemperature, GpuThrottling
+from nbmonitor.health.rules.finetune import (
+    AdapterLrTooSmall,
+    AdaptersNotLearning,
+    AdaptersNotTrained,
+    BaseNotFrozen,
+)
 from nbmonitor.health.rules.gradients import (
     ExplodingGradients,
     GradientSpike,
@@ -29,6 +35,10 @@ RULES: tuple[RuleFactory, ...] = (
     ExplodingGradients,
     GradientSpike,
     VanishingGradients,
+    AdaptersNotTrained,
+    BaseNotFrozen,
+    AdaptersNotLearning,
+    AdapterLrTooSmall,
     UpdateRatioHigh,
     UpdateRatioLow,
     ClippingActive,
