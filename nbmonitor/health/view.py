@@ -26,6 +26,7 @@ class RankProgress:
     step_end: FloatArray  # (r,) when its newest completed step ended
     status: tuple[str, ...]  # its run's status (``running``, ``closed``, ...)
     pids: tuple[int | None, ...]  # its process id, from its meta.json
+    started: FloatArray | None = None  # (r,) when its run started, from its meta.json
 
     @property
     def now(self) -> float:
@@ -51,6 +52,7 @@ class RankColumns:
     data_wait: FloatArray | None = None  # (len(ranks), k) data_wait_s, when measured
     loss: FloatArray | None = None  # (len(ranks), k) each rank's own loss, when logged
     progress: RankProgress | None = None  # where each rank is now (the stalled-rank rule)
+    grad_norm: FloatArray | None = None  # (len(ranks), k) each rank's own grad norm
 
 
 @dataclass(frozen=True)

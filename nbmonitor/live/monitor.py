@@ -203,7 +203,15 @@ class Monitor:
             self._pipeline.views = (self._make_dashboard(),)
         else:
             # In a script the console line is the view.
-            self._pipeline.views = (ConsoleView(console_logger(install_handler=True)),)
+            logger = console_logger(install_handler=True)
+            # An exporter that did not start is said now, one line each: the closing summary
+            # shows only the latest error, and a script has no dashboard to show the rest.
+            for entry in self.errors_log.entries():
+                if entry.source.startswith("export:"):
+                    why = entry.message.removeprefix("ExportError: ").removeprefix("nbmonitor: ")
+                    target = entry.source.removeprefix("export:")
+                    logger.warning("export to %s did not start: %s", target, why)
+            self._pipeline.views = (ConsoleView(logger),)
 
     def _make_dashboard(self) -> Any:
         from nbmonitor.ui.dashboard import Dashboard
