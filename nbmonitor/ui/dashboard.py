@@ -56,12 +56,19 @@ def _num(value: object) -> float | int | None:
 
 
 def _alert(alert: Alert) -> dict[str, Any]:
+    """An alert as the strip reads it: its line, and what it shows when opened (the cause,
+    the evidence, the place, the fix and the symptoms it took in)."""
     return {
         "rule": alert.rule,
         "severity": alert.severity,
         "message": alert.message,
         "step": int(alert.step),
         "layers": list(alert.layers),
+        "cause": alert.cause,
+        "evidence": jsonable(alert.evidence),
+        "place": alert.place,
+        "fix": alert.fix,
+        "explains": [[rule, int(step)] for rule, step in alert.explains],
     }
 
 

@@ -27,6 +27,7 @@ from nbmonitor.health.rules.replicas import SameBatches
 from nbmonitor.health.rules.scaler import ScalerSkipping
 from nbmonitor.health.rules.stalls import RankStalled
 from nbmonitor.health.rules.stragglers import Stragglers
+from nbmonitor.health.rules.sync import RankDivergence
 from nbmonitor.health.rules.time import InputBound, OptimizerShare, StepTimeRegression
 from nbmonitor.health.rules.updates import UpdateRatioHigh, UpdateRatioLow
 
@@ -56,6 +57,7 @@ RULES: tuple[RuleFactory, ...] = (
     Stragglers,
     SameBatches,
     RankStalled,
+    RankDivergence,
     InputBound,
     OptimizerShare,
     StepTimeRegression,
