@@ -32,6 +32,7 @@ from nbmonitor._engine.frame import Frame, RunInfo, View
 from nbmonitor._engine.published import history
 from nbmonitor.errors import ErrorLog, Guard
 from nbmonitor.health import Alert, Health
+from nbmonitor.health.explain import Explanation, explain
 from nbmonitor.health.finetune import AdapterVerdict
 from nbmonitor.live import ranks as _ranks
 from nbmonitor.live import registry as _registry
@@ -202,7 +203,15 @@ class Monitor:
             self._pipeline.views = (self._make_dashboard(),)
         else:
             # In a script the console line is the view.
-            self._pipeline.views = (ConsoleView(console_logger(install_handler=True)),)
+            logger = console_logger(install_handler=True)
+            # An exporter that did not start is said now, one line each: the closing summary
+            # shows only the latest error, and a script has no dashboard to show the rest.
+            for entry in self.errors_log.entries():
+                if entry.source.startswith("export:"):
+                    why = entry.message.removeprefix("ExportError: ").removeprefix("nbmonitor: ")
+                    target = entry.source.removeprefix("export:")
+                    logger.warning("export to %s did not start: %s", target, why)
+            self._pipeline.views = (ConsoleView(logger),)
 
     def _make_dashboard(self) -> Any:
         from nbmonitor.ui.dashboard import Dashboard
@@ -302,8 +311,17 @@ class Monitor:
         return self._pipeline.model.system.history()
 
     def events(self) -> list[Alert]:
-        """Alerts raised so far, oldest first (as of the sampler's last tick)."""
+        """Alerts raised so far, oldest first (as of the sampler's last tick):
+        ``nbmonitor.health.Alert`` objects, the type ``nbmonitor.open(path).events()`` returns."""
         return list(self._pipeline.published.alerts)
+
+    def explain(self, which: Alert | int | str | None = None) -> Explanation:
+        """What an alert says, as data: its cause, evidence, place and fix, the symptoms it
+        took in, or the cause that took it in. ``which``: an alert of ``events()``, an index
+        into them (``-1``: the newest), a rule name (its newest alert), or None (the newest
+        alert). ``LookupError`` when there is no such alert. A run read back from disk
+        (``nbmonitor.open(run_dir).explain``) explains it the same way."""
+        return explain(self.events(), which, "mon.explain")
 
     def adapters(self) -> AdapterVerdict | None:
         """Is this fine-tune training? For a model with adapters (LoRA by hand or with peft,
