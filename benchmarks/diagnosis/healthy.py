@@ -8,6 +8,7 @@ from collections.abc import Callable
 import torch
 from benchmarks.diagnosis.harness import LOAD_PER_CORE, Attach, Scenario
 from benchmarks.diagnosis.models import (
+    BatchNormCNN,
     LoRALinear,
     Patterns,
     ResidualTanh,
@@ -104,8 +105,8 @@ def residual_tanh(steps: int, attach: Attach) -> None:
     regression(model, opt, steps, attach)
 
 
-def cnn(steps: int, attach: Attach) -> None:
-    model = SmallCNN()
+def cnn(steps: int, attach: Attach, model: nn.Module | None = None) -> None:
+    model = model if model is not None else SmallCNN()
     task = Patterns(shape=(1, 8, 8), noise=0.5)
     opt = torch.optim.Adam(model.parameters(), lr=2e-3)
     mon = attach(model, opt, total_steps=steps)
@@ -116,6 +117,11 @@ def cnn(steps: int, attach: Attach) -> None:
         opt.step()
         opt.zero_grad()
         mon.log(loss=loss)
+
+
+def cnn_batchnorm(steps: int, attach: Attach) -> None:
+    # Conv biases right before BatchNorm: their gradient is zero by construction (healthy).
+    cnn(steps, attach, BatchNormCNN())
 
 
 def transformer(steps: int, attach: Attach) -> None:
@@ -174,6 +180,23 @@ def classify_sgd_long(steps: int, attach: Attach) -> None:
         mon.log(loss=loss)
 
 
+def classify_adam_small_batch(steps: int, attach: Attach) -> None:
+    # Batches of 8 on a classifier that converges to ~1e-5: most steps' gradients are tiny,
+    # a hard sample now and then makes one 100x-1000x the rest (the heavy tail of a converged
+    # run's noise, not a spike).
+    model = mlp(width=16, depth=2, out=4)
+    task = Patterns(noise=0.4)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    mon = attach(model, opt, total_steps=steps)
+    for _ in range(steps):
+        x, y = task.batch(8)
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        mon.log(loss=loss)
+
+
 def _slow_forward(module: nn.Module, args: object, output: object) -> None:
     time.sleep(0.05)
 
@@ -203,6 +226,8 @@ HEALTHY = (
              6000, 2500),
     Scenario("classify_sgd_long", "MLP", "SGD classifier, loss to ~0 and flat", classify_sgd_long,
              5000, 1000),
+    Scenario("classify_adam_small_batch", "MLP", "Adam classifier, batches of 8, loss to ~1e-5",
+             classify_adam_small_batch, 5000, 3000),
     Scenario("mlp_sgd_steplr", "MLP", "SGD momentum + StepLR, tanh", mlp_sgd_steplr, 2000, 400),
     Scenario("sgd_momentum", "MLP", "SGD momentum 0.9, lr 0.05, no schedule",
              sgd_momentum_regression, 4000, 400),
@@ -214,6 +239,8 @@ HEALTHY = (
     Scenario("residual_tanh", "MLP", "8 pre-norm residual tanh blocks, Adam", residual_tanh,
              1500, 300),
     Scenario("cnn", "CNN", "2 conv layers, Adam, 4 classes", cnn, 1500, 300),
+    Scenario("cnn_batchnorm", "CNN", "conv (with bias) -> BatchNorm x2, Adam", cnn_batchnorm,
+             1500, 300),
     Scenario("transformer", "transformer", "2 blocks, AdamW + warm-up/cosine + clipping",
              transformer, 1500, 300),
     Scenario("lora", "LoRA", "frozen base, rank-4 adapters, AdamW", lora, 1500, 300),

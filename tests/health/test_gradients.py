@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 from tests.health.synthetic import LAYERS, Run, only, rules
 
-from nbmonitor.health import Health, Thresholds, non_finite_gradients
+from nbmonitor.health import Health, HealthInput, Thresholds, non_finite_gradients
 
 
 def test_exploding_names_layers_fires_once_and_rearms() -> None:
@@ -183,6 +183,21 @@ def test_a_spreading_condition_is_one_episode_within_rearm_steps() -> None:
     assert count == 3
 
 
+def test_a_bias_cancelled_by_the_norm_after_it_is_not_vanishing() -> None:
+    # conv.bias right before a BatchNorm: its gradient is rounding noise (the norm subtracts
+    # the batch mean) while conv.weight learns. Zero by construction: nothing to say.
+    layers = ("conv.weight", "conv.bias", "bn.weight", "bn.bias", "head.weight", "head.bias")
+    run, health = Run(layers), Health()
+    run.module_kinds = {"conv": "Conv2d", "bn": "BatchNorm2d", "head": "Linear"}
+    run.param_norms = np.full(len(layers), 10.0)
+    run.add(200, conv_bias=1e-10)
+    assert health.check(run.input()) == []
+    # The same bias with its weight vanishing too: the module's gradients vanish.
+    run.add(40, conv_bias=1e-10, conv_weight=1e-10)
+    alert = only(health.check(run.input()), "vanishing_gradients")
+    assert alert.layers == ("conv.weight", "conv.bias")
+
+
 def test_vanishing_ignores_unknown_param_norms() -> None:
     run, health = Run(), Health()
     run.param_norms = np.full(len(LAYERS), np.nan)
@@ -237,6 +252,38 @@ def test_a_spike_in_every_layer_comes_from_the_loss() -> None:
     alert = only(health.check(run.input()), "gradient_spike")
     assert alert.layers == () and alert.subject == "grad_norm"
     assert "came from the loss" in alert.message
+
+
+def _total_only(norms: np.ndarray, health: Health, every: int = 16) -> list[str]:
+    """Check a run known by its total grad norm alone, every ``every`` steps as the sampler
+    does (the last 512 steps each time); the rules raised, in order."""
+    raised = []
+    for end in range(every, norms.size + 1, every):
+        lo = max(0, end - 512)
+        steps = np.arange(lo + 1, end + 1, dtype=np.float64)
+        cols = {"step": steps, "time": 1000.0 + steps, "grad_norm": norms[lo:end]}
+        inp = HealthInput(step=end, time=1000.0 + end, steps=cols)
+        raised += [a.rule for a in health.check(inp)]
+    return raised
+
+
+def test_a_converged_runs_heavy_tail_is_not_a_spike() -> None:
+    # A classifier converged on small batches: most steps' gradients are tiny, one hard
+    # sample now and then makes a step 10x-1000x the rest. At step 3001 one such step is
+    # 2000x the usual and above where the run started: the run's own tail, not a spike.
+    rng = np.random.default_rng(1)
+    n = 4000
+    step = np.arange(1, n + 1)
+    floor = 1e-3 * rng.lognormal(0, 0.5, n)
+    hard = rng.random(n) < 0.02
+    floor[hard] *= 10 ** rng.uniform(1, 3, hard.sum())
+    norms = 0.5 * np.exp(-step / 300) * rng.lognormal(0, 0.2, n) + floor
+    norms[3000] = 2.0
+    assert _total_only(norms, Health()) == []
+    # The same run with steady norms (a narrow tail): a spike 50x the usual is named.
+    steady = (0.5 * np.exp(-step / 300) + 1e-3) * rng.lognormal(0, 0.2, n)
+    steady[3000] = 50 * steady[2900:3000].mean() + 0.6
+    assert _total_only(steady, Health()) == ["gradient_spike"]
 
 
 def test_no_spike_below_the_factor_or_without_history() -> None:

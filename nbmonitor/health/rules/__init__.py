@@ -10,6 +10,12 @@ from nbmonitor.health.rule import RuleFactory
 from nbmonitor.health.rules.activations import DeadUnits
 from nbmonitor.health.rules.clipping import ClippingActive
 from nbmonitor.health.rules.devices import DeviceMemory, GpuIdle, GpuTemperature, GpuThrottling
+from nbmonitor.health.rules.finetune import (
+    AdapterLrTooSmall,
+    AdaptersNotLearning,
+    AdaptersNotTrained,
+    BaseNotFrozen,
+)
 from nbmonitor.health.rules.gradients import (
     ExplodingGradients,
     GradientSpike,
@@ -21,6 +27,7 @@ from nbmonitor.health.rules.replicas import SameBatches
 from nbmonitor.health.rules.scaler import ScalerSkipping
 from nbmonitor.health.rules.stalls import RankStalled
 from nbmonitor.health.rules.stragglers import Stragglers
+from nbmonitor.health.rules.sync import RankDivergence
 from nbmonitor.health.rules.time import InputBound, OptimizerShare, StepTimeRegression
 from nbmonitor.health.rules.updates import UpdateRatioHigh, UpdateRatioLow
 
@@ -29,6 +36,10 @@ RULES: tuple[RuleFactory, ...] = (
     ExplodingGradients,
     GradientSpike,
     VanishingGradients,
+    AdaptersNotTrained,
+    BaseNotFrozen,
+    AdaptersNotLearning,
+    AdapterLrTooSmall,
     UpdateRatioHigh,
     UpdateRatioLow,
     ClippingActive,
@@ -46,6 +57,7 @@ RULES: tuple[RuleFactory, ...] = (
     Stragglers,
     SameBatches,
     RankStalled,
+    RankDivergence,
     InputBound,
     OptimizerShare,
     StepTimeRegression,

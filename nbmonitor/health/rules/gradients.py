@@ -273,6 +273,18 @@ class ExplodingGradients(Base):
 ORIGIN_SHARE = 4.0
 
 
+# A spike is judged against the run's own tail as well: the log rise of each step over the
+# least norm of the window before it is kept for the last TAIL_STEPS steps, and a spike's rise
+# must lie where that tail would put one step in RETURN_STEPS, extrapolated from its top
+# TAIL_SHARE by the Hill estimate of its shape (the mean excess of the top log rises). A
+# converged classifier's small batches make 100x-1000x steps now and then (a hard sample among
+# easy ones): there the tail is heavy and such steps are its noise. Where the norms are steady
+# the tail is thin, the extrapolation stays close to it, and grad_spike_factor is the bar.
+TAIL_STEPS = 1024
+TAIL_SHARE = 0.02
+RETURN_STEPS = 100_000
+
+
 class GradientSpike(Base):
     """One step whose total gradient norm is ``grad_spike_factor`` x the median of the steps
     before it (``window`` of them, at least ``min_history``) and above the run's starting
@@ -289,6 +301,31 @@ class GradientSpike(Base):
 
     def reset(self) -> None:
         self._start = math.nan  # the median of the run's first min_history norms
+        # The log rises of the last TAIL_STEPS steps (a ring; NaN where not yet filled).
+        self._tail = np.full(TAIL_STEPS, np.nan)
+        self._tail_at = 0
+
+    def _tail_bar(self) -> float:
+        """The log rise a spike must beat to stand out of the run's own tail (-inf while the
+        tail holds fewer than min_history steps)."""
+        seen = self._tail[np.isfinite(self._tail)]
+        n = seen.size
+        if n < self.thresholds.min_history:
+            return -math.inf
+        k = max(2, int(TAIL_SHARE * n))
+        part = np.partition(seen, n - k - 1)
+        edge = float(part[n - k - 1])
+        shape = float(np.mean(part[n - k :] - edge))
+        return edge + shape * math.log(k * RETURN_STEPS / n)
+
+    def _note_tail(self, rises: FloatArray) -> None:
+        rises = rises[np.isfinite(rises)][-TAIL_STEPS:]
+        n = rises.size
+        if not n:
+            return
+        at = (self._tail_at + np.arange(n)) % TAIL_STEPS
+        self._tail[at] = rises
+        self._tail_at = int((self._tail_at + n) % TAIL_STEPS)
 
     def check(self, view: View) -> Outcome:
         rule = self.name
@@ -315,9 +352,16 @@ class GradientSpike(Base):
         # A spike beats grad_spike_factor x the median of the finite norms before it, so that
         # factor x their least too: the medians (a sort per row) are taken for those rows only.
         least = sliding_window_view(np.where(finite, seg, np.inf), t.window).min(axis=1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rise = np.where(judged & (least > 0), np.log(value / least), np.nan)
+        bar = self._tail_bar()
+        self._note_tail(rise)
         with np.errstate(invalid="ignore"):
             rows = np.flatnonzero(
-                judged & (value > t.grad_spike_factor * least) & (value > self._start)
+                judged
+                & (value > t.grad_spike_factor * least)
+                & (value > self._start)
+                & (rise > bar)
             )
         factor = np.full(value.size, np.nan)
         if rows.size:
@@ -425,6 +469,7 @@ class VanishingGradients(Base):
         if _dead_modules(view, t.dead_fraction):
             judged_mask &= ~zero  # dead units explain them: dead_units names the modules
         held_mask = judged_mask & (ratio < t.vanish_ratio).all(axis=1)
+        held_mask &= ~_cancelled(view.layer_names, held_mask, judged_mask)
         held = [view.layer_names[i] for i in np.flatnonzero(held_mask)]
         step = float(view.layer_step_col[-1])
         worst = np.where(held_mask, ratio.max(axis=1, initial=-np.inf), np.nan)
@@ -460,6 +505,23 @@ class VanishingGradients(Base):
             ]
 
         return Outcome(rule, held, view.layer_judged(judged_mask), make, spreads=True)
+
+
+def _cancelled(names: Sequence[str], vanishing: BoolArray, judged: BoolArray) -> BoolArray:
+    """The biases whose gradient is nil while their module's weight learns: zero by
+    construction, not vanishing. A conv/linear bias right before a BatchNorm (the norm
+    subtracts the batch mean, so the gradient reaching the bias sums to zero in every channel)
+    is the common case; a module whose gradients vanish loses all its parameters' at once."""
+    out = np.zeros(len(names), dtype=bool)
+    if not vanishing.any():
+        return out
+    learning: set[str] = set()
+    for i in np.flatnonzero(judged & ~vanishing).tolist():
+        learning.add(names[i].rpartition(".")[0])
+    for i in np.flatnonzero(vanishing).tolist():
+        module, _, leaf = names[i].rpartition(".")
+        out[i] = leaf == "bias" and bool(module) and module in learning
+    return out
 
 
 def _dead_modules(view: View, fraction: float) -> bool:

@@ -36,6 +36,14 @@ RISING_BLOCKS = 4
 GROWTH_MIN_BYTES = 8 * 2**20
 # Samples before this step are warm-up (first allocations, the optimizer's state).
 WARMUP_STEPS = 5
+# On the CPU the leak is judged from the process's resident size, which also holds what
+# nbmonitor itself keeps: its stores (``monitor_bytes`` in the system samples, subtracted) and
+# what the allocator retains of its own work on the sampler thread, which no store counts
+# (the quickstart's resident size grows about 3 KiB a step with the monitor, none without:
+# docs/performance.md). A leak there must also grow by this much a step: a tensor kept per step
+# (an output, a loss with its graph) is larger, and a leak smaller than this takes over
+# 100,000 steps to reach a few GiB.
+RSS_LEAK_PER_STEP = 64 * 2**10
 
 
 def _gib(n: float) -> str:
@@ -172,6 +180,9 @@ class LeakTracker:
         values, steps, times = columns.get(key), columns.get("step"), columns.get("time")
         if values is None or steps is None or times is None:
             return
+        own = columns.get("monitor_bytes")
+        if key == "process_rss_bytes" and own is not None and len(own) == len(values):
+            values = values - np.where(np.isfinite(own), own, 0.0)
         new = times > self._last_time
         if not new.any():
             return
@@ -199,6 +210,8 @@ class LeakTracker:
         grown, steps = floors[-1][0] - floors[0][0], floors[-1][1] - floors[0][1]
         if not rising or grown < GROWTH_MIN_BYTES or steps <= 0:
             return None
+        if self.key == "process_rss_bytes" and grown < RSS_LEAK_PER_STEP * steps:
+            return None  # what the monitor's own work retains grows this slowly too
         return grown, steps
 
 
