@@ -98,9 +98,10 @@ class Backbone(nn.Module):
 
 
 def head_replaced_after_optimizer(steps: int, attach: Attach) -> Trace:
-    # Source: PyTorch forum, "Parameters of the new classifier not updated (transfer
-    # learning)": the optimizer is built, then ``model.fc`` is replaced for the new number of
-    # classes; the new head is in no param group.
+    # Source: the transfer-learning recipe (PyTorch's tutorial, as in pgg1610.github.io's
+    # "Transfer learning walkthrough using Pytorch": ``model.fc = nn.Linear(...)``, then the
+    # optimizer) with the two lines in the other order: the optimizer is built, then
+    # ``model.fc`` is replaced for the new number of classes; the new head is in no group.
     # Signal: fc.weight has a gradient every step and never changes; the loss falls only as
     # far as the features can take it with a random head.
     model = Backbone()
@@ -147,7 +148,7 @@ BROKEN = (
     Scenario("head_swapped_after_opt", "optimizer",
              "model.fc replaced after the optimizer was built", head_replaced_after_optimizer,
              300, 60, ("params_not_in_optimizer",), "fc.weight",
-             source="PyTorch forum: new classifier's parameters not updated (transfer learning)",
+             source="PyTorch transfer-learning tutorial (pgg1610.github.io), lines swapped",
              signal="fc.weight has a gradient every step and never changes",
              check=check_head_frozen),
 )
