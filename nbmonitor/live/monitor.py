@@ -32,6 +32,7 @@ from nbmonitor._engine.frame import Frame, RunInfo, View
 from nbmonitor._engine.published import history
 from nbmonitor.errors import ErrorLog, Guard
 from nbmonitor.health import Alert, Health
+from nbmonitor.health.explain import Explanation, explain
 from nbmonitor.health.finetune import AdapterVerdict
 from nbmonitor.live import ranks as _ranks
 from nbmonitor.live import registry as _registry
@@ -160,7 +161,7 @@ class Monitor:
             check_setup(model, optimizer, step=opts.start_step, time=self._start, adapters=adapters)
         )
         self._finalizer = weakref.finalize(self, life.release_soon)
-        self._finalizer.atexit = False  # at exit _signal_all only signals
+        self._finalizer.atexit = False  # at exit registry._close_all closes it
         self._setup_views(opts.display)
 
     # -- construction helpers --------------------------------------------------------------
@@ -310,8 +311,17 @@ class Monitor:
         return self._pipeline.model.system.history()
 
     def events(self) -> list[Alert]:
-        """Alerts raised so far, oldest first (as of the sampler's last tick)."""
+        """Alerts raised so far, oldest first (as of the sampler's last tick):
+        ``nbmonitor.health.Alert`` objects, the type ``nbmonitor.open(path).events()`` returns."""
         return list(self._pipeline.published.alerts)
+
+    def explain(self, which: Alert | int | str | None = None) -> Explanation:
+        """What an alert says, as data: its cause, evidence, place and fix, the symptoms it
+        took in, or the cause that took it in. ``which``: an alert of ``events()``, an index
+        into them (``-1``: the newest), a rule name (its newest alert), or None (the newest
+        alert). ``LookupError`` when there is no such alert. A run read back from disk
+        (``nbmonitor.open(run_dir).explain``) explains it the same way."""
+        return explain(self.events(), which, "mon.explain")
 
     def adapters(self) -> AdapterVerdict | None:
         """Is this fine-tune training? For a model with adapters (LoRA by hand or with peft,

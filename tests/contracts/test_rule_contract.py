@@ -265,7 +265,8 @@ def test_every_rule_raises_alerts_whose_subject_is_data() -> None:
 
 def test_nothing_in_health_reads_an_alert_message() -> None:
     # The subject is data so that no code parses wording: no `.message` is read, and no
-    # regular expression is applied, anywhere in the package except to metric keys.
+    # regular expression is applied, anywhere in the package except to metric keys. Only
+    # explain.py reads it, to hand it to people as it is (an explanation shows the line).
     package = Path(nbmonitor.health.__file__).parent
     readers, regexes = [], []
     for path in sorted(package.rglob("*.py")):
@@ -281,5 +282,5 @@ def test_nothing_in_health_reads_an_alert_message() -> None:
                 owner = node.func.value
                 if isinstance(owner, ast.Name) and owner.id == "re":
                     regexes.append(f"{path.name}:{node.lineno}")
-    assert readers == []
+    assert {r.partition(":")[0] for r in readers} <= {"explain.py"}
     assert regexes == ["devices.py:31"]  # _GPU_KEY over metric keys (gpu0_util_percent)
