@@ -5,6 +5,7 @@ public reports is named by its cause."""
 
 from __future__ import annotations
 
+import json
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -261,6 +262,32 @@ def test_a_frozen_backbone_with_a_trained_head_reads_as_a_trainable_part(tmp_pat
     assert [(a.rule, a.message) for a in alerts] == []
     assert verdict is not None and verdict.state == "learning"
     assert verdict.text.startswith("adapters learning: 2 adapter tensors, weights moved")
+
+
+def test_the_verdict_reaches_the_frame_and_the_console_summary(tmp_path: Path) -> None:
+    from nbmonitor.ui.console import summary_text
+
+    model, opt, _ = _hand_lora()
+    _, verdict, _, _ = train(model, opt, tmp_path, steps=50)
+    assert verdict is not None
+    mon = nbmonitor.attach(model, opt, display=False, interval=0.05, run_dir=tmp_path / "again")
+    try:
+        assert mon.adapters() is None  # before the first health check: not judged yet
+        x = torch.randn(8, 16)
+        for _ in range(12):
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        mon.flush()
+        verdict = mon.adapters()
+        assert verdict is not None and verdict.state == "learning"
+        frame = mon.frame()
+        assert frame.adapters == verdict.text
+        assert f"  {verdict.text}" in summary_text(frame).splitlines()
+    finally:
+        mon.close()
+    meta = json.loads((mon.run_dir / "meta.json").read_text())
+    assert Adapters.from_json(meta["adapters"]) == find_adapters(model, opt)
 
 
 # -- the failure modes of the public reports ---------------------------------------------------

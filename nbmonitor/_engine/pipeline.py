@@ -193,6 +193,8 @@ class Pipeline:
             self.model.add_step_rows(*self._cap_columns(part))
             self._pending["steps"].extend(part.rows)
             hand_over()
+        for step, kind, facts in assembler.take_structure():
+            self.model.structure.add(step, kind, facts)
         blocks, aux = assembler.take_layer_blocks()
         step = self.parts.current_step()
         open_rows = tuple(self._columns.filter(assembler.peek_open()))
