@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 from benchmarks.diagnosis.harness import Attach, Scenario
-from benchmarks.diagnosis.models import Patterns, SmallCNN
+from benchmarks.diagnosis.models import Patterns, SmallCNN, Teacher
 from tests.diagnosis.corpus._common import GRUClassifier, Trace, grad_norm, need
 from torch import nn
 
@@ -77,6 +77,42 @@ def cnn_adam_step_before_backward(steps: int, attach: Attach) -> Trace:
     return t
 
 
+def zero_grad_once_per_epoch(steps: int, attach: Attach) -> Trace:
+    # Source: PyTorch forum, "zero_grad() outside the batch loop" (it sits under ``for epoch
+    # in ...`` instead of the batch loop): the gradients are reset once an epoch of 50
+    # batches and add up in between.
+    # Signal: within each epoch the gradient norm grows several-fold with the step (the sum
+    # of the epoch's batches so far), dropping back at each epoch's start; with a small lr
+    # the loss still falls, which hides it.
+    model = nn.Sequential(
+        nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 1)
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.002)
+    task, t = Teacher(seed=25), Trace()
+    mon = attach(model, opt, total_steps=steps)
+    step = 0
+    while step < steps:
+        opt.zero_grad()  # the bug: once per epoch
+        for _ in range(50):
+            if step == steps:
+                break
+            x, y = task.batch()
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            t.rec(loss=loss, grad=grad_norm(model.parameters()))
+            opt.step()
+            mon.log(loss=loss)
+            step += 1
+    return t
+
+
+def check_grows_in_epoch(t: Trace) -> str:
+    g = t["grad"]
+    late = sum(g[40:50]) / 10
+    early = sum(g[1:6]) / 5
+    return need(late > 3 * early, f"grad norm in epoch 1: {early:.3g} -> {late:.3g}")
+
+
 class BagOfEmbeddings(nn.Module):
     def __init__(self, vocab: int = 32, d: int = 16, classes: int = 4) -> None:
         super().__init__()
@@ -131,6 +167,12 @@ BROKEN = (
              source="PyTorch forum: optimizer.step() before loss.backward()",
              signal="each step runs before backward, on no gradient; weights never change",
              check=check_frozen),
+    Scenario("hb_zero_grad_once_per_epoch", "optimizer",
+             "optimizer.zero_grad() under the epoch loop, not the batch loop (MLP, SGD)",
+             zero_grad_once_per_epoch, 300, 200, ("zero_grad_missing",),
+             source="PyTorch forum: zero_grad() outside the batch loop",
+             signal="grad norm grows several-fold within each epoch of 50, resets at its start",
+             check=check_grows_in_epoch),
     Scenario("hb_embedding_group_forgotten", "optimizer",
              "param groups by hand, the embedding forgotten", embedding_in_no_group, 300, 60,
              ("params_not_in_optimizer",), "embed.weight",
