@@ -60,6 +60,8 @@ class RunModel:
         # What a live run's optimizer is (records.OptimizerRecord), for the time rules; None
         # when not known (a run on disk).
         self.optimizer: OptimizerRecord | None = None
+        # The planned number of steps, when the run said (the schedule rule reads it).
+        self.total_steps: int | None = None
         self._alerts: list[Alert] = []
         self._layer_flags: dict[str, list[str]] = {}
         self._best_loss = math.nan
@@ -209,7 +211,8 @@ class RunModel:
         layers = self.layers
         if layers is None:
             return HealthInput(step=step, time=time, steps=columns, system=system, gpus=gpus,
-                               ranks=ranks, optimizer=self.optimizer)  # fmt: skip
+                               ranks=ranks, optimizer=self.optimizer,
+                               total_steps=self.total_steps)  # fmt: skip
         layer_steps, layer_norms = layers.recent()
         update_steps, update_series, param_series = layers.update_history()
         return HealthInput(
@@ -230,6 +233,7 @@ class RunModel:
             gpus=gpus,
             ranks=ranks,
             optimizer=self.optimizer,
+            total_steps=self.total_steps,
         )
 
 

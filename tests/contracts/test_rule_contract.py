@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tests.health import causes_data
 from tests.health.synthetic import LAYERS, Run
 
 import nbmonitor.health
@@ -176,6 +177,15 @@ def every_alert() -> list[Alert]:
         alerts += health.check(HealthInput(n, when, cut, optimizer=adam))
     alerts.append(non_finite_gradients(5, 0.0, ["fc1.weight"]))
     alerts.append(non_finite_gradients(5, 0.0, []))
+    # The causes judged from the numbers: the lr and its schedule, labels, weight decay.
+    for inp in (
+        causes_data.schedule_per_batch(),
+        causes_data.lr_high(),
+        causes_data.lr_low(),
+        causes_data.labels(),
+        causes_data.weight_decay(),
+    ):
+        alerts += Health().check(inp)
     return alerts
 
 
