@@ -39,6 +39,7 @@ from nbmonitor.sinks.exporter import ExportContext, Exporter, ExportError
 from nbmonitor.sinks.files import CSV, Parquet
 from nbmonitor.sinks.mlflow import MLflow
 from nbmonitor.sinks.prometheus import Prometheus, endpoints
+from nbmonitor.sinks.queued import Queued
 from nbmonitor.sinks.tensorboard import TensorBoard
 from nbmonitor.sinks.trackio import Trackio
 from nbmonitor.sinks.wandb import WandB
@@ -108,13 +109,27 @@ def exporters(export: ExportSpec | Sequence[ExportSpec] | None) -> list[Exporter
     return out
 
 
-def open_sinks(exps: Sequence[Exporter], context: ExportContext, errors: ErrorLog) -> list[Sink]:
-    """Each exporter's sink for a live run; one that cannot start is reported in ``errors``
-    as ``export:<name>`` (one line) and left out: the run goes on without it."""
-    sinks = []
+# Each target's name in a sentence ("MLflow export hung for 12 s").
+TITLES = {"tensorboard": "TensorBoard", "wandb": "W&B", "mlflow": "MLflow", "csv": "CSV",
+          "trackio": "trackio", "prometheus": "Prometheus", "parquet": "Parquet"}  # fmt: skip
+
+
+def open_sinks(
+    exps: Sequence[Exporter],
+    context: ExportContext,
+    errors: ErrorLog,
+    retry_after: float | None = None,
+) -> list[Sink]:
+    """Each exporter's sink for a live run, behind its own bounded queue and worker thread
+    (``sinks/queued.py``: a tool that stops answering holds up only itself); one that cannot
+    start is reported in ``errors`` as ``export:<name>`` (one line) and left out: the run goes
+    on without it."""
+    sinks: list[Sink] = []
     for exp in exps:
         try:
-            sinks.append(exp.open(context))
+            sink = exp.open(context)
+            what = f"{TITLES.get(exp.name, exp.name)} export"
+            sinks.append(Queued(sink, errors, what=what, retry_after=retry_after))
         except Exception as exc:
             exc.__traceback__ = None  # the line says it all; no file:line of ours
             errors.add(f"export:{exp.name}", exc)

@@ -54,6 +54,9 @@ HEALTH_BUDGET_S = 0.001
 RANKS_TIMEOUT_S = 1.0
 # A sink that failed repeatedly (a full disk) is tried again after this many seconds.
 SINK_RETRY_S = 30.0
+# How long a flush (and the final tick) waits for the exporters behind their queues to hand
+# on the rows it gave them: less than the run log worker's hang timeout, which it runs under.
+SETTLE_S = 1.0
 
 
 class Pipeline:
@@ -191,6 +194,8 @@ class Pipeline:
             self.model.add_step_rows(*self._cap_columns(part))
             self._pending["steps"].extend(part.rows)
             hand_over()
+        for step, kind, facts in assembler.take_structure():
+            self.model.structure.add(step, kind, facts)
         blocks, aux = assembler.take_layer_blocks()
         step = self.parts.current_step()
         open_rows = tuple(self._columns.filter(assembler.peek_open()))
@@ -252,6 +257,7 @@ class Pipeline:
         # What the optimizer is (recorded once by the training side), for the time rules.
         self.model.optimizer = self._assembler.optimizer
         inp = self.model.health_input(step, parts.clock(), window, self._ranks())
+        self.model.watch_adapters(inp, parts.health.thresholds.update_ratio_low)
         if not self.hand_over.on:  # a flush or the final tick: every step judged
             found = parts.health.check(inp)
         else:
@@ -314,6 +320,8 @@ class Pipeline:
         def write_and_flush() -> None:
             sinks.write(batch)  # every sink behind its own guard (FanOut)
             sinks.flush()
+            if not scheduled:  # flush(): the exporters' queues too, unless one hangs
+                sinks.settle(SETTLE_S)
 
         if busy:  # final: after the call in progress
             writer.defer(write_and_flush)
@@ -347,7 +355,7 @@ class Pipeline:
             return parts.status()
         if parts.closed():
             return "closed"
-        hung = self.sources.hung()
+        hung = {**self.sources.hung(), **parts.sinks.hung()}
         if hung:
             what = "; ".join(f"{source} hung for {s:.0f} s" for source, s in hung.items())
             return f"degraded: {what}"
@@ -367,7 +375,8 @@ class Pipeline:
     def _publish_layers(self) -> None:
         # A snapshot, made into rows by the reader (mon.layers(), on its own thread).
         table = self.model.layer_table()
-        self.published = dataclasses.replace(self.published, layer_table=table)
+        verdict = self.model.adapter_verdict
+        self.published = dataclasses.replace(self.published, layer_table=table, adapters=verdict)
 
     def refresh_layers(self) -> None:
         """Take the waiting per-layer norms and publish the layer table (flush, close)."""

@@ -16,7 +16,7 @@ from nbmonitor.errors import ErrorLog
 from nbmonitor.health import Health
 from nbmonitor.health.view import RankColumns
 from nbmonitor.records import Record
-from nbmonitor.sinks import Sink
+from nbmonitor.sinks import FanOut
 
 
 @dataclass
@@ -31,7 +31,7 @@ class PipelineParts:
     health: Health
     non_finite_report: NonFiniteReport
     forward_checked: bool
-    sinks: Sink  # every tick's rows go here (a FanOut: each sink behind its own guard)
+    sinks: FanOut  # every tick's rows go here, each sink behind its own guard
     errors: ErrorLog
     # Whether the run has closed (the status says so); a watch of the machine gives its own
     # status instead.

@@ -12,6 +12,7 @@ import numpy.typing as npt
 from nbmonitor._engine.assemble.layers import LayerTable
 from nbmonitor._engine.frame import Alert
 from nbmonitor._engine.store import Store
+from nbmonitor.health.finetune import AdapterVerdict
 
 Columns = dict[str, npt.NDArray[np.float64]]
 
@@ -23,6 +24,7 @@ class Published:
     open_rows: tuple[dict[str, float], ...] = ()
     alerts: tuple[Alert, ...] = ()
     layer_table: LayerTable | None = None  # as of the last health check
+    adapters: AdapterVerdict | None = None  # is the fine-tune training (None: no adapters)
     step: int = 0
 
 

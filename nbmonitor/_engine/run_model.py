@@ -23,6 +23,8 @@ from nbmonitor._engine.derive.headroom import headroom
 from nbmonitor._engine.store import FloatArray, Store
 from nbmonitor.health import HealthInput
 from nbmonitor.health.alert import Alert
+from nbmonitor.health.finetune import AdapterVerdict, AdapterWatch
+from nbmonitor.health.structure import StructureLog
 from nbmonitor.health.view import RankColumns
 from nbmonitor.memory import MemoryBreakdown
 from nbmonitor.records import PHASE_KEYS, OptimizerRecord
@@ -62,6 +64,8 @@ class RunModel:
         self.optimizer: OptimizerRecord | None = None
         # The planned number of steps, when the run said (the schedule rule reads it).
         self.total_steps: int | None = None
+        # What the training side read of the run's structure (health/structure.py).
+        self.structure = StructureLog()
         self._alerts: list[Alert] = []
         self._layer_flags: dict[str, list[str]] = {}
         self._best_loss = math.nan
@@ -70,6 +74,9 @@ class RunModel:
         self._last_time = math.nan
         # The newest memory breakdown (nbmonitor.memory), from a probe or memory.jsonl.
         self.memory: MemoryBreakdown | None = None
+        # Is the fine-tune training: the adapters' running account and its newest verdict.
+        self._adapter_watch: AdapterWatch | None = None
+        self.adapter_verdict: AdapterVerdict | None = None
 
     # -- input: the same for a live run and a run on disk ---------------------------------------
 
@@ -199,6 +206,16 @@ class RunModel:
         """The layer table as it is now (None before the layers are known)."""
         return self.layers.snapshot(self._layer_flags) if self.layers is not None else None
 
+    def watch_adapters(self, inp: HealthInput, too_slow: float) -> None:
+        """Take what ``inp`` brings of the adapters (a check's input, before its rules)."""
+        if inp.adapters is None:
+            return
+        watch = self._adapter_watch
+        if watch is None or watch.adapters is not inp.adapters:
+            watch = self._adapter_watch = AdapterWatch(inp.adapters, too_slow)
+        watch.observe(inp)
+        self.adapter_verdict = watch.verdict()
+
     def health_input(
         self, step: int, time: float, window: int, ranks: RankColumns | None = None
     ) -> HealthInput:
@@ -212,7 +229,8 @@ class RunModel:
         if layers is None:
             return HealthInput(step=step, time=time, steps=columns, system=system, gpus=gpus,
                                ranks=ranks, optimizer=self.optimizer,
-                               total_steps=self.total_steps)  # fmt: skip
+                               total_steps=self.total_steps,
+                               structure=self.structure.snapshot())  # fmt: skip
         layer_steps, layer_norms = layers.recent()
         update_steps, update_series, param_series = layers.update_history()
         return HealthInput(
@@ -228,12 +246,14 @@ class RunModel:
             update_series=update_series,
             param_series=param_series,
             module_kinds=layers.module_kinds,
+            adapters=layers.adapters,
             activations=layers.activations or None,
             system=system,
             gpus=gpus,
             ranks=ranks,
             optimizer=self.optimizer,
             total_steps=self.total_steps,
+            structure=self.structure.snapshot(),
         )
 
 

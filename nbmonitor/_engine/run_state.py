@@ -16,6 +16,7 @@ from nbmonitor._engine.derive.memory_table import allocator_text
 from nbmonitor._engine.frame import Frame, FrameBuilder, FrameState, RunInfo
 from nbmonitor._engine.run_model import RunModel, floats
 from nbmonitor._engine.store import Store
+from nbmonitor.health.adapters import Adapters
 from nbmonitor.health.alert import Alert
 from nbmonitor.memory import MemoryBreakdown
 
@@ -124,7 +125,10 @@ class RunState:
             if not names:
                 return
             infos = [self._layer_info(n) for n in dict.fromkeys(names)]
-            self.model.set_layers(LayerStats(infos, group_by="param"))
+            stats = LayerStats(infos, group_by="param")
+            # The adapters meta.json kept (untrusted: malformed reads as none).
+            stats.adapters = Adapters.from_json(self.meta.get("adapters"))
+            self.model.set_layers(stats)
         layers = self.model.layers
         assert layers is not None
         known = {n: i for i, n in enumerate(layers.names)}

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from nbmonitor.health.adapters import Adapters
+from nbmonitor.health.structure import Structure
 from nbmonitor.health.window import BoolArray, FloatArray
 from nbmonitor.records import OptimizerRecord
 
@@ -25,6 +27,7 @@ class RankProgress:
     step_end: FloatArray  # (r,) when its newest completed step ended
     status: tuple[str, ...]  # its run's status (``running``, ``closed``, ...)
     pids: tuple[int | None, ...]  # its process id, from its meta.json
+    started: FloatArray | None = None  # (r,) when its run started, from its meta.json
 
     @property
     def now(self) -> float:
@@ -50,6 +53,7 @@ class RankColumns:
     data_wait: FloatArray | None = None  # (len(ranks), k) data_wait_s, when measured
     loss: FloatArray | None = None  # (len(ranks), k) each rank's own loss, when logged
     progress: RankProgress | None = None  # where each rank is now (the stalled-rank rule)
+    grad_norm: FloatArray | None = None  # (len(ranks), k) each rank's own grad norm
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,11 @@ class HealthInput:
     # The planned number of steps (attach(total_steps=...)), None when not given: a schedule
     # that has decayed to nothing long before it is stepped too fast.
     total_steps: int | None = None
+    # What the training side read of the model, the optimizer, the loss's graph and the
+    # loop's order (health/structure.py); None when nothing was read.
+    structure: Structure | None = None
+    # The adapters of a fine-tune and the base they sit on (read at attach), or None.
+    adapters: Adapters | None = None
 
 
 class View:

@@ -32,8 +32,11 @@ from nbmonitor._engine.frame import Frame, RunInfo, View
 from nbmonitor._engine.published import history
 from nbmonitor.errors import ErrorLog, Guard
 from nbmonitor.health import Alert, Health
+from nbmonitor.health.explain import Explanation, explain
+from nbmonitor.health.finetune import AdapterVerdict
 from nbmonitor.live import ranks as _ranks
 from nbmonitor.live import registry as _registry
+from nbmonitor.live.adapters import find_adapters
 from nbmonitor.live.build import build_sampler
 from nbmonitor.live.lifetime import StepCount, flush_tick
 from nbmonitor.live.memory_history import MemoryHistory
@@ -114,10 +117,14 @@ class Monitor:
         self._memory_probe = weakref.ref(capture.memory)
         layers = layer_stats(capture.params, capture.param_names, optimizer, opts.layer_group)
         layers.module_kinds = {n: type(m).__name__ for n, m in model.named_modules() if n}
+        # The adapters of a fine-tune (LoRA, peft's methods, a small trainable part).
+        adapters = layers.adapters = find_adapters(model, optimizer)
         run_name = opts.name or type(model).__name__
         meta = run_meta(model, optimizer, opts, self.backend, self._start)
         # The tracked parameters, so that a replay's layer table says what each layer is.
         meta["params"] = [dataclasses.asdict(p) for p in layers.params]
+        if adapters is not None:
+            meta["adapters"] = adapters.to_json()
         first = next(iter(model.parameters()), None)
         device = str(first.device) if first is not None else "cpu"
         self._runlog, self.name = _ranks.create_runlog(
@@ -151,7 +158,7 @@ class Monitor:
         # A model collected (dropped by the user) closes its run; see lifetime.py.
         self._model_ref = weakref.ref(model, life.release_soon)
         self._pipeline.add_alerts(
-            check_setup(model, optimizer, step=opts.start_step, time=self._start)
+            check_setup(model, optimizer, step=opts.start_step, time=self._start, adapters=adapters)
         )
         self._finalizer = weakref.finalize(self, life.release_soon)
         self._finalizer.atexit = False  # at exit _signal_all only signals
@@ -167,6 +174,7 @@ class Monitor:
         exps = self.options.export
         if not exps:
             return []
+        from nbmonitor._engine.pipeline import SINK_RETRY_S
         from nbmonitor.export import PER_RANK, open_sinks
         from nbmonitor.sinks.exporter import ExportContext
 
@@ -181,7 +189,7 @@ class Monitor:
             live=True,
             uuids=gpu_uuids(self.backend.name),
         )
-        return open_sinks(exps, context, self.errors_log)
+        return open_sinks(exps, context, self.errors_log, retry_after=SINK_RETRY_S)
 
     def _setup_views(self, display: bool) -> None:
         from nbmonitor.ui.console import ConsoleView, console_logger
@@ -195,7 +203,15 @@ class Monitor:
             self._pipeline.views = (self._make_dashboard(),)
         else:
             # In a script the console line is the view.
-            self._pipeline.views = (ConsoleView(console_logger(install_handler=True)),)
+            logger = console_logger(install_handler=True)
+            # An exporter that did not start is said now, one line each: the closing summary
+            # shows only the latest error, and a script has no dashboard to show the rest.
+            for entry in self.errors_log.entries():
+                if entry.source.startswith("export:"):
+                    why = entry.message.removeprefix("ExportError: ").removeprefix("nbmonitor: ")
+                    target = entry.source.removeprefix("export:")
+                    logger.warning("export to %s did not start: %s", target, why)
+            self._pipeline.views = (ConsoleView(logger),)
 
     def _make_dashboard(self) -> Any:
         from nbmonitor.ui.dashboard import Dashboard
@@ -295,8 +311,27 @@ class Monitor:
         return self._pipeline.model.system.history()
 
     def events(self) -> list[Alert]:
-        """Alerts raised so far, oldest first (as of the sampler's last tick)."""
+        """Alerts raised so far, oldest first (as of the sampler's last tick):
+        ``nbmonitor.health.Alert`` objects, the type ``nbmonitor.open(path).events()`` returns."""
         return list(self._pipeline.published.alerts)
+
+    def explain(self, which: Alert | int | str | None = None) -> Explanation:
+        """What an alert says, as data: its cause, evidence, place and fix, the symptoms it
+        took in, or the cause that took it in. ``which``: an alert of ``events()``, an index
+        into them (``-1``: the newest), a rule name (its newest alert), or None (the newest
+        alert). ``LookupError`` when there is no such alert. A run read back from disk
+        (``nbmonitor.open(run_dir).explain``) explains it the same way."""
+        return explain(self.events(), which, "mon.explain")
+
+    def adapters(self) -> AdapterVerdict | None:
+        """Is this fine-tune training? For a model with adapters (LoRA by hand or with peft,
+        IA3, prompts, or a small trainable part on a frozen base), the verdict as of the last
+        health check (``flush()`` first for the newest): ``.state`` (``"learning"``,
+        ``"not learning"``, ``"not trained"``, ``"too slow"``, ``"waiting"``), ``.text`` (one
+        line, e.g. ``adapters learning: 24 LoRA matrices, B left zero in 12 of 12 (median norm
+        0.031), A moved 0.02 (relative), grads non-zero (median 0.4)``) and the figures it is
+        made of. None for a model trained whole."""
+        return self._pipeline.published.adapters
 
     def layers(self, as_dataframe: bool = False) -> Any:
         """One row per layer: name, shape, numel, dtype, device, requires_grad, in_optimizer,

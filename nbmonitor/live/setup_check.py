@@ -9,7 +9,9 @@ import time as _time
 import torch
 
 from nbmonitor.health import alert as subjects
+from nbmonitor.health.adapters import Adapters
 from nbmonitor.health.alert import Alert
+from nbmonitor.health.rules.finetune import setup_explained
 from nbmonitor.health.wording import MAX_NAMED, name_list
 
 
@@ -18,15 +20,20 @@ def check_setup(
     optimizer: torch.optim.Optimizer | None,
     step: int = 0,
     time: float | None = None,
+    adapters: Adapters | None = None,
 ) -> list[Alert]:
     """Training bugs visible before the first step, as alerts naming the parameters.
 
     Rules: ``params_not_in_optimizer``, ``frozen_params_in_optimizer``, ``lr_zero`` and
-    ``duplicate_params``. Parameter names are model.named_parameters() names.
+    ``duplicate_params``. With ``adapters`` (a fine-tune), the parameters that the health
+    rules ``adapters_not_trained`` and ``base_not_frozen`` name (with their own fix) are left
+    out of the generic two, and a frozen base in the optimizer is on purpose.
+    Parameter names are model.named_parameters() names.
     """
+    when = _time.time() if time is None else time
     if optimizer is None:
         return []
-    when = _time.time() if time is None else time
+    explained = setup_explained(adapters) if adapters is not None else set()
     names = {id(p): n for n, p in model.named_parameters()}
     params_in_groups: list[list[torch.Tensor]] = [list(g["params"]) for g in optimizer.param_groups]
 
@@ -37,7 +44,9 @@ def check_setup(
     in_optimizer = {id(p) for params in params_in_groups for p in params}
 
     missing = [
-        n for n, p in model.named_parameters() if p.requires_grad and id(p) not in in_optimizer
+        n
+        for n, p in model.named_parameters()
+        if p.requires_grad and id(p) not in in_optimizer and n not in explained
     ]
     if missing:
         alerts.append(
@@ -60,7 +69,10 @@ def check_setup(
     for g, params in enumerate(params_in_groups):
         for i, p in enumerate(params):
             key = id(p)
-            if key not in places and not p.requires_grad:
+            # Beside adapters, a frozen tensor in the optimizer is the base, frozen on
+            # purpose (AdamW(model.parameters()) on a peft model skips it), or an adapter
+            # that adapters_not_trained names.
+            if key not in places and not p.requires_grad and adapters is None:
                 frozen.append(name_of(p, g, i))
             places.setdefault(key, []).append(g)
             first_name.setdefault(key, name_of(p, g, i))

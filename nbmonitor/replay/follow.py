@@ -18,11 +18,10 @@ from typing import Any, Protocol
 from nbmonitor._engine.derive.job_report import (
     NOW_RULES,
     STEP_RULES,
-    newest_time,
     now_alerts,
     straggler_alerts,
 )
-from nbmonitor._engine.derive.ranks import RankState, align, divergence
+from nbmonitor._engine.derive.ranks import RankState, align
 from nbmonitor._engine.derive.ranks_frame import ranks_frame
 from nbmonitor._engine.run_state import RunState
 from nbmonitor.health import Alert, Health, Thresholds
@@ -83,8 +82,8 @@ class RunFeed:
 
 
 class JobFeed:
-    """A job being written: every rank's new records, judged by the straggler rule and the
-    agreement checks as they come, as the ranks panel shows them."""
+    """A job being written: every rank's new records, judged by the job rules as they come,
+    as the ranks panel shows them."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.tail = JobTail(path)
@@ -109,13 +108,10 @@ class JobFeed:
 
     def _judge(self) -> None:
         # The steps every rank has recorded since the last look, as a job opened whole is
-        # judged (job_report.py); the disagreeing ranks once each.
+        # judged (job_report.py).
         self.alerts += straggler_alerts(self.state, self.health, since=self._judged)
         self._judged = align(self.state, "step_time")[0].size
         self.alerts += now_alerts(self.state, self.now_health)
-        seen = {(a.rule, a.subject) for a in self.alerts}
-        when = newest_time(self.state)
-        self.alerts += [a for a in divergence(self.state, when) if (a.rule, a.subject) not in seen]
 
     def frame(self, closed: bool) -> Any:
         tail = self.tail

@@ -2,10 +2,11 @@
 
 ``nbmonitor.open(job_dir)`` and ``nbmonitor.tail(job_dir)`` come here when the folder is a job
 of several ranks (``nbmonitor/runs/layout.py``). Every rank's streams are read (``runs/``),
-put in a ``RankState`` (``_engine/derive/ranks.py``), judged by the straggler rule and the
-agreement checks, and drawn by the ranks panel (``ui/ranks.py``). Nothing here needs torch,
-and nothing talks to the ranks: the files are the only channel. Rank 0 (the display rank)
-writes ``ranks_summary.json`` at close through ``live/ranks.py``.
+put in a ``RankState`` (``_engine/derive/ranks.py``), judged by the job rules (stragglers,
+same batches, ranks out of sync, a stalled rank or job), and drawn by the ranks panel
+(``ui/ranks.py``). Nothing here needs torch, and nothing talks to the ranks: the files are the
+only channel. Rank 0 (the display rank) writes ``ranks_summary.json`` at close through
+``live/ranks.py``.
 """
 
 from __future__ import annotations

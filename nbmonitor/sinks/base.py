@@ -48,6 +48,24 @@ class Sink(Protocol):
         raises, idempotent."""
 
 
+@runtime_checkable
+class Background(Protocol):
+    """A sink that does its work on a thread of its own (an exporter behind its queue,
+    ``queued.py``): its close can start before it is waited for, a flush can wait for it, and
+    it says when a call into its tool hangs."""
+
+    what: str  # what it does, for the status line ("MLflow export")
+
+    def begin_close(self, final_meta: Mapping[str, object]) -> None:
+        """Start closing; returns at once (``close`` then waits, bounded)."""
+
+    def settle(self, timeout: float) -> bool:
+        """Wait, at most ``timeout`` seconds, until what it was given is handed on."""
+
+    def hung_for(self) -> float | None:
+        """Seconds its call in progress has run, once that counts as hung; else None."""
+
+
 class NullSink:
     """A sink that keeps nothing (``run_dir=None``, tests): the null object beside FanOut."""
 
@@ -79,6 +97,7 @@ class FanOut:
     ) -> None:
         self.sinks = list(sinks)
         self._errors = errors
+        self._clock = clock
         self.guards = [
             Guard(f"sink:{s.name}", errors, retry_after=retry_after, clock=clock) for s in sinks
         ]
@@ -94,9 +113,36 @@ class FanOut:
     def flush(self) -> None:
         self._each(lambda s: s.flush())
 
+    def settle(self, timeout: float) -> bool:
+        """Wait until the sinks that work in the background have handed on what they were
+        given, ``timeout`` seconds at most for all of them (``mon.flush()``, the final tick)."""
+        deadline = self._clock() + timeout
+        settled = True
+        for sink in self.sinks:
+            if isinstance(sink, Background):
+                settled = sink.settle(max(0.0, deadline - self._clock())) and settled
+        return settled
+
+    def hung(self) -> dict[str, float]:
+        """What each sink that hangs does -> seconds its call has run."""
+        out: dict[str, float] = {}
+        for sink in self.sinks:
+            if isinstance(sink, Background):
+                elapsed = sink.hung_for()
+                if elapsed is not None:
+                    out[sink.what] = elapsed
+        return out
+
     def close(self, final_meta: Mapping[str, object]) -> None:
         # Every sink is closed, also one switched off: its files still need closing. A sink's
-        # close should not raise; one that does still must not cost the others.
+        # close should not raise; one that does still must not cost the others. The ones in
+        # the background start closing together first: several that hang cost one wait.
+        for sink in self.sinks:
+            if isinstance(sink, Background):
+                try:
+                    sink.begin_close(final_meta)
+                except Exception as exc:
+                    self._errors.add(f"sink:{sink.name}", exc)
         for sink in self.sinks:
             try:
                 sink.close(final_meta)
@@ -104,4 +150,4 @@ class FanOut:
                 self._errors.add(f"sink:{sink.name}", exc)
 
 
-__all__ = ["Batch", "FanOut", "NullSink", "Rows", "Sink"]
+__all__ = ["Background", "Batch", "FanOut", "NullSink", "Rows", "Sink"]

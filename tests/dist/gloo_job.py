@@ -9,13 +9,22 @@ Every rank builds the same dataset (as loading one file would). Modes:
 * ``stall``: sharded, and rank 1 waits after ``STALL_AT`` steps (its data phase) until the
   file ``<run_dir>/release`` exists, while rank 0 goes on into the step's all-reduce;
 * ``freeze``: sharded, and rank 1 stops itself (SIGSTOP) after ``STALL_AT`` steps, until the
-  test sends it SIGCONT: a frozen process, which writes nothing.
+  test sends it SIGCONT: a frozen process, which writes nothing;
+* ``freeze_early``: as ``freeze``, after ``EARLY_AT`` steps (its 4th step), before its sampler
+  has written anything;
+* ``all_stall``: sharded, and every rank waits after ``STALL_AT`` steps (its data phase) until
+  ``<run_dir>/release`` exists: a job stuck as a whole (a data source that hangs for all);
+* ``no_sync``: sharded, every forward and backward under DDP's ``no_sync()``: the gradients
+  are never all-reduced, so the ranks' models drift apart. Nothing then keeps the ranks in
+  step, so each goes on past ``steps`` (20 ms a step) until ``<run_dir>/release`` exists, as a
+  long job would, for rank 0 to check the other's files live.
 
 No ``mon.log``: the loss is read from ``backward()``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import signal
@@ -30,6 +39,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 import nbmonitor
 
 STALL_AT = 20
+EARLY_AT = 3
 
 
 def main() -> None:
@@ -52,27 +62,35 @@ def main() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     mon = nbmonitor.attach(
         model, opt, run_dir=run_dir, interval=0.1, layer_every=0,
-        thresholds={"stall_s": float(stall_s)},
+        thresholds=nbmonitor.Thresholds(stall_s=float(stall_s)),
     )  # fmt: skip
+    release = pathlib.Path(run_dir) / "release"
+    deadline = time.monotonic() + 300
+
+    def more() -> bool:
+        if step < steps:
+            return True
+        return mode == "no_sync" and not release.exists() and time.monotonic() < deadline
+
     step, epoch = 0, 0
-    while step < steps:
+    while more():
         if sampler is not None:
             sampler.set_epoch(epoch)
         for xb, yb in loader:
-            if rank == 1 and step == STALL_AT:
-                if mode == "stall":
-                    release = pathlib.Path(run_dir) / "release"
-                    deadline = time.monotonic() + 300
-                    while not release.exists() and time.monotonic() < deadline:
-                        time.sleep(0.05)
-                elif mode == "freeze":
-                    os.kill(os.getpid(), signal.SIGSTOP)
-            loss = torch.nn.functional.mse_loss(model(xb), yb)
-            opt.zero_grad()
-            loss.backward()
+            if step == STALL_AT and (mode == "all_stall" or (rank == 1 and mode == "stall")):
+                while not release.exists() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+            if rank == 1 and (mode, step) in (("freeze", STALL_AT), ("freeze_early", EARLY_AT)):
+                os.kill(os.getpid(), signal.SIGSTOP)
+            with model.no_sync() if mode == "no_sync" else contextlib.nullcontext():
+                loss = torch.nn.functional.mse_loss(model(xb), yb)
+                opt.zero_grad()
+                loss.backward()
             opt.step()
             step += 1
-            if step == steps:
+            if mode == "no_sync":
+                time.sleep(0.02)
+            if not more():
                 break
         epoch += 1
     mon.close()

@@ -15,14 +15,14 @@ import nbmonitor
 from nbmonitor._engine.derive.ranks import (
     RankState,
     align,
-    divergence,
     per_step,
     rank_columns,
     summary,
 )
 from nbmonitor._engine.derive.ranks_frame import ranks_frame
-from nbmonitor.health import Health, HealthInput
+from nbmonitor.health import Alert, Health, HealthInput
 from nbmonitor.health.rules.stragglers import MIN_STEPS, WINDOW, Stragglers, stragglers
+from nbmonitor.health.rules.sync import RankDivergence
 from nbmonitor.health.rules.time import PERSIST_STEPS
 from nbmonitor.health.view import RankColumns
 from nbmonitor.live.ranks import finish
@@ -81,19 +81,38 @@ def test_rank_metrics_take_each_ranks_own_device() -> None:
     assert [d["util_percent"] for d in frame.devices] == [70.0, 71.0]
 
 
+def divergence(state: RankState) -> list[Alert]:
+    columns = rank_columns(state)
+    assert columns is not None
+    return Health(rules=(RankDivergence,)).check(HealthInput(step=0, time=0.0, steps={}, ranks=columns))
+
+
 def test_divergence_flags_the_rank_whose_grad_norm_differs() -> None:
     n = 20
     agree = {0: [1.0] * n, 1: [1.0] * n, 2: [1.0] * n}
     grads = {0: [2.0] * n, 1: [2.0] * n, 2: [2.5] * n}
     losses = {0: [1.0] * n, 1: [1.1] * n, 2: [0.9] * n}
     alerts = divergence(state_of(agree, grad_norm=grads, loss=losses))
-    assert [(a.rule, a.subject) for a in alerts] == [("rank_divergence", "rank2")]
-    assert "node2" in alerts[0].message and "grad_norm" in alerts[0].message
+    assert [(a.rule, a.subject, a.step) for a in alerts] == [("rank_divergence", "rank2", n)]
+    assert alerts[0].message.startswith("Rank 2 on node2 has grad norms that differ on 20 of")
+    assert "(by up to 25.0%)" in alerts[0].message and "no_sync()" in alerts[0].message
     far = {0: [1.0] * n, 1: [1.0] * n, 2: [5.0] * n}
     alerts = divergence(state_of(agree, grad_norm={r: [2.0] * n for r in agree}, loss=far))
-    assert [a.subject for a in alerts] == ["rank2"] and "loss" in alerts[0].message
+    assert [a.subject for a in alerts] == ["rank2"] and "loss far from" in alerts[0].message
     same = divergence(state_of(agree, grad_norm={r: [2.0] * n for r in agree}, loss=losses))
     assert same == []
+    # Two ranks, or no majority: every rank differs alike, named together, once.
+    pair = {0: [1.0] * n, 1: [1.0] * n}
+    alerts = divergence(state_of(pair, grad_norm={0: [2.0] * n, 1: [3.0] * n}))
+    assert [a.subject for a in alerts] == ["rank0"]
+    assert alerts[0].message.startswith("Ranks 0 and 1 on node0 and node1 have grad norms")
+    # Rounding (1e-6) is agreement; an infinite norm on one rank is named at once.
+    close = {0: [2.0] * n, 1: [2.0 * (1 + 1e-6)] * n}
+    assert divergence(state_of(pair, grad_norm=close)) == []
+    inf = {0: [2.0] * n, 1: [2.0] * 5 + [math.inf] + [2.0] * (n - 6)}
+    alerts = divergence(state_of(pair, grad_norm=inf))
+    assert [a.subject for a in alerts] == ["rank1"]
+    assert "its grad_norm is infinite at step 6" in alerts[0].message
 
 
 def ranks(step_time: np.ndarray, wait: np.ndarray | None = None) -> RankColumns:

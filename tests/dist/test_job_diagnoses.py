@@ -1,15 +1,18 @@
-"""The two multi-rank diagnoses on real two-rank jobs (gloo on 127.0.0.1, one process per rank,
+"""The multi-rank diagnoses on real two-rank jobs (gloo on 127.0.0.1, one process per rank,
 tests/dist/gloo_job.py): ranks fed the same batches are named, with what to change; a rank
 that stops making progress while the other waits is named while it stalls, with its last step
 and phase, whether it is alive (stuck in its data phase) or frozen (SIGSTOP: it writes
-nothing); a healthy sharded job stays silent. The display rank (0) finds them live, from the
-other rank's files; the finished job, opened from disk, says the same."""
+nothing, even before its first sample); every rank stuck at one place names the job; ranks
+whose gradients are never all-reduced are out of sync; a healthy sharded job stays silent.
+The display rank (0) finds them live, from the other rank's files; the finished job, opened
+from disk, says the same. Thresholds go through the public ``attach(thresholds=...)``."""
 
 from __future__ import annotations
 
 import json
 import os
 import pathlib
+import re
 import signal
 import socket
 import subprocess
@@ -160,3 +163,68 @@ def test_a_frozen_rank_is_named(job: Any) -> None:
     finally:
         os.kill(ranks.procs[1].pid, signal.SIGCONT)
     ranks.finish()
+
+
+def test_a_rank_frozen_before_its_first_sample_is_named_with_how_long(job: Any) -> None:
+    # Rank 1 stops itself at its 4th step, before its sampler wrote anything: its silence is
+    # counted from what is known of it (its run's start), never NaN.
+    ranks = job("freeze_early", steps=20, stall_s=3.0)
+    try:
+        assert wait_for(ranks.events, timeout=150), "no alert while rank 1 is frozen"
+        [event] = ranks.events()
+        assert (event["rule"], event["subject"]) == ("rank_stalled", "rank1")
+        message = event["message"]
+        assert message.startswith(f"Rank 1 on {socket.gethostname()} is stalling the job")
+        silence = re.search(r"has written nothing for (\d+) s \(", message)
+        assert silence is not None, message
+        assert 3 <= int(silence.group(1)) < 150 and "nan" not in message
+        assert "its process is frozen or dead" in message
+        assert "while rank 0 waits " in message and "of step 4" in message
+        assert f"py-spy dump --pid {ranks.procs[1].pid}" in message
+    finally:
+        os.kill(ranks.procs[1].pid, signal.SIGCONT)
+    ranks.finish()
+
+
+def test_every_rank_stuck_at_one_place_names_the_job(job: Any) -> None:
+    ranks = job("all_stall", steps=30, stall_s=3.0)
+    try:
+        assert wait_for(ranks.events, timeout=150), "no alert while every rank waits"
+        [event] = ranks.events()
+        assert (event["rule"], event["subject"], event["step"]) == ("rank_stalled", "run", 20)
+        message = event["message"]
+        host = socket.gethostname()
+        assert message.startswith(f"The job is stalled: ranks 0 and 1 on {host} have made no")
+        silence = re.search(
+            r"no progress for (\d+) s, every one in the data phase of step 21", message
+        )
+        assert silence is not None, message
+        assert 3 <= int(silence.group(1)) < 150
+        pids = [p.pid for p in ranks.procs]
+        assert f"--pid {pids[0]} (rank 0), --pid {pids[1]} (rank 1)" in message
+    finally:
+        (ranks.runs / "release").touch()
+    ranks.finish()
+    assert [e["subject"] for e in ranks.events()] == ["run"]  # once
+
+
+def test_ranks_out_of_sync_are_named_live_and_from_the_job_folder(job: Any) -> None:
+    # Every forward and backward under DDP's no_sync(): the gradients are never all-reduced.
+    ranks = job("no_sync", steps=20)
+    try:
+        assert wait_for(ranks.events, timeout=150), "no alert while the ranks drift apart"
+    finally:
+        (ranks.runs / "release").touch()
+    ranks.finish()
+    live = ranks.events()
+    assert [(e["rule"], e["subject"]) for e in live] == [("rank_divergence", "rank0")]
+    message = live[0]["message"]
+    host = socket.gethostname()
+    assert message.startswith(f"Ranks 0 and 1 on {host} have grad norms that differ on")
+    assert "the gradients are not averaged across ranks" in message and "no_sync()" in message
+    opened = nbmonitor.open(ranks.job_dir)
+    assert isinstance(opened, Job)
+    grads0, grads1 = opened.history(0)["grad_norm"], opened.history(1)["grad_norm"]
+    n = min(grads0.size, grads1.size)
+    assert n >= 20 and not np.isclose(grads0[:n], grads1[:n]).any()
+    assert [(a.rule, a.subject) for a in opened.alerts()] == [("rank_divergence", "rank0")]

@@ -13,7 +13,7 @@ from nbmonitor._engine.derive.job_report import job_thresholds
 from nbmonitor._engine.derive.ranks import RankState
 from nbmonitor.health import Health, HealthInput
 from nbmonitor.health.rules.replicas import SAME_STEPS, SameBatches, same_batches
-from nbmonitor.health.rules.stalls import RankStalled, stalled
+from nbmonitor.health.rules.stalls import RankStalled, stalled, stuck_together
 from nbmonitor.health.view import RankColumns, RankProgress
 from nbmonitor.replay.follow import JobFeed
 from nbmonitor.replay.job import Job
@@ -113,13 +113,69 @@ def test_a_rank_that_writes_nothing_or_left_the_job_is_named() -> None:
     assert "has ended its run (closed) after step 40" in found[1][1]
 
 
+def test_a_rank_frozen_before_it_wrote_anything_is_named_with_a_finite_silence() -> None:
+    # No sample and no step of rank 1: silent since its run started (at 150), else since the
+    # job's start, else at least as long as the job has made no step; never NaN.
+    nothing = {"seen": np.array([200.0, np.nan]), "step": np.array([3.0, np.nan])}
+    nothing["step_end"] = np.array([100.0, np.nan])
+    found = stalled(columns(losses(2), started=np.array([140.0, 150.0]), **nothing), 30.0)
+    assert list(found) == [1] and found[1][0] == "error"
+    assert "has written nothing for 50 s (since its run started: no step, no sample)" in (
+        found[1][1]
+    )
+    found = stalled(columns(losses(2), started=np.array([140.0, np.nan]), **nothing), 30.0)
+    assert "has written nothing for 60 s (since the job started: no step, no sample)" in (
+        found[1][1]
+    )
+    found = stalled(columns(losses(2), **nothing), 30.0)
+    assert "has written nothing for at least 100 s (no step, no sample)" in found[1][1]
+    # Its steps written, no system sample yet: silent since its last step ended.
+    steps_only = {"seen": np.array([200.0, np.nan]), "step_end": np.array([100.0, 90.0])}
+    found = stalled(columns(losses(2), step=np.array([4.0, 3.0]), **steps_only), 30.0)
+    assert "has written nothing for 110 s (its last record: the end of step 3)" in found[1][1]
+
+
+def test_every_rank_stuck_at_one_place_names_the_job() -> None:
+    here = columns(losses(2), phase=np.array([DATA, DATA]))
+    assert stalled(here, 30.0) == {}  # no rank to blame
+    assert stuck_together(here, 30.0) == (0, 40.0, 100.0)
+    alerts = Health(rules=(RankStalled,)).check(
+        HealthInput(step=40, time=200.0, steps={}, ranks=here)
+    )
+    assert [(a.rule, a.subject, a.severity, a.step) for a in alerts] == [
+        ("rank_stalled", "run", "warning", 40)
+    ]
+    message = alerts[0].message
+    assert message.startswith("The job is stalled: ranks 0 and 1 on node0 and node1 have made")
+    assert "no progress for 100 s, every one in the data phase of step 41" in message
+    assert "--pid 100 (rank 0), --pid 101 (rank 1)" in message
+    # In DDP's all-reduce: a collective that does not complete.
+    there = columns(losses(3), phase=np.full(3, BACKWARD))
+    assert stuck_together(there, 30.0) == (2, 40.0, 100.0)
+    alerts = Health(rules=(RankStalled,)).check(
+        HealthInput(step=40, time=200.0, steps={}, ranks=there)
+    )
+    assert "ranks 0, 1 and 2" in alerts[0].message
+    assert "in the backward pass of step 41" in alerts[0].message
+    assert "a collective that does not complete" in alerts[0].message
+    # Not while steps still complete, nor when a rank is elsewhere, silent or gone.
+    recent = columns(losses(2), step_end=np.full(2, 190.0), phase=np.array([DATA, DATA]))
+    assert stuck_together(recent, 30.0) is None
+    assert stuck_together(columns(losses(2), phase=np.array([BACKWARD, DATA])), 30.0) is None
+    gone = columns(losses(2), status=("running", "closed"), phase=np.array([DATA, DATA]))
+    assert stuck_together(gone, 30.0) is None
+    silent = columns(losses(2), seen=np.array([200.0, 150.0]), phase=np.array([DATA, DATA]))
+    assert stuck_together(silent, 30.0) is None
+
+
 def test_no_rank_is_named_when_nothing_holds_the_job_up() -> None:
     phases = np.array([BACKWARD, DATA])
     # Steps completed recently.
     assert stalled(columns(losses(2), step_end=np.full(2, 190.0), phase=phases), 30.0) == {}
     # Slow steps: 5 median step times (125 s) have not passed without one.
     assert stalled(columns(losses(2), step_time=25.0, phase=phases), 30.0) == {}
-    # Every rank at the same place (a long evaluation on all ranks, all slow).
+    # Every rank at the same place (a long evaluation on all ranks, all slow): no rank, the
+    # job as a whole (test_every_rank_stuck_at_one_place_names_the_job).
     assert stalled(columns(losses(2), phase=np.array([DATA, DATA])), 30.0) == {}
     # A finished job: every rank closed; or one closed while the other works after its steps.
     done = ("closed", "closed")

@@ -175,3 +175,153 @@ def test_live_mlflow_without_a_tracking_uri_keeps_every_metric_and_the_config(
     assert params["nbmonitor.optimizer.class"] == "SGD"
     assert float(params["nbmonitor.optimizer.defaults.lr"]) == 0.01
     assert float(params["nbmonitor.optimizer.defaults.momentum"]) == 0.9
+
+
+class StalledMLflow:
+    """An MLflow tracking server on 127.0.0.1 that answers everything but ``log-batch``, which
+    never returns until ``release`` is set (a tracking server that stopped answering)."""
+
+    def __init__(self) -> None:
+        import http.server
+        import json
+        import threading
+
+        self.release = threading.Event()
+        self.batches_asked = threading.Event()
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _reply(self, body: object) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                if "get-by-name" in self.path:
+                    self._reply({"experiment": {"experiment_id": "1", "name": "nbmonitor",
+                                                "lifecycle_stage": "active"}})  # fmt: skip
+                else:
+                    self._reply({})
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if self.path.endswith("runs/create"):
+                    info = {"run_id": "r1", "run_uuid": "r1", "experiment_id": "1",
+                            "status": "RUNNING", "start_time": 1, "lifecycle_stage": "active",
+                            "run_name": "stalled", "artifact_uri": ""}  # fmt: skip
+                    self._reply({"run": {"info": info, "data": {}}})
+                    return
+                if self.path.endswith("runs/log-batch"):
+                    outer.batches_asked.set()
+                    outer.release.wait(300)
+                self._reply({})
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.uri = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def stop(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_stalled_tracking_server_stalls_only_its_exporter(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """MLflow's ``log-batch`` never returns: the loop, the run log and TensorBoard go on,
+    ``mon.flush()`` still puts every step on disk, and the status names the MLflow export (not
+    the run log); close returns within its bound."""
+    pytest.importorskip("mlflow")
+    pytest.importorskip("tensorboard")
+    import threading
+    import time
+
+    server = StalledMLflow()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    try:
+        mon = nbmonitor.attach(
+            model, opt, run_dir=tmp_path / "runs", display=False, interval=0.05,
+            export=[nbmonitor.export.MLflow(tracking_uri=server.uri), "tensorboard"],
+        )  # fmt: skip
+        steps, status = 0, ""
+        deadline = time.monotonic() + 120  # a bound for a loaded machine, not a measure
+        while "MLflow export hung" not in status and time.monotonic() < deadline:
+            loss = model(torch.randn(8, 4)).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            mon.log(loss=loss)
+            steps += 1
+            if steps % 20 == 0:
+                status = mon.status
+                time.sleep(0.05)
+        assert server.batches_asked.is_set()
+        assert status.startswith("degraded: MLflow export hung for"), status
+        assert "run log" not in status
+        assert mon.flush()  # the run log goes on although MLflow hangs
+        on_disk = nbmonitor.open(mon.run_dir).history()["step"].tolist()
+        assert on_disk == list(range(1, len(on_disk) + 1)) and len(on_disk) >= steps - 1
+        mon.close()
+        assert mon.status == "closed"
+        assert any("sink:mlflow: TimeoutError: MLflow export has not returned" in e
+                   for e in mon.errors), mon.errors  # fmt: skip
+        assert not any(" runlog" in e or "run log" in e for e in mon.errors), mon.errors
+        exported = tensorboard(mon.run_dir / "tensorboard")
+        assert [s for s, _ in exported["train/loss"]] == list(range(1, steps + 1))
+        assert nbmonitor.open(mon.run_dir).history()["step"].tolist() == list(range(1, steps + 1))
+    finally:
+        # The server answers again: the exporter's worker sends what waits, closes and ends.
+        server.release.set()
+        for thread in threading.enumerate():
+            if thread.name == "nbmonitor-export-mlflow":
+                thread.join(60)
+        server.stop()
+
+
+_SCRIPT = """
+import socket, sys, torch, nbmonitor
+busy = socket.socket(); busy.bind(("127.0.0.1", 0)); busy.listen()
+model = torch.nn.Linear(4, 1); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+mon = nbmonitor.attach(model, opt, run_dir=sys.argv[1], export=[
+    nbmonitor.export.Prometheus(port=busy.getsockname()[1]),
+    nbmonitor.export.TensorBoard(log_dir=sys.argv[2])])
+for _ in range(5):
+    loss = model(torch.randn(2, 4)).sum(); loss.backward(); opt.step(); opt.zero_grad()
+    mon.log(loss=loss)
+mon.close()
+"""
+
+
+def test_a_script_says_each_exporter_that_did_not_start(tmp_path: pathlib.Path) -> None:
+    """In a script with the default display (the console line), every exporter that cannot
+    start is one line naming it, at attach: not only the latest error in the summary."""
+    pytest.importorskip("tensorboard")
+    pytest.importorskip("prometheus_client")
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "a-file").write_text("")
+    repo = pathlib.Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, str(tmp_path / "runs"), str(tmp_path / "a-file" / "tb")],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(repo)},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    lines = out.stderr.splitlines()
+    said = [line for line in lines if "did not start" in line]
+    assert len(said) == 2, out.stderr
+    assert said[0].startswith("nbmonitor: export to prometheus did not start: Prometheus cannot")
+    assert said[1].startswith("nbmonitor: export to tensorboard did not start: cannot write")

@@ -286,7 +286,9 @@ def long_lines(root: pathlib.Path) -> Expect:
     (path / "steps.jsonl").write_bytes(good_steps(1) + big + lines([{"step": 2.0}]))
     # A torn last line hundreds of MiB long (a hole: no disk), never held whole.
     with open(path / "events.jsonl", "wb") as f:
-        f.write(lines([{"time": 1.0, "message": "ok"}]) + b'{"time": 2.0, "message": "')
+        f.write(
+            lines([{"time": 1.0, "rule": "r", "message": "ok"}]) + b'{"time": 2.0, "message": "'
+        )
         f.truncate(300 << 20)
     return Expect(steps=[0.0, 2.0], warn="longer than", events=1, listed=1)
 
@@ -329,7 +331,8 @@ def broken_lines(root: pathlib.Path) -> Expect:
         {"time": 1.0, "layers": "a,b"},
         {"time": 1.0, "step": 1e300},
         {"time": float("inf")},
-        {"message": "no time"},
+        {"message": "no time", "rule": "r"},
+        {"time": 1.0, "message": "no rule"},  # not an alert: events() skips it, with a warning
     ]
     (path / "events.jsonl").write_bytes(lines(events).replace(b"Infinity", b"Infinity"))
     spans = [
@@ -351,7 +354,7 @@ def deep_nesting(root: pathlib.Path) -> Expect:
     deep = b'{"step": 1.0, "x": ' + b"[" * 200_000 + b"]" * 200_000 + b"}\n"
     deep_obj = b'{"a":' * 50_000 + b"1" + b"}" * 50_000 + b"\n"
     (path / "steps.jsonl").write_bytes(good_steps(1) + deep + deep_obj + lines([{"step": 2.0}]))
-    (path / "events.jsonl").write_bytes(deep_obj + lines([{"time": 1.0}]))
+    (path / "events.jsonl").write_bytes(deep_obj + lines([{"time": 1.0, "rule": "r"}]))
     nested = root / "nested_meta"
     nested.mkdir()
     (nested / "meta.json").write_bytes(b"[" * 100_000 + b"]" * 100_000)

@@ -17,6 +17,7 @@ import numpy.typing as npt
 
 from nbmonitor._engine.frame import LayerFrame
 from nbmonitor._engine.tiering import first, merge_pairs
+from nbmonitor.health.adapters import Adapters
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -141,6 +142,8 @@ class LayerStats:
         self.activations: dict[str, dict[str, float]] = {}
         # What each module is ("3" -> "Linear"), for the health rules' wording.
         self.module_kinds: dict[str, str] = {}
+        # The adapters of a fine-tune (read at attach; a run on disk: from meta.json), or None.
+        self.adapters: Adapters | None = None
         # The update ratios of the last UPDATE_HISTORY measured steps, for the health rules.
         self._update_steps = np.full(UPDATE_HISTORY, np.nan)
         self._update_ratios = np.full((n_layers, UPDATE_HISTORY), np.nan)

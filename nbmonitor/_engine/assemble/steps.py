@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from nbmonitor._engine.assemble import alike
@@ -28,6 +28,7 @@ from nbmonitor.records import (
     PhaseRecord,
     Record,
     StepRecord,
+    StructureRecord,
 )
 
 # Exponential smoothing of the loss for display (about a 20-step window), debiased like Adam so
@@ -106,6 +107,8 @@ class StepAssembler:
         self._ema_weight = 0.0
         self.layer_norms: list[LayerNorms] = []
         self.aux: list[tuple[AuxRecord, list[float]]] = []
+        # Structural facts read by the training side (records.StructureRecord), resolved.
+        self.structure: list[tuple[int, str, Mapping[str, object]]] = []
         # What could not be read since the caller last took it: (source, error), e.g.
         # ("log:acc", ValueError(...)). The rest of each record, and every other record, is kept.
         self.failures: list[tuple[str, Exception]] = []
@@ -189,6 +192,8 @@ class StepAssembler:
                     self.aux.append((record, record.value.values()))
                 elif isinstance(record, OptimizerRecord):
                     self.optimizer = record
+                elif isinstance(record, StructureRecord):
+                    self.structure.append((record.step, record.kind, record.resolve()))
                 elif isinstance(record, FlopsRecord):
                     self.flops = StepFlops.from_count(
                         record.forward_flops,
@@ -385,6 +390,11 @@ class StepAssembler:
         """The per-layer gradient norms and the auxiliary per-layer values since the last call."""
         out = self.layer_norms, self.aux
         self.layer_norms, self.aux = [], []
+        return out
+
+    def take_structure(self) -> list[tuple[int, str, Mapping[str, object]]]:
+        """The structural facts since the last call: (step, kind, facts)."""
+        out, self.structure = self.structure, []
         return out
 
     def peek_open(self) -> list[dict[str, float]]:

@@ -18,7 +18,6 @@ from nbmonitor._engine.derive.ranks import (
     FloatArray,
     RankState,
     align,
-    divergence,
     rank_columns,
     rank_metrics,
     ranks_summary,
@@ -29,9 +28,10 @@ from nbmonitor.health.rule import RuleFactory
 from nbmonitor.health.rules.replicas import SameBatches
 from nbmonitor.health.rules.stalls import RankStalled
 from nbmonitor.health.rules.stragglers import MIN_STEPS, WINDOW, Stragglers
+from nbmonitor.health.rules.sync import RankDivergence
 
 # The rules judged over a job's aligned steps, and the one judged on where its ranks are now.
-STEP_RULES: tuple[RuleFactory, ...] = (Stragglers, SameBatches)
+STEP_RULES: tuple[RuleFactory, ...] = (Stragglers, SameBatches, RankDivergence)
 NOW_RULES: tuple[RuleFactory, ...] = (RankStalled,)
 
 # A finished job is judged at most this many times (evenly spaced), however long it ran.
@@ -60,13 +60,11 @@ def job_thresholds(state: RankState) -> Thresholds:
 
 
 def job_alerts(state: RankState) -> list[Alert]:
-    """The stragglers, the ranks on the same batches, a stalled rank and the disagreeing
-    ranks of the whole job so far."""
+    """The stragglers, the ranks on the same batches, the ranks out of sync and a stalled
+    rank (or job) of the whole job so far."""
     thresholds = job_thresholds(state)
-    return (
-        straggler_alerts(state, Health(thresholds, rules=STEP_RULES))
-        + now_alerts(state, Health(thresholds, rules=NOW_RULES))
-        + divergence(state, newest_time(state))
+    return straggler_alerts(state, Health(thresholds, rules=STEP_RULES)) + now_alerts(
+        state, Health(thresholds, rules=NOW_RULES)
     )
 
 
@@ -80,7 +78,8 @@ def now_alerts(state: RankState, health: Health) -> list[Alert]:
 
 
 def straggler_alerts(state: RankState, health: Health | None = None, since: int = 0) -> list[Alert]:
-    """The step rules (``STEP_RULES``: stragglers, ranks on the same batches) over the job's
+    """The step rules (``STEP_RULES``: stragglers, ranks on the same batches, ranks out of
+    sync) over the job's
     aligned steps after the first ``since``, judged every half window of steps (so a
     straggler of the middle of a run is found too); with ``health`` (kept between calls),
     only new episodes."""
@@ -97,13 +96,14 @@ def straggler_alerts(state: RankState, health: Health | None = None, since: int 
         # The rule looks at the last WINDOW steps every rank recorded: a few windows back is
         # plenty, and keeps a long job's checks linear in its length.
         start = max(0, end - 4 * WINDOW)
-        wait, loss = columns.data_wait, columns.loss
+        wait, loss, grads = columns.data_wait, columns.loss, columns.grad_norm
         part = dataclasses.replace(
             columns,
             steps=columns.steps[start:end],
             step_time=columns.step_time[:, start:end],
             data_wait=None if wait is None else wait[:, start:end],
             loss=None if loss is None else loss[:, start:end],
+            grad_norm=None if grads is None else grads[:, start:end],
             progress=None,  # where the ranks are now is judged once (now_alerts)
         )
         when = times[:, end - 1] if times.shape[1] >= end else np.empty(0)

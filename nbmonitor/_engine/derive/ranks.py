@@ -9,9 +9,8 @@ and derives from it:
 * per rank, its step time, data wait and its own device's utilisation, memory, temperature
   and power (``rank_metrics``), and the Oumi-style summary across ranks of each (``summary``:
   count, mean, median, std, min, max and the ranks holding the min and the max);
-* agreement: DDP ranks share their gradients after the all-reduce, so their ``grad_norm``
-  agrees to rounding, and their losses (each of its own batch) stay close; a rank that does
-  not is flagged (``divergence``).
+* the job rules' input (``rank_columns``): the ranks' step columns aligned, and where each
+  rank is now.
 """
 
 from __future__ import annotations
@@ -24,7 +23,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from nbmonitor.health.alert import Alert, rank
 from nbmonitor.health.view import RankColumns, RankProgress
 
 FloatArray = npt.NDArray[np.float64]
@@ -41,11 +39,6 @@ DEVICE_FIELDS = {
 }
 PROCESS_FIELDS = {"process_cpu_percent": "mean", "process_rss_bytes": "max"}
 TIME_FIELDS = {"step_time": "mean", "phase_data_s": "mean"}
-# Agreement: grad norms relative difference (all-reduced gradients agree to rounding), and
-# the loss relative difference of a rank's median over the last steps from the others'.
-GRAD_TOLERANCE = 1e-3
-LOSS_TOLERANCE = 0.5
-AGREE_WINDOW = 50
 # A followed job keeps at most this many steps per rank in memory (the files keep them all).
 MAX_STEPS = 200_000
 
@@ -131,6 +124,11 @@ class RankState:
         pid = state.meta.get("pid") if state else None
         return pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None
 
+    def started(self, r: int) -> float:
+        """When rank ``r``'s run started (its meta.json's ``start_timestamp``; NaN if unsaid)."""
+        state = self.ranks.get(r)
+        return _num(state.meta.get("start_timestamp")) if state else math.nan
+
     def device_index(self, r: int) -> int | None:
         state = self.ranks.get(r)
         index = state.meta.get("device_index") if state else None
@@ -174,8 +172,8 @@ def _increasing(steps: FloatArray) -> bool:
 
 
 def rank_columns(state: RankState) -> RankColumns | None:
-    """The job rules' input: every rank's step time, data wait and loss, aligned, and where
-    each rank is now."""
+    """The job rules' input: every rank's step time, data wait, loss and grad norm, aligned,
+    and where each rank is now."""
     if len(state.ranks) < 2:
         return None
     steps, times = align(state, "step_time")
@@ -193,6 +191,7 @@ def rank_columns(state: RankState) -> RankColumns | None:
         aligned("phase_data_s"),
         aligned("loss"),
         rank_progress(state, ranks),
+        aligned("grad_norm"),
     )
 
 
@@ -206,8 +205,8 @@ def _newest(columns: Mapping[str, FloatArray], key: str, clock: str = "time") ->
 
 
 def rank_progress(state: RankState, ranks: Sequence[int]) -> RankProgress:
-    """Where each rank is now: its newest system sample (time, steps done, phase) and when
-    its newest step ended."""
+    """Where each rank is now: its newest system sample (time, steps done, phase), when its
+    newest step ended and when its run started."""
     seen, step, phase, end = [], [], [], []
     for r in ranks:
         system, steps = state.columns(r, "system"), state.columns(r, "steps")
@@ -223,6 +222,7 @@ def rank_progress(state: RankState, ranks: Sequence[int]) -> RankProgress:
         np.array(end),
         tuple(state.status(r) for r in ranks),
         tuple(state.pid(r) for r in ranks),
+        np.array([state.started(r) for r in ranks]),
     )
 
 
@@ -295,67 +295,9 @@ def ranks_summary(state: RankState) -> dict[str, dict[str, float]]:
     return {k: summary({r: m.get(k, math.nan) for r, m in metrics.items()}) for k in names}
 
 
-def divergence(state: RankState, when: float = math.nan) -> list[Alert]:
-    """Ranks whose grad norm or loss does not agree with the others' (see the module
-    docstring); one alert per (rank, metric), subject the rank."""
-    ranks = sorted(state.ranks)
-    alerts: list[Alert] = []
-    if len(ranks) < 2:
-        return alerts
-    for key, tolerance in (("grad_norm", GRAD_TOLERANCE), ("loss", LOSS_TOLERANCE)):
-        steps, matrix = align(state, key)
-        common = np.flatnonzero(np.isfinite(matrix).all(axis=0))[-AGREE_WINDOW:]
-        finite_somewhere = np.isfinite(matrix).any(axis=0)
-        for i, r in enumerate(ranks):
-            # A rank with a non-finite value where another rank is finite: flagged at once.
-            bad = ~np.isfinite(matrix[i]) & finite_somewhere & ~np.isnan(matrix[i])
-            message, step = "", math.nan
-            if bad.any():
-                step = float(steps[np.flatnonzero(bad)[0]])
-                message = f"its {key} is not finite at step {step:.0f} while other ranks' is"
-            elif common.size >= (1 if key == "grad_norm" else 10):
-                # The median of every rank is the reference: a majority that agrees outvotes
-                # the one rank that does not (with two ranks, both differ from it alike).
-                values = matrix[:, common]
-                others = np.median(values, axis=0)
-                if key == "grad_norm":
-                    rel = np.abs(values[i] - others) / np.maximum(np.abs(others), 1e-30)
-                    off = np.flatnonzero(rel > tolerance)
-                    if off.size * 2 > common.size:
-                        step = float(steps[common[off[-1]]])
-                        message = (
-                            f"its grad_norm differs from the other ranks' on {off.size} of the "
-                            f"last {common.size} steps (by up to {rel.max():.1%}): gradients "
-                            "are out of sync (a rank outside the DDP group, no_sync at the "
-                            "optimizer step, or a sharded model, where this is expected)"
-                        )
-                else:
-                    mine, theirs = float(np.median(values[i])), float(np.median(others))
-                    if abs(mine - theirs) > tolerance * max(abs(theirs), 1e-12):
-                        step = float(steps[common[-1]])
-                        message = (
-                            f"its loss (median {mine:.4g} over the last {common.size} steps) "
-                            f"is far from the other ranks' ({theirs:.4g}): is it training on "
-                            "other data, or on another model state?"
-                        )
-            if message:
-                alerts.append(
-                    Alert(
-                        "rank_divergence",
-                        "warning",
-                        f"Rank {r} on {state.host(r)} disagrees with the other ranks: {message}.",
-                        int(step),
-                        when,
-                        subject=rank(r),
-                    )
-                )
-    return alerts
-
-
 __all__ = [
     "RankState",
     "align",
-    "divergence",
     "per_step",
     "rank_columns",
     "rank_metrics",

@@ -11,6 +11,12 @@ from nbmonitor.health.rules.activations import DeadUnits
 from nbmonitor.health.rules.clipping import ClippingActive
 from nbmonitor.health.rules.decay import WeightDecayTooHigh
 from nbmonitor.health.rules.devices import DeviceMemory, GpuIdle, GpuTemperature, GpuThrottling
+from nbmonitor.health.rules.finetune import (
+    AdapterLrTooSmall,
+    AdaptersNotLearning,
+    AdaptersNotTrained,
+    BaseNotFrozen,
+)
 from nbmonitor.health.rules.gradients import (
     ExplodingGradients,
     GradientSpike,
@@ -24,6 +30,7 @@ from nbmonitor.health.rules.replicas import SameBatches
 from nbmonitor.health.rules.scaler import ScalerSkipping
 from nbmonitor.health.rules.stalls import RankStalled
 from nbmonitor.health.rules.stragglers import Stragglers
+from nbmonitor.health.rules.sync import RankDivergence
 from nbmonitor.health.rules.time import InputBound, OptimizerShare, StepTimeRegression
 from nbmonitor.health.rules.updates import UpdateRatioHigh, UpdateRatioLow
 
@@ -32,6 +39,10 @@ RULES: tuple[RuleFactory, ...] = (
     ExplodingGradients,
     GradientSpike,
     VanishingGradients,
+    AdaptersNotTrained,
+    BaseNotFrozen,
+    AdaptersNotLearning,
+    AdapterLrTooSmall,
     UpdateRatioHigh,
     UpdateRatioLow,
     LrTooHigh,
@@ -54,6 +65,7 @@ RULES: tuple[RuleFactory, ...] = (
     Stragglers,
     SameBatches,
     RankStalled,
+    RankDivergence,
     InputBound,
     OptimizerShare,
     StepTimeRegression,

@@ -16,13 +16,23 @@ The rule holds once no rank has completed a step for ``Thresholds.stall_s`` seco
 * else the ranks furthest behind (fewest steps completed, then earliest phase of the step)
   when the others are further: the others wait for them.
 
-All ranks at the same place (a long evaluation, a checkpoint, every rank slow) name no rank.
-Subject: the rank (``rank1``); the message names its host, last step, phase and process id.
+* else, every rank at the same place (the same step and phase): the job is stalled as a
+  whole, at that place (every rank waits for a data source that hangs, or for a collective
+  that never completes; a long evaluation or checkpoint on every rank looks the same while it
+  lasts, so it is a warning that says so).
+
+How long a rank has been silent is counted from the newest thing known of it: its newest
+system sample, else the end of its newest step (a rank frozen before its sampler wrote), else
+its run's start, else the job's (the earliest rank's start).
+
+Subject: the rank (``rank1``), or the run as a whole for a job stalled at one place; the
+message names the rank(s), host(s), last step, phase and process id(s).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -30,6 +40,7 @@ from nbmonitor.health import alert as subjects
 from nbmonitor.health.alert import Alert
 from nbmonitor.health.rule import Base, Outcome, always, nothing
 from nbmonitor.health.view import RankColumns, RankProgress, View
+from nbmonitor.health.window import BoolArray, FloatArray
 from nbmonitor.records import PHASES
 
 STALL_STEP_TIMES = 5  # ... and no step for this many median step times
@@ -55,7 +66,7 @@ def _phase(code: float) -> str:
 def _where(step: float, phase: float) -> str:
     """``in the backward pass of step 58`` (the step in progress: one after those done)."""
     if not math.isfinite(step):
-        return "before its first sample"
+        return "before its first step"
     name = _phase(phase)
     if name not in _PLACES:
         return f"after step {step:.0f}"
@@ -69,36 +80,86 @@ def stall_limit(ranks: RankColumns, stall_s: float) -> float:
     return max(stall_s, STALL_STEP_TIMES * typical)
 
 
+@dataclass(frozen=True)
+class _Now:
+    """Where the job is now: how long no rank has completed a step, and which ranks have
+    ended, write nothing, or still write."""
+
+    idle: float  # seconds since the newest step of any rank ended
+    limit: float  # seconds without a step before anything is named
+    ended: BoolArray
+    silent: BoolArray
+    live: BoolArray
+
+
+def _now(ranks: RankColumns, stall_s: float) -> _Now | None:
+    """The job's state when no rank has completed a step for the limit (else None)."""
+    p = ranks.progress
+    if p is None or len(ranks.ranks) < 2:
+        return None
+    ends = p.step_end[np.isfinite(p.step_end)]
+    if not math.isfinite(p.now) or not ends.size:
+        return None
+    limit = stall_limit(ranks, stall_s)
+    idle = p.now - float(ends.max())
+    if idle < limit:
+        return None
+    ended = np.array(p.ended, dtype=bool)
+    heard = np.array([_heard(p, i)[0] for i in range(len(ranks.ranks))])
+    silent = ~ended & ~(p.now - heard < limit)  # NaN (nothing known at all): silent
+    return _Now(idle, limit, ended, silent, ~ended & ~silent)
+
+
+def _heard(p: RankProgress, i: int) -> tuple[float, str]:
+    """When rank ``i`` was last heard of, and what that was (see the module docstring)."""
+    if math.isfinite(p.seen[i]):
+        return float(p.seen[i]), f"its last sample: {_where(p.step[i], p.phase[i])}"
+    if math.isfinite(p.step_end[i]):
+        return float(p.step_end[i]), f"its last record: the end of step {p.step[i]:.0f}"
+    started = p.started if p.started is not None else np.empty(0)
+    if started.size > i and math.isfinite(started[i]):
+        return float(started[i]), "since its run started: no step, no sample"
+    known = started[np.isfinite(started)]
+    if known.size:
+        return float(known.min()), "since the job started: no step, no sample"
+    return math.nan, "no step, no sample"
+
+
+def _silence(p: RankProgress, i: int, idle: float) -> str:
+    """``12 s (its last sample: ...)``: never NaN; at least the job's idle time when nothing
+    of the rank is known at all."""
+    when, what = _heard(p, i)
+    if not math.isfinite(when):
+        return f"at least {idle:.0f} s ({what})"
+    return f"{max(p.now - when, 0.0):.0f} s ({what})"
+
+
+def _position(p: RankProgress, live: BoolArray) -> FloatArray:
+    """Each live rank's place in the job: steps done, then the phase of the step in progress
+    (NaN for the others)."""
+    step, phase = p.step, p.phase
+    position = np.where(np.isfinite(phase), step + (np.nan_to_num(phase) + 1) / 10, step)
+    return np.where(live & np.isfinite(step), position, math.nan)
+
+
 def stalled(ranks: RankColumns, stall_s: float) -> dict[int, tuple[str, str]]:
     """Rank -> (severity, why it is named: the end of the alert's first sentence), for each
     rank that holds the job up now (see the module docstring). A rank frozen, dead or gone is
     an error; one behind the others a warning (a checkpoint or an evaluation on one rank
     alone looks the same while it lasts)."""
+    now = _now(ranks, stall_s)
     p = ranks.progress
-    if p is None or len(ranks.ranks) < 2:
-        return {}
-    seen, step, phase = p.seen, p.step, p.phase
-    ends = p.step_end[np.isfinite(p.step_end)]
-    if not math.isfinite(p.now) or not ends.size:
-        return {}
-    limit = stall_limit(ranks, stall_s)
-    idle = p.now - float(ends.max())
-    if idle < limit:
-        return {}
-    ended = np.array(p.ended, dtype=bool)
-    silent = ~ended & (~np.isfinite(seen) | (p.now - seen >= limit))
-    live = ~ended & ~silent
-    if not live.any():
+    if now is None or p is None or not now.live.any():
         return {}  # nobody is left waiting (the job is over, or nothing is written at all)
+    step, phase, live, ended = p.step, p.phase, now.live, now.ended
     waiting = _others(ranks, p, live)
     found: dict[int, tuple[str, str]] = {}
-    for i in np.flatnonzero(silent):
+    for i in np.flatnonzero(now.silent):
         found[ranks.ranks[i]] = (
             "error",
             (
-                f"has written nothing for {p.now - seen[i]:.0f} s (its last sample: "
-                f"{_where(step[i], phase[i])}) while {waiting}: its process is frozen or dead "
-                "(killed, out of memory? see its log)"
+                f"has written nothing for {_silence(p, int(i), now.idle)} while {waiting}: its "
+                "process is frozen or dead (killed, out of memory? see its log)"
             ),
         )
     if found:
@@ -115,13 +176,12 @@ def stalled(ranks: RankColumns, stall_s: float) -> dict[int, tuple[str, str]]:
                 ),
             )
         return found
-    position = np.where(np.isfinite(phase), step + (np.nan_to_num(phase) + 1) / 10, step)
-    position = np.where(live & np.isfinite(step), position, math.nan)
+    position = _position(p, live)
     if np.isfinite(position).sum() < 2:
         return {}
     behind = float(np.nanmin(position))
     if behind >= float(np.nanmax(position)):
-        return {}  # every rank at the same place: no one to name
+        return {}  # every rank at the same place: the job as a whole (stuck_together)
     lagging = live & (position == behind)
     ahead = live & ~lagging
     waiting = _others(ranks, p, ahead)
@@ -129,11 +189,26 @@ def stalled(ranks: RankColumns, stall_s: float) -> dict[int, tuple[str, str]]:
         found[ranks.ranks[i]] = (
             "warning",
             (
-                f"has made no progress for {idle:.0f} s: its last completed step is "
+                f"has made no progress for {now.idle:.0f} s: its last completed step is "
                 f"{step[i]:.0f}, and it is {_where(step[i], phase[i])}, while {waiting}"
             ),
         )
     return found
+
+
+def stuck_together(ranks: RankColumns, stall_s: float) -> tuple[int, float, float] | None:
+    """(the phase every rank is in, the steps every rank has completed, seconds without a
+    step) when no rank has completed a step for the limit and every rank is still running, at
+    the same place (see the module docstring); else None."""
+    now = _now(ranks, stall_s)
+    p = ranks.progress
+    if now is None or p is None or not now.live.all():
+        return None  # a rank silent or gone: stalled() names it
+    position = _position(p, now.live)
+    if not np.isfinite(position).all() or float(np.ptp(position)) > 0:
+        return None
+    phase = float(p.phase[0])
+    return (int(phase) if math.isfinite(phase) else -1), float(p.step[0]), now.idle
 
 
 def _others(ranks: RankColumns, p: RankProgress, which: np.ndarray) -> str:
@@ -149,8 +224,48 @@ def _others(ranks: RankColumns, p: RankProgress, which: np.ndarray) -> str:
     return f"{who} {' or '.join(places)}{hint}"
 
 
+# Why every rank would stop at the same place, by phase, and what to do.
+_TOGETHER = {
+    "data": (
+        "every rank waits for its next batch, or runs the same work between steps (an "
+        "evaluation, a checkpoint: then this ends with it); a data source that hangs for all "
+        "of them (a network filesystem, a DataLoader worker that died: num_workers=0 shows its "
+        "error) stops the job there"
+    ),
+    "collective": (
+        "every rank waits in a collective that does not complete (DDP's gradient all-reduce, "
+        "or a collective of your own): a rank of the group that writes no files here, or a "
+        "network failure between hosts; set NCCL_DEBUG=INFO, and a timeout= in "
+        "init_process_group so that a hang raises instead"
+    ),
+}
+
+
+def _job_stall(ranks: RankColumns, phase: int, step: float, idle: float) -> str:
+    """The message of a job stalled as a whole."""
+    p = ranks.progress
+    pids = p.pids if p is not None else ()
+    hosts = sorted(set(ranks.hosts))
+    who = ", ".join(str(r) for r in ranks.ranks[:-1]) + f" and {ranks.ranks[-1]}"
+    name = _phase(float(phase))
+    why = _TOGETHER["data" if name == "data" else "collective"]
+    dumps = ", ".join(
+        f"--pid {pid} (rank {r})" for r, pid in zip(ranks.ranks, pids, strict=False) if pid
+    )
+    look = (
+        f"`py-spy dump` on {' and '.join(hosts)} ({dumps}) shows where each waits"
+        if dumps
+        else f"a stack dump of each rank on {' and '.join(hosts)} (py-spy dump) shows where"
+    )
+    return (
+        f"The job is stalled: ranks {who} on {' and '.join(hosts)} have made no progress for "
+        f"{idle:.0f} s, every one {_where(step, float(phase))}: {why}. {look}."
+    )
+
+
 class RankStalled(Base):
-    """A rank that holds up a distributed job: stopped, frozen, gone, or behind the others."""
+    """A rank that holds up a distributed job (stopped, frozen, gone, or behind the others),
+    or the whole job stopped at one place."""
 
     name = "rank_stalled"
 
@@ -159,12 +274,26 @@ class RankStalled(Base):
         if ranks is None or ranks.progress is None or len(ranks.ranks) < 2:
             return nothing(self.name)
         found = stalled(ranks, self.thresholds.stall_s)
+        together = None if found else stuck_together(ranks, self.thresholds.stall_s)
         hosts = dict(zip(ranks.ranks, ranks.hosts, strict=False))
         pids = dict(zip(ranks.ranks, ranks.progress.pids, strict=False))
 
         def make(new: list[str]) -> list[Alert]:
             alerts = []
             for subject in new:
+                if subject == subjects.RUN and together is not None:
+                    phase, step, idle = together
+                    alerts.append(
+                        Alert(
+                            self.name,
+                            "warning",
+                            _job_stall(ranks, phase, step, idle),
+                            int(step),
+                            view.inp.time,
+                            subject=subjects.RUN,
+                        )
+                    )
+                    continue
                 rank = int(subject.removeprefix("rank"))
                 host, pid = hosts.get(rank, "?"), pids.get(rank)
                 look = (
@@ -175,13 +304,17 @@ class RankStalled(Base):
                 i = ranks.ranks.index(rank)
                 last = ranks.progress.step[i] if ranks.progress is not None else math.nan
                 severity, why = found[rank]
+                alone = (
+                    "; a checkpoint or an evaluation run on one rank alone shows like this "
+                    "too, for as long as it lasts"
+                    if severity == "warning"
+                    else ""
+                )
                 alerts.append(
                     Alert(
                         self.name,
                         severity,
-                        f"Rank {rank} on {host} is stalling the job: it {why}. {look}; "
-                        "a checkpoint or an evaluation run on one rank alone shows like this "
-                        "too, for as long as it lasts.",
+                        f"Rank {rank} on {host} is stalling the job: it {why}. {look}{alone}.",
                         int(last) if math.isfinite(last) else view.inp.step,
                         view.inp.time,
                         subject=subjects.rank(rank),
@@ -190,7 +323,9 @@ class RankStalled(Base):
             return alerts
 
         held = [subjects.rank(r) for r in found]
+        if together is not None:
+            held.append(subjects.RUN)
         return Outcome(self.name, held, always, make)
 
 
-__all__ = ["STALL_STEP_TIMES", "RankStalled", "stall_limit", "stalled"]
+__all__ = ["STALL_STEP_TIMES", "RankStalled", "stall_limit", "stalled", "stuck_together"]
