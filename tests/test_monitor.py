@@ -406,9 +406,9 @@ def test_run_log_readable_while_writing(model, tmp_path):
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     with attach(model, opt, tmp_path, name="exp1") as mon:
         train(model, opt, mon, 4)
-        mon.flush()  # steps 1..3 are final once step 4 ended
+        mon.flush()  # every step that ended, the last one too
         run = nbmonitor.open(mon.run_dir)
-        assert list(run.history()["step"]) == [1, 2, 3]
+        assert list(run.history()["step"]) == [1, 2, 3, 4]
         assert len(run.system()["time"]) == 1
         meta = run.meta
         assert meta["model"]["class"] == "Sequential"
@@ -681,8 +681,8 @@ def test_paced_health_judges_steps_beyond_the_window(model, tmp_path, monkeypatc
     with attach(model, opt, tmp_path, interval=60) as mon:
         train(model, opt, mon, 10)
         mon.flush()
-    # Every final row (the 10th step's row stays open until a later step ends), not just 4.
-    assert seen[0] == 9
+    # Every row the flush took (every step that ended), not just 4.
+    assert seen[0] == 10
 
 
 def test_a_monitored_run_does_not_import_numpy_ma(tmp_path):

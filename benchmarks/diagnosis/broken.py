@@ -6,9 +6,18 @@ import time
 
 import torch
 from benchmarks.diagnosis.harness import LOAD_PER_CORE, Attach, Scenario
-from benchmarks.diagnosis.healthy import _slow_forward, regression
-from benchmarks.diagnosis.models import ManyRows, Patterns, Teacher, TwoTower, mlp
+from benchmarks.diagnosis.healthy import _slow_forward, fine_tune, regression, trainable
+from benchmarks.diagnosis.models import (
+    LoRALinear,
+    LoRATask,
+    ManyRows,
+    Patterns,
+    Teacher,
+    TwoTower,
+    mlp,
+)
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 TIMING_LATE = (
     "a timing verdict is said once it has held over 100 steps (PERSIST_STEPS), so that a busy "
@@ -332,6 +341,92 @@ def leaking_loop(steps: int, attach: Attach) -> None:
         mon.log(loss=loss)
 
 
+# -- fine-tuning: adapters on a frozen base ------------------------------------------------------
+
+
+def lora_ab_zero(steps: int, attach: Attach) -> None:
+    # Source: nvidia-cosmos/cosmos-predict2.5 PR #15 ("lora-A initialization all zeros --> No
+    # training"), huggingface/peft#793 (B never updated, the model works exactly as the base).
+    # Signal: B stays exactly at zero and every adapter gradient is exactly 0.
+    task = LoRATask()
+    model = task.model()
+    for layer in (model[0], model[2]):
+        nn.init.zeros_(layer.a.weight)  # the bug: A at zero as well as B
+    fine_tune(model, torch.optim.AdamW(trainable(model), lr=3e-3), task, steps, attach)
+
+
+class _Checkpointed(nn.Module):
+    """A frozen first layer, then a LoRA layer under reentrant checkpointing, then a head."""
+
+    def __init__(self, task: LoRATask) -> None:
+        super().__init__()
+        self.first = task.base[0].requires_grad_(False)
+        self.block = LoRALinear(task.base[2])
+        self.head = nn.Linear(32, 32)
+        with torch.no_grad():
+            self.head.weight.copy_(torch.eye(32))
+            self.head.bias.zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.first(x))  # does not require grad: the base is frozen
+        return self.head(checkpoint(self.block, h, use_reentrant=True))
+
+
+def lora_checkpoint_cut(steps: int, attach: Attach) -> None:
+    # Source: microsoft/LoRA#120 ("with gradient checkpoint ... all gradients will be None, so
+    # lora_A and B will not be updated"), huggingface/transformers#26221. Signal: the
+    # adapters' gradients are None every step, their weights never change.
+    import warnings
+
+    task = LoRATask()
+    model = _Checkpointed(task)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch: "None of the inputs have requires_grad=True"
+        fine_tune(model, torch.optim.AdamW(trainable(model), lr=3e-3), task, steps, attach)
+
+
+def lora_optimizer_before_adapters(steps: int, attach: Attach) -> None:
+    # Source: huggingface/peft#793 and its duplicates ("LoRA weights not updated"): the
+    # optimizer is built on the base model, then the adapters are added. Signal: the adapters
+    # require grad and no optimizer group holds them.
+    task = LoRATask()
+    opt = torch.optim.AdamW(task.base.parameters(), lr=3e-3)
+    fine_tune(task.model(), opt, task, steps, attach)
+
+
+def lora_adapters_frozen(steps: int, attach: Attach) -> None:
+    # Source: huggingface/peft#282 and tloen/alpaca-lora#352 ("trainable params: 0": adapters
+    # loaded with PeftModel.from_pretrained without is_trainable=True). A head still trains, so
+    # backward runs. Signal: every adapter tensor has requires_grad=False.
+    task = LoRATask()
+    model = nn.Sequential(*task.model(), nn.Linear(32, 32))
+    model.requires_grad_(False)
+    model[3].requires_grad_(True)
+    with torch.no_grad():
+        model[3].weight.copy_(torch.eye(32))
+        model[3].bias.zero_()
+    fine_tune(model, torch.optim.AdamW(model.parameters(), lr=3e-3), task, steps, attach)
+
+
+def lora_base_unfrozen(steps: int, attach: Attach) -> None:
+    # Source: huggingface/diffusers PR #4687 ("Unet's should be frozen for LoRA ... this isn't
+    # enforced"), microsoft/LoRA PR #125. Signal: the weights the adapters wrap require grad
+    # and the optimizer steps them.
+    task = LoRATask()
+    model = task.model()
+    model.requires_grad_(True)  # the bug: everything trainable again
+    fine_tune(model, torch.optim.AdamW(model.parameters(), lr=3e-3), task, steps, attach)
+
+
+def lora_lr_tiny(steps: int, attach: Attach) -> None:
+    # Source: unslothai/unsloth#2142 ("Applying LoRA doesn't change model output": lora_B
+    # ~1e-5 after training). Signal: the adapters move ~1e-8 of their norm a step with
+    # non-zero gradients, and the loss does not fall.
+    task = LoRATask()
+    model = task.model()
+    fine_tune(model, torch.optim.AdamW(trainable(model), lr=1e-8), task, steps, attach)
+
+
 BROKEN = (
     Scenario("lr_too_high", "MLP", "SGD lr 1.0: the loss climbs 50x in a few steps",
              lr_too_high, 300, 80,
@@ -398,4 +493,18 @@ BROKEN = (
              300, 200, ("input_bound",), why_late=TIMING_LATE, load=LOAD_PER_CORE),
     Scenario("leaking_loop", "MLP", "each step's hidden features kept in a list (2 MiB a step)",
              leaking_loop, 300, 100, ("memory_leak",)),
+    Scenario("lora_ab_zero", "LoRA", "LoRA A and B both initialised to zero", lora_ab_zero, 200,
+             80, ("adapters_not_learning",), "2.b.weight"),
+    Scenario("lora_checkpoint_cut", "LoRA",
+             "reentrant checkpointing of a LoRA layer whose input does not require grad",
+             lora_checkpoint_cut, 200, 80, ("adapters_not_learning",), "block.b.weight"),
+    Scenario("lora_optimizer_before_adapters", "LoRA",
+             "the optimizer built on the base, the adapters added after",
+             lora_optimizer_before_adapters, 200, 40, ("adapters_not_trained",), "2.b.weight"),
+    Scenario("lora_adapters_frozen", "LoRA", "adapters frozen (loaded without is_trainable)",
+             lora_adapters_frozen, 200, 40, ("adapters_not_trained",), "0.a.weight"),
+    Scenario("lora_base_unfrozen", "LoRA", "the base trains beside its adapters",
+             lora_base_unfrozen, 200, 40, ("base_not_frozen",), "0.base.weight"),
+    Scenario("lora_lr_tiny", "LoRA", "adapters with AdamW lr 1e-8", lora_lr_tiny, 200, 80,
+             ("adapter_lr_too_small",), "0.a.weight"),
 )  # fmt: skip

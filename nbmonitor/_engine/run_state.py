@@ -175,16 +175,19 @@ class RunState:
                     members.append(p)
         if not members:  # a run written before meta.json listed its parameters
             return ParamInfo(layer, (), 0, "?", "?", True, True)
+        # meta.json may come from elsewhere: a field of the wrong type reads as unknown.
         first = members[0]
-        shape = tuple(first.get("shape") or ()) if len(members) == 1 else ()
+        shape = first.get("shape") if len(members) == 1 else ()
+        counts = [_count(d) for d in shape] if isinstance(shape, list) else []
+        dims = tuple(d for d in counts if d is not None)
         return ParamInfo(
             layer,
-            tuple(int(d) for d in shape),
-            sum(int(p.get("numel", 0)) for p in members),
-            str(first.get("dtype", "?")),
-            str(first.get("device", "?")),
-            any(bool(p.get("requires_grad", True)) for p in members),
-            all(bool(p.get("in_optimizer", True)) for p in members),
+            dims if len(dims) == len(counts) else (),
+            sum(_count(p.get("numel", 0)) or 0 for p in members),
+            _text(first.get("dtype")),
+            _text(first.get("device")),
+            any(_flag(p.get("requires_grad")) for p in members),
+            all(_flag(p.get("in_optimizer")) for p in members),
         )
 
     # -- output --------------------------------------------------------------------------------
@@ -193,3 +196,20 @@ class RunState:
         model = self.model
         state = FrameState(status=status, step=model.last_step, elapsed_s=model.steps_span_s)
         return self.builder.build(state, detail=detail)
+
+
+def _count(value: object) -> int | None:
+    """A non-negative integer count from meta.json (a shape's dimension, a numel), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+        return None
+    return int(value) if 0 <= value < 2**63 else None
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else "?"
+
+
+def _flag(value: object) -> bool:
+    return value if isinstance(value, bool) else True

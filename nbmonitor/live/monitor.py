@@ -161,7 +161,7 @@ class Monitor:
             check_setup(model, optimizer, step=opts.start_step, time=self._start, adapters=adapters)
         )
         self._finalizer = weakref.finalize(self, life.release_soon)
-        self._finalizer.atexit = False  # at exit _signal_all only signals
+        self._finalizer.atexit = False  # at exit registry._close_all closes it
         self._setup_views(opts.display)
 
     # -- construction helpers --------------------------------------------------------------

@@ -58,8 +58,8 @@ def polynomial_decay_wrong_total(steps: int, attach: Attach) -> Trace:
 def warmup_typo(steps: int, attach: Attach) -> Trace:
     # Source: "37 Reasons", #33 (too low learning rate) in its schedule form: a linear warm-up
     # over 100,000 steps where 1,000 was meant (an extra zero in a config), AdamW 1e-3.
-    # Signal: the lr is below 3e-9..3e-6 for the whole run; updates ~1e-6 of the weights; the
-    # loss does not move.
+    # Signal: the lr stays between 1e-8 and 3e-6 for the whole run; updates ~1e-6 of the
+    # weights; the loss does not move.
     model = TinyTransformer()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / 100_000))
