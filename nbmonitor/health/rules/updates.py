@@ -131,7 +131,7 @@ EARLIER_LOSS = 30
 FALLING = 0.9
 
 
-def _loss_falling(view: View, step: int) -> bool:
+def loss_falling(view: View, step: int) -> bool:
     loss = view.column("loss")
     if loss is None:
         return False
@@ -154,7 +154,7 @@ def _loss_falling(view: View, step: int) -> bool:
 
 
 @functools.lru_cache(maxsize=8)
-def _weights(names: tuple[str, ...]) -> BoolArray:
+def weight_rows(names: tuple[str, ...]) -> BoolArray:
     """Which layers are weights, not biases (read-only: shared between checks)."""
     mask = np.array([not name.endswith("bias") for name in names], dtype=bool)
     mask.flags.writeable = False
@@ -178,8 +178,8 @@ class UpdateRatioHigh(_UpdateRatio):
     def _judged(self, view: View, ratios: FloatArray, step: int) -> BoolArray:
         # Biases are often initialised to zero and stay near it, so ||w|| ~ 0 makes the ratio
         # large while nothing is wrong; the hint is about weights.
-        judged: BoolArray = np.isfinite(ratios) & _weights(view.layer_names)
-        if _loss_falling(view, step):
+        judged: BoolArray = np.isfinite(ratios) & weight_rows(view.layer_names)
+        if loss_falling(view, step):
             # Large updates that bring the loss down are the point (SGD's momentum builds up
             # over the first tens of steps, and a small head moves far); a learning rate too
             # high shows as large updates with a loss that stops falling or climbs.
@@ -246,4 +246,4 @@ class UpdateRatioLow(_UpdateRatio):
         )
 
 
-__all__ = ["UpdateRatioHigh", "UpdateRatioLow"]
+__all__ = ["UpdateRatioHigh", "UpdateRatioLow", "loss_falling", "weight_rows"]

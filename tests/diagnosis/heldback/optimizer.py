@@ -10,9 +10,9 @@ from torch import nn
 
 
 def cnn_adam_no_zero_grad(steps: int, attach: Attach) -> Trace:
-    # Source: karpathy.github.io/2019/04/25/recipe/ (forgot to zero_grad) and the PyTorch
-    # forum's "Why do we need to call zero_grad()?"; here a CNN with Adam, whose normalised
-    # step hides part of it: the loss still falls at first.
+    # Source: karpathy.github.io/2019/04/25/recipe/ (forgot to zero_grad) and
+    # discuss.pytorch.org/t/what-does-the-backward-function-do/9944; here a CNN with Adam,
+    # whose normalised step hides part of it: the loss still falls at first.
     # Signal: the gradient norm grows with the step, ~linearly (the sum of all past batches).
     model = SmallCNN()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -33,8 +33,9 @@ def check_grad_grows(t: Trace) -> str:
 
 
 def gru_model_zero_grad_between(steps: int, attach: Attach) -> Trace:
-    # Source: PyTorch forum, "model.zero_grad() or optimizer.zero_grad()?" and "Where should
-    # I place zero_grad?": model.zero_grad() placed after backward(), before step().
+    # Source: velog.io/@rhss10 (where to put optimizer.zero_grad(): anywhere but between
+    # backward() and step()) and discuss.pytorch.org/t/what-step-backward-and-zero-grad-do/
+    # 33301: model.zero_grad() placed after backward(), before step().
     # Signal: each step finds no gradient (set to None); the GRU's weights never change and
     # the loss stays at chance.
     model = GRUClassifier()
@@ -57,8 +58,9 @@ def check_frozen(t: Trace) -> str:
 
 
 def cnn_adam_step_before_backward(steps: int, attach: Attach) -> Trace:
-    # Source: PyTorch forum, "optimizer.step() before loss.backward()": forward, zero_grad(),
-    # step(), backward() (a loop reorganised around a logging call). With the gradients just
+    # Source: discuss.pytorch.org/t/what-step-backward-and-zero-grad-do/33301 (the calls'
+    # order): forward, zero_grad(), step(), backward() (a loop reorganised around a logging
+    # call). With the gradients just
     # reset to None, Adam skips every parameter.
     # Signal: within each iteration the optimizer steps before backward runs, on no
     # gradient; the weights never change; the loss stays at chance.
@@ -154,17 +156,17 @@ def embedding_in_no_group(steps: int, attach: Attach) -> Trace:
 BROKEN = (
     Scenario("hb_cnn_adam_no_zero_grad", "optimizer", "zero_grad() never called (CNN, Adam)",
              cnn_adam_no_zero_grad, 300, 150, ("zero_grad_missing",),
-             source="karpathy.github.io/2019/04/25/recipe/; PyTorch forum: why zero_grad()",
+             source="karpathy.github.io/2019/04/25/recipe/; discuss.pytorch.org/t/9944",
              signal="grad norm grows ~linearly with the step", check=check_grad_grows),
     Scenario("hb_gru_model_zero_grad_mid", "optimizer",
              "model.zero_grad() between backward() and step() (GRU, SGD)",
              gru_model_zero_grad_between, 300, 100, ("zero_grad_after_backward",),
-             source="PyTorch forum: model.zero_grad() or optimizer.zero_grad()?",
+             source="velog.io/@rhss10 (zero_grad placement); discuss.pytorch.org/t/33301",
              signal="no gradient at any step; the weights never change", check=check_frozen),
     Scenario("hb_cnn_adam_step_first", "optimizer",
              "forward; zero_grad(); step(); backward() (CNN, Adam)",
              cnn_adam_step_before_backward, 300, 100, ("step_before_backward",),
-             source="PyTorch forum: optimizer.step() before loss.backward()",
+             source="discuss.pytorch.org/t/what-step-backward-and-zero-grad-do/33301 (order)",
              signal="each step runs before backward, on no gradient; weights never change",
              check=check_frozen),
     Scenario("hb_zero_grad_once_per_epoch", "optimizer",
