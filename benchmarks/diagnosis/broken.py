@@ -23,6 +23,10 @@ TIMING_LATE = (
     "a timing verdict is said once it has held over 100 steps (PERSIST_STEPS), so that a busy "
     "neighbour cannot raise it"
 )
+DECAY_LATE = (
+    "the weights must shrink by most of each update over 50 steps of measured updates while "
+    "the loss does not improve"
+)
 PLATEAU_LATE = (
     "a plateau is told from slow learning only over plateau_window (200) steps of a loss "
     "that has not moved"
@@ -58,6 +62,38 @@ def lr_too_high(steps: int, attach: Attach) -> None:
     # Diverges within a few steps to a loss 50x where it started, without NaN.
     model = mlp()
     regression(model, torch.optim.SGD(model.parameters(), lr=1.0), steps, attach)
+
+
+def adam_lr_too_high(steps: int, attach: Attach) -> None:
+    # Adam lr 1.0: the first step moves every weight by several times its size; the loss
+    # jumps six orders of magnitude, then the ReLUs die and it settles above where it began.
+    model = mlp()
+    regression(model, torch.optim.Adam(model.parameters(), lr=1.0), steps, attach)
+
+
+def schedule_per_batch(steps: int, attach: Attach) -> None:
+    # ExponentialLR(gamma=0.9) meant per epoch, stepped every batch: the lr is 1e-3 of its
+    # start by step 66 and ~1e-15 by step 330, long before the run ends.
+    model = mlp()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.ExponentialLR(opt, gamma=0.9)
+    regression(model, opt, steps, attach, sched=sched)
+
+
+def weight_decay_high(steps: int, attach: Attach) -> None:
+    # AdamW weight_decay=100 (where 0.01 was meant): each step pulls every weight 10 % towards
+    # zero, far more than the gradient pushes back.
+    model = mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=100.0)
+    regression(model, opt, steps, attach)
+
+
+def labels_misaligned(steps: int, attach: Attach) -> None:
+    # A 10-way head on a 4-class task whose labels are shuffled: the loss falls from ln 10 to
+    # ln 4 (it learns which labels occur) and stays there.
+    model = mlp(out=10)
+    classify(model, torch.optim.SGD(model.parameters(), lr=0.1), steps, attach,
+             shuffle_labels=True)  # fmt: skip
 
 
 def lr_to_nan(steps: int, attach: Attach) -> None:
@@ -393,15 +429,23 @@ def lora_lr_tiny(steps: int, attach: Attach) -> None:
 
 BROKEN = (
     Scenario("lr_too_high", "MLP", "SGD lr 1.0: the loss climbs 50x in a few steps",
-             lr_too_high, 300, 80, ("loss_spike", "update_ratio_high", "exploding_gradients")),
+             lr_too_high, 300, 80,
+             ("lr_too_high", "loss_spike", "update_ratio_high", "exploding_gradients")),
+    Scenario("adam_lr_too_high", "MLP", "Adam lr 1.0: the loss jumps 1e6x, then the ReLUs die",
+             adam_lr_too_high, 300, 80, ("lr_too_high",)),
     Scenario("lr_to_nan", "MLP", "SGD lr 3.0: NaN within 10 steps", lr_to_nan, 100, 40,
              ("grad_non_finite", "loss_non_finite"), "0.weight"),
     Scenario("lr_spike_mid_run", "MLP", f"lr x100 from step {SPIKE_AT} (scheduler bug)",
              lr_spike_mid_run, 400, 260,
-             ("loss_spike", "exploding_gradients", "grad_non_finite", "loss_non_finite"),
+             ("loss_spike", "exploding_gradients", "grad_non_finite", "loss_non_finite",
+              "lr_too_high"),
              None, SPIKE_AT),
-    Scenario("lr_too_low", "MLP", "Adam lr 1e-9", lr_too_low, 300, 80, ("update_ratio_low",),
-             "0.weight"),
+    Scenario("lr_too_low", "MLP", "Adam lr 1e-9", lr_too_low, 300, 80,
+             ("lr_too_low", "update_ratio_low")),
+    Scenario("schedule_per_batch", "MLP", "ExponentialLR(0.9) stepped every batch",
+             schedule_per_batch, 400, 200, ("lr_schedule_too_fast",), None, 66),
+    Scenario("weight_decay_high", "MLP", "AdamW weight_decay=100", weight_decay_high, 300, 120,
+             ("weight_decay_too_high",), why_late=DECAY_LATE),
     Scenario("adam_eps_huge", "MLP", "Adam eps=1e3: a dead optimizer, the loss stalls",
              adam_eps_huge, 400, 80, ("update_ratio_low", "loss_plateau"), "0.weight"),
     Scenario("explode_mid_run", "MLP", f"one input feature 1000x from step {EXPLODE_AT}",
@@ -433,7 +477,9 @@ BROKEN = (
     Scenario("fp16_overflow", "MLP", "fp16 autocast overflow, GradScaler skips every step",
              fp16_overflow, 200, 60, ("scaler_skipping",)),
     Scenario("labels_shuffled", "MLP", "labels shuffled within each batch", labels_shuffled,
-             500, 300, ("loss_plateau",), why_late=PLATEAU_LATE),
+             500, 300, ("labels_not_matching", "loss_plateau"), why_late=PLATEAU_LATE),
+    Scenario("labels_misaligned", "MLP", "shuffled labels, a 10-way head on 4 classes",
+             labels_misaligned, 500, 350, ("labels_not_matching",), why_late=PLATEAU_LATE),
     Scenario("clip_every_step", "MLP", "clip_grad_norm_(max_norm=1e-3)", clip_every_step, 300,
              80, ("clipping_active",)),
     Scenario("optimizer_for_loop", "many tensors", "Adam(foreach=False) over 200 tiny tensors",

@@ -431,7 +431,8 @@ class Dashboard {
     this.adapters.textContent = head;
     this.adapters.title = text;
     this.adapters.hidden = text === "";
-    const fine = head === "adapters learning" || head === "adapters"; // "adapters": waiting
+    // "adapters": waiting for the first updates; "receiving gradients": updates not measured.
+    const fine = ["adapters learning", "adapters", "adapters receiving gradients"].includes(head);
     this.adapters.classList.toggle("nbm-adapters-bad", text !== "" && !fine);
   }
 

@@ -65,6 +65,7 @@ class Pipeline:
         # Everything known about the run; frames, rules and sinks read only this.
         model = parts.model or RunModel(parts.layers, parts.backend.device_index)
         self.model = model
+        model.total_steps = parts.info.total_steps
         self.frames = FrameBuilder(parts.info, self.model)
         self.lock = threading.RLock()
         self.views: tuple[View, ...] = ()

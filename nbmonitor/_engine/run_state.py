@@ -57,6 +57,7 @@ class RunState:
         self.meta = meta
         self.info = run_info(meta, name)
         self.model = RunModel(device_index=device_index(meta))
+        self.model.total_steps = self.info.total_steps
         self.builder = FrameBuilder(self.info, self.model)
 
     @property

@@ -11,6 +11,7 @@ import torch
 from nbmonitor.health import alert as subjects
 from nbmonitor.health.adapters import Adapters
 from nbmonitor.health.alert import Alert
+from nbmonitor.health.doc import CAUSE, RuleDoc
 from nbmonitor.health.rules.finetune import setup_explained
 from nbmonitor.health.wording import MAX_NAMED, name_list
 
@@ -162,3 +163,35 @@ def _placement(groups: list[int]) -> str:
     if len(distinct) == 1:
         return f"{len(groups)} times in group {distinct[0]}"
     return "in groups " + ", ".join(map(str, distinct[:-1])) + f" and {distinct[-1]}"
+
+
+# This module's alerts in the table of causes (docs/diagnosis.md, benchmarks/diagnosis/table.py).
+DOCS = {
+    "params_not_in_optimizer": RuleDoc(
+        CAUSE,
+        "trainable parameters the optimizer does not hold: they get gradients but never change",
+        "the model's parameters that require grad against the optimizer's groups, at attach",
+        "build the optimizer from `model.parameters()` after adding every module",
+        ("adapters on a frozen base (named by the fine-tune rules)",),
+    ),
+    "frozen_params_in_optimizer": RuleDoc(
+        CAUSE,
+        "parameters with `requires_grad=False` inside the optimizer: they never change",
+        "the optimizer's parameters that do not require grad, at attach",
+        "leave frozen parameters out of the optimizer (or unfreeze them)",
+        ("a frozen base in a fine-tune's optimizer, on purpose",),
+    ),
+    "lr_zero": RuleDoc(
+        CAUSE,
+        "a param group's learning rate is 0: its parameters never change",
+        "each group's `lr` at attach",
+        "set the group's learning rate",
+        ("a schedule that ends near 0",),
+    ),
+    "duplicate_params": RuleDoc(
+        CAUSE,
+        "a parameter appears more than once in the optimizer: it is updated twice per step",
+        "the parameters of every group, at attach",
+        "give each parameter to one group only",
+    ),
+}

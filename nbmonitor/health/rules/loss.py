@@ -9,6 +9,7 @@ import numpy as np
 
 from nbmonitor.health import alert as subjects
 from nbmonitor.health.alert import Alert
+from nbmonitor.health.doc import SYMPTOM, RuleDoc
 from nbmonitor.health.rule import Base, Outcome, always, clear, never, nothing
 from nbmonitor.health.thresholds import Thresholds
 from nbmonitor.health.view import View
@@ -56,6 +57,14 @@ def first_non_finite_row(view: View, values: FloatArray) -> int | None:
 
 class NonFiniteLoss(Base):
     name = "loss_non_finite"
+    doc = RuleDoc(
+        SYMPTOM,
+        "the logged loss is NaN or Inf",
+        "the first non-finite value of the logged loss (NaN counts in a loss logged every step)",
+        "lower the learning rate, clip gradients, and check the inputs and the loss for NaN, "
+        "log(0) or division by zero",
+        ("a loss logged only now and then (a missing value is not NaN)",),
+    )
 
     def check(self, view: View) -> Outcome:
         rule = self.name
@@ -90,6 +99,18 @@ class NonFiniteLoss(Base):
 
 class LossSpike(Base):
     name = "loss_spike"
+    doc = RuleDoc(
+        SYMPTOM,
+        "the loss jumps far above its recent level",
+        "the loss 5x or more above its recent median for 3 steps, beyond 6 robust sigmas of its "
+        "noise and a tenth of the run's loss range",
+        "lower the learning rate, add warm-up or clip gradients",
+        (
+            "noisy losses of small batches",
+            "evaluation losses logged under another key",
+            "schedules that restart",
+        ),
+    )
 
     def __init__(self, thresholds: Thresholds) -> None:
         super().__init__(thresholds)
@@ -170,6 +191,18 @@ class LossSpike(Base):
 
 class LossPlateau(Base):
     name = "loss_plateau"
+    doc = RuleDoc(
+        SYMPTOM,
+        "the loss stopped falling far from where it could be",
+        "no decrease over the last `plateau_window` (200) steps, having covered less than half the"
+        " way from where it started",
+        "try another learning rate; check that labels match inputs and the optimizer holds the "
+        "model's parameters",
+        (
+            "a loss that flattens after falling a long way (converged)",
+            "a loss overfitting one batch on purpose",
+        ),
+    )
 
     def __init__(self, thresholds: Thresholds) -> None:
         super().__init__(thresholds)
