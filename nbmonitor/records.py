@@ -357,6 +357,46 @@ class MemoryRecord:
         return None
 
 
+# A structural fact's value: plain data only (it crosses threads and is written to disk).
+Fact = bool | int | float | str | None | tuple["Fact", ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StructureRecord:
+    """What the training side read of the run's structure, without a sync (``_capture/
+    structure.py``): once at attach (``kind`` "model", "optimizer") or on a sampled step
+    ("forward": the modes of the modules whose train/eval differs, dropout rates, autocast;
+    "batchnorm": the batch a BatchNorm layer sees; "backward": the loss's autograd graph and
+    whether the gradients were reset since the last step; "pre_step": whether they were
+    reset between the backward and the step). ``facts`` are (key, value) pairs; ``value``
+    holds device numbers read later (``value_keys`` name them: the first layer's input
+    scale)."""
+
+    step: int
+    kind: str
+    facts: tuple[tuple[str, Fact], ...]
+    value: Pending | None = None
+    value_keys: tuple[str, ...] = ()
+
+    def ready(self) -> bool:
+        return self.value is None or self.value.ready()
+
+    def wait(self) -> None:
+        if self.value is not None:
+            self.value.wait()
+
+    def resolve(self) -> dict[str, Fact]:
+        """The facts as a dict, the device numbers read (NaN for one that cannot be)."""
+        out: dict[str, Fact] = dict(self.facts)
+        if self.value is not None:
+            try:
+                values = self.value.values()
+            except Exception:
+                values = [math.nan] * len(self.value_keys)
+            out.update(zip(self.value_keys, values, strict=False))
+        return out
+
+
 Record = (
     StepRecord
     | LogRecord
@@ -366,4 +406,5 @@ Record = (
     | SpanRecord
     | MemoryRecord
     | OptimizerRecord
+    | StructureRecord
 )

@@ -154,21 +154,118 @@ const MAX_LAYER_NAMES = 4;
 // The strip shows the newest few alerts; older ones stay in mon.events() and the run log.
 export const MAX_ALERTS_SHOWN = 3;
 
-/** @param {Record<string, any>} alert */
-export function alertItem(alert) {
+// Evidence shown when an alert is opened: its first entries, each value cut short.
+const MAX_EVIDENCE = 12;
+const MAX_EVIDENCE_ITEMS = 8;
+
+/** An alert's identity in the run: its rule and step (what a cause's `explains` names). */
+export function alertKey(alert) {
+  return `${alert?.rule ?? ""}@${alert?.step ?? ""}`;
+}
+
+/** One evidence value as text: numbers formatted, lists and objects cut short. */
+export function evidenceText(value, depth = 0) {
+  if (value === null || value === undefined) return DASH;
+  if (typeof value === "number") return fmtNumber(value);
+  if (typeof value === "boolean") return value ? "yes" : "no";
+  if (typeof value === "string") return value;
+  if (depth > 2) return "\u2026";
+  if (Array.isArray(value)) {
+    const shown = value.slice(0, MAX_EVIDENCE_ITEMS).map((v) => evidenceText(v, depth + 1));
+    const more = value.length > MAX_EVIDENCE_ITEMS ? ` +${value.length - MAX_EVIDENCE_ITEMS} more` : "";
+    return `${shown.join(", ")}${more}`;
+  }
+  if (typeof value === "object") {
+    const entries = Object.entries(value).slice(0, MAX_EVIDENCE_ITEMS);
+    return entries.map(([k, v]) => `${k.replaceAll("_", " ")} ${evidenceText(v, depth + 1)}`).join("; ");
+  }
+  return String(value);
+}
+
+/** Whether an alert has more to show when opened than its one line. */
+function hasDetail(alert) {
+  const evidence = alert.evidence;
+  return Boolean(
+    alert.cause || alert.fix || alert.place || (Array.isArray(alert.explains) && alert.explains.length) ||
+      (evidence && typeof evidence === "object" && Object.keys(evidence).length),
+  );
+}
+
+/** The opened alert: its cause (or that it is a symptom), place, evidence, what it explains, fix. */
+export function alertDetail(alert) {
+  const box = h("div", "nbm-alert-detail");
+  const row = (label, text, cls = "") => {
+    const line = h("div", `nbm-alert-row ${cls}`.trim());
+    line.append(h("span", "nbm-alert-label", label), h("span", "nbm-alert-value", text));
+    box.append(line);
+  };
+  if (alert.cause) row("cause", String(alert.cause), "nbm-alert-cause");
+  else row("symptom", "no cause found that explains it", "nbm-alert-symptom");
+  if (alert.place) row("where", String(alert.place));
+  const evidence = alert.evidence && typeof alert.evidence === "object" ? alert.evidence : {};
+  const entries = Object.entries(evidence).filter(([k]) => k !== "symptoms");
+  if (entries.length) {
+    const list = h("dl", "nbm-evidence");
+    for (const [key, value] of entries.slice(0, MAX_EVIDENCE)) {
+      list.append(h("dt", "", key.replaceAll("_", " ")), h("dd", "", evidenceText(value)));
+    }
+    box.append(list);
+  }
+  const explains = Array.isArray(alert.explains) ? alert.explains : [];
+  if (explains.length) {
+    row("explains", explains.map((e) => (Array.isArray(e) ? `${e[0]} (step ${fmtInt(e[1])})` : String(e))).join(", "));
+  }
+  if (alert.fix) row("fix", String(alert.fix), "nbm-alert-fix");
+  return box;
+}
+
+/**
+ * One alert of the strip. One with a cause, evidence or fix opens on a click (a `<details>`),
+ * and stays open across redraws while `open` holds its key.
+ * @param {Record<string, any>} alert
+ * @param {Set<string>} [open]
+ */
+export function alertItem(alert, open) {
   const item = h("li", `nbm-alert nbm-sev-${alert.severity ?? "warning"}`);
   const message = String(alert.message ?? alert.rule ?? "");
   // Most diagnoses already name their step; add it only where the message does not.
   const step = isNum(alert.step) && !/\bstep\b/.test(message) ? ` (step ${fmtInt(alert.step)})` : "";
-  item.append(h("span", "nbm-alert-msg", `${message}${step}`));
+  const line = [h("span", "nbm-alert-msg", `${message}${step}`)];
   const layers = Array.isArray(alert.layers) ? alert.layers : [];
   if (layers.length) {
     const more = layers.length > MAX_LAYER_NAMES ? ` +${layers.length - MAX_LAYER_NAMES} more` : "";
     const names = h("span", "nbm-alert-layers", `in ${layers.slice(0, MAX_LAYER_NAMES).join(", ")}${more}`);
     names.title = layers.join("\n");
-    item.append(names);
+    line.push(names);
   }
+  if (!hasDetail(alert)) {
+    item.append(...line);
+    return item;
+  }
+  const details = h("details", "nbm-alert-open");
+  const summary = h("summary", "nbm-alert-summary");
+  summary.append(...line);
+  details.append(summary, alertDetail(alert));
+  const key = alertKey(alert);
+  details.open = Boolean(open?.has(key));
+  details.addEventListener("toggle", () => {
+    if (!open) return;
+    if (details.open) open.add(key);
+    else open.delete(key);
+  });
+  item.append(details);
   return item;
+}
+
+/** The alerts the strip lists: those no later cause took in (a cause shows its symptoms). */
+export function standing(alerts) {
+  const taken = new Set();
+  for (const alert of alerts) {
+    for (const e of Array.isArray(alert.explains) ? alert.explains : []) {
+      if (Array.isArray(e)) taken.add(`${e[0]}@${e[1]}`);
+    }
+  }
+  return alerts.filter((a) => !taken.has(alertKey(a)));
 }
 
 let views = 0;
@@ -193,7 +290,10 @@ class Dashboard {
     this.allocator = h("span", "nbm-chip nbm-allocator");
     this.allocator.dataset.field = "allocator";
     this.allocator.title = "the CUDA caching allocator's settings in force";
-    title.append(this.run, this.backend, this.allocator, this.status);
+    // Is the fine-tune training: the adapters' verdict, on a model with adapters only.
+    this.adapters = h("span", "nbm-chip nbm-adapters");
+    this.adapters.dataset.field = "adapters";
+    title.append(this.run, this.backend, this.allocator, this.adapters, this.status);
     const stats = h("div", "nbm-stats");
     this.step = stat(stats, "step", "step");
     this.progress = h("div", "nbm-progress");
@@ -213,6 +313,7 @@ class Dashboard {
 
     this.gauges = h("div", "nbm-gauges");
     this.alerts = h("ul", "nbm-alerts");
+    this.openAlerts = new Set(); // the alerts opened, by alertKey: kept across redraws
     this.tabs = h("div", "nbm-tabs");
     this.tabs.setAttribute("role", "tablist");
     this.body = h("div", "nbm-panels");
@@ -320,6 +421,19 @@ class Dashboard {
     const allocator = typeof s.allocator === "string" ? s.allocator : "";
     this.allocator.textContent = allocator;
     this.allocator.hidden = allocator === "";
+    this.drawAdapters(s);
+  }
+
+  /** The adapters' verdict: its head on the chip ("adapters learning"), the whole line on hover. */
+  drawAdapters(s) {
+    const text = typeof s.adapters === "string" ? s.adapters : "";
+    const head = text.split(":")[0];
+    this.adapters.textContent = head;
+    this.adapters.title = text;
+    this.adapters.hidden = text === "";
+    // "adapters": waiting for the first updates; "receiving gradients": updates not measured.
+    const fine = ["adapters learning", "adapters", "adapters receiving gradients"].includes(head);
+    this.adapters.classList.toggle("nbm-adapters-bad", text !== "" && !fine);
   }
 
   drawGauges(system, devices) {
@@ -329,8 +443,11 @@ class Dashboard {
   }
 
   drawAlerts(alerts, errors) {
-    const all = alerts ?? [];
-    const items = all.slice(-MAX_ALERTS_SHOWN).reverse().map(alertItem);
+    const all = standing(alerts ?? []);
+    const items = all
+      .slice(-MAX_ALERTS_SHOWN)
+      .reverse()
+      .map((a) => alertItem(a, this.openAlerts));
     if (all.length > MAX_ALERTS_SHOWN) {
       const more = all.length - MAX_ALERTS_SHOWN;
       items.push(h("li", "nbm-alert nbm-more", `+${more} earlier alert${more > 1 ? "s" : ""} (mon.events())`));

@@ -106,6 +106,27 @@ describe("render", () => {
     expect(chip.textContent).toBe("expandable_segments:True");
   });
 
+  it("shows whether a fine-tune's adapters learn, only for a model with adapters", () => {
+    render({ model: new FakeModel(baseState()), el });
+    const chip = () => el.querySelector('[data-field="adapters"]');
+    expect(chip().hidden).toBe(true);
+    const learning = baseState();
+    const line = "adapters learning: 4 LoRA matrices, B left zero in 2 of 2 (median norm 0.03)";
+    learning.header = { ...learning.header, adapters: line };
+    el.replaceChildren();
+    render({ model: new FakeModel(learning), el });
+    expect(chip().hidden).toBe(false);
+    expect(chip().textContent).toBe("adapters learning");
+    expect(chip().title).toBe(line);
+    expect(chip().classList.contains("nbm-adapters-bad")).toBe(false);
+    const stuck = baseState();
+    stuck.header = { ...stuck.header, adapters: "adapters NOT learning: 4 LoRA matrices, B stays at zero" };
+    el.replaceChildren();
+    render({ model: new FakeModel(stuck), el });
+    expect(chip().textContent).toBe("adapters NOT learning");
+    expect(chip().classList.contains("nbm-adapters-bad")).toBe(true);
+  });
+
   it("shows a dash for null (NaN on the Python side) values", () => {
     const state = baseState();
     state.header = { ...state.header, loss: null, total_steps: null, eta_s: null };
@@ -202,6 +223,66 @@ describe("render", () => {
     await nextFrame();
     const texts = Array.from(el.querySelectorAll(".nbm-alert")).map((n) => n.textContent);
     expect(texts).toEqual(["m5 at step 5", "m4 at step 4", "m3 at step 3", "+2 earlier alerts (mon.events())"]);
+  });
+
+  it("opens an alert on a click: its cause, place, evidence, what it explains and its fix", async () => {
+    const model = new FakeModel(baseState());
+    render({ model, el });
+    const symptom = { rule: "exploding_gradients", severity: "warning", message: "Gradients explode at step 40", step: 40, layers: [] };
+    const cause = {
+      rule: "zero_grad_missing",
+      severity: "warning",
+      message: "optimizer.zero_grad() is never called (grad norm 0.4 to 40). Call it once per step.",
+      step: 120,
+      layers: [],
+      cause: "optimizer.zero_grad() is never called: gradients add up across steps",
+      evidence: { grad_norm: [0.4, 40], growth_per_step: 0.33, first_step: 1, symptoms: [{ rule: "exploding_gradients", step: 40 }] },
+      place: "param group 0",
+      fix: "call optimizer.zero_grad() once per step",
+      explains: [["exploding_gradients", 40]],
+    };
+    model.set("alerts", [symptom, cause]);
+    await nextFrame();
+    // The symptom the cause took in is not listed on its own: the cause shows it.
+    const items = el.querySelectorAll(".nbm-alert");
+    expect(items.length).toBe(1);
+    const details = items[0].querySelector("details");
+    expect(details.open).toBe(false);
+    expect(items[0].querySelector("summary").textContent).toBe(cause.message);
+    details.querySelector("summary").click();
+    expect(details.open).toBe(true);
+    const rows = Array.from(details.querySelectorAll(".nbm-alert-row")).map((r) => r.textContent);
+    expect(rows).toEqual([
+      `cause${cause.cause}`,
+      "whereparam group 0",
+      "explainsexploding_gradients (step 40)",
+      "fixcall optimizer.zero_grad() once per step",
+    ]);
+    const terms = Array.from(details.querySelectorAll(".nbm-evidence dt")).map((n) => n.textContent);
+    const values = Array.from(details.querySelectorAll(".nbm-evidence dd")).map((n) => n.textContent);
+    expect(terms).toEqual(["grad norm", "growth per step", "first step"]);
+    expect(values).toEqual(["0.4, 40", "0.33", "1"]);
+    // Opened, it stays open when a new alert redraws the strip.
+    details.dispatchEvent(new Event("toggle"));
+    model.set("alerts", [symptom, cause, { rule: "r", severity: "info", message: "m", step: 130, layers: [] }]);
+    await nextFrame();
+    const again = Array.from(el.querySelectorAll(".nbm-alert details"));
+    expect(again.length).toBe(1);
+    expect(again[0].open).toBe(true);
+    expect(el.querySelectorAll(".nbm-alert")[0].textContent).toBe("m (step 130)");
+  });
+
+  it("says when an opened alert is a symptom with no cause found", async () => {
+    const model = new FakeModel(baseState());
+    render({ model, el });
+    model.set("alerts", [
+      { rule: "loss_plateau", severity: "warning", message: "The loss stopped falling", step: 200, layers: [], cause: "", evidence: { drop: 0.01, huge: "x".repeat(5) }, fix: "try another lr" },
+    ]);
+    await nextFrame();
+    const rows = Array.from(el.querySelectorAll(".nbm-alert-row")).map((r) => r.textContent);
+    expect(rows).toEqual(["symptomno cause found that explains it", "fixtry another lr"]);
+    expect(module.evidenceText([1, 2, 3, 4, 5, 6, 7, 8, 9, 10])).toBe("1, 2, 3, 4, 5, 6, 7, 8 +2 more");
+    expect(module.evidenceText({ a_b: 1e-9, c: null, d: { e: { f: { g: 1 } } } })).toBe("a b 1.00e-9; c \u2013; d e f \u2026");
   });
 
   it("draws the per-layer heatmap from binary buffers and a sortable, flagged table", async () => {

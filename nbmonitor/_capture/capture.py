@@ -20,6 +20,7 @@ from nbmonitor._capture.probes.forward_check import ForwardCheckProbe
 from nbmonitor._capture.probes.grad_norms import GradNormProbe
 from nbmonitor._capture.probes.hf_loss import OutputLossProbe
 from nbmonitor._capture.probes.memory import MemoryProbe
+from nbmonitor._capture.probes.structure import StructureProbe
 from nbmonitor._capture.probes.update_ratio import UpdateRatioProbe
 from nbmonitor._capture.recorder import Recorder
 from nbmonitor.errors import ErrorLog, Guard
@@ -79,6 +80,7 @@ def build_capture(
     probes.append(OutputLossProbe(guard("output_loss")))
     memory = MemoryProbe(guard("memory"), model, layer_every or DEFAULT_LAYER_EVERY, wall_clock)
     probes.append(memory)
+    probes.append(StructureProbe(guard("structure"), model, layer_every or DEFAULT_LAYER_EVERY))
     grad = GradNormProbe(guard("grad_norms"), params, param_names, raise_non_finite)
     probes.append(grad)
     update = None

@@ -41,6 +41,7 @@ from nbmonitor._capture.phases import (
     PhaseTimer,
 )
 from nbmonitor._capture.probes.base import NO_NORMS, Probe, StepContext, next_due
+from nbmonitor._capture.probes.structure import StructureProbe, optimizer_facts
 from nbmonitor._capture.recorder import LogValueError, Recorder, make_log_record
 from nbmonitor.errors import ErrorLog, Guard, NonFiniteError
 from nbmonitor.records import LogRecord, PhaseRecord, StepRecord
@@ -167,6 +168,13 @@ class StepClock:
         self._steady = self._sampled = self._at
         self._next_sampled = 0
         self._plan_calls()
+        # The structural watch (probes/structure.py): the clock tells it of a backward's start,
+        # a step's start and a scaled loss only while it is armed (a sampled step's).
+        self.watch: StructureProbe | None = next(
+            (p for p in self.probes if isinstance(p, StructureProbe)), None
+        )
+        if self.watch is not None:
+            self.watch.bind(self.ctx, lambda: self.optimizer)
         self._samples = 0
         self._tokens = 0
         # Called with the new step number at the end of each step, after its record (the
@@ -267,6 +275,10 @@ class StepClock:
         # failure here costs only the suggestion, counted like a hook's.
         try:
             self.recorder.put(optimizer_kind.describe(optimizer, self.ctx.step))
+            if self.watch is not None:
+                m = self._model_ref()
+                names = {id(p): n for n, p in m.named_parameters()} if m is not None else {}
+                self.recorder.put(optimizer_facts(optimizer, names, self.ctx.step))
         except Exception as exc:
             self._guards["optimizer_pre_step"].failed(exc)
         self.handles.append(optimizer.register_step_pre_hook(self._step_pre))
@@ -571,6 +583,9 @@ class StepClock:
         guard = self._pre_step_guard
         if guard.on:
             try:
+                watch = self.watch
+                if watch is not None and watch.pre_step_armed:
+                    watch.pre_step_started()
                 self._call(self._at["pre_step"])
                 if guard.in_a_row:
                     guard.ok()
@@ -725,6 +740,9 @@ class StepClock:
     # -- the clip, GradScaler and backward listeners (intercept.py sees the loop call them) ---
 
     def loss_scaled(self, scaled: torch.Tensor, loss: torch.Tensor) -> None:
+        watch = self.watch
+        if watch is not None and watch.backward_armed:
+            watch.scaled = True
         if self.ctx.micro:
             self._guarded("loss", lambda: self._loss.scaled(scaled, loss))
 
@@ -732,6 +750,9 @@ class StepClock:
         # Only while this model's step is under way (a forward or an adapter's batch since the
         # last step ended, and since the pass held if one is): a backward of something else,
         # between steps, is not its loss.
+        watch = self.watch
+        if watch is not None and watch.backward_armed:
+            watch.backward_started(tensors, self.ctx.micro > 0)  # guarded there
         held = self._held
         if self.ctx.micro and grad_tensors is None and (held is None or held.forwarded):
             guard = self._loss_guard  # _guarded(), written out: no closure at each backward

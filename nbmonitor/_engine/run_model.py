@@ -24,6 +24,7 @@ from nbmonitor._engine.store import FloatArray, Store
 from nbmonitor.health import HealthInput
 from nbmonitor.health.alert import Alert
 from nbmonitor.health.finetune import AdapterVerdict, AdapterWatch
+from nbmonitor.health.structure import StructureLog
 from nbmonitor.health.view import RankColumns
 from nbmonitor.memory import MemoryBreakdown
 from nbmonitor.records import PHASE_KEYS, OptimizerRecord
@@ -61,6 +62,10 @@ class RunModel:
         # What a live run's optimizer is (records.OptimizerRecord), for the time rules; None
         # when not known (a run on disk).
         self.optimizer: OptimizerRecord | None = None
+        # The planned number of steps, when the run said (the schedule rule reads it).
+        self.total_steps: int | None = None
+        # What the training side read of the run's structure (health/structure.py).
+        self.structure = StructureLog()
         self._alerts: list[Alert] = []
         self._layer_flags: dict[str, list[str]] = {}
         self._best_loss = math.nan
@@ -223,7 +228,9 @@ class RunModel:
         layers = self.layers
         if layers is None:
             return HealthInput(step=step, time=time, steps=columns, system=system, gpus=gpus,
-                               ranks=ranks, optimizer=self.optimizer)  # fmt: skip
+                               ranks=ranks, optimizer=self.optimizer,
+                               total_steps=self.total_steps,
+                               structure=self.structure.snapshot())  # fmt: skip
         layer_steps, layer_norms = layers.recent()
         update_steps, update_series, param_series = layers.update_history()
         return HealthInput(
@@ -245,6 +252,8 @@ class RunModel:
             gpus=gpus,
             ranks=ranks,
             optimizer=self.optimizer,
+            total_steps=self.total_steps,
+            structure=self.structure.snapshot(),
         )
 
 

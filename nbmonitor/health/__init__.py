@@ -9,6 +9,7 @@ from nbmonitor.health.alert import Alert
 from nbmonitor.health.checker import Health
 from nbmonitor.health.diagnose import cause_alert, symptom_alert
 from nbmonitor.health.doc import RuleDoc
+from nbmonitor.health.explain import Explanation, explain
 from nbmonitor.health.rule import Outcome, Rule, RuleFactory
 from nbmonitor.health.rules import RULES
 from nbmonitor.health.rules.gradients import non_finite_gradients
@@ -20,6 +21,7 @@ __all__ = [
     "MAX_NAMED",
     "RULES",
     "Alert",
+    "Explanation",
     "Health",
     "HealthInput",
     "Outcome",
@@ -29,6 +31,7 @@ __all__ = [
     "Thresholds",
     "View",
     "cause_alert",
+    "explain",
     "name_list",
     "non_finite_gradients",
     "symptom_alert",

@@ -85,7 +85,7 @@ def evidence_of(value: object) -> Evidence:
 
 def text(value: EvidenceValue) -> str:
     """One evidence value as a message writes it: numbers with two significant digits,
-    lists joined with ``, `` (at most 5 shown), ``a → b`` for a pair of numbers."""
+    lists joined with ``, `` (at most 5 shown)."""
     if isinstance(value, bool) or value is None:
         return str(value).lower() if value is not None else "n/a"
     if isinstance(value, int):

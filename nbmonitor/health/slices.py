@@ -155,6 +155,7 @@ def until(inp: HealthInput, steps: FloatArray, start: int, end: int, now: bool) 
         param_norms=norms,
         system=inp.system if now else None,
         ranks=inp.ranks if now else None,
+        structure=inp.structure.until(last) if inp.structure is not None else None,
     )
 
 

@@ -32,6 +32,7 @@ from nbmonitor._engine.frame import Frame, RunInfo, View
 from nbmonitor._engine.published import history
 from nbmonitor.errors import ErrorLog, Guard
 from nbmonitor.health import Alert, Health
+from nbmonitor.health.explain import Explanation, explain
 from nbmonitor.health.finetune import AdapterVerdict
 from nbmonitor.live import ranks as _ranks
 from nbmonitor.live import registry as _registry
@@ -160,7 +161,7 @@ class Monitor:
             check_setup(model, optimizer, step=opts.start_step, time=self._start, adapters=adapters)
         )
         self._finalizer = weakref.finalize(self, life.release_soon)
-        self._finalizer.atexit = False  # at exit _signal_all only signals
+        self._finalizer.atexit = False  # at exit registry._close_all closes it
         self._setup_views(opts.display)
 
     # -- construction helpers --------------------------------------------------------------
@@ -202,7 +203,15 @@ class Monitor:
             self._pipeline.views = (self._make_dashboard(),)
         else:
             # In a script the console line is the view.
-            self._pipeline.views = (ConsoleView(console_logger(install_handler=True)),)
+            logger = console_logger(install_handler=True)
+            # An exporter that did not start is said now, one line each: the closing summary
+            # shows only the latest error, and a script has no dashboard to show the rest.
+            for entry in self.errors_log.entries():
+                if entry.source.startswith("export:"):
+                    why = entry.message.removeprefix("ExportError: ").removeprefix("nbmonitor: ")
+                    target = entry.source.removeprefix("export:")
+                    logger.warning("export to %s did not start: %s", target, why)
+            self._pipeline.views = (ConsoleView(logger),)
 
     def _make_dashboard(self) -> Any:
         from nbmonitor.ui.dashboard import Dashboard
@@ -302,14 +311,24 @@ class Monitor:
         return self._pipeline.model.system.history()
 
     def events(self) -> list[Alert]:
-        """Alerts raised so far, oldest first (as of the sampler's last tick)."""
+        """Alerts raised so far, oldest first (as of the sampler's last tick):
+        ``nbmonitor.health.Alert`` objects, the type ``nbmonitor.open(path).events()`` returns."""
         return list(self._pipeline.published.alerts)
+
+    def explain(self, which: Alert | int | str | None = None) -> Explanation:
+        """What an alert says, as data: its cause, evidence, place and fix, the symptoms it
+        took in, or the cause that took it in. ``which``: an alert of ``events()``, an index
+        into them (``-1``: the newest), a rule name (its newest alert), or None (the newest
+        alert). ``LookupError`` when there is no such alert. A run read back from disk
+        (``nbmonitor.open(run_dir).explain``) explains it the same way."""
+        return explain(self.events(), which, "mon.explain")
 
     def adapters(self) -> AdapterVerdict | None:
         """Is this fine-tune training? For a model with adapters (LoRA by hand or with peft,
         IA3, prompts, or a small trainable part on a frozen base), the verdict as of the last
         health check (``flush()`` first for the newest): ``.state`` (``"learning"``,
-        ``"not learning"``, ``"not trained"``, ``"too slow"``, ``"waiting"``), ``.text`` (one
+        ``"not learning"``, ``"not trained"``, ``"too slow"``, ``"receiving gradients"`` (their
+        updates not measured: ``layer_every=0``), ``"waiting"``), ``.text`` (one
         line, e.g. ``adapters learning: 24 LoRA matrices, B left zero in 12 of 12 (median norm
         0.031), A moved 0.02 (relative), grads non-zero (median 0.4)``) and the figures it is
         made of. None for a model trained whole."""

@@ -49,7 +49,7 @@ class Run(RunFiles):
         state.add_columns("steps", self.history())
         state.add_columns("system", self.system())
         state.add_columns("layers", self.layers())
-        state.add_events(self.events())
+        state.add_events(self.records("events"))
         state.spans.add_spans(self.records("spans"))
         state.add_memory(self.records("memory"))
         return state

@@ -17,6 +17,8 @@ import pathlib
 import warnings
 from typing import TYPE_CHECKING, Any
 
+from nbmonitor.health.alert import Alert
+from nbmonitor.health.explain import Explanation, explain
 from nbmonitor.memory import MemoryBreakdown
 from nbmonitor.runs.decode import (
     CHECKS,
@@ -225,9 +227,32 @@ class Run:
         except ValueError as exc:
             raise RunCorruptError(f"{self.path / STREAMS['memory'].file}: {exc}") from None
 
-    def events(self) -> list[dict[str, object]]:
-        """events.jsonl as a list of dicts, oldest first."""
-        return self.records("events")
+    def events(self) -> list[Alert]:
+        """The alerts of events.jsonl, oldest first: ``nbmonitor.health.Alert`` objects, as a
+        live ``mon.events()`` returns (``alert["rule"]`` still reads a field as the dicts this
+        returned before). Each record is typed and bounded (``Alert.from_record``); one with
+        no rule is skipped with a RunDataWarning. ``records("events")`` gives the raw dicts."""
+        alerts: list[Alert] = []
+        skipped = 0
+        for record in self.records("events"):
+            alert = Alert.from_record(record)
+            if alert is None:
+                skipped += 1
+            else:
+                alerts.append(alert)
+        if skipped:
+            where = self.path / STREAMS["events"].file
+            warnings.warn(
+                RunDataWarning(f"nbmonitor: {where}: {skipped} record(s) with no rule skipped."),
+                stacklevel=2,
+            )
+        return alerts
+
+    def explain(self, which: Alert | int | str | None = None) -> Explanation:
+        """What an alert of this run says, as data (``mon.explain`` on the live run): its
+        cause, evidence, place and fix. ``which``: an alert, an index into ``events()``, a
+        rule name (its newest alert) or None (the newest alert)."""
+        return explain(self.events(), which, "run.explain")
 
     @property
     def status(self) -> str:

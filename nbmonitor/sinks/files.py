@@ -44,7 +44,7 @@ def frames(run: Run) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for table, stream in TABLES.items():
         if stream == "events":
-            out[table] = pd.DataFrame.from_records(run.events())
+            out[table] = pd.DataFrame.from_records(run.records("events"))
         else:
             out[table] = pd.DataFrame(dict(run.columns(stream)))
     return out

@@ -6,10 +6,12 @@ collector reads the latest values this sink kept from the rows it was given; not
 computed at scrape time and nothing is exported on the training thread. Bound to 127.0.0.1
 unless the user passes another address.
 
-Names are ``nbmonitor_<key>`` in base units (``_seconds``, ``_bytes``, ``_joules``,
-``_watts``, ``_celsius``, ``_hertz``); every series has the labels ``run``, ``rank`` and
-``host``; a device series (``gpu{i}_<field>``) is ``nbmonitor_gpu_<field>`` with DCGM-exporter's
-labels ``gpu``, ``UUID`` and ``Hostname`` so that it joins a cluster's DCGM series. Steps,
+Names are ``nbmonitor_<key>`` in base units, as Prometheus' naming guide asks (``_seconds``,
+``_bytes``, ``_joules``, ``_watts``, ``_celsius``, ``_hertz``; a percentage is served as a 0-1
+``_ratio``: ``cpu_percent`` 42 is ``nbmonitor_cpu_ratio`` 0.42); every series has the labels
+``run``, ``rank`` and ``host``; a device series (``gpu{i}_<field>``) is
+``nbmonitor_gpu_<field>`` with DCGM-exporter's labels ``gpu``, ``UUID`` and ``Hostname`` so
+that it joins a cluster's DCGM series. Steps,
 samples, tokens and energy are counters (``_total``), the rest gauges. Per-layer rows are not
 served (one series per parameter is a cardinality Prometheus is not for).
 
@@ -48,6 +50,7 @@ _UNITS = (
     ("_w", "_watts", 1.0),
     ("_j", "_joules", 1.0),
     ("_c", "_celsius", 1.0),
+    ("_percent", "_ratio", 0.01),  # Prometheus serves ratios 0-1, not percentages
 )
 _RENAMED = {"step_time": ("step_time_seconds", 1.0)}
 # Counters: the steps stream's per-step amounts summed (samples, tokens), and the step count.

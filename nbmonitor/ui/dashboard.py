@@ -56,12 +56,19 @@ def _num(value: object) -> float | int | None:
 
 
 def _alert(alert: Alert) -> dict[str, Any]:
+    """An alert as the strip reads it: its line, and what it shows when opened (the cause,
+    the evidence, the place, the fix and the symptoms it took in)."""
     return {
         "rule": alert.rule,
         "severity": alert.severity,
         "message": alert.message,
         "step": int(alert.step),
         "layers": list(alert.layers),
+        "cause": alert.cause,
+        "evidence": jsonable(alert.evidence),
+        "place": alert.place,
+        "fix": alert.fix,
+        "explains": [[rule, int(step)] for rule, step in alert.explains],
     }
 
 
@@ -262,6 +269,7 @@ class Dashboard:
             header[key] = _num(latest.get(key))
         header["mfu_note"] = frame.notes.get("mfu")  # why MFU is missing, if it is
         header["allocator"] = frame.allocator  # the CUDA allocator's settings, "" elsewhere
+        header["adapters"] = frame.adapters  # is the fine-tune training, "" without adapters
         # A trait set to an equal value sends nothing.
         w.header = header
         w.system = {key: _num(latest.get(key)) for key in _SYSTEM_KEYS}

@@ -41,6 +41,7 @@ def test_every_probe_meets_the_protocol() -> None:
         "grad_norms",
         "update_ratio",
         "memory",
+        "structure",
     }
     for probe in probes:
         assert isinstance(probe, ProbeBase)
@@ -62,6 +63,7 @@ def test_every_probe_meets_the_protocol() -> None:
         "grad_norms",
         "update_ratio",
         "memory",
+        "structure",
     ],
 )
 def test_a_failing_probe_is_switched_off_and_the_clock_goes_on(

@@ -65,6 +65,8 @@ def test_gpu_broken_run_is_named(scenario: Scenario) -> None:
         assert sc.found, f"{scenario.rules} naming {scenario.layer!r} not raised: {alerts(sc)}"
 
 
+# Alone (``-k summary``) it runs every scenario itself: minutes, not the default 120 s.
+@pytest.mark.timeout(900)
 def test_summary(capsys: pytest.CaptureFixture[str]) -> None:
     scores = [score(s) for s in (*BROKEN, *HEALTHY)]
     with capsys.disabled():

@@ -287,3 +287,41 @@ def test_a_stalled_tracking_server_stalls_only_its_exporter(
             if thread.name == "nbmonitor-export-mlflow":
                 thread.join(60)
         server.stop()
+
+
+_SCRIPT = """
+import socket, sys, torch, nbmonitor
+busy = socket.socket(); busy.bind(("127.0.0.1", 0)); busy.listen()
+model = torch.nn.Linear(4, 1); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+mon = nbmonitor.attach(model, opt, run_dir=sys.argv[1], export=[
+    nbmonitor.export.Prometheus(port=busy.getsockname()[1]),
+    nbmonitor.export.TensorBoard(log_dir=sys.argv[2])])
+for _ in range(5):
+    loss = model(torch.randn(2, 4)).sum(); loss.backward(); opt.step(); opt.zero_grad()
+    mon.log(loss=loss)
+mon.close()
+"""
+
+
+def test_a_script_says_each_exporter_that_did_not_start(tmp_path: pathlib.Path) -> None:
+    """In a script with the default display (the console line), every exporter that cannot
+    start is one line naming it, at attach: not only the latest error in the summary."""
+    pytest.importorskip("tensorboard")
+    pytest.importorskip("prometheus_client")
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "a-file").write_text("")
+    repo = pathlib.Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, str(tmp_path / "runs"), str(tmp_path / "a-file" / "tb")],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(repo)},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    lines = out.stderr.splitlines()
+    said = [line for line in lines if "did not start" in line]
+    assert len(said) == 2, out.stderr
+    assert said[0].startswith("nbmonitor: export to prometheus did not start: Prometheus cannot")
+    assert said[1].startswith("nbmonitor: export to tensorboard did not start: cannot write")

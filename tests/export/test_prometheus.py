@@ -123,9 +123,13 @@ def test_a_real_prometheus_scrapes_the_run_with_its_labels(
         assert labels["run"] == mon.name and labels["rank"] == "0"
         assert labels["host"] == socket.gethostname() and labels["job"] == "nbmonitor"
         for name in ("nbmonitor_loss", "nbmonitor_step_time_seconds", "nbmonitor_samples_total",
-                     "nbmonitor_cpu_percent", "nbmonitor_process_rss_bytes"):  # fmt: skip
+                     "nbmonitor_cpu_ratio", "nbmonitor_process_rss_bytes"):  # fmt: skip
             (found,) = query(api, name)
             assert found["metric"]["run"] == mon.name, name  # type: ignore[index]
+        # Percentages are 0-1 ratios under base-unit names (Prometheus' naming guide).
+        (cpu,) = query(api, "nbmonitor_cpu_ratio")
+        assert 0.0 <= float(cpu["value"][1]) <= 1.0  # type: ignore[index]
+        assert query(api, '{__name__=~"nbmonitor_.*_percent"}') == []
         assert query(api, 'up{job="nbmonitor"}')[0]["value"][1] == "1"  # type: ignore[index]
         assert mon.errors == []
     finally:
@@ -212,6 +216,18 @@ def test_base_unit_names() -> None:
     assert metric_name("temperature_c") == ("temperature_celsius", 1.0)
     assert metric_name("cuda_allocated_bytes") == ("cuda_allocated_bytes", 1.0)
     assert metric_name("val/loss") == ("val_loss", 1.0)
+    assert metric_name("cpu_percent") == ("cpu_ratio", 0.01)
+    assert metric_name("util_percent") == ("util_ratio", 0.01)
+
+
+def test_percentages_are_served_as_ratios() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    served = {s.name: s.value for f in text_string_to_metric_families(exposition())
+              for s in f.samples}  # fmt: skip
+    assert not [name for name in served if name.endswith("_percent")]
+    # exposition() gives every system key the value 1 (percent): 0.01 as a ratio.
+    assert served["nbmonitor_cpu_ratio"] == served["nbmonitor_gpu_util_ratio"] == 0.01
 
 
 def test_attaching_again_ten_times_keeps_one_endpoint(tmp_path: pathlib.Path) -> None:

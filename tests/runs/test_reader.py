@@ -52,7 +52,17 @@ def test_reader_sees_flushed_rows_while_the_run_is_open(tmp_path: pathlib.Path) 
         np.testing.assert_array_equal(h["grad_norm/layer1.weight"], [np.nan, 0.5])
         assert all(v.dtype == np.float64 for v in h.values())
         np.testing.assert_array_equal(run.system()["cpu_percent"], [50.0])
-        assert run.events() == [{"time": 1.7, "kind": "alert", "rule": "nan", "layers": ["a", "b"]}]
+        assert run.records("events") == [
+            {"time": 1.7, "kind": "alert", "rule": "nan", "layers": ["a", "b"]}
+        ]
+        [alert] = run.events()  # the same record as an alert, typed
+        assert (alert.rule, alert.layers, alert.time, alert.severity) == (
+            "nan",
+            ("a", "b"),
+            1.7,
+            "info",
+        )
+        assert alert["layers"] == ["a", "b"]
         # More rows after the first read show up on the next one.
         log.write_steps([{"step": 2.0, "time": 3.0, "loss": 1.0}])
         log.flush()

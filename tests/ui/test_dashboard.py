@@ -110,6 +110,15 @@ def test_the_header_carries_the_cuda_allocator_settings(sent: Sent) -> None:
     assert dash.widget.header["allocator"] == "expandable_segments:True"
 
 
+def test_the_header_carries_the_adapters_verdict(sent: Sent) -> None:
+    dash = Dashboard("test-run", "cpu", 1000)
+    dash.publish(make_frame(100))
+    assert dash.widget.header["adapters"] == ""  # no adapters: no chip
+    line = "adapters learning: 4 LoRA matrices, B left zero in 2 of 2 (median norm 0.03)"
+    dash.publish(make_frame(101, adapters=line))
+    assert dash.widget.header["adapters"] == line
+
+
 def test_publish_updates_the_header_and_the_panels(sent: Sent) -> None:
     dash = Dashboard("test-run", "cpu", 1000)
     dash.publish(make_frame(100))
@@ -296,10 +305,35 @@ def test_alerts_and_errors_reach_the_panel() -> None:
             "message": "Gradients vanish",
             "step": 12,
             "layers": ["fc1", "fc2"],
+            "cause": "",
+            "evidence": {},
+            "place": "",
+            "fix": "",
+            "explains": [],
         }
     ]
     assert dash.widget.errors == ["sampler: boom"]
     assert "Gradients vanish" in dash.summary_html()
+
+
+def test_the_alert_strip_carries_what_an_opened_alert_shows() -> None:
+    # The frame's alert with its cause, evidence (NaN as null: JSON has none), place, fix and
+    # the symptoms it took in: what the strip shows when the alert is opened (js/src/widget.js).
+    dash = Dashboard("r", "cpu", None)
+    alert = Alert(
+        "zero_grad_missing", "warning", "m", 120, 1.0,
+        cause="optimizer.zero_grad() is never called",
+        evidence={"grad_norm": np.array([0.4, 40.0]), "loss": float("nan"), "steps": (1, 120)},
+        place="param group 0", fix="call it once per step",
+        explains=(("exploding_gradients", 40),),
+    )  # fmt: skip
+    dash.publish(make_frame(20, alerts=(alert,)))
+    [sent_alert] = dash.widget.alerts
+    assert sent_alert["cause"] == "optimizer.zero_grad() is never called"
+    assert sent_alert["evidence"] == {"grad_norm": [0.4, 40.0], "loss": None, "steps": [1, 120]}
+    assert (sent_alert["place"], sent_alert["fix"]) == ("param group 0", "call it once per step")
+    assert sent_alert["explains"] == [["exploding_gradients", 40]]
+    assert json.loads(json.dumps(sent_alert, allow_nan=False)) == sent_alert
 
 
 def test_layers_panel_data_is_sent_binary(sent: Sent) -> None:

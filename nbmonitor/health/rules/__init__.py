@@ -9,6 +9,7 @@ from __future__ import annotations
 from nbmonitor.health.rule import RuleFactory
 from nbmonitor.health.rules.activations import DeadUnits
 from nbmonitor.health.rules.clipping import ClippingActive
+from nbmonitor.health.rules.decay import WeightDecayTooHigh
 from nbmonitor.health.rules.devices import DeviceMemory, GpuIdle, GpuTemperature, GpuThrottling
 from nbmonitor.health.rules.finetune import (
     AdapterLrTooSmall,
@@ -21,7 +22,9 @@ from nbmonitor.health.rules.gradients import (
     GradientSpike,
     VanishingGradients,
 )
+from nbmonitor.health.rules.labels import LabelsNotMatching
 from nbmonitor.health.rules.loss import LossPlateau, LossSpike, NonFiniteLoss
+from nbmonitor.health.rules.lr import LrScheduleTooFast, LrTooHigh, LrTooLow
 from nbmonitor.health.rules.memory import AllocRetries, MemoryLeak, MemoryPeak
 from nbmonitor.health.rules.replicas import SameBatches
 from nbmonitor.health.rules.scaler import ScalerSkipping
@@ -42,6 +45,11 @@ RULES: tuple[RuleFactory, ...] = (
     AdapterLrTooSmall,
     UpdateRatioHigh,
     UpdateRatioLow,
+    LrTooHigh,
+    LrTooLow,
+    LrScheduleTooFast,
+    LabelsNotMatching,
+    WeightDecayTooHigh,
     ClippingActive,
     ScalerSkipping,
     LossSpike,

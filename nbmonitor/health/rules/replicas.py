@@ -74,13 +74,10 @@ class SameBatches(Base):
     name = "same_batches"
     doc = RuleDoc(
         CAUSE,
-        "ranks train on the same batches: a `DataLoader` without a `DistributedSampler`, or "
-        "every rank's data seeded alike",
-        "the ranks' losses equal (to 1e-5, relative) on each of the last 10 to 50 steps, "
-        "while the loss moves",
-        "`DataLoader(dataset, sampler=DistributedSampler(dataset))` and "
-        "`sampler.set_epoch(epoch)`, or a generator seeded with `seed + rank`",
-        ("sharded ranks (losses about 1e-3 apart)", "a loss stuck at one value"),
+        "ranks train on the same batches: a `DataLoader` without a `DistributedSampler`",
+        "the ranks' losses equal (to 1e-5) on each of the last 10 to 50 steps while the loss moved",
+        "`DataLoader(dataset, sampler=DistributedSampler(dataset))` and `sampler.set_epoch(epoch)`",
+        ("a healthy sharded job",),
     )
 
     def check(self, view: View) -> Outcome:

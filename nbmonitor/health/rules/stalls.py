@@ -39,7 +39,7 @@ import numpy as np
 from nbmonitor.health import alert as subjects
 from nbmonitor.health.alert import Alert
 from nbmonitor.health.diagnose import cause_alert
-from nbmonitor.health.doc import CAUSE, RuleDoc
+from nbmonitor.health.doc import FINDING, RuleDoc
 from nbmonitor.health.rule import Base, Outcome, always, nothing
 from nbmonitor.health.view import RankColumns, RankProgress, View
 from nbmonitor.health.window import BoolArray, FloatArray
@@ -305,14 +305,11 @@ class RankStalled(Base):
 
     name = "rank_stalled"
     doc = RuleDoc(
-        CAUSE,
-        "a rank holds the job up: frozen or dead, gone, or behind the others; or every rank "
-        "stopped at the same place",
-        "no rank completed a step for `stall_s` (30 s) and 5 median step times; where each "
-        "rank's newest files say it is (its step and phase, or how long it has written "
-        "nothing)",
-        "`py-spy dump --pid PID` on the rank's host shows where it is",
-        ("a long evaluation or checkpoint: named while it lasts, and said so", "slow steps"),
+        FINDING,
+        "a rank (or the whole job) is frozen, dead or stuck while the others wait",
+        "no step completed for `stall_s` (30 s) and 5 median step times, with where each rank is",
+        "`py-spy dump --pid PID` on its host; its log says why it stopped",
+        (),
     )
 
     def check(self, view: View) -> Outcome:

@@ -98,13 +98,11 @@ class Stragglers(Base):
     name = "straggler"
     doc = RuleDoc(
         FINDING,
-        "a straggler: one rank the others wait for at every step (its input pipeline, its "
-        "GPU, other load on its host)",
-        "its data wait (`phase_data_s`) or step time above the other ranks' median by 10 % of "
-        "a step, the slowest on 75 % of the last 50 steps, held over 100 steps",
-        "check that rank's DataLoader workers, its GPU's clocks and temperature, and other "
-        "load on its host",
-        ("one slow spell of one rank (a checkpoint, a busy neighbour)", "ranks equally slow"),
+        "one rank comes late to every step's all-reduce",
+        "its data wait (or step time) above the other ranks' median on most of the last 50 steps, "
+        "held over 100 steps",
+        "check its `DataLoader` workers, its GPU's clocks and other load on its host",
+        ("a busy neighbour for a moment",),
     )
 
     def check(self, view: View) -> Outcome:

@@ -193,13 +193,12 @@ class RankDivergence(Base):
     name = "rank_divergence"
     doc = RuleDoc(
         CAUSE,
-        "ranks out of sync: gradients not averaged across ranks (every backward under DDP's "
-        "`no_sync()`, a model outside `DistributedDataParallel`), or a rank on other data",
-        "each rank's `grad_norm` against the median of every rank (more than 0.1 % apart on "
-        "more than half of the last 5 to 50 steps), its median loss against the others' (50 %)",
-        "run each step's last backward outside `no_sync()`; the same data and weights on "
-        "every rank",
-        ("a healthy DDP job (norms equal to rounding)", "ranks fed the same batches"),
+        "ranks out of sync: gradients not averaged (every backward under `no_sync()`, no DDP), so "
+        "the models drift apart",
+        "a rank's `grad_norm` more than 0.1 % from the median of all ranks on more than half of "
+        "the last 5 to 50 steps, or its loss far from the others'",
+        "run each step's last backward outside `no_sync()` so DDP averages it",
+        ("a sharded model (FSDP, ZeRO): each rank reports its own shard",),
     )
 
     def check(self, view: View) -> Outcome:

@@ -1,0 +1,115 @@
+"""The structural facts of a run, as the health rules read them: what the training side read
+of the model, the optimizer, the loss's autograd graph and the loop's order of ``zero_grad``,
+``backward`` and ``step``, without a sync (``_capture/structure.py`` reads them; the records
+are ``records.StructureRecord``).
+
+Each observation is ``(step, kind, facts)``: ``kind`` "model" and "optimizer" once (at attach,
+or when an optimizer is adopted), the others on sampled steps: "forward" (the modes of the
+modules whose train/eval differs, dropout rates, float16 autocast, the first layer's input
+scale), "batchnorm" (the batch a BatchNorm layer in training mode sees), "backward" (the loss's
+graph; whether the gradients were reset since the last step; whether a forward ran since it),
+"pre_step" (whether the gradients of the step's backward were still there at ``step()``).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+# The observations kept per kind: enough for the rules' streaks, bounded whatever the run's
+# length.
+KEEP = 64
+
+Facts = Mapping[str, object]
+
+
+@dataclass(frozen=True)
+class Observation:
+    step: int
+    kind: str
+    facts: Facts
+
+    def get(self, key: str, default: object = None) -> object:
+        return self.facts.get(key, default)
+
+    def number(self, key: str) -> float | None:
+        value = self.facts.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        return None
+
+
+@dataclass(frozen=True)
+class Structure:
+    """A snapshot of the structural facts seen so far, in step order (``until`` cuts it at a
+    step, as a check there would have seen it)."""
+
+    observations: tuple[Observation, ...] = ()
+
+    def of(self, kind: str) -> tuple[Observation, ...]:
+        return tuple(o for o in self.observations if o.kind == kind)
+
+    def latest(self, kind: str) -> Observation | None:
+        for o in reversed(self.observations):
+            if o.kind == kind:
+                return o
+        return None
+
+    def recent(self, kind: str, n: int, key: str | None = None) -> tuple[Observation, ...]:
+        """The newest ``n`` observations of ``kind`` (those where ``key`` is known, not
+        None, when given), oldest first."""
+        out: list[Observation] = []
+        for o in reversed(self.observations):
+            if o.kind == kind and (key is None or o.facts.get(key) is not None):
+                out.append(o)
+                if len(out) >= n:
+                    break
+        return tuple(reversed(out))
+
+    def until(self, step: float) -> Structure:
+        kept = tuple(o for o in self.observations if o.step <= step)
+        return self if len(kept) == len(self.observations) else Structure(kept)
+
+    def __bool__(self) -> bool:
+        return bool(self.observations)
+
+
+class StructureLog:
+    """The observations of a run (sampler thread): the newest ``KEEP`` of each kind."""
+
+    def __init__(self) -> None:
+        self._kinds: dict[str, deque[Observation]] = {}
+
+    def add(self, step: int, kind: str, facts: Facts) -> None:
+        kept = self._kinds.get(kind)
+        if kept is None:
+            kept = self._kinds[kind] = deque(maxlen=KEEP)
+        kept.append(Observation(step, kind, dict(facts)))
+
+    def snapshot(self) -> Structure | None:
+        if not self._kinds:
+            return None
+        everything = [o for kept in self._kinds.values() for o in kept]
+        everything.sort(key=lambda o: o.step)
+        return Structure(tuple(everything))
+
+    def clear(self) -> None:
+        self._kinds.clear()
+
+
+def structure_of(view_inp: object) -> Structure | None:
+    """The structure of a ``HealthInput`` (None when nothing was read)."""
+    structure = getattr(view_inp, "structure", None)
+    return structure if isinstance(structure, Structure) and structure else None
+
+
+def steady(observations: tuple[Observation, ...], least: int, holds: object) -> bool:
+    """Whether at least ``least`` observations exist and ``holds`` (a predicate) is true of
+    every one: a structural fact seen on consecutive sampled steps, not once by chance."""
+    if len(observations) < least or not callable(holds):
+        return False
+    return all(holds(o) for o in observations)
+
+
+__all__ = ["KEEP", "Facts", "Observation", "Structure", "StructureLog", "steady", "structure_of"]
