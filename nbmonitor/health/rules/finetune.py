@@ -445,16 +445,24 @@ class AdapterLrTooSmall(_Watching):
         )
         if not judged or self._decayed(view):
             return nothing(self.name)
+        if all(t.lr == 0 for t in watch.adapters.training):
+            return nothing(self.name)  # lr 0 at attach: lr_zero names it
         if not (ratio < t.update_ratio_low and _loss_flat(view)):
             return Outcome(self.name, [], always, lambda _new: [])
         ad = watch.adapters
         step = watch.step
         lrs = _group_lrs(ad.training)
         horizon = max(view.inp.step, 1000)
+        if ratio > 0:
+            size = (
+                f"||Δw||/||w|| ≈ {num(ratio)} a step, healthy is about 1e-3; "
+                f"{num(ratio * horizon)} over {horizon:,} steps"
+            )
+        else:
+            size = "their updates round away to nothing (||Δw|| = 0 at the weights' precision)"
         said = (
-            f"{ad.method}, {lrs}: ||Δw||/||w|| ≈ {num(ratio)} a step, healthy is about 1e-3; "
-            f"{num(ratio * horizon)} over {horizon:,} steps, with non-zero gradients (median "
-            f"norm {num(grad_norm)}) and a flat loss"
+            f"{ad.method}, {lrs}: {size}, with non-zero gradients (median norm "
+            f"{num(grad_norm)}) and a flat loss"
         )
         evidence: dict[str, object] = {
             "method": ad.method,
