@@ -293,4 +293,5 @@ def test_nothing_in_health_reads_an_alert_message() -> None:
                 if isinstance(owner, ast.Name) and owner.id == "re":
                     regexes.append(f"{path.name}:{node.lineno}")
     assert {r.partition(":")[0] for r in readers} <= {"explain.py"}
-    assert regexes == ["devices.py:31"]  # _GPU_KEY over metric keys (gpu0_util_percent)
+    # One: _GPU_KEY over metric keys (gpu0_util_percent), in devices.py.
+    assert [r.partition(":")[0] for r in regexes] == ["devices.py"]
