@@ -408,9 +408,9 @@ class AdapterLrTooSmall(_Watching):
     doc = RuleDoc(
         CAUSE,
         "the adapters' learning rate is far too small for them to move",
-        "the adapters' (LoRA's A) ||Δw||/||w|| a step below `update_ratio_low` (1e-6) on "
-        "`sustain_steps` measured updates, with non-zero gradients and a loss that is not "
-        "falling",
+        "the adapters' (LoRA's A) ||Δw||/||w|| a step below `update_ratio_low` (1e-6), or 0 "
+        "(the update rounds away), on `sustain_steps` measured updates, with non-zero "
+        "gradients and a loss that is not falling",
         "raise the adapters' learning rate (LoRA usually trains at 1e-4 to 1e-3 with AdamW)",
         ("a schedule decayed to near 0 at the end", "a warm-up", "SGD with a loss that falls"),
     )
