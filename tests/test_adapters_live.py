@@ -419,3 +419,54 @@ def test_adapter_lr_far_too_small_is_named(tmp_path: Path) -> None:
     assert causes[0].evidence["lr"] == [1e-9]
     assert rules(alerts) == ["adapter_lr_too_small"]  # its symptoms are its evidence
     assert verdict.state == "too slow"
+
+
+# -- the Hugging Face Trainer with a peft model ------------------------------------------------
+
+
+class Tokens(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
+    def __init__(self, n: int, seed: int) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(0, 64, (n, 16), generator=gen)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    ("lr", "state", "raised"),
+    [(1e-4, "learning", []), (1e-9, "too slow", ["adapter_lr_too_small"])],
+)
+def test_trainer_on_a_peft_gpt2(lr: float, state: str, raised: list[str], tmp_path: Path) -> None:
+    # The Trainer builds its optimizer inside train() (adopted at its first step), warms up
+    # from lr 0 and decays linearly to 0; the adapters sit on GPT-2's fused c_attn (Conv1D).
+    transformers = pytest.importorskip("transformers")
+    from tests.hf_setup import quiet_args, tiny_gpt2
+
+    from nbmonitor.integrations.hf import NbmonitorCallback
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = peft.get_peft_model(
+            tiny_gpt2(32, 2),
+            peft.LoraConfig(target_modules=["c_attn"], r=4, lora_dropout=0.05, fan_in_fan_out=True),
+        )
+        args = quiet_args(tmp_path, max_steps=100, per_device_train_batch_size=4,
+                          learning_rate=lr, warmup_steps=10, logging_steps=50)  # fmt: skip
+        callback = NbmonitorCallback(run_dir=tmp_path / "runs", display=False, interval=0.05)
+        trainer = transformers.Trainer(
+            model=model, args=args, train_dataset=Tokens(400, 1), callbacks=[callback]
+        )
+        trainer.train()
+    mon = callback.monitor
+    assert mon is not None
+    verdict = mon.adapters()
+    assert verdict is not None and verdict.state == state, verdict
+    assert verdict.tensors == 4 and verdict.method == "LoRA (peft)"
+    assert rules(mon.events()) == raised

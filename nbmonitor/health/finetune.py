@@ -209,8 +209,10 @@ class AdapterWatch:
         )
 
     def step_ratio(self) -> float:
-        """The median of the recent ||dw||/||w|| of the non-zero-started adapters (A)."""
-        values = [r for a in self.others() for r in a.ratios[-8:] if r > 0]
+        """The median of the recent ||dw||/||w|| of the non-zero-started adapters (A). An
+        update of exactly 0 counts: with a gradient, it is one too small for the weights'
+        precision to show (it rounds away)."""
+        values = [r for a in self.others() for r in a.ratios[-8:] if r >= 0]
         return statistics.median(values) if values else math.nan
 
     def verdict(self) -> AdapterVerdict:

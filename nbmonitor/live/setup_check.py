@@ -1,6 +1,6 @@
 """Training-setup mistakes found once, at attach, from the model and the optimizer alone:
-parameters missing from the optimizer, frozen ones inside it, one parameter in two groups,
-groups whose learning rate is 0. Reported as alerts (subject ``setup``)."""
+a model without parameters, parameters missing from the optimizer, frozen ones inside it, one
+parameter in two groups, groups whose learning rate is 0. Reported as alerts (subject ``setup``)."""
 
 from __future__ import annotations
 
@@ -25,13 +25,28 @@ def check_setup(
 ) -> list[Alert]:
     """Training bugs visible before the first step, as alerts naming the parameters.
 
-    Rules: ``params_not_in_optimizer``, ``frozen_params_in_optimizer``, ``lr_zero`` and
-    ``duplicate_params``. With ``adapters`` (a fine-tune), the parameters that the health
-    rules ``adapters_not_trained`` and ``base_not_frozen`` name (with their own fix) are left
-    out of the generic two, and a frozen base in the optimizer is on purpose.
+    Rules: ``model_without_parameters``, ``params_not_in_optimizer``,
+    ``frozen_params_in_optimizer``, ``lr_zero`` and ``duplicate_params``. With ``adapters`` (a
+    fine-tune), the parameters that the health rules ``adapters_not_trained`` and
+    ``base_not_frozen`` name (with their own fix) are left out of the generic two, and a
+    frozen base in the optimizer is on purpose.
     Parameter names are model.named_parameters() names.
     """
     when = _time.time() if time is None else time
+    if next(iter(model.parameters()), None) is None:
+        return [
+            Alert(
+                "model_without_parameters",
+                "warning",
+                f"The model ({type(model).__name__}) has no parameters: nothing in it trains, "
+                "so there are no gradients, updates or layers to watch, only the steps an "
+                "optimizer takes and the system. Attach the module that holds the weights "
+                "(the one whose parameters() the optimizer was given).",
+                step,
+                when,
+                subject=subjects.SETUP,
+            )
+        ]
     if optimizer is None:
         return []
     explained = setup_explained(adapters) if adapters is not None else set()

@@ -126,6 +126,18 @@ def test_lr_far_too_small_is_named_once_with_the_lr() -> None:
     assert watch.verdict().state == TOO_SLOW
 
 
+def test_updates_that_round_away_are_an_lr_too_small() -> None:
+    # Adam at lr 1e-9 on float32 weights of ~0.1: A's updates are below its precision (||Δw||
+    # exactly 0) while B creeps off zero; the gradients are not zero.
+    inp = lora_input(60, b_step=1e-9, a_ratio=0.0, grad=0.5, loss=1.0)
+    alert = only(Health().check(inp), "adapter_lr_too_small")
+    assert "round away to nothing" in alert.message
+    assert alert.evidence["update_ratio"] == 0.0
+    # The same with lr 0 in the optimizer is lr_zero's (a setup check), not this.
+    zero = lora_input(60, b_step=1e-9, a_ratio=0.0, grad=0.5, loss=1.0, adapters=lora_adapters(0.0))
+    assert "adapter_lr_too_small" not in [a.rule for a in Health().check(zero)]
+
+
 def test_small_updates_with_a_falling_loss_are_not_too_slow() -> None:
     falling = lora_input(60, b_step=1e-9, a_ratio=1e-9, grad=0.5)
     assert "adapter_lr_too_small" not in fine_tune_alerts(falling)

@@ -28,12 +28,29 @@ PLATEAU_RISE = 0.5
 START_LOSSES = 10
 
 
+# A NaN is a logged one (not a step the loss was not logged on) after at least this many rows
+# that all had it, before the reference window is long enough to call the column dense.
+EARLY_LOGGED_ROWS = 3
+
+
 def first_non_finite_row(view: View, values: FloatArray) -> int | None:
-    """First new row whose value is Inf, or NaN in a column logged every step."""
+    """First new row whose value is Inf, or a NaN that was logged: in a column logged every
+    step so far (dense, or its first rows all there), or, at the run's first check, in a
+    column that holds nothing but NaN (a column exists only once a row had the key)."""
     new = values[view.new_from :]
     bad = np.isinf(new)
     if dense(values[view.ref_from : view.new_from]):
         bad |= np.isnan(new)
+    elif view.new_from == 0 and new.size and np.isnan(new).all():
+        # The first check of the run, every loss NaN: the column exists only because rows had
+        # the key, so the losses logged were NaN (a model broken from its first step).
+        bad[0] = True
+    else:
+        # The first NaN of the window, after EARLY_LOGGED_ROWS rows that all had the key.
+        gaps = np.flatnonzero(np.isnan(values[view.ref_from :]))
+        first = view.ref_from + int(gaps[0]) if gaps.size else -1
+        if first >= max(view.new_from, view.ref_from + EARLY_LOGGED_ROWS):
+            bad[first - view.new_from] = True
     hits = np.flatnonzero(bad)
     return view.new_from + int(hits[0]) if hits.size else None
 
