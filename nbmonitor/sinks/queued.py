@@ -14,8 +14,9 @@ puts the tick's rows in the queue and returns; the exporter's own daemon thread
   and one line in the error log.
 * **Bounded close.** ``close`` hands the last rows and the close to the worker and waits at
   most ``close_wait`` seconds from when closing began (``begin_close``: a FanOut starts every
-  exporter's close at once, so that several that hang cost the wait once). A worker still in a
-  call then finishes on its own (a daemon thread: it never holds the interpreter's exit).
+  exporter's close at once, so that several that hang cost the wait once), and not at all for
+  one already hung. A worker still in a call then finishes on its own (a daemon thread: it
+  never holds the interpreter's exit).
 * ``settle(timeout)``: wait until what was queued is written (``mon.flush()``), not past the
   moment the exporter counts as hung.
 
@@ -154,13 +155,14 @@ class Queued:
 
     def close(self, final_meta: Mapping[str, object]) -> None:
         """Close the sink on its worker; wait at most ``close_wait`` seconds from when closing
-        began. Never raises."""
+        began, and not at all for a call that already counts as hung. Never raises."""
         self.begin_close(final_meta)
         with self._cond:
             while not self._done:
                 assert self._close_by is not None
-                left = self._close_by - self._clock()
-                if left <= 0:
+                now = self._clock()
+                left = self._close_by - now
+                if left <= 0 or self._hung(now):  # a call that hangs is not waited for
                     break
                 self._cond.wait(min(left, 0.05))
             if self._done:
@@ -169,8 +171,8 @@ class Queued:
         self._errors.add(
             f"sink:{self.name}",
             TimeoutError(
-                f"{self.what} did not close within {self.close_wait:g} s ({waiting} rows still "
-                "waiting); it goes on in the background"
+                f"{self.what} did not close: it hangs ({waiting} rows waiting); its last rows "
+                "and its close go on in the background"
             ),
         )
 
