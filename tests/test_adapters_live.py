@@ -277,6 +277,30 @@ def test_a_base_frozen_by_a_group_of_lr_0_is_not_stepped() -> None:
     assert ad is not None and ad.base_stepped == () and ad.base_unstepped == ()
 
 
+def test_a_model_whose_adapters_cannot_be_read_is_monitored_without_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import nbmonitor.live.monitor as live
+
+    def broken(model: nn.Module, optimizer: object) -> None:
+        raise RuntimeError("a module nbmonitor cannot read")
+
+    monkeypatch.setattr(live, "find_adapters", broken)
+    model, opt, _ = _hand_lora()
+    mon = nbmonitor.attach(model, opt, display=False, interval=0.05, run_dir=tmp_path)
+    try:
+        for _ in range(20):
+            model(torch.randn(8, 16)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+        mon.flush()
+        assert mon.step == 20
+        assert mon.adapters() is None
+        assert any("adapters" in e and "cannot read" in e for e in mon.errors)
+    finally:
+        mon.close()
+
+
 def test_base_partly_unfrozen_on_purpose_without_adapters_is_silent(tmp_path: Path) -> None:
     model = base_mlp()
     model[0].requires_grad_(False)
