@@ -80,6 +80,16 @@ def test_adapters_that_never_move_without_gradient_are_named() -> None:
     assert alert.step <= 50
 
 
+def test_no_gradient_anywhere_is_the_loss_cut_not_the_adapters() -> None:
+    # Nothing else tracked gets a gradient either: the loss is cut from the model (a cause of
+    # its own); the verdict still says the adapters do not learn.
+    inp = lora_input(60, b_step=0.0, a_ratio=0.0, grad=math.nan, loss=1.0, head=False)
+    assert fine_tune_alerts(inp) == []
+    watch = AdapterWatch(lora_adapters())
+    watch.observe(inp)
+    assert watch.verdict().state == NOT_LEARNING
+
+
 def test_zero_gradient_and_nonzero_gradient_are_told_apart() -> None:
     zero = only(Health().check(stuck(60, grad=0.0)), "adapters_not_learning")
     assert zero.cause.startswith("the adapters' gradient is exactly zero")

@@ -310,10 +310,13 @@ class AdaptersNotLearning(_Watching):
         watch = self._watching(view)
         if watch is None or not (view.has_new_rows or view.has_new_layers):
             return nothing(self.name)
-        if not watch.stuck():
+        verdict = watch.verdict()
+        # No gradient anywhere (no other parameter got one either): the loss is cut from the
+        # model, a cause of its own, not the adapters'.
+        cut = verdict.grads == "none" and not watch.rest_grads
+        if not watch.stuck() or cut:
             return Outcome(self.name, [], always, lambda _new: [])
         ad = watch.adapters
-        verdict = watch.verdict()
         step = verdict.step
         names = _training_names(ad)
         zero = watch.zero_started()
