@@ -83,7 +83,7 @@ def observed(
                 s,
                 "batchnorm",
                 {"module": "1", "kind": "BatchNorm1d", "batch": batch, "per_channel": batch},
-            )  # fmt: skip
+            )
         )
         obs.append(backward(s, **(backward_facts or {})))
         obs.append(Observation(s, "pre_step", {"grad_present": True, **(pre_step or {})}))
