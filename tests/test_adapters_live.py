@@ -5,6 +5,7 @@ public reports is named by its cause."""
 
 from __future__ import annotations
 
+import json
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -243,6 +244,39 @@ def test_healthy_fine_tune_raises_nothing_and_reads_learning(
     assert verdict.grads == "non-zero"
 
 
+def test_without_update_measurements_the_verdict_says_what_it_knows(tmp_path: Path) -> None:
+    model, opt, _ = _hand_lora()
+    torch.set_num_threads(1)
+    mon = nbmonitor.attach(model, opt, display=False, interval=0.05, run_dir=tmp_path,
+                           layer_every=0)  # fmt: skip
+    try:
+        g = torch.Generator().manual_seed(1)
+        for _ in range(40):
+            loss = model(torch.randn(32, 16, generator=g)).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            mon.log(loss=loss)
+        mon.flush()
+        verdict = mon.adapters()
+        assert verdict is not None and verdict.state == "receiving gradients"
+        assert verdict.text.endswith("their updates are not measured")
+        assert mon.events() == []
+    finally:
+        mon.close()
+
+
+def test_a_base_frozen_by_a_group_of_lr_0_is_not_stepped() -> None:
+    base = base_mlp()
+    model = nn.Sequential(HandLoRA(base[0]), nn.ReLU(), HandLoRA(base[2]), nn.ReLU(), base[4])
+    model.requires_grad_(True)
+    adapters = [p for n, p in model.named_parameters() if "lora" in n]
+    rest = [p for n, p in model.named_parameters() if "lora" not in n]
+    opt = torch.optim.AdamW([{"params": adapters}, {"params": rest, "lr": 0.0}], lr=1e-3)
+    ad = find_adapters(model, opt)
+    assert ad is not None and ad.base_stepped == () and ad.base_unstepped == ()
+
+
 def test_base_partly_unfrozen_on_purpose_without_adapters_is_silent(tmp_path: Path) -> None:
     model = base_mlp()
     model[0].requires_grad_(False)
@@ -261,6 +295,32 @@ def test_a_frozen_backbone_with_a_trained_head_reads_as_a_trainable_part(tmp_pat
     assert [(a.rule, a.message) for a in alerts] == []
     assert verdict is not None and verdict.state == "learning"
     assert verdict.text.startswith("adapters learning: 2 adapter tensors, weights moved")
+
+
+def test_the_verdict_reaches_the_frame_and_the_console_summary(tmp_path: Path) -> None:
+    from nbmonitor.ui.console import summary_text
+
+    model, opt, _ = _hand_lora()
+    _, verdict, _, _ = train(model, opt, tmp_path, steps=50)
+    assert verdict is not None
+    mon = nbmonitor.attach(model, opt, display=False, interval=0.05, run_dir=tmp_path / "again")
+    try:
+        assert mon.adapters() is None  # before the first health check: not judged yet
+        x = torch.randn(8, 16)
+        for _ in range(12):
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        mon.flush()
+        verdict = mon.adapters()
+        assert verdict is not None and verdict.state == "learning"
+        frame = mon.frame()
+        assert frame.adapters == verdict.text
+        assert f"  {verdict.text}" in summary_text(frame).splitlines()
+    finally:
+        mon.close()
+    meta = json.loads((mon.run_dir / "meta.json").read_text())
+    assert Adapters.from_json(meta["adapters"]) == find_adapters(model, opt)
 
 
 # -- the failure modes of the public reports ---------------------------------------------------

@@ -290,7 +290,10 @@ class Dashboard {
     this.allocator = h("span", "nbm-chip nbm-allocator");
     this.allocator.dataset.field = "allocator";
     this.allocator.title = "the CUDA caching allocator's settings in force";
-    title.append(this.run, this.backend, this.allocator, this.status);
+    // Is the fine-tune training: the adapters' verdict, on a model with adapters only.
+    this.adapters = h("span", "nbm-chip nbm-adapters");
+    this.adapters.dataset.field = "adapters";
+    title.append(this.run, this.backend, this.allocator, this.adapters, this.status);
     const stats = h("div", "nbm-stats");
     this.step = stat(stats, "step", "step");
     this.progress = h("div", "nbm-progress");
@@ -418,6 +421,19 @@ class Dashboard {
     const allocator = typeof s.allocator === "string" ? s.allocator : "";
     this.allocator.textContent = allocator;
     this.allocator.hidden = allocator === "";
+    this.drawAdapters(s);
+  }
+
+  /** The adapters' verdict: its head on the chip ("adapters learning"), the whole line on hover. */
+  drawAdapters(s) {
+    const text = typeof s.adapters === "string" ? s.adapters : "";
+    const head = text.split(":")[0];
+    this.adapters.textContent = head;
+    this.adapters.title = text;
+    this.adapters.hidden = text === "";
+    // "adapters": waiting for the first updates; "receiving gradients": updates not measured.
+    const fine = ["adapters learning", "adapters", "adapters receiving gradients"].includes(head);
+    this.adapters.classList.toggle("nbm-adapters-bad", text !== "" && !fine);
   }
 
   drawGauges(system, devices) {

@@ -106,6 +106,27 @@ describe("render", () => {
     expect(chip.textContent).toBe("expandable_segments:True");
   });
 
+  it("shows whether a fine-tune's adapters learn, only for a model with adapters", () => {
+    render({ model: new FakeModel(baseState()), el });
+    const chip = () => el.querySelector('[data-field="adapters"]');
+    expect(chip().hidden).toBe(true);
+    const learning = baseState();
+    const line = "adapters learning: 4 LoRA matrices, B left zero in 2 of 2 (median norm 0.03)";
+    learning.header = { ...learning.header, adapters: line };
+    el.replaceChildren();
+    render({ model: new FakeModel(learning), el });
+    expect(chip().hidden).toBe(false);
+    expect(chip().textContent).toBe("adapters learning");
+    expect(chip().title).toBe(line);
+    expect(chip().classList.contains("nbm-adapters-bad")).toBe(false);
+    const stuck = baseState();
+    stuck.header = { ...stuck.header, adapters: "adapters NOT learning: 4 LoRA matrices, B stays at zero" };
+    el.replaceChildren();
+    render({ model: new FakeModel(stuck), el });
+    expect(chip().textContent).toBe("adapters NOT learning");
+    expect(chip().classList.contains("nbm-adapters-bad")).toBe(true);
+  });
+
   it("shows a dash for null (NaN on the Python side) values", () => {
     const state = baseState();
     state.header = { ...state.header, loss: null, total_steps: null, eta_s: null };

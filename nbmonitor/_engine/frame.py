@@ -133,6 +133,8 @@ class Frame:
     notes: Mapping[str, str] = field(default_factory=dict)
     memory: MemoryTable | None = None
     allocator: str = ""
+    # Is the fine-tune training: the adapters' verdict in one line ("" without adapters).
+    adapters: str = ""
 
 
 # Chart lines sent to views: bounded so that one publish stays small however long the run.
@@ -281,6 +283,7 @@ class FrameBuilder:
             notes=dict(state.notes),
             memory=memory,
             allocator=self.info.allocator,
+            adapters=model.adapter_verdict.text if model.adapter_verdict is not None else "",
         )
 
 

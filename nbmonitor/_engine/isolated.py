@@ -146,6 +146,10 @@ class Isolated:
         elapsed = self._monotonic() - since
         return elapsed if elapsed >= self.timeout else None
 
+    def on_worker(self) -> bool:
+        """Whether the calling thread is this source's worker (a call made from inside one)."""
+        return self._thread is not None and self._thread is threading.current_thread()
+
     def close(self, timeout: float) -> bool:
         """Let the worker end once idle; wait at most ``timeout``. False when a call still hangs
         (the daemon thread then ends when that call returns)."""
@@ -155,6 +159,8 @@ class Isolated:
             thread = self._thread
         if thread is None or thread is threading.current_thread():
             return True
+        if self.hung_for() is not None:
+            return False  # hung already: joining would only spend the caller's wait
         thread.join(timeout)
         return not thread.is_alive()
 
@@ -229,6 +235,10 @@ class Sources:
             if elapsed is not None:
                 out[source.what] = elapsed
         return out
+
+    def on_worker(self) -> bool:
+        """Whether the calling thread is one of these sources' workers."""
+        return any(source.on_worker() for source in self.all())
 
     def close(self, timeout: float) -> None:
         for source in self.all():

@@ -65,6 +65,7 @@ class Pipeline:
         # Everything known about the run; frames, rules and sinks read only this.
         model = parts.model or RunModel(parts.layers, parts.backend.device_index)
         self.model = model
+        model.total_steps = parts.info.total_steps
         self.frames = FrameBuilder(parts.info, self.model)
         self.lock = threading.RLock()
         self.views: tuple[View, ...] = ()
@@ -171,7 +172,9 @@ class Pipeline:
         self.model.add_system_rows([row])
         self._pending["system"].append(row)
 
-    def collect(self, wait: bool = False, everything: bool = False) -> None:
+    def collect(self, wait: bool = False, everything: bool = False, ended: bool = False) -> None:
+        """Drain the records (``wait``: for device values too) and store the rows that are
+        final (``StepAssembler.take``: ``ended`` for a flush, ``everything`` at close)."""
         assembler, hand_over = self._assembler, self.hand_over
         # In slices of records, in their order: a tick of a fast loop brings thousands.
         for records in assembler.feed(self.parts.drain(wait)):
@@ -184,16 +187,16 @@ class Pipeline:
                 self._pending["memory"].extend(b.to_record() for b in memory)
                 self.model.add_memory(memory)
             hand_over()
-        self._report_failures(assembler.take_failures())
         added = assembler.take_groups_added()
         if added:
             self.add_alerts(groups_added_notes(added))
-        for part in assembler.take(everything=everything):
+        for part in assembler.take(everything=everything, ended=ended):
             # The rows are stored before anything else here can fail: they have left the
             # assembler and exist nowhere else.
             self.model.add_step_rows(*self._cap_columns(part))
             self._pending["steps"].extend(part.rows)
             hand_over()
+        self._report_failures(assembler.take_failures())  # take() adds late values' too
         for step, kind, facts in assembler.take_structure():
             self.model.structure.add(step, kind, facts)
         blocks, aux = assembler.take_layer_blocks()

@@ -16,6 +16,7 @@ from nbmonitor._engine.derive.memory_table import allocator_text
 from nbmonitor._engine.frame import Frame, FrameBuilder, FrameState, RunInfo
 from nbmonitor._engine.run_model import RunModel, floats
 from nbmonitor._engine.store import Store
+from nbmonitor.health.adapters import Adapters
 from nbmonitor.health.alert import Alert
 from nbmonitor.memory import MemoryBreakdown
 
@@ -56,6 +57,7 @@ class RunState:
         self.meta = meta
         self.info = run_info(meta, name)
         self.model = RunModel(device_index=device_index(meta))
+        self.model.total_steps = self.info.total_steps
         self.builder = FrameBuilder(self.info, self.model)
 
     @property
@@ -123,7 +125,10 @@ class RunState:
             if not names:
                 return
             infos = [self._layer_info(n) for n in dict.fromkeys(names)]
-            self.model.set_layers(LayerStats(infos, group_by="param"))
+            stats = LayerStats(infos, group_by="param")
+            # The adapters meta.json kept (untrusted: malformed reads as none).
+            stats.adapters = Adapters.from_json(self.meta.get("adapters"))
+            self.model.set_layers(stats)
         layers = self.model.layers
         assert layers is not None
         known = {n: i for i, n in enumerate(layers.names)}
@@ -170,16 +175,19 @@ class RunState:
                     members.append(p)
         if not members:  # a run written before meta.json listed its parameters
             return ParamInfo(layer, (), 0, "?", "?", True, True)
+        # meta.json may come from elsewhere: a field of the wrong type reads as unknown.
         first = members[0]
-        shape = tuple(first.get("shape") or ()) if len(members) == 1 else ()
+        shape = first.get("shape") if len(members) == 1 else ()
+        counts = [_count(d) for d in shape] if isinstance(shape, list) else []
+        dims = tuple(d for d in counts if d is not None)
         return ParamInfo(
             layer,
-            tuple(int(d) for d in shape),
-            sum(int(p.get("numel", 0)) for p in members),
-            str(first.get("dtype", "?")),
-            str(first.get("device", "?")),
-            any(bool(p.get("requires_grad", True)) for p in members),
-            all(bool(p.get("in_optimizer", True)) for p in members),
+            dims if len(dims) == len(counts) else (),
+            sum(_count(p.get("numel", 0)) or 0 for p in members),
+            _text(first.get("dtype")),
+            _text(first.get("device")),
+            any(_flag(p.get("requires_grad")) for p in members),
+            all(_flag(p.get("in_optimizer")) for p in members),
         )
 
     # -- output --------------------------------------------------------------------------------
@@ -188,3 +196,20 @@ class RunState:
         model = self.model
         state = FrameState(status=status, step=model.last_step, elapsed_s=model.steps_span_s)
         return self.builder.build(state, detail=detail)
+
+
+def _count(value: object) -> int | None:
+    """A non-negative integer count from meta.json (a shape's dimension, a numel), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+        return None
+    return int(value) if 0 <= value < 2**63 else None
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else "?"
+
+
+def _flag(value: object) -> bool:
+    return value if isinstance(value, bool) else True

@@ -34,6 +34,7 @@ NOT_LEARNING = "not learning"
 NOT_TRAINED = "not trained"
 TOO_SLOW = "too slow"
 WAITING = "waiting"
+RECEIVING = "receiving gradients"
 
 
 @dataclass
@@ -58,7 +59,7 @@ class _Account:
 class AdapterVerdict:
     """The one-line answer (``text``) and the figures it is made of."""
 
-    state: str  # LEARNING, NOT_LEARNING, NOT_TRAINED, TOO_SLOW or WAITING
+    state: str  # LEARNING, NOT_LEARNING, NOT_TRAINED, TOO_SLOW, RECEIVING or WAITING
     text: str
     step: int
     method: str
@@ -249,6 +250,14 @@ class AdapterWatch:
             else:
                 state = LEARNING
                 text = "adapters learning: " + ", ".join(parts)
+        elif grads == "non-zero" and self.grad_steps >= MIN_GRAD_STEPS:
+            # The updates are not measured (layer_every=0, or a copy too large to take):
+            # what is known is that gradients arrive.
+            state = RECEIVING
+            text = (
+                f"adapters receiving gradients: {what} ({ad.method}), "
+                f"{_grads_text(grads, grad_norm)}; their updates are not measured"
+            )
         else:
             state = WAITING
             text = f"adapters: {what} ({ad.method}), waiting for their first updates"
@@ -293,6 +302,7 @@ __all__ = [
     "MIN_UPDATES",
     "NOT_LEARNING",
     "NOT_TRAINED",
+    "RECEIVING",
     "TOO_SLOW",
     "WAITING",
     "AdapterVerdict",

@@ -184,6 +184,8 @@ def find_adapters(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> 
         if got is not None:
             roles[n] = got
     peft = _peft_method(model)
+    if roles and all(role == "head" for role, _ in roles.values()):
+        roles = {}  # heads trained on purpose, and no adapter: a model trained in part
     if roles:
         zero = _zero([(n, p) for n, p in named if n in roles])
         method = _method_name(peft, roles, by_hand=peft is None)
@@ -227,11 +229,12 @@ def find_adapters(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> 
         base_numel += p.numel()
         if p.requires_grad:
             base_trainable += p.numel()
-            if group >= 0:
+            if group >= 0 and lr != 0:
                 stepped.append(n)
                 stepped_numel += p.numel()
-            else:
+            elif group < 0:
                 unstepped.append(n)
+            # In a group of lr 0 it is frozen by its learning rate (lr_zero says so).
     modules = {t.module for t in tensors if t.role in ("A", "B", "magnitude") and t.module}
     wrapped = [
         n

@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime as _dt
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -121,23 +122,38 @@ class Lifetime:
 
     def close(self, wait: float = 5.0) -> None:
         """Remove the hooks, stop the sampler, take and write the last records, close the
-        views, sinks and backend. Idempotent, never raises; waits at most ``wait`` seconds on
-        a source that hangs.
+        views, sinks and backend. Idempotent, never raises; returns within ``wait`` seconds
+        whatever hangs (one deadline for all its waits).
+
+        Called on one of the sampler's workers (a view's ``publish`` that closes the run: the
+        sampler is then waiting for that very call), the closing is handed to a short-lived
+        thread and this returns at once; the run closes as soon as the call returns.
 
         Interruptible: a KeyboardInterrupt while it waits leaves the parts not yet done for the
         next ``close()``, which goes on from there, so the run is still finalised.
         """
         with self._lock:
             self.count.closed = True
+        if self.pipeline.sources.on_worker():
+            thread = threading.Thread(
+                target=self.close, args=(wait,), name="nbmonitor-release", daemon=True
+            )
+            thread.start()
+            return
+        deadline = time.monotonic() + wait
+
+        def left() -> float:
+            return max(0.0, deadline - time.monotonic())
+
         # One closer at a time; another thread closing (the model went) is waited for.
-        if not self._closing.acquire(timeout=2 * wait):
+        if not self._closing.acquire(timeout=wait):
             return
         try:
-            self._close_parts(wait)
+            self._close_parts(left)
         finally:
             self._closing.release()
 
-    def _close_parts(self, wait: float) -> None:
+    def _close_parts(self, left: Callable[[], float]) -> None:
         done = self._closed_parts
         try:
             if "profile" not in done:
@@ -155,19 +171,19 @@ class Lifetime:
                     handle.remove()
                 done.add("hooks")
             if "thread" not in done:
-                self.thread.stop(wait)
+                self.thread.stop(left())
                 done.add("thread")
             if "final" not in done:
-                self._final = self._final_tick(self.pipeline, wait)
+                self._final = self._final_tick(self.pipeline, left)
                 done.add("final")
         except Exception as exc:
             self.errors.add("close", exc)
             done.update(("hooks", "thread", "final"))  # what failed is reported, not retried
         # A KeyboardInterrupt above skips this: the files stay open for the next close().
-        self._release(self._final, wait)
+        self._release(self._final, left)
 
-    def _final_tick(self, pipeline: Pipeline, wait: float) -> dict[str, object]:
-        if not pipeline.lock.acquire(timeout=wait):
+    def _final_tick(self, pipeline: Pipeline, left: Callable[[], float]) -> dict[str, object]:
+        if not pipeline.lock.acquire(timeout=left()):
             raise TimeoutError(
                 "the sampler is stuck in a source; the last interval was not written"
             )
@@ -184,7 +200,7 @@ class Lifetime:
                     except Exception as exc:
                         errors.add("view", exc)
 
-            pipeline.sources.view.call(close_views, timeout=wait, wait_if_busy=True)
+            pipeline.sources.view.call(close_views, timeout=left(), wait_if_busy=True)
             return self.final_meta("degraded" if len(self.errors) else "closed")
         finally:
             pipeline.lock.release()
@@ -199,10 +215,11 @@ class Lifetime:
             "errors": [str(e) for e in self.errors.entries()],
         }
 
-    def _release(self, final: dict[str, object] | None, wait: float) -> None:
+    def _release(self, final: dict[str, object] | None, left: Callable[[], float]) -> None:
         # After the final tick; a close that gave up on a hung tick still closes the files,
         # with status "degraded" and what failed. Sinks and backend are closed on their
-        # workers: one that hangs costs close() at most ``wait`` seconds.
+        # workers, within what is left of close()'s wait; a backend whose sampling hangs is
+        # closed once that call returns (its worker's deferred work), not waited for.
         sinks, backend, done = self.sinks, self.backend, self._closed_parts
         sources = self.pipeline.sources
         if "sinks" not in done:
@@ -219,7 +236,9 @@ class Lifetime:
                 hung_meta = {**meta, "status": "degraded", "errors": self.final_meta("")["errors"]}
                 sources.runlog.defer(lambda: sinks.close(hung_meta))
             elif isinstance(
-                sources.runlog.call(lambda: sinks.close(meta), timeout=wait, wait_if_busy=True),
+                sources.runlog.call(
+                    lambda: sinks.close(meta), timeout=max(left(), 0.5), wait_if_busy=True
+                ),
                 Hung,
             ):
                 self.errors.add(
@@ -229,17 +248,22 @@ class Lifetime:
         if "backend" not in done:
             done.add("backend")
             try:
-                sources.sample.call(backend.close, timeout=wait, wait_if_busy=True)
+                if sources.sample.busy:
+                    sources.sample.defer(backend.close)
+                else:
+                    sources.sample.call(backend.close, timeout=left(), wait_if_busy=True)
             except Exception as exc:
                 self.errors.add("close", exc)
-        sources.close(wait)
+        sources.close(left())
 
 
 def flush_tick(pipeline: Pipeline) -> None:
     """A full tick that takes every record now (flush, and the sampler serving a flush)."""
     # np.errstate: as in Pipeline.tick, no numpy warning reaches the user's output.
     with pipeline.lock, np.errstate(all="ignore"):
-        pipeline.collect(wait=True)
+        # Every step that has ended, the last one too: values the loop logs for it later
+        # are reported, not written (StepAssembler.take).
+        pipeline.collect(wait=True, ended=True)
         pipeline.tick(paced=False)
         pipeline.refresh_layers()
 

@@ -161,7 +161,7 @@ class Monitor:
             check_setup(model, optimizer, step=opts.start_step, time=self._start, adapters=adapters)
         )
         self._finalizer = weakref.finalize(self, life.release_soon)
-        self._finalizer.atexit = False  # at exit _signal_all only signals
+        self._finalizer.atexit = False  # at exit registry._close_all closes it
         self._setup_views(opts.display)
 
     # -- construction helpers --------------------------------------------------------------
@@ -327,7 +327,8 @@ class Monitor:
         """Is this fine-tune training? For a model with adapters (LoRA by hand or with peft,
         IA3, prompts, or a small trainable part on a frozen base), the verdict as of the last
         health check (``flush()`` first for the newest): ``.state`` (``"learning"``,
-        ``"not learning"``, ``"not trained"``, ``"too slow"``, ``"waiting"``), ``.text`` (one
+        ``"not learning"``, ``"not trained"``, ``"too slow"``, ``"receiving gradients"`` (their
+        updates not measured: ``layer_every=0``), ``"waiting"``), ``.text`` (one
         line, e.g. ``adapters learning: 24 LoRA matrices, B left zero in 12 of 12 (median norm
         0.031), A moved 0.02 (relative), grads non-zero (median 0.4)``) and the figures it is
         made of. None for a model trained whole."""

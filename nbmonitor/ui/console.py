@@ -132,6 +132,8 @@ def summary_text(frame: Frame) -> str:
     clip = clip_summary(latest)
     if clip:
         lines.append(f"  gradient norm {clip}")
+    if frame.adapters:
+        lines.append(f"  {frame.adapters}")
     if frame.alerts:
         lines.append(f"  {len(frame.alerts)} alert(s); latest: {frame.alerts[-1].message}")
     if frame.errors:
@@ -140,7 +142,8 @@ def summary_text(frame: Frame) -> str:
 
 
 class ConsoleView:
-    """Logs ``status_line`` at most every ``every`` seconds and ``summary_text`` at close."""
+    """Logs ``status_line`` at most every ``every`` seconds, a fine-tune's adapter verdict
+    (``Frame.adapters``) when it changes state, and ``summary_text`` at close."""
 
     # Only the latest numbers: the monitor skips chart series and the layer panel for it.
     wants_detail = False
@@ -156,8 +159,13 @@ class ConsoleView:
         self._clock = clock
         self._last = -math.inf
         self._closed = False
+        self._adapters = ""  # the state ("adapters learning") of the verdict last logged
 
     def publish(self, frame: Frame) -> None:
+        state = frame.adapters.split(":")[0]
+        if not self._closed and state != self._adapters:
+            self._adapters = state
+            self._logger.info(frame.adapters)
         now = self._clock()
         if self._closed or now - self._last < self._every:
             return

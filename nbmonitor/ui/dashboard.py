@@ -269,6 +269,7 @@ class Dashboard:
             header[key] = _num(latest.get(key))
         header["mfu_note"] = frame.notes.get("mfu")  # why MFU is missing, if it is
         header["allocator"] = frame.allocator  # the CUDA allocator's settings, "" elsewhere
+        header["adapters"] = frame.adapters  # is the fine-tune training, "" without adapters
         # A trait set to an equal value sends nothing.
         w.header = header
         w.system = {key: _num(latest.get(key)) for key in _SYSTEM_KEYS}

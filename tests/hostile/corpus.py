@@ -463,6 +463,43 @@ def huge_numbers_in_meta(root: pathlib.Path) -> Expect:
     return Expect(steps=[0.0, 1.0, 2.0], listed=2, unreadable=0, extra=[_watched])
 
 
+def param_types_in_meta(root: pathlib.Path) -> Expect:
+    """meta.json's parameter list with every field of the wrong type (a shape of strings, a
+    numel that is a list, a dtype that is a number, entries that are not objects): the replay's
+    layer table shows those fields as unknown, and the dashboard's frame builds."""
+    path = root / "run"
+    meta(path, params=[
+        {"name": "w", "shape": ["a"], "numel": "a", "dtype": 5, "requires_grad": "yes"},
+        {"name": "v", "shape": 7, "numel": [1], "device": {"x": 1}, "in_optimizer": None},
+        {"name": "u", "shape": [2.5, -1], "numel": 1e300},
+        "x", 5, {"name": ["a list"]},
+    ])  # fmt: skip
+    (path / "steps.jsonl").write_bytes(good_steps(3))
+    (path / "layers.jsonl").write_bytes(lines([
+        {"step": float(i), "grad_norm/w": 0.5, "grad_norm/v": 0.1, "grad_norm/u": 0.2,
+         "param_norm/w": 1.0}
+        for i in range(3)
+    ]))  # fmt: skip
+    return Expect(steps=[0.0, 1.0, 2.0], listed=1, extra=[_param_table])
+
+
+def _param_table(root: pathlib.Path) -> list[str]:
+    import nbmonitor.replay as replay
+
+    opened = replay.open(root / "run")
+    opened.frame(detail=True)
+    layers = opened.state().model.layers
+    params = {p.name: p for p in layers.params} if layers is not None else {}
+    problems = []
+    for name in ("w", "v", "u"):
+        info = params.get(name)
+        if info is None or info.shape != () or info.numel != 0:
+            problems.append(f"layer {name} read as {info}, expected unknown shape and size")
+    if params.get("w") is not None and params["w"].dtype != "?":
+        problems.append(f"a numeric dtype read as {params['w'].dtype!r}")
+    return problems
+
+
 def _watched(root: pathlib.Path) -> list[str]:
     from nbmonitor.runs.job import JobTail
     from nbmonitor.runs.watch import RunsWatch
@@ -691,6 +728,7 @@ CASES: dict[str, Callable[[pathlib.Path], Expect]] = {
         broken_lines,
         non_finite_values,
         huge_numbers_in_meta,
+        param_types_in_meta,
         deep_nesting,
         bad_meta,
         hostile_texts,

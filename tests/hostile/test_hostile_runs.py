@@ -25,7 +25,7 @@ BATCHES = {
     "sizes": ["chunk_lies_about_rows", "chunk_header_claims_a_trillion",
               "chunk_values_disagree", "chunk_of_objects", "long_lines", "huge_meta"],
     "json": ["broken_lines", "deep_nesting", "bad_meta", "non_finite_values",
-             "huge_numbers_in_meta"],
+             "huge_numbers_in_meta", "param_types_in_meta"],
     "names and permissions": ["hostile_texts", "permissions"],
     "concurrent writers": ["concurrent_tearing", "concurrent_truncate_replace_delete"],
     "2,000 runs": ["many_runs"],

@@ -110,6 +110,15 @@ def test_the_header_carries_the_cuda_allocator_settings(sent: Sent) -> None:
     assert dash.widget.header["allocator"] == "expandable_segments:True"
 
 
+def test_the_header_carries_the_adapters_verdict(sent: Sent) -> None:
+    dash = Dashboard("test-run", "cpu", 1000)
+    dash.publish(make_frame(100))
+    assert dash.widget.header["adapters"] == ""  # no adapters: no chip
+    line = "adapters learning: 4 LoRA matrices, B left zero in 2 of 2 (median norm 0.03)"
+    dash.publish(make_frame(101, adapters=line))
+    assert dash.widget.header["adapters"] == line
+
+
 def test_publish_updates_the_header_and_the_panels(sent: Sent) -> None:
     dash = Dashboard("test-run", "cpu", 1000)
     dash.publish(make_frame(100))

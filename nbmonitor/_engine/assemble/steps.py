@@ -1,7 +1,10 @@
 """Turns drained records into per-step rows (sampler thread only).
 
 A step's row is open while values for it may still arrive (``mon.log`` after ``optimizer.step``)
-and becomes final once a later step has ended, or at close.
+and becomes final once a later step has ended, at a flush (every step that has ended), or at
+close. At close, a row whose step never ended (a loop interrupted mid-step) is not a step and is
+dropped, unless no step ever ended (a run that only logs). A value that arrives for a step a
+flush already wrote is reported, not written as a second row of that step.
 """
 
 from __future__ import annotations
@@ -103,6 +106,7 @@ class StepAssembler:
         # Final rows of runs of alike steps, read as columns, not yet taken; in step order.
         self._alike: list[AlikeSteps] = []
         self._last_ended = 0
+        self._taken_through = -1  # the newest step whose row was taken (none yet)
         self._ema = 0.0
         self._ema_weight = 0.0
         self.layer_norms: list[LayerNorms] = []
@@ -312,12 +316,26 @@ class StepAssembler:
         """Rows that can no longer change (all rows with ``everything``), in step order."""
         return [row for part in self.take(everything) for row in part.rows]
 
-    def take(self, everything: bool = False) -> Iterator[StepRows]:
-        """The rows that can no longer change (all with ``everything``), in step order, at most
-        ``TAKE_ROWS`` a part. Taken as the caller iterates (the smoothed loss runs on from one
-        part to the next), so that it can hand the GIL over between two; a part not reached
-        is taken next time."""
-        final = sorted(s for s in self._open if everything or s < self._last_ended)
+    def take(self, everything: bool = False, ended: bool = False) -> Iterator[StepRows]:
+        """The rows that can no longer change, in step order, at most ``TAKE_ROWS`` a part:
+        those of steps before the last that ended; with ``ended`` (a flush) that one too; with
+        ``everything`` (close) every row, except that a step which never ended (interrupted)
+        is dropped when some step did. Taken as the caller iterates (the smoothed loss runs on
+        from one part to the next), so that it can hand the GIL over between two; a part not
+        reached is taken next time."""
+        last = self._last_ended
+        if everything and last:
+            for step in [s for s in self._open if s > last]:
+                del self._open[step]  # an interrupted step's half row
+        stale = [s for s in self._open if s <= self._taken_through]
+        for step in stale:  # values for a step a flush already wrote
+            keys = ", ".join(sorted({*self._open[step].sums, *self._open[step].values}))
+            del self._open[step]
+            self.failures.append(
+                ("records:late", ValueError(f"values for step {step} ({keys}) came after "
+                 "mon.flush() had written that step; they are not kept"))
+            )  # fmt: skip
+        final = sorted(s for s in self._open if everything or s < last or (ended and s == last))
         at = size = 0
         pieces: list[StepRows] = []
         while self._alike or at < len(final):
@@ -340,6 +358,8 @@ class StepAssembler:
                     del self._alike[0]
                 pieces.append(self._finish_alike(run))
                 size += len(run)
+            if pieces:
+                self._taken_through = max(self._taken_through, int(pieces[-1].rows[-1]["step"]))
             if size >= TAKE_ROWS:
                 yield _joined(pieces)
                 pieces, size = [], 0

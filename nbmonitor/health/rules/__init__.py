@@ -9,6 +9,7 @@ from __future__ import annotations
 from nbmonitor.health.rule import RuleFactory
 from nbmonitor.health.rules.activations import DeadUnits
 from nbmonitor.health.rules.clipping import ClippingActive
+from nbmonitor.health.rules.decay import WeightDecayTooHigh
 from nbmonitor.health.rules.devices import DeviceMemory, GpuIdle, GpuTemperature, GpuThrottling
 from nbmonitor.health.rules.finetune import (
     AdapterLrTooSmall,
@@ -22,6 +23,7 @@ from nbmonitor.health.rules.gradients import (
     VanishingGradients,
 )
 from nbmonitor.health.rules.input_scale import InputsNotNormalised
+from nbmonitor.health.rules.labels import LabelsNotMatching
 from nbmonitor.health.rules.loop_order import (
     StepBeforeBackward,
     ZeroGradAfterBackward,
@@ -33,6 +35,7 @@ from nbmonitor.health.rules.loss_graph import (
     LossSumReduction,
     SoftmaxBeforeCrossEntropy,
 )
+from nbmonitor.health.rules.lr import LrScheduleTooFast, LrTooHigh, LrTooLow
 from nbmonitor.health.rules.memory import AllocRetries, MemoryLeak, MemoryPeak
 from nbmonitor.health.rules.modes import BatchnormTinyBatch, DropoutTooHigh, EvalModeDuringTraining
 from nbmonitor.health.rules.precision import Fp16ParamsWithAdam, Fp16WithoutScaler
@@ -67,6 +70,11 @@ RULES: tuple[RuleFactory, ...] = (
     AdapterLrTooSmall,
     UpdateRatioHigh,
     UpdateRatioLow,
+    LrTooHigh,
+    LrTooLow,
+    LrScheduleTooFast,
+    LabelsNotMatching,
+    WeightDecayTooHigh,
     ClippingActive,
     ScalerSkipping,
     LossSpike,

@@ -19,6 +19,7 @@ import numpy as np
 
 from nbmonitor.health import alert as subjects
 from nbmonitor.health.alert import Alert
+from nbmonitor.health.doc import CAUSE, RuleDoc
 from nbmonitor.health.rule import Base, Outcome, always, nothing
 from nbmonitor.health.view import RankColumns, View
 from nbmonitor.health.window import FloatArray
@@ -70,6 +71,13 @@ class SameBatches(Base):
     """Ranks whose losses are equal step after step: they train on the same batches."""
 
     name = "same_batches"
+    doc = RuleDoc(
+        CAUSE,
+        "ranks train on the same batches: a `DataLoader` without a `DistributedSampler`",
+        "the ranks' losses equal (to 1e-5) on each of the last 10 to 50 steps while the loss moved",
+        "`DataLoader(dataset, sampler=DistributedSampler(dataset))` and `sampler.set_epoch(epoch)`",
+        ("a healthy sharded job",),
+    )
 
     def check(self, view: View) -> Outcome:
         ranks = view.inp.ranks

@@ -38,6 +38,7 @@ import numpy as np
 
 from nbmonitor.health import alert as subjects
 from nbmonitor.health.alert import Alert
+from nbmonitor.health.doc import FINDING, RuleDoc
 from nbmonitor.health.rule import Base, Outcome, always, nothing
 from nbmonitor.health.view import RankColumns, RankProgress, View
 from nbmonitor.health.window import BoolArray, FloatArray
@@ -268,6 +269,13 @@ class RankStalled(Base):
     or the whole job stopped at one place."""
 
     name = "rank_stalled"
+    doc = RuleDoc(
+        FINDING,
+        "a rank (or the whole job) is frozen, dead or stuck while the others wait",
+        "no step completed for `stall_s` (30 s) and 5 median step times, with where each rank is",
+        "`py-spy dump --pid PID` on its host; its log says why it stopped",
+        (),
+    )
 
     def check(self, view: View) -> Outcome:
         ranks = view.inp.ranks

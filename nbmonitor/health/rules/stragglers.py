@@ -28,6 +28,7 @@ import numpy as np
 
 from nbmonitor.health import alert as subjects
 from nbmonitor.health.alert import Alert
+from nbmonitor.health.doc import FINDING, RuleDoc
 from nbmonitor.health.rule import Base, Outcome, always, nothing
 from nbmonitor.health.rules.time import PERSIST_STEPS
 from nbmonitor.health.view import RankColumns, View
@@ -94,6 +95,14 @@ class Stragglers(Base):
     """A rank whose step time or data wait is consistently above the other ranks'."""
 
     name = "straggler"
+    doc = RuleDoc(
+        FINDING,
+        "one rank comes late to every step's all-reduce",
+        "its data wait (or step time) above the other ranks' median on most of the last 50 steps, "
+        "held over 100 steps",
+        "check its `DataLoader` workers, its GPU's clocks and other load on its host",
+        ("a busy neighbour for a moment",),
+    )
 
     def check(self, view: View) -> Outcome:
         ranks = view.inp.ranks

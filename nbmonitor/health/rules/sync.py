@@ -28,6 +28,7 @@ import numpy as np
 
 from nbmonitor.health import alert as subjects
 from nbmonitor.health.alert import Alert
+from nbmonitor.health.doc import CAUSE, RuleDoc
 from nbmonitor.health.rule import Base, Outcome, always, nothing
 from nbmonitor.health.view import RankColumns, View
 from nbmonitor.health.window import FloatArray
@@ -158,6 +159,15 @@ class RankDivergence(Base):
     """Ranks whose grad norms or losses disagree with the others': out of sync."""
 
     name = "rank_divergence"
+    doc = RuleDoc(
+        CAUSE,
+        "ranks out of sync: gradients not averaged (every backward under `no_sync()`, no DDP), so "
+        "the models drift apart",
+        "a rank's `grad_norm` more than 0.1 % from the median of all ranks on more than half of "
+        "the last 5 to 50 steps, or its loss far from the others'",
+        "run each step's last backward outside `no_sync()` so DDP averages it",
+        ("a sharded model (FSDP, ZeRO): each rank reports its own shard",),
+    )
 
     def check(self, view: View) -> Outcome:
         ranks = view.inp.ranks

@@ -225,6 +225,112 @@ def first_layers_frozen(steps: int, attach: Attach) -> Trace:
     return classify(model, opt, Patterns(), steps, attach)
 
 
+def frozen_backbone_in_eval(steps: int, attach: Attach) -> Trace:
+    # Transfer learning as the tutorials do it: a "pretrained" conv backbone with BatchNorm,
+    # frozen and kept in eval() (its running statistics fixed), only a new head trains.
+    backbone = BNConvNet(bias=False)
+    backbone.head = nn.Identity()  # type: ignore[assignment]
+    head = nn.Linear(16 * 2 * 2, 4)
+    model = nn.Sequential(backbone, head)
+    backbone.requires_grad_(False)
+    opt = torch.optim.Adam(head.parameters(), lr=3e-3)
+    task, t = Patterns(shape=(1, 8, 8), noise=0.6, seed=12), Trace()
+    mon = attach(model, opt, total_steps=steps)
+    for _ in range(steps):
+        model.train()
+        backbone.eval()  # on purpose: frozen statistics
+        x, y = task.batch()
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        t.rec(loss=loss)
+        mon.log(loss=loss)
+    return t
+
+
+class TinyVAE(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc = nn.Linear(16, 32)
+        self.mu = nn.Linear(32, 4)
+        self.logvar = nn.Linear(32, 4)
+        self.dec = nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Linear(32, 16))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        h = torch.relu(self.enc(x))
+        mu, logvar = self.mu(h), self.logvar(h)
+        z = mu + torch.randn_like(mu) * torch.exp(0.5 * logvar)
+        return self.dec(z), mu, logvar
+
+
+def vae_sum_reduction_adam(steps: int, attach: Attach) -> Trace:
+    # pytorch/examples' VAE: the reconstruction loss summed over the batch
+    # (reduction="sum") plus the KL term, with Adam (scale-free: the sum is fine here).
+    model = TinyVAE()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    task, t = Patterns(noise=0.3, seed=13), Trace()
+    mon = attach(model, opt, total_steps=steps)
+    for _ in range(steps):
+        x, _ = task.batch(64)
+        recon, mu, logvar = model(x)
+        rec = nn.functional.mse_loss(recon, x, reduction="sum")
+        kld = -0.5 * torch.sum(1 + logvar - mu.pow(2) - logvar.exp())
+        loss = rec + kld
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        t.rec(loss=loss)
+        mon.log(loss=loss)
+    return t
+
+
+class BagClassifier(nn.Module):
+    def __init__(self, vocab: int = 5000) -> None:
+        super().__init__()
+        self.embed = nn.EmbeddingBag(vocab, 16, mode="mean")
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embed(tokens))
+
+
+def embedding_large_vocab(steps: int, attach: Attach) -> Trace:
+    # Token ids up to 5,000 (integers, not features to normalise) into an EmbeddingBag.
+    g, t = torch.Generator().manual_seed(14), Trace()
+    keys = torch.randint(0, 5000, (4, 3), generator=g)  # three marker tokens per class
+    model = BagClassifier()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    mon = attach(model, opt, total_steps=steps)
+    for _ in range(steps):
+        y = torch.randint(0, 4, (32,), generator=g)
+        noise = torch.randint(0, 5000, (32, 9), generator=g)
+        tokens = torch.cat([keys[y], noise], dim=1)
+        loss = nn.functional.cross_entropy(model(tokens), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        t.rec(loss=loss)
+        mon.log(loss=loss)
+    return t
+
+
+def linear_warmup_from_zero(steps: int, attach: Attach) -> Trace:
+    # transformers' get_linear_schedule_with_warmup, written out: the lr is exactly 0 on the
+    # first step, rises over 50 steps and decays linearly to exactly 0 on the last.
+    model = mlp(width=16, out=4)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    warmup = 50
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return step / warmup
+        return max(0.0, (steps - step) / (steps - warmup))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+    return classify(model, opt, Patterns(seed=15), steps, attach, sched=sched)
+
+
 # fmt: off
 HEALTHY = (
     Scenario("ok_mlp_dropout_eval", "healthy", "MLP, dropout 0.3, AdamW, eval pass every 50",
@@ -249,6 +355,17 @@ HEALTHY = (
              overfit_one_batch, 600, 300, check=trained(0.05)),
     Scenario("ok_long_warmup_cosine", "healthy", "AdamW warm-up + cosine to 0, 2000 steps",
              long_warmup_cosine, 4000, 2000, check=trained(0.3)),
+    Scenario("ok_frozen_backbone_eval", "healthy",
+             "frozen BatchNorm backbone kept in eval(), a new head trains",
+             frozen_backbone_in_eval, 600, 200, check=trained(0.5)),
+    Scenario("ok_vae_sum_reduction_adam", "healthy",
+             "VAE, reconstruction summed (reduction='sum') + KL, Adam (pytorch/examples)",
+             vae_sum_reduction_adam, 600, 300, check=trained(0.6)),
+    Scenario("ok_embedding_vocab_5000", "healthy", "EmbeddingBag over token ids up to 5,000",
+             embedding_large_vocab, 600, 250, check=trained(0.3)),
+    Scenario("ok_linear_warmup_from_0", "healthy",
+             "lr exactly 0 at the first step, warm-up, linear decay to exactly 0 (HF style)",
+             linear_warmup_from_zero, 600, 250, check=trained(0.3)),
     Scenario("ok_first_layers_frozen", "healthy", "first two Linear frozen on purpose, Adam",
              first_layers_frozen, 600, 250, check=trained(0.5)),
 )

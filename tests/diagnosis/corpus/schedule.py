@@ -60,6 +60,37 @@ def halving_per_batch_cnn(steps: int, attach: Attach) -> Trace:
     return t
 
 
+def linear_decay_one_epoch(steps: int, attach: Attach) -> Trace:
+    # Source: the transformers recipe ``get_linear_schedule_with_warmup(opt, warmup,
+    # num_training_steps)`` with num_training_steps = len(train_loader), one epoch, where
+    # len(train_loader) * epochs was meant (huggingface/transformers issues and forum threads
+    # "learning rate goes to 0 after the first epoch"); written out as its LambdaLR here.
+    # Signal: the lr reaches exactly 0 at step 60 of the run and stays there; the loss stops
+    # improving from then on.
+    steps_per_epoch = 60
+    model = mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+
+    def factor(step: int) -> float:
+        if step < 6:
+            return (step + 1) / 6
+        return max(0.0, (steps_per_epoch - step) / (steps_per_epoch - 6))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)  # the bug: one epoch's steps
+    task, t = Teacher(seed=3), Trace()
+    mon = attach(model, opt, total_steps=steps)
+    for _ in range(steps):
+        x, y = task.batch()
+        loss = nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        t.rec(loss=loss, lr=opt.param_groups[0]["lr"])
+        mon.log(loss=loss)
+    return t
+
+
 def sgd_lr_tiny_cnn(steps: int, attach: Attach) -> Trace:
     # Source: Slav Ivanov, "37 Reasons why your Neural Network is not working" (blog.slavv.com),
     # 33. "Too low learning rate": lr=1e-7 typed for 1e-2.
@@ -67,15 +98,14 @@ def sgd_lr_tiny_cnn(steps: int, attach: Attach) -> Trace:
     model = SmallCNN()
     opt = torch.optim.SGD(model.parameters(), lr=1e-7, momentum=0.9)
     task, t = Patterns(shape=(1, 8, 8)), Trace()
-    mon = attach(model, opt, total_steps=steps)
+    attach(model, opt, total_steps=steps)
     for _ in range(steps):
         x, y = task.batch()
         loss = nn.functional.cross_entropy(model(x), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
-        t.rec(loss=loss)
-        mon.log(loss=loss)
+        t.rec(loss=loss)  # this user does not call mon.log
     return t
 
 
@@ -117,6 +147,12 @@ BROKEN = (
              300, 250, ("lr_schedule_too_fast",),
              source="PyTorch forum: learning rate decreasing too fast",
              signal="lr halves every 5 steps, 1e-3 -> 1e-18", check=check_lr_vanished),
+    Scenario("linear_decay_ends_epoch_1", "schedule",
+             "linear decay to 0 over one epoch's steps (epochs forgotten), AdamW",
+             linear_decay_one_epoch, 300, 200, ("lr_schedule_too_fast", "lr_zero"),
+             source="transformers get_linear_schedule_with_warmup with len(loader) steps",
+             signal="lr exactly 0 from step 60 on",
+             check=lambda t: need(t["lr"][-1] == 0.0 and t["lr"][59] == 0.0, "lr not 0")),
     Scenario("sgd_lr_1e-7_cnn", "schedule", "SGD lr=1e-7 on a CNN", sgd_lr_tiny_cnn, 300, 120,
              ("lr_too_low", "update_ratio_low"), "conv1.weight",
              source="blog.slavv.com 37 Reasons why your Neural Network is not working, #33",

@@ -127,7 +127,7 @@ def mlp_plain_sgd(steps: int, attach: Attach) -> Trace:
     model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     task, t = Teacher(seed=115), Trace()
-    mon = attach(model, opt, total_steps=steps)
+    attach(model, opt, total_steps=steps)  # this user does not call mon.log
     for _ in range(steps):
         x, y = task.batch()
         loss = nn.functional.mse_loss(model(x), y)
@@ -135,7 +135,6 @@ def mlp_plain_sgd(steps: int, attach: Attach) -> Trace:
         loss.backward()
         opt.step()
         t.rec(loss=loss)
-        mon.log(loss=loss)
     return t
 
 
@@ -211,6 +210,100 @@ def long_bn_mlp_sgd(steps: int, attach: Attach) -> Trace:
     return t
 
 
+def frozen_bn_batch_two(steps: int, attach: Attach) -> Trace:
+    # Detection-style training (detectron's FrozenBatchNorm): batches of 2 images, every
+    # BatchNorm frozen on purpose (eval(), no grad) so its statistics are not taken from 2
+    # samples; the convs and head train.
+    model = BNConvNet(bias=False)
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.requires_grad_(False)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.02, momentum=0.9)
+    task, t = Patterns(shape=(1, 8, 8), noise=0.6, seed=120), Trace()
+    mon = attach(model, opt, total_steps=steps)
+    for _ in range(steps):
+        model.train()
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.eval()
+        x, y = task.batch(2)
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        t.rec(loss=loss)
+        mon.log(loss=loss)
+    return t
+
+
+def mse_sum_scaled_lr(steps: int, attach: Attach) -> Trace:
+    # A summed loss (reduction="sum") whose SGD lr was scaled by 1/batch to match: the same
+    # updates as a mean with lr 0.05.
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05 / 64, momentum=0.9)
+    task, t = Teacher(seed=121), Trace()
+    mon = attach(model, opt, total_steps=steps)
+    for _ in range(steps):
+        x, y = task.batch(64)
+        loss = nn.functional.mse_loss(model(x), y, reduction="sum")
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        t.rec(loss=loss)
+        mon.log(loss=loss)
+    return t
+
+
+def label_smoothing(steps: int, attach: Attach) -> Trace:
+    # CrossEntropyLoss(label_smoothing=0.2): the loss cannot reach 0 by design.
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
+    criterion = nn.CrossEntropyLoss(label_smoothing=0.2)
+    task, t = Patterns(noise=0.5, seed=122), Trace()
+    mon = attach(model, opt, total_steps=steps)
+    for _ in range(steps):
+        x, y = task.batch()
+        loss = criterion(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        t.rec(loss=loss)
+        mon.log(loss=loss)
+    return t
+
+
+def raw_features_bn_first(steps: int, attach: Attach) -> Trace:
+    # Raw tabular columns (scale 10..1,000) whose first layer is a BatchNorm1d: the model
+    # standardises its own input, a common tabular pattern.
+    g = torch.Generator().manual_seed(123)
+    scale = torch.logspace(1, 3, 12)
+    w = torch.randn(12, 1, generator=g)
+    model = nn.Sequential(nn.BatchNorm1d(12), nn.Linear(12, 32), nn.ReLU(), nn.Linear(32, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    t = Trace()
+    mon = attach(model, opt, total_steps=steps)
+    for _ in range(steps):
+        z = torch.randn(64, 12, generator=g)
+        y = torch.tanh(z @ w / 3)
+        x = 5 * scale + z * scale
+        loss = nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        t.rec(loss=loss)
+        mon.log(loss=loss)
+    return t
+
+
+def cosine_warm_restarts(steps: int, attach: Attach) -> Trace:
+    # SGDR: CosineAnnealingWarmRestarts(T_0=50, eta_min=0) stepped per batch, as meant: the
+    # lr falls to ~0 every 50 steps and restarts.
+    model = nn.Sequential(nn.Linear(16, 48), nn.Tanh(), nn.Linear(48, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sched = torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(opt, T_0=50, eta_min=0.0)
+    return train_classifier(model, opt, Patterns(noise=0.6, seed=124), steps, attach, sched=sched)
+
+
 # fmt: off
 HEALTHY = (
     Scenario("hb_ok_cnn_bn_adam_evals", "healthy", "CNN + BatchNorm (no conv bias), Adam, "
@@ -229,6 +322,19 @@ HEALTHY = (
              cnn_bf16_sgd, 600, 200, check=trained(0.3)),
     Scenario("hb_ok_accumulate_8_adamw", "healthy", "8 micro-batches of 4, AdamW, clip 2",
              accumulate_8_adamw, 600, 200, check=trained(0.3)),
+    Scenario("hb_ok_frozen_bn_batch_2", "healthy",
+             "CNN, batches of 2 with every BatchNorm frozen in eval() (FrozenBatchNorm style)",
+             frozen_bn_batch_two, 600, 250, check=trained(0.5)),
+    Scenario("hb_ok_mse_sum_lr_scaled", "healthy", "MSE reduction='sum', SGD lr scaled by 1/64",
+             mse_sum_scaled_lr, 600, 250, check=trained(0.3)),
+    Scenario("hb_ok_label_smoothing", "healthy", "CrossEntropyLoss(label_smoothing=0.2), AdamW",
+             label_smoothing, 600, 200, check=trained(0.6)),
+    Scenario("hb_ok_raw_features_bn_first", "healthy",
+             "raw columns (10..1,000) into a BatchNorm1d first layer, Adam",
+             raw_features_bn_first, 600, 250, check=trained(0.3)),
+    Scenario("hb_ok_sgdr_warm_restarts", "healthy",
+             "CosineAnnealingWarmRestarts(T_0=50, eta_min=0) per batch, SGD momentum",
+             cosine_warm_restarts, 600, 250, check=trained(0.3)),
     Scenario("hb_ok_long_bn_mlp_sgd", "healthy", "BatchNorm1d MLP, batch 64, SGD, 2500 steps",
              long_bn_mlp_sgd, 5000, 2500, check=trained(0.3)),
 )

@@ -6,7 +6,7 @@ import math
 
 import torch
 from benchmarks.diagnosis.harness import Attach, Scenario
-from benchmarks.diagnosis.models import Patterns, TinyTransformer, reverse_batch
+from benchmarks.diagnosis.models import Patterns, SmallCNN, TinyTransformer, reverse_batch
 from tests.diagnosis.corpus._common import GRUClassifier, Trace, need, stalls
 from torch import nn
 
@@ -33,11 +33,33 @@ def exponential_per_batch(steps: int, attach: Attach) -> Trace:
     return t
 
 
+def polynomial_decay_wrong_total(steps: int, attach: Attach) -> Trace:
+    # Source: PyTorch's PolynomialLR (total_iters) and the transformers scheduler threads
+    # ("lr is 0 after epoch 1"): total_iters set to the batches of one epoch (40) while
+    # the schedule is stepped every batch for the whole run; SGD on a CNN.
+    # Signal: the lr reaches exactly 0 at step 40 and stays 0 for the rest of the run.
+    model = SmallCNN()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    sched = torch.optim.lr_scheduler.PolynomialLR(opt, total_iters=40, power=2.0)
+    task, t = Patterns(shape=(1, 8, 8), noise=1.2, seed=34), Trace()
+    mon = attach(model, opt, total_steps=steps)
+    for _ in range(steps):
+        x, y = task.batch()
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        t.rec(loss=loss, lr=opt.param_groups[0]["lr"])
+        mon.log(loss=loss)
+    return t
+
+
 def warmup_typo(steps: int, attach: Attach) -> Trace:
     # Source: "37 Reasons", #33 (too low learning rate) in its schedule form: a linear warm-up
     # over 100,000 steps where 1,000 was meant (an extra zero in a config), AdamW 1e-3.
-    # Signal: the lr is below 3e-9..3e-6 for the whole run; updates ~1e-6 of the weights; the
-    # loss does not move.
+    # Signal: the lr stays between 1e-8 and 3e-6 for the whole run; updates ~1e-6 of the
+    # weights; the loss does not move.
     model = TinyTransformer()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / 100_000))
@@ -92,6 +114,12 @@ BROKEN = (
              source="runebook.dev LRScheduler.step pitfalls; forum: ExponentialLR makes lr zero",
              signal="lr 3e-3 -> 1e-14 within the run",
              check=lambda t: need(t["lr"][-1] < 1e-9 * t["lr"][0], "the lr did not vanish")),
+    Scenario("hb_polynomiallr_one_epoch", "schedule",
+             "PolynomialLR(total_iters=one epoch) stepped per batch for the run (CNN, SGD)",
+             polynomial_decay_wrong_total, 300, 200, ("lr_schedule_too_fast", "lr_zero"),
+             source="PyTorch PolynomialLR docs; forum: lr is 0 after the first epoch",
+             signal="lr exactly 0 from step 40 on",
+             check=lambda t: need(t["lr"][-1] == 0.0 and t["lr"][40] == 0.0, "lr not 0")),
     Scenario("hb_warmup_100k_typo", "schedule", "linear warm-up over 100,000 steps (1,000 meant)",
              warmup_typo, 300, 120, ("lr_too_low", "update_ratio_low"),
              source="blog.slavv.com 37 Reasons #33 (too low learning rate)",
