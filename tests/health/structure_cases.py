@@ -86,7 +86,8 @@ def observed(
             )
         )
         obs.append(backward(s, **(backward_facts or {})))
-        obs.append(Observation(s, "pre_step", {"grad_present": True, **(pre_step or {})}))
+        facts = {"grad_present": True, "rewritten": False, **(pre_step or {})}
+        obs.append(Observation(s, "pre_step", facts))
     return Structure(tuple(obs))
 
 

@@ -98,6 +98,8 @@ HEALTHY: list[tuple[str, dict[str, Any]]] = [
     ("zero_in_place", {"loop": loops.zero_in_place}),
     ("model_zero_grad", {"loop": loops.model_zero_grad}),
     ("clipped", {"loop": loops.clipped}),
+    ("value_clipped", {"loop": loops.value_clipped}),
+    ("zero_gradient", {"loop": loops.zero_gradient}),
     ("log_softmax_nll", {"loop": loops.log_softmax_nll}),
     ("bn32_dropout05", {"loop": loops.healthy, "model": loops.mlp(0.5, bn=True)}),
     ("bf16_autocast", {"loop": loops.autocast(torch.bfloat16)}),

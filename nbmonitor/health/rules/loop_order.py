@@ -137,10 +137,16 @@ class ZeroGradAfterBackward(Base):
         names="`zero_grad()` is called between `backward()` and `step()`: every step applies no "
         "gradient",
         evidence="a parameter the loss reaches has a gradient after the backward and none when "
-        "`optimizer.step()` starts, on every sampled step (or the total grad norm is exactly 0 "
-        "at every step while the loss's graph reaches the parameters)",
+        "`optimizer.step()` starts, on every sampled step (or, zeroed in place, its gradient "
+        "was written in place after the backward beyond clipping and unscaling, and the total "
+        "grad norm is exactly 0)",
         fix="call `optimizer.zero_grad()` before `loss.backward()` (or after `optimizer.step()`)",
-        silent_on=("`zero_grad` at the start or the end of the iteration", "Lightning's closure"),
+        silent_on=(
+            "`zero_grad` at the start or the end of the iteration",
+            "Lightning's closure",
+            "`clip_grad_value_` / `clip_grad_norm_` between backward and step",
+            "adapters whose gradient is exactly 0 (LoRA A and B at zero)",
+        ),
     )
 
     def check(self, view: View) -> Outcome:
@@ -153,7 +159,11 @@ class ZeroGradAfterBackward(Base):
             backward, 2, lambda o: o.get("forwarded") is True and (o.number("reached") or 0) > 0
         )
         gone = steady(obs, LEAST, _gone)
-        zeros = _zero_norms(view)
+        # Zeroed in place (set_to_none=False): the gradient was written in place after the
+        # backward beyond what clipping and unscaling do, and the total norm is exactly 0
+        # (either alone is healthy: clip_grad_value_, adapters whose gradient is 0).
+        rewritten = steady(obs, LEAST, lambda o: o.get("rewritten") is True)
+        zeros = _zero_norms(view) if rewritten else None
         if not connected or not (gone or zeros is not None):
             return clear(self.name) if len(obs) >= LEAST else nothing(self.name)
         step = _when(
