@@ -277,6 +277,30 @@ def test_a_base_frozen_by_a_group_of_lr_0_is_not_stepped() -> None:
     assert ad is not None and ad.base_stepped == () and ad.base_unstepped == ()
 
 
+def test_a_model_whose_adapters_cannot_be_read_is_monitored_without_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import nbmonitor.live.monitor as live
+
+    def broken(model: nn.Module, optimizer: object) -> None:
+        raise RuntimeError("a module nbmonitor cannot read")
+
+    monkeypatch.setattr(live, "find_adapters", broken)
+    model, opt, _ = _hand_lora()
+    mon = nbmonitor.attach(model, opt, display=False, interval=0.05, run_dir=tmp_path)
+    try:
+        for _ in range(20):
+            model(torch.randn(8, 16)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+        mon.flush()
+        assert mon.step == 20
+        assert mon.adapters() is None
+        assert any("adapters" in e and "cannot read" in e for e in mon.errors)
+    finally:
+        mon.close()
+
+
 def test_base_partly_unfrozen_on_purpose_without_adapters_is_silent(tmp_path: Path) -> None:
     model = base_mlp()
     model[0].requires_grad_(False)
@@ -419,3 +443,54 @@ def test_adapter_lr_far_too_small_is_named(tmp_path: Path) -> None:
     assert causes[0].evidence["lr"] == [1e-9]
     assert rules(alerts) == ["adapter_lr_too_small"]  # its symptoms are its evidence
     assert verdict.state == "too slow"
+
+
+# -- the Hugging Face Trainer with a peft model ------------------------------------------------
+
+
+class Tokens(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
+    def __init__(self, n: int, seed: int) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(0, 64, (n, 16), generator=gen)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    ("lr", "state", "raised"),
+    [(1e-4, "learning", []), (1e-9, "too slow", ["adapter_lr_too_small"])],
+)
+def test_trainer_on_a_peft_gpt2(lr: float, state: str, raised: list[str], tmp_path: Path) -> None:
+    # The Trainer builds its optimizer inside train() (adopted at its first step), warms up
+    # from lr 0 and decays linearly to 0; the adapters sit on GPT-2's fused c_attn (Conv1D).
+    transformers = pytest.importorskip("transformers")
+    from tests.hf_setup import quiet_args, tiny_gpt2
+
+    from nbmonitor.integrations.hf import NbmonitorCallback
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = peft.get_peft_model(
+            tiny_gpt2(32, 2),
+            peft.LoraConfig(target_modules=["c_attn"], r=4, lora_dropout=0.05, fan_in_fan_out=True),
+        )
+        args = quiet_args(tmp_path, max_steps=100, per_device_train_batch_size=4,
+                          learning_rate=lr, warmup_steps=10, logging_steps=50)  # fmt: skip
+        callback = NbmonitorCallback(run_dir=tmp_path / "runs", display=False, interval=0.05)
+        trainer = transformers.Trainer(
+            model=model, args=args, train_dataset=Tokens(400, 1), callbacks=[callback]
+        )
+        trainer.train()
+    mon = callback.monitor
+    assert mon is not None
+    verdict = mon.adapters()
+    assert verdict is not None and verdict.state == state, verdict
+    assert verdict.tensors == 4 and verdict.method == "LoRA (peft)"
+    assert rules(mon.events()) == raised

@@ -87,6 +87,10 @@ class AdapterWatch:
         self._last_grad = -math.inf
         self.step = 0
         self.grad_steps = 0
+        # Whether a tracked parameter that is not an adapter had a gradient: without one, an
+        # adapter with none says the loss itself is cut from the model, not the adapters.
+        self.rest_grads = False
+        self._rest: list[int] = []
 
     @property
     def accounts(self) -> list[_Account]:
@@ -103,6 +107,8 @@ class AdapterWatch:
             module = name.rsplit(".", 1)[0] if "." in name else "(root)"
             rows.append(index.get(name, index.get(module, -1)))
         self._rows = rows
+        mine = set(rows)
+        self._rest = [i for i in range(len(names)) if i not in mine]
 
     def observe(self, inp: HealthInput, until: float = math.inf) -> None:
         """Take the update steps and gradient rows of ``inp`` newer than those seen, up to
@@ -134,6 +140,9 @@ class AdapterWatch:
                 self._last_grad = float(gsteps[new[-1]])
                 self.step = max(self.step, int(gsteps[new[-1]]))
                 self.grad_steps += int(new.size)
+                if not self.rest_grads and self._rest:
+                    rest = grads[np.asarray(self._rest, dtype=np.intp)][:, new]
+                    self.rest_grads = bool(np.isfinite(rest).any())
                 for a, row in zip(self._accounts, rows, strict=True):
                     if row < 0:
                         continue
@@ -209,8 +218,10 @@ class AdapterWatch:
         )
 
     def step_ratio(self) -> float:
-        """The median of the recent ||dw||/||w|| of the non-zero-started adapters (A)."""
-        values = [r for a in self.others() for r in a.ratios[-8:] if r > 0]
+        """The median of the recent ||dw||/||w|| of the non-zero-started adapters (A). An
+        update of exactly 0 counts: with a gradient, it is one too small for the weights'
+        precision to show (it rounds away)."""
+        values = [r for a in self.others() for r in a.ratios[-8:] if r >= 0]
         return statistics.median(values) if values else math.nan
 
     def verdict(self) -> AdapterVerdict:

@@ -117,8 +117,13 @@ class Monitor:
         self._memory_probe = weakref.ref(capture.memory)
         layers = layer_stats(capture.params, capture.param_names, optimizer, opts.layer_group)
         layers.module_kinds = {n: type(m).__name__ for n, m in model.named_modules() if n}
-        # The adapters of a fine-tune (LoRA, peft's methods, a small trainable part).
-        adapters = layers.adapters = find_adapters(model, optimizer)
+        # The adapters of a fine-tune (LoRA, peft's methods, a small trainable part); a model
+        # nbmonitor cannot read so is monitored without them.
+        try:
+            adapters = layers.adapters = find_adapters(model, optimizer)
+        except Exception as exc:
+            adapters = None
+            errors_log.add("adapters", exc)
         run_name = opts.name or type(model).__name__
         meta = run_meta(model, optimizer, opts, self.backend, self._start)
         # The tracked parameters, so that a replay's layer table says what each layer is.

@@ -8,7 +8,7 @@ from typing import Any
 
 from nbmonitor._engine.frame import Frame
 from nbmonitor.ui import Dashboard
-from nbmonitor.ui.console import status_line, summary_text
+from nbmonitor.ui.console import LINE_WIDTH, PREFIX, status_line, summary_text
 from nbmonitor.ui.panels.profile import ProfileView
 
 NOTE = "MFU is not shown: nbmonitor has no peak FLOP/s for CPU (TFLOP/s is still measured)."
@@ -34,6 +34,38 @@ def test_console_shows_samples_per_s_without_token_ids() -> None:
     line = status_line(frame())
     assert "128 samples/s" in line and "tokens/s" not in line and "TFLOP/s" not in line
     assert "CPU 150% of a core" in line
+
+
+def test_the_console_line_fits_100_columns_keeping_what_matters_most() -> None:
+    busy = Frame(
+        run="r",
+        backend="cuda",
+        status="running",
+        step=123_456,
+        total_steps=1_000_000,
+        elapsed_s=3.0,
+        eta_s=7200.0,
+        latest={
+            "loss": 0.123456, "lr": 3e-4, "grad_norm": 1.2345, "grad_clipped_fraction": 0.63,
+            "grad_clip_coef": 0.13, "step_time": 0.2345, "tokens_per_s": 123_456.0,
+            "tflops_per_s": 312.5, "mfu_percent": 31.6, "process_cpu_percent": 180.0,
+            "process_rss_bytes": 5.5 * 2**30, "memory_peak_bytes": 61 * 2**30,
+            "memory_limit_bytes": 79 * 2**30, "batch_fits": 96.0, "batch_size": 64.0,
+        },
+        devices=({"util_percent": 97.0}, {"util_percent": 95.0}),
+    )  # fmt: skip
+    line = status_line(busy)
+    assert len(PREFIX + line) <= LINE_WIDTH, line
+    for kept in ("step 123456/1000000", "loss 0.1235", "234.5 ms/step", "123,456 tokens/s"):
+        assert kept in line, line
+    assert "ETA 2:00:00" in line and "CPU" not in line and "RSS" not in line
+    # Everything shows when it fits; nothing is cut mid-part.
+    plain = status_line(frame())
+    assert (
+        plain
+        == "step 10 | loss 0.5 | 250.0 ms/step | 128 samples/s | CPU 150% of a core | RSS n/a GiB"
+    )
+    assert status_line(busy, width=200).count(" | ") > line.count(" | ")
 
 
 def test_console_shows_tokens_tflops_and_mfu() -> None:
