@@ -458,9 +458,8 @@ class StructureProbe(ProbeBase):
                 # clipped / unscaled, which the clock counts).
                 self._accumulated = -1
                 self._drop_hook("accumulated")
-                self._handles["accumulated"] = watch.register_post_accumulate_grad_hook(
-                    self._grad_accumulated
-                )
+                hook = watch.register_post_accumulate_grad_hook  # untyped in torch's stubs
+                self._handles["accumulated"] = hook(self._grad_accumulated)  # type: ignore[no-untyped-call]
         facts = (
             *((k, v) for k, v in graph.items() if not isinstance(v, torch.Tensor)),
             ("forwarded", forwarded),
