@@ -249,7 +249,7 @@ class AdapterWatch:
         elif self.learning() or any(a.moved for a in training):
             parts = [f"{what}"]
             if zero:
-                b = "B" if {a.tensor.role for a in zero} <= {"B"} else "zero-started tensors"
+                b = zero_label(zero)
                 parts.append(f"{b} left zero in {left} of {len(zero)} (median norm {num(b_norm)})")
             if paths:
                 parts.append(f"{'A' if zero else 'weights'} moved {num(moved)} (relative)")
@@ -291,11 +291,19 @@ class AdapterWatch:
     def _stuck_detail(self, grads: str, grad_norm: float) -> str:
         zero = self.zero_started()
         if zero:
-            still = "B stays at zero" if {a.tensor.role for a in zero} <= {"B"} else "still zero"
+            label = zero_label(zero)
+            still = f"{label} stays at zero" if label in ("A", "B") else "still zero"
             weights = f"{still} after {self.updates()} measured updates"
         else:
             weights = f"weights unchanged over {self.updates()} measured updates"
         return f"{weights}, {_grads_text(grads, grad_norm)}"
+
+
+def zero_label(zero: list[_Account]) -> str:
+    """What the zero-started tensors are called: LoRA's B (peft's embedding LoRA starts A at
+    zero instead), or "zero-started tensors" when both halves did."""
+    roles = {a.tensor.role for a in zero}
+    return roles.pop() if len(roles) == 1 and roles <= {"A", "B"} else "zero-started tensors"
 
 
 def _grads_text(kind: str, norm: float) -> str:
@@ -318,4 +326,5 @@ __all__ = [
     "WAITING",
     "AdapterVerdict",
     "AdapterWatch",
+    "zero_label",
 ]

@@ -81,6 +81,7 @@ class Queued:
         self._drop_reported = False
         self._final: Mapping[str, object] | None = None  # close asked for, with this meta
         self._close_began = 0.0
+        self._close_said = False  # what close found is in the error log
         self._close_by: float | None = None
         self._done = False  # the sink is closed; the worker has ended
         self._thread: threading.Thread | None = None
@@ -168,16 +169,23 @@ class Queued:
                 if left <= 0 or self._hung_before_close(now):
                     break
                 self._cond.wait(min(left, 0.05))
-            if self._done:
+            if self._close_said:
                 return
-            waiting = self._waiting_rows
-        self._errors.add(
-            f"sink:{self.name}",
-            TimeoutError(
-                f"{self.what} did not close: it hangs ({waiting} rows waiting); its last rows "
-                "and its close go on in the background"
-            ),
-        )
+            self._close_said = True
+            done, waiting, dropped = self._done, self._waiting_rows, self.dropped
+        source = f"sink:{self.name}"
+        if dropped:
+            self._errors.add(
+                source, OverflowError(f"{self.what}: {dropped} rows dropped in all (queue full)")
+            )
+        if not done:
+            self._errors.add(
+                source,
+                TimeoutError(
+                    f"{self.what} did not close: it hangs ({waiting} rows waiting); its last "
+                    "rows and its close go on in the background"
+                ),
+            )
 
     # -- the worker ---------------------------------------------------------------------------
 

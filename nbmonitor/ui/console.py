@@ -88,8 +88,8 @@ def memory_summary(latest: Mapping[str, float]) -> str | None:
 
 def status_line(frame: Frame, width: int = LINE_WIDTH - len(PREFIX)) -> str:
     """One line with the numbers a person glances at, at most ``width`` characters: the parts
-    that matter least (the CPU, RSS, memory, lr, FLOP/s) are left out, in that order, until it
-    fits. NaN shows as n/a."""
+    that matter least (the CPU, RSS, FLOP/s and MFU, memory, lr) are left out, in that order,
+    until it fits. NaN shows as n/a."""
     latest = frame.latest
     # (rank: lower is kept longer, text), in the order shown.
     parts: list[tuple[int, str]] = []
@@ -104,7 +104,7 @@ def status_line(frame: Frame, width: int = LINE_WIDTH - len(PREFIX)) -> str:
     step_time = latest.get("step_time", math.nan)
     parts.append((2, f"{_num(step_time * 1e3, '.1f')} ms/step"))
     for i, text in enumerate(throughput(latest)):
-        parts.append((3 if i == 0 else 12, text))
+        parts.append((3 if i == 0 else 10, text))
     for i, device in enumerate(frame.devices):
         util = device.get("util_percent", math.nan)
         if isinstance(util, float):
@@ -113,7 +113,7 @@ def status_line(frame: Frame, width: int = LINE_WIDTH - len(PREFIX)) -> str:
     if memory:
         parts.append((9, memory))
     # The process's CPU is a share of one core (top's way): several busy cores exceed 100%.
-    parts.append((10, f"CPU {_num(latest.get('process_cpu_percent'), '.0f')}% of a core"))
+    parts.append((12, f"CPU {_num(latest.get('process_cpu_percent'), '.0f')}% of a core"))
     ram = latest.get("process_rss_bytes", math.nan) / 2**30
     parts.append((11, f"RSS {_num(ram, '.2f')} GiB"))
     if frame.total_steps:

@@ -4,8 +4,14 @@ console line, the CPU wording, and the profile table widget."""
 from __future__ import annotations
 
 import math
+import time
+from pathlib import Path
 from typing import Any
 
+import torch
+from tests.helpers import mlp
+
+import nbmonitor
 from nbmonitor._engine.frame import Frame
 from nbmonitor.ui import Dashboard
 from nbmonitor.ui.console import LINE_WIDTH, PREFIX, status_line, summary_text
@@ -110,3 +116,31 @@ def test_profile_view_shows_status_then_rows_with_a_static_fallback() -> None:
     assert "<td>aten::mm</td><td>1.5</td>" in bundle["text/html"]
     view.show_error("broke")
     assert "broke" in view.summary_text()
+
+
+def test_the_header_shows_the_step_time_and_rate_the_charts_draw(tmp_path: Path) -> None:
+    # A real loop whose steps alternate between fast and slow: one step's time (the newest)
+    # is not what the step-time chart draws; the header shows the chart's newest point, and
+    # samples/s gets its smoothed line.
+    torch.manual_seed(0)
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    with nbmonitor.attach(model, opt, run_dir=tmp_path, display=False) as mon:
+        for i in range(41):
+            model(torch.randn(4, 8)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+            time.sleep(0.03 if i % 4 == 3 else 0.001)  # the last step is a fast one
+    built = mon.frame()
+    median = built.series["step_time_median"].y[-1]
+    assert built.latest["step_time_median"] == median
+    assert built.latest["step_time"] != median  # one step's, not the chart's
+    rate = built.series["samples_per_s_smooth"]
+    assert rate.y.size and built.latest["samples_per_s_smooth"] == rate.y[-1]
+    dash = Dashboard("r", "cpu", None)
+    dash.publish(built)
+    header: dict[str, Any] = dash.widget.header
+    assert header["step_time"] == median and header["samples_per_s"] == rate.y[-1]
+    assert {"samples_per_s", "samples_per_s_smooth"} <= set(dash.widget.panel_training["series"])
+    assert f"{median:.3g}" in dash.summary_html()
+    dash.close(built)

@@ -42,7 +42,8 @@ export const CHARTS = [
     unit: "bytes",
     lines: [
       { key: "process_rss_bytes", label: "this process (RSS)", color: COLORS.orange },
-      { key: "mps_driver_allocated_bytes", label: "MPS driver", color: COLORS.green },
+      // Only on Apple's GPU: a CPU run's chart has no legend entry for it.
+      { key: "mps_driver_allocated_bytes", label: "MPS driver", color: COLORS.green, optional: true },
     ],
   },
 ];
@@ -95,7 +96,9 @@ export default {
       update(state) {
         const curves = curvesOf(state);
         for (const spec of CHARTS) {
-          if (spec.lines.some((l) => curves[l.key])) grid.ensure(spec);
+          // A line marked optional is drawn (and named in the legend) only where it has data.
+          const lines = spec.lines.filter((l) => !l.optional || curves[l.key]);
+          if (lines.some((l) => curves[l.key])) grid.ensure({ ...spec, lines });
         }
         line.textContent = headroomText(state?.notes ?? {});
         const rows = Array.isArray(state?.table) ? state.table : [];

@@ -25,7 +25,7 @@ from nbmonitor.health.adapters import Adapters, AdapterTensor
 from nbmonitor.health.alert import Alert
 from nbmonitor.health.diagnose import cause_alert
 from nbmonitor.health.doc import CAUSE, RuleDoc
-from nbmonitor.health.finetune import FIRST_JUDGED, MIN_UPDATES, AdapterWatch
+from nbmonitor.health.finetune import FIRST_JUDGED, MIN_UPDATES, AdapterWatch, zero_label
 from nbmonitor.health.rule import Base, Outcome, always, nothing
 from nbmonitor.health.thresholds import Thresholds
 from nbmonitor.health.view import View
@@ -320,8 +320,8 @@ class AdaptersNotLearning(_Watching):
         step = verdict.step
         names = _training_names(ad)
         zero = watch.zero_started()
-        if zero and {a.tensor.role for a in zero} <= {"B"}:
-            still = f"LoRA's B stays exactly at zero in all {len(zero)}"
+        if zero and zero_label(zero) in ("A", "B"):
+            still = f"LoRA's {zero_label(zero)} stays exactly at zero in all {len(zero)}"
         elif zero:
             still = "the zero-started tensors stay at zero"
         else:
