@@ -20,7 +20,7 @@ from nbmonitor._engine.derive.memory_table import MemoryTable as MemoryTable
 from nbmonitor._engine.derive.memory_table import memory_table
 from nbmonitor._engine.derive.progress import eta_seconds
 from nbmonitor._engine.derive.ranks_frame import RanksFrame as RanksFrame
-from nbmonitor._engine.derive.timeline import phase_stack, step_time_band
+from nbmonitor._engine.derive.timeline import phase_stack, smoothed, step_time_band
 from nbmonitor._engine.store import Store
 
 # Alert and name_list live in nbmonitor.health; re-exported here, where views read them.
@@ -109,7 +109,9 @@ class Frame:
     points; system series are drawn against the training step current when they were sampled.
     ``devices`` lists one dict per accelerator with its gauge values (empty on CPU).
     ``step_time_median``, ``step_time_min`` and ``step_time_max`` are the step time's rolling
-    median and the band of its windows' extremes (``_engine/derive/timeline.py``).
+    median and the band of its windows' extremes, ``samples_per_s_smooth`` and
+    ``tokens_per_s_smooth`` the rates' rolling medians (``_engine/derive/timeline.py``); with
+    ``detail``, ``latest`` holds their newest points too (the header shows what the charts draw).
     ``notes`` says why a figure is missing, by figure (``"mfu"``: no peak known).
     ``memory`` is the Memory tab's table (what holds memory per device), None before the
     first breakdown or without ``detail``; ``allocator`` the CUDA allocator's settings
@@ -246,12 +248,13 @@ class FrameBuilder:
                 (model.memory, *system_now),
                 lambda: memory_table(model.memory, system, model.device_index),
             )
-            band = kept.get(
-                "band",
-                steps_now,
-                lambda: {k: Series(*xy) for k, xy in step_time_band(steps).items()},
-            )
+            band = kept.get("band", steps_now, lambda: _smoothed_lines(steps))
             series.update(band)
+            # The header shows the statistic the charts draw: their newest smoothed points.
+            for key in SMOOTHED:
+                newest = band.get(key)
+                if newest is not None and newest.y.size:
+                    latest[key] = float(newest.y[-1])
             hand_over()
             open_s = sum(r.get("step_time", 0.0) for r in state.open_rows)
             open_s = open_s if math.isfinite(open_s) else 0.0
@@ -285,6 +288,20 @@ class FrameBuilder:
             allocator=self.info.allocator,
             adapters=model.adapter_verdict.text if model.adapter_verdict is not None else "",
         )
+
+
+# The smoothed lines (the charts' and the header's): the step time's rolling median, and the
+# rates' (rows of a rate scatter with the steps' own noise).
+SMOOTHED = ("step_time_median", "samples_per_s_smooth", "tokens_per_s_smooth")
+
+
+def _smoothed_lines(steps: Store) -> dict[str, Series]:
+    lines = {k: Series(*xy) for k, xy in step_time_band(steps).items()}
+    for key in ("samples_per_s", "tokens_per_s"):
+        found = smoothed(steps, key)
+        if found is not None:
+            lines[f"{key}_smooth"] = Series(*found)
+    return lines
 
 
 T = TypeVar("T")

@@ -81,6 +81,7 @@ class Pipeline:
             parts.non_finite_report,
             forward_checked=parts.forward_checked,
             clock=parts.clock,
+            loop_watched=lambda: self.model.structure.seen("backward"),
         )
         self._pending: dict[str, list[Mapping[str, object]]] = {
             "steps": [],
@@ -273,7 +274,7 @@ class Pipeline:
                 thin_beyond=thin,
                 between=self.hand_over,
             )
-        self.add_alerts(found)
+        self.add_alerts(found, judged=True)
         self._publish_layers()
         self._write_layer_grads()
 
@@ -365,8 +366,12 @@ class Pipeline:
 
     # -- alerts and published state ------------------------------------------------------------
 
-    def add_alerts(self, alerts: Iterable[Alert]) -> None:
+    def add_alerts(self, alerts: Iterable[Alert], judged: bool = False) -> None:
+        """Keep, write and publish ``alerts``. Those not ``judged`` by the health rules (the
+        engine's, the static checks') are told to them, for a cause to take in."""
         added = self.model.add_alerts(alerts)
+        if not judged and added:
+            self.parts.health.note(added)
         if added:
             self._pending["events"].extend(a.to_record() for a in added)
             self.published = dataclasses.replace(self.published, alerts=self.model.alerts)

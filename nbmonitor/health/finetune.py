@@ -34,6 +34,7 @@ NOT_LEARNING = "not learning"
 NOT_TRAINED = "not trained"
 TOO_SLOW = "too slow"
 WAITING = "waiting"
+RECEIVING = "receiving gradients"
 
 
 @dataclass
@@ -58,7 +59,7 @@ class _Account:
 class AdapterVerdict:
     """The one-line answer (``text``) and the figures it is made of."""
 
-    state: str  # LEARNING, NOT_LEARNING, NOT_TRAINED, TOO_SLOW or WAITING
+    state: str  # LEARNING, NOT_LEARNING, NOT_TRAINED, TOO_SLOW, RECEIVING or WAITING
     text: str
     step: int
     method: str
@@ -86,6 +87,10 @@ class AdapterWatch:
         self._last_grad = -math.inf
         self.step = 0
         self.grad_steps = 0
+        # Whether a tracked parameter that is not an adapter had a gradient: without one, an
+        # adapter with none says the loss itself is cut from the model, not the adapters.
+        self.rest_grads = False
+        self._rest: list[int] = []
 
     @property
     def accounts(self) -> list[_Account]:
@@ -102,6 +107,8 @@ class AdapterWatch:
             module = name.rsplit(".", 1)[0] if "." in name else "(root)"
             rows.append(index.get(name, index.get(module, -1)))
         self._rows = rows
+        mine = set(rows)
+        self._rest = [i for i in range(len(names)) if i not in mine]
 
     def observe(self, inp: HealthInput, until: float = math.inf) -> None:
         """Take the update steps and gradient rows of ``inp`` newer than those seen, up to
@@ -133,6 +140,9 @@ class AdapterWatch:
                 self._last_grad = float(gsteps[new[-1]])
                 self.step = max(self.step, int(gsteps[new[-1]]))
                 self.grad_steps += int(new.size)
+                if not self.rest_grads and self._rest:
+                    rest = grads[np.asarray(self._rest, dtype=np.intp)][:, new]
+                    self.rest_grads = bool(np.isfinite(rest).any())
                 for a, row in zip(self._accounts, rows, strict=True):
                     if row < 0:
                         continue
@@ -208,8 +218,10 @@ class AdapterWatch:
         )
 
     def step_ratio(self) -> float:
-        """The median of the recent ||dw||/||w|| of the non-zero-started adapters (A)."""
-        values = [r for a in self.others() for r in a.ratios[-8:] if r > 0]
+        """The median of the recent ||dw||/||w|| of the non-zero-started adapters (A). An
+        update of exactly 0 counts: with a gradient, it is one too small for the weights'
+        precision to show (it rounds away)."""
+        values = [r for a in self.others() for r in a.ratios[-8:] if r >= 0]
         return statistics.median(values) if values else math.nan
 
     def verdict(self) -> AdapterVerdict:
@@ -237,7 +249,7 @@ class AdapterWatch:
         elif self.learning() or any(a.moved for a in training):
             parts = [f"{what}"]
             if zero:
-                b = "B" if {a.tensor.role for a in zero} <= {"B"} else "zero-started tensors"
+                b = zero_label(zero)
                 parts.append(f"{b} left zero in {left} of {len(zero)} (median norm {num(b_norm)})")
             if paths:
                 parts.append(f"{'A' if zero else 'weights'} moved {num(moved)} (relative)")
@@ -249,6 +261,14 @@ class AdapterWatch:
             else:
                 state = LEARNING
                 text = "adapters learning: " + ", ".join(parts)
+        elif grads == "non-zero" and self.grad_steps >= MIN_GRAD_STEPS:
+            # The updates are not measured (layer_every=0, or a copy too large to take):
+            # what is known is that gradients arrive.
+            state = RECEIVING
+            text = (
+                f"adapters receiving gradients: {what} ({ad.method}), "
+                f"{_grads_text(grads, grad_norm)}; their updates are not measured"
+            )
         else:
             state = WAITING
             text = f"adapters: {what} ({ad.method}), waiting for their first updates"
@@ -271,11 +291,19 @@ class AdapterWatch:
     def _stuck_detail(self, grads: str, grad_norm: float) -> str:
         zero = self.zero_started()
         if zero:
-            still = "B stays at zero" if {a.tensor.role for a in zero} <= {"B"} else "still zero"
+            label = zero_label(zero)
+            still = f"{label} stays at zero" if label in ("A", "B") else "still zero"
             weights = f"{still} after {self.updates()} measured updates"
         else:
             weights = f"weights unchanged over {self.updates()} measured updates"
         return f"{weights}, {_grads_text(grads, grad_norm)}"
+
+
+def zero_label(zero: list[_Account]) -> str:
+    """What the zero-started tensors are called: LoRA's B (peft's embedding LoRA starts A at
+    zero instead), or "zero-started tensors" when both halves did."""
+    roles = {a.tensor.role for a in zero}
+    return roles.pop() if len(roles) == 1 and roles <= {"A", "B"} else "zero-started tensors"
 
 
 def _grads_text(kind: str, norm: float) -> str:
@@ -293,8 +321,10 @@ __all__ = [
     "MIN_UPDATES",
     "NOT_LEARNING",
     "NOT_TRAINED",
+    "RECEIVING",
     "TOO_SLOW",
     "WAITING",
     "AdapterVerdict",
     "AdapterWatch",
+    "zero_label",
 ]

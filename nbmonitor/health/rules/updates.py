@@ -17,6 +17,7 @@ import numpy as np
 
 from nbmonitor.health import alert as subjects
 from nbmonitor.health.alert import Alert
+from nbmonitor.health.doc import SYMPTOM, RuleDoc
 from nbmonitor.health.rule import Base, Outcome, nothing
 from nbmonitor.health.thresholds import Thresholds
 from nbmonitor.health.view import View
@@ -162,6 +163,17 @@ def weight_rows(names: tuple[str, ...]) -> BoolArray:
 
 class UpdateRatioHigh(_UpdateRatio):
     name = "update_ratio_high"
+    doc = RuleDoc(
+        SYMPTOM,
+        "updates far larger than healthy (`‖Δw‖/‖w‖` ≫ 1e-3) while the loss is not falling",
+        "`‖Δw‖/‖w‖` above 0.1 in some layers on 3 measured steps in a row while the loss is not "
+        "falling",
+        "lower the learning rate",
+        (
+            "large early updates that bring the loss down (momentum building up)",
+            "zero-initialised adapters in their first steps",
+        ),
+    )
 
     def _judged(self, view: View, ratios: FloatArray, step: int) -> BoolArray:
         # Biases are often initialised to zero and stay near it, so ||w|| ~ 0 makes the ratio
@@ -189,6 +201,13 @@ class UpdateRatioHigh(_UpdateRatio):
 
 class UpdateRatioLow(_UpdateRatio):
     name = "update_ratio_low"
+    doc = RuleDoc(
+        SYMPTOM,
+        "updates far smaller than healthy (`‖Δw‖/‖w‖` below 1e-6)",
+        "`‖Δw‖/‖w‖` below 1e-6 in some layers on the measured steps from step 20",
+        "raise the learning rate, or check that the parameters really train",
+        ("frozen layers", "schedules that end near 0"),
+    )
 
     def reset(self) -> None:
         super().reset()
