@@ -82,6 +82,7 @@ class Pipeline:
             parts.non_finite_report,
             forward_checked=parts.forward_checked,
             clock=parts.clock,
+            loop_watched=lambda: self.model.structure.seen("backward"),
         )
         self._pending: dict[str, list[Mapping[str, object]]] = {
             "steps": [],
