@@ -244,6 +244,130 @@ def test_healthy_fine_tune_raises_nothing_and_reads_learning(
     assert verdict.grads == "non-zero"
 
 
+def test_without_update_measurements_the_verdict_says_what_it_knows(tmp_path: Path) -> None:
+    model, opt, _ = _hand_lora()
+    torch.set_num_threads(1)
+    mon = nbmonitor.attach(model, opt, display=False, interval=0.05, run_dir=tmp_path,
+                           layer_every=0)  # fmt: skip
+    try:
+        g = torch.Generator().manual_seed(1)
+        for _ in range(40):
+            loss = model(torch.randn(32, 16, generator=g)).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            mon.log(loss=loss)
+        mon.flush()
+        verdict = mon.adapters()
+        assert verdict is not None and verdict.state == "receiving gradients"
+        assert verdict.text.endswith("their updates are not measured")
+        assert mon.events() == []
+    finally:
+        mon.close()
+
+
+def test_a_base_frozen_by_a_group_of_lr_0_is_not_stepped() -> None:
+    base = base_mlp()
+    model = nn.Sequential(HandLoRA(base[0]), nn.ReLU(), HandLoRA(base[2]), nn.ReLU(), base[4])
+    model.requires_grad_(True)
+    adapters = [p for n, p in model.named_parameters() if "lora" in n]
+    rest = [p for n, p in model.named_parameters() if "lora" not in n]
+    opt = torch.optim.AdamW([{"params": adapters}, {"params": rest, "lr": 0.0}], lr=1e-3)
+    ad = find_adapters(model, opt)
+    assert ad is not None and ad.base_stepped == () and ad.base_unstepped == ()
+
+
+def test_a_model_whose_adapters_cannot_be_read_is_monitored_without_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import nbmonitor.live.monitor as live
+
+    def broken(model: nn.Module, optimizer: object) -> None:
+        raise RuntimeError("a module nbmonitor cannot read")
+
+    monkeypatch.setattr(live, "find_adapters", broken)
+    model, opt, _ = _hand_lora()
+    mon = nbmonitor.attach(model, opt, display=False, interval=0.05, run_dir=tmp_path)
+    try:
+        for _ in range(20):
+            model(torch.randn(8, 16)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+        mon.flush()
+        assert mon.step == 20
+        assert mon.adapters() is None
+        assert any("adapters" in e and "cannot read" in e for e in mon.errors)
+    finally:
+        mon.close()
+
+
+class Bag(nn.Module):
+    """Token ids -> an embedding bag -> two Linears: for peft's embedding LoRA, DoRA, IA3."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(50, 16)
+        self.fc = nn.Linear(16, 32)
+        self.out = nn.Linear(32, 4)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.relu(self.fc(self.emb(ids).mean(1))))
+
+
+def _two_adapters() -> nn.Module:
+    model = peft.get_peft_model(Bag(), peft.LoraConfig(target_modules=["fc"], r=4))
+    model.add_adapter("other", peft.LoraConfig(target_modules=["fc"], r=4))  # inactive, frozen
+    return model
+
+
+PEFT_METHODS: dict[str, tuple[Callable[[], nn.Module], str]] = {
+    "embedding_lora": (
+        lambda: peft.get_peft_model(Bag(), peft.LoraConfig(target_modules=["emb", "fc"], r=4)),
+        "adapters learning: 4 LoRA matrices, zero-started tensors left zero in 2 of 2",
+    ),
+    "dora": (
+        lambda: peft.get_peft_model(
+            Bag(), peft.LoraConfig(target_modules=["fc", "out"], r=4, use_dora=True)
+        ),
+        "adapters learning: 6 DoRA tensors, B left zero in 2 of 2",
+    ),
+    "ia3": (
+        lambda: peft.get_peft_model(
+            Bag(), peft.IA3Config(target_modules=["fc", "out"], feedforward_modules=["out"])
+        ),
+        "adapters learning: 2 IA3 scales, weights moved",
+    ),
+    "two_adapters": (_two_adapters, "adapters learning: 2 LoRA matrices, B left zero in 1 of 1"),
+}
+
+
+@pytest.mark.parametrize("method", list(PEFT_METHODS))
+def test_peft_methods_train_silently_and_read_learning(method: str, tmp_path: Path) -> None:
+    make, head = PEFT_METHODS[method]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = make()
+    opt = torch.optim.AdamW(trainable(model), lr=3e-3)
+    torch.set_num_threads(1)
+    mon = nbmonitor.attach(model, opt, display=False, interval=0.05, run_dir=tmp_path)
+    try:
+        g = torch.Generator().manual_seed(0)
+        for _ in range(60):
+            ids = torch.randint(0, 50, (16, 6), generator=g)
+            loss = nn.functional.cross_entropy(model(ids), ids[:, 0] % 4)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            mon.log(loss=loss)
+        mon.flush()
+        verdict = mon.adapters()
+        assert verdict is not None and verdict.text.startswith(head), verdict
+        assert [(a.rule, a.message) for a in mon.events()] == []
+    finally:
+        mon.close()
+
+
 def test_base_partly_unfrozen_on_purpose_without_adapters_is_silent(tmp_path: Path) -> None:
     model = base_mlp()
     model[0].requires_grad_(False)
@@ -386,3 +510,54 @@ def test_adapter_lr_far_too_small_is_named(tmp_path: Path) -> None:
     assert causes[0].evidence["lr"] == [1e-9]
     assert rules(alerts) == ["adapter_lr_too_small"]  # its symptoms are its evidence
     assert verdict.state == "too slow"
+
+
+# -- the Hugging Face Trainer with a peft model ------------------------------------------------
+
+
+class Tokens(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
+    def __init__(self, n: int, seed: int) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(0, 64, (n, 16), generator=gen)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    ("lr", "state", "raised"),
+    [(1e-4, "learning", []), (1e-9, "too slow", ["adapter_lr_too_small"])],
+)
+def test_trainer_on_a_peft_gpt2(lr: float, state: str, raised: list[str], tmp_path: Path) -> None:
+    # The Trainer builds its optimizer inside train() (adopted at its first step), warms up
+    # from lr 0 and decays linearly to 0; the adapters sit on GPT-2's fused c_attn (Conv1D).
+    transformers = pytest.importorskip("transformers")
+    from tests.hf_setup import quiet_args, tiny_gpt2
+
+    from nbmonitor.integrations.hf import NbmonitorCallback
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = peft.get_peft_model(
+            tiny_gpt2(32, 2),
+            peft.LoraConfig(target_modules=["c_attn"], r=4, lora_dropout=0.05, fan_in_fan_out=True),
+        )
+        args = quiet_args(tmp_path, max_steps=100, per_device_train_batch_size=4,
+                          learning_rate=lr, warmup_steps=10, logging_steps=50)  # fmt: skip
+        callback = NbmonitorCallback(run_dir=tmp_path / "runs", display=False, interval=0.05)
+        trainer = transformers.Trainer(
+            model=model, args=args, train_dataset=Tokens(400, 1), callbacks=[callback]
+        )
+        trainer.train()
+    mon = callback.monitor
+    assert mon is not None
+    verdict = mon.adapters()
+    assert verdict is not None and verdict.state == state, verdict
+    assert verdict.tensors == 4 and verdict.method == "LoRA (peft)"
+    assert rules(mon.events()) == raised

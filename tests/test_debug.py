@@ -99,6 +99,20 @@ def test_duplicate_parameter_added_to_a_second_group_after_construction() -> Non
 # -- runtime helpers -----------------------------------------------------------------------------
 
 
+def test_a_model_without_parameters_is_said_at_attach(tmp_path) -> None:
+    import nbmonitor
+
+    class Doubler(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return 2 * x
+
+    (alert,) = check_setup(Doubler(), None)
+    assert alert.rule == "model_without_parameters" and "Doubler" in alert.message
+    with nbmonitor.attach(Doubler(), run_dir=tmp_path, display=False) as mon:
+        mon.flush()
+        assert [e.rule for e in mon.events()] == ["model_without_parameters"]
+
+
 def test_grads_never_arrived_names_the_detached_branch() -> None:
     model = Net()
     names = [n for n, _ in model.named_parameters()]

@@ -280,6 +280,34 @@ def test_log_rejects_non_numeric(model, tmp_path, value, message):
         mon.log(x=value)
 
 
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [("", "empty name"), ("x" * 10_000, "a name of 10000 characters")],
+)
+def test_log_refuses_a_name_no_column_can_have(model, tmp_path, key, message):
+    with attach(model, None, tmp_path) as mon:
+        with pytest.raises(ValueError, match=message) as raised:
+            mon.log(loss=1.0, **{key: 1.0})
+        assert len(str(raised.value)) < 300 and "\n" not in str(raised.value)  # one line
+        mon.log(loss=1.0, **{"x" * 200: 1.0})  # the longest name taken
+        mon.flush()
+        assert "x" * 200 in mon.history()
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_logged_nan_loss_is_an_alert_as_inf_is(model, tmp_path, bad):
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with attach(model, opt, tmp_path) as mon:
+        for step in range(1, 6):
+            model(torch.randn(2, 8)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            mon.log(loss=bad if step == 4 else 1.0)
+        mon.flush()
+        found = [(e.rule, e.step) for e in mon.events() if e.rule == "loss_non_finite"]
+    assert found == [("loss_non_finite", 4)]
+
+
 def test_close_removes_hooks_and_is_idempotent(model, tmp_path):
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     before = hook_counts(model, opt)

@@ -6,13 +6,26 @@ import time
 
 import torch
 from benchmarks.diagnosis.harness import LOAD_PER_CORE, Attach, Scenario
-from benchmarks.diagnosis.healthy import _slow_forward, regression
-from benchmarks.diagnosis.models import ManyRows, Patterns, Teacher, TwoTower, mlp
+from benchmarks.diagnosis.healthy import _slow_forward, fine_tune, regression, trainable
+from benchmarks.diagnosis.models import (
+    LoRALinear,
+    LoRATask,
+    ManyRows,
+    Patterns,
+    Teacher,
+    TwoTower,
+    mlp,
+)
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 TIMING_LATE = (
     "a timing verdict is said once it has held over 100 steps (PERSIST_STEPS), so that a busy "
     "neighbour cannot raise it"
+)
+DECAY_LATE = (
+    "the weights must shrink by most of each update over 50 steps of measured updates while "
+    "the loss does not improve"
 )
 PLATEAU_LATE = (
     "a plateau is told from slow learning only over plateau_window (200) steps of a loss "
@@ -49,6 +62,38 @@ def lr_too_high(steps: int, attach: Attach) -> None:
     # Diverges within a few steps to a loss 50x where it started, without NaN.
     model = mlp()
     regression(model, torch.optim.SGD(model.parameters(), lr=1.0), steps, attach)
+
+
+def adam_lr_too_high(steps: int, attach: Attach) -> None:
+    # Adam lr 1.0: the first step moves every weight by several times its size; the loss
+    # jumps six orders of magnitude, then the ReLUs die and it settles above where it began.
+    model = mlp()
+    regression(model, torch.optim.Adam(model.parameters(), lr=1.0), steps, attach)
+
+
+def schedule_per_batch(steps: int, attach: Attach) -> None:
+    # ExponentialLR(gamma=0.9) meant per epoch, stepped every batch: the lr is 1e-3 of its
+    # start by step 66 and ~1e-15 by step 330, long before the run ends.
+    model = mlp()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.ExponentialLR(opt, gamma=0.9)
+    regression(model, opt, steps, attach, sched=sched)
+
+
+def weight_decay_high(steps: int, attach: Attach) -> None:
+    # AdamW weight_decay=100 (where 0.01 was meant): each step pulls every weight 10 % towards
+    # zero, far more than the gradient pushes back.
+    model = mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=100.0)
+    regression(model, opt, steps, attach)
+
+
+def labels_misaligned(steps: int, attach: Attach) -> None:
+    # A 10-way head on a 4-class task whose labels are shuffled: the loss falls from ln 10 to
+    # ln 4 (it learns which labels occur) and stays there.
+    model = mlp(out=10)
+    classify(model, torch.optim.SGD(model.parameters(), lr=0.1), steps, attach,
+             shuffle_labels=True)  # fmt: skip
 
 
 def lr_to_nan(steps: int, attach: Attach) -> None:
@@ -296,17 +341,111 @@ def leaking_loop(steps: int, attach: Attach) -> None:
         mon.log(loss=loss)
 
 
+# -- fine-tuning: adapters on a frozen base ------------------------------------------------------
+
+
+def lora_ab_zero(steps: int, attach: Attach) -> None:
+    # Source: nvidia-cosmos/cosmos-predict2.5 PR #15 ("lora-A initialization all zeros --> No
+    # training"), huggingface/peft#793 (B never updated, the model works exactly as the base).
+    # Signal: B stays exactly at zero and every adapter gradient is exactly 0.
+    task = LoRATask()
+    model = task.model()
+    for layer in (model[0], model[2]):
+        nn.init.zeros_(layer.a.weight)  # the bug: A at zero as well as B
+    fine_tune(model, torch.optim.AdamW(trainable(model), lr=3e-3), task, steps, attach)
+
+
+class _Checkpointed(nn.Module):
+    """A frozen first layer, then a LoRA layer under reentrant checkpointing, then a head."""
+
+    def __init__(self, task: LoRATask) -> None:
+        super().__init__()
+        self.first = task.base[0].requires_grad_(False)
+        self.block = LoRALinear(task.base[2])
+        self.head = nn.Linear(32, 32)
+        with torch.no_grad():
+            self.head.weight.copy_(torch.eye(32))
+            self.head.bias.zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.first(x))  # does not require grad: the base is frozen
+        return self.head(checkpoint(self.block, h, use_reentrant=True))
+
+
+def lora_checkpoint_cut(steps: int, attach: Attach) -> None:
+    # Source: microsoft/LoRA#120 ("with gradient checkpoint ... all gradients will be None, so
+    # lora_A and B will not be updated"), huggingface/transformers#26221. Signal: the
+    # adapters' gradients are None every step, their weights never change.
+    import warnings
+
+    task = LoRATask()
+    model = _Checkpointed(task)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch: "None of the inputs have requires_grad=True"
+        fine_tune(model, torch.optim.AdamW(trainable(model), lr=3e-3), task, steps, attach)
+
+
+def lora_optimizer_before_adapters(steps: int, attach: Attach) -> None:
+    # Source: huggingface/peft#793 and its duplicates ("LoRA weights not updated"): the
+    # optimizer is built on the base model, then the adapters are added. Signal: the adapters
+    # require grad and no optimizer group holds them.
+    task = LoRATask()
+    opt = torch.optim.AdamW(task.base.parameters(), lr=3e-3)
+    fine_tune(task.model(), opt, task, steps, attach)
+
+
+def lora_adapters_frozen(steps: int, attach: Attach) -> None:
+    # Source: huggingface/peft#282 and tloen/alpaca-lora#352 ("trainable params: 0": adapters
+    # loaded with PeftModel.from_pretrained without is_trainable=True). A head still trains, so
+    # backward runs. Signal: every adapter tensor has requires_grad=False.
+    task = LoRATask()
+    model = nn.Sequential(*task.model(), nn.Linear(32, 32))
+    model.requires_grad_(False)
+    model[3].requires_grad_(True)
+    with torch.no_grad():
+        model[3].weight.copy_(torch.eye(32))
+        model[3].bias.zero_()
+    fine_tune(model, torch.optim.AdamW(model.parameters(), lr=3e-3), task, steps, attach)
+
+
+def lora_base_unfrozen(steps: int, attach: Attach) -> None:
+    # Source: huggingface/diffusers PR #4687 ("Unet's should be frozen for LoRA ... this isn't
+    # enforced"), microsoft/LoRA PR #125. Signal: the weights the adapters wrap require grad
+    # and the optimizer steps them.
+    task = LoRATask()
+    model = task.model()
+    model.requires_grad_(True)  # the bug: everything trainable again
+    fine_tune(model, torch.optim.AdamW(model.parameters(), lr=3e-3), task, steps, attach)
+
+
+def lora_lr_tiny(steps: int, attach: Attach) -> None:
+    # Source: unslothai/unsloth#2142 ("Applying LoRA doesn't change model output": lora_B
+    # ~1e-5 after training). Signal: the adapters move ~1e-8 of their norm a step with
+    # non-zero gradients, and the loss does not fall.
+    task = LoRATask()
+    model = task.model()
+    fine_tune(model, torch.optim.AdamW(trainable(model), lr=1e-8), task, steps, attach)
+
+
 BROKEN = (
     Scenario("lr_too_high", "MLP", "SGD lr 1.0: the loss climbs 50x in a few steps",
-             lr_too_high, 300, 80, ("loss_spike", "update_ratio_high", "exploding_gradients")),
+             lr_too_high, 300, 80,
+             ("lr_too_high", "loss_spike", "update_ratio_high", "exploding_gradients")),
+    Scenario("adam_lr_too_high", "MLP", "Adam lr 1.0: the loss jumps 1e6x, then the ReLUs die",
+             adam_lr_too_high, 300, 80, ("lr_too_high",)),
     Scenario("lr_to_nan", "MLP", "SGD lr 3.0: NaN within 10 steps", lr_to_nan, 100, 40,
              ("grad_non_finite", "loss_non_finite"), "0.weight"),
     Scenario("lr_spike_mid_run", "MLP", f"lr x100 from step {SPIKE_AT} (scheduler bug)",
              lr_spike_mid_run, 400, 260,
-             ("loss_spike", "exploding_gradients", "grad_non_finite", "loss_non_finite"),
+             ("loss_spike", "exploding_gradients", "grad_non_finite", "loss_non_finite",
+              "lr_too_high"),
              None, SPIKE_AT),
-    Scenario("lr_too_low", "MLP", "Adam lr 1e-9", lr_too_low, 300, 80, ("update_ratio_low",),
-             "0.weight"),
+    Scenario("lr_too_low", "MLP", "Adam lr 1e-9", lr_too_low, 300, 80,
+             ("lr_too_low", "update_ratio_low")),
+    Scenario("schedule_per_batch", "MLP", "ExponentialLR(0.9) stepped every batch",
+             schedule_per_batch, 400, 200, ("lr_schedule_too_fast",), None, 66),
+    Scenario("weight_decay_high", "MLP", "AdamW weight_decay=100", weight_decay_high, 300, 120,
+             ("weight_decay_too_high",), why_late=DECAY_LATE),
     Scenario("adam_eps_huge", "MLP", "Adam eps=1e3: a dead optimizer, the loss stalls",
              adam_eps_huge, 400, 80, ("update_ratio_low", "loss_plateau"), "0.weight"),
     Scenario("explode_mid_run", "MLP", f"one input feature 1000x from step {EXPLODE_AT}",
@@ -338,7 +477,9 @@ BROKEN = (
     Scenario("fp16_overflow", "MLP", "fp16 autocast overflow, GradScaler skips every step",
              fp16_overflow, 200, 60, ("scaler_skipping",)),
     Scenario("labels_shuffled", "MLP", "labels shuffled within each batch", labels_shuffled,
-             500, 300, ("loss_plateau",), why_late=PLATEAU_LATE),
+             500, 300, ("labels_not_matching", "loss_plateau"), why_late=PLATEAU_LATE),
+    Scenario("labels_misaligned", "MLP", "shuffled labels, a 10-way head on 4 classes",
+             labels_misaligned, 500, 350, ("labels_not_matching",), why_late=PLATEAU_LATE),
     Scenario("clip_every_step", "MLP", "clip_grad_norm_(max_norm=1e-3)", clip_every_step, 300,
              80, ("clipping_active",)),
     Scenario("optimizer_for_loop", "many tensors", "Adam(foreach=False) over 200 tiny tensors",
@@ -352,4 +493,18 @@ BROKEN = (
              300, 200, ("input_bound",), why_late=TIMING_LATE, load=LOAD_PER_CORE),
     Scenario("leaking_loop", "MLP", "each step's hidden features kept in a list (2 MiB a step)",
              leaking_loop, 300, 100, ("memory_leak",)),
+    Scenario("lora_ab_zero", "LoRA", "LoRA A and B both initialised to zero", lora_ab_zero, 200,
+             80, ("adapters_not_learning",), "2.b.weight"),
+    Scenario("lora_checkpoint_cut", "LoRA",
+             "reentrant checkpointing of a LoRA layer whose input does not require grad",
+             lora_checkpoint_cut, 200, 80, ("adapters_not_learning",), "block.b.weight"),
+    Scenario("lora_optimizer_before_adapters", "LoRA",
+             "the optimizer built on the base, the adapters added after",
+             lora_optimizer_before_adapters, 200, 40, ("adapters_not_trained",), "2.b.weight"),
+    Scenario("lora_adapters_frozen", "LoRA", "adapters frozen (loaded without is_trainable)",
+             lora_adapters_frozen, 200, 40, ("adapters_not_trained",), "0.a.weight"),
+    Scenario("lora_base_unfrozen", "LoRA", "the base trains beside its adapters",
+             lora_base_unfrozen, 200, 40, ("base_not_frozen",), "0.base.weight"),
+    Scenario("lora_lr_tiny", "LoRA", "adapters with AdamW lr 1e-8", lora_lr_tiny, 200, 80,
+             ("adapter_lr_too_small",), "0.a.weight"),
 )  # fmt: skip

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 
@@ -9,7 +10,7 @@ import torch
 from benchmarks.diagnosis.harness import LOAD_PER_CORE, Attach, Scenario
 from benchmarks.diagnosis.models import (
     BatchNormCNN,
-    LoRALinear,
+    LoRATask,
     Patterns,
     ResidualTanh,
     SmallCNN,
@@ -142,27 +143,71 @@ def transformer(steps: int, attach: Attach) -> None:
         mon.log(loss=loss)
 
 
-def lora(steps: int, attach: Attach) -> None:
-    # A frozen base with low-rank adapters; only the adapters are in the optimizer.
-    torch.manual_seed(0)
-    base = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 32))
-    target = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 32))
-    with torch.no_grad():
-        for p, q in zip(target.parameters(), base.parameters(), strict=True):
-            p.copy_(q + 0.05 * torch.randn_like(q))
-    model = nn.Sequential(LoRALinear(base[0]), nn.ReLU(), LoRALinear(base[2]))
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=3e-3)
-    g = torch.Generator().manual_seed(4)
+def fine_tune(
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    task: LoRATask,
+    steps: int,
+    attach: Attach,
+    *,
+    sched: torch.optim.lr_scheduler.LRScheduler | None = None,
+) -> None:
+    """Regress a ``LoRATask``'s target with ``model`` (its adapters on the task's base)."""
     mon = attach(model, opt, total_steps=steps)
     for _ in range(steps):
-        x = torch.randn(32, 32, generator=g)
-        with torch.no_grad():
-            y = target(x)
+        x, y = task.batch()
         loss = (model(x) - y).pow(2).mean()
         loss.backward()
         opt.step()
         opt.zero_grad()
+        if sched is not None:
+            sched.step()
         mon.log(loss=loss)
+
+
+def trainable(model: nn.Module) -> list[nn.Parameter]:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def lora(steps: int, attach: Attach) -> None:
+    # A frozen base with low-rank adapters; only the adapters are in the optimizer.
+    task = LoRATask()
+    model = task.model()
+    fine_tune(model, torch.optim.AdamW(trainable(model), lr=3e-3), task, steps, attach)
+
+
+def lora_warmup_dropout(steps: int, attach: Attach) -> None:
+    # As most LoRA recipes run: dropout 0.1 in the adapters, a linear warm-up from lr 0 then a
+    # cosine decay, and AdamW handed model.parameters() (the frozen base in it, skipped).
+    task = LoRATask()
+    model = task.model(dropout=0.1)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    warmup = max(1, steps // 20)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return step / warmup  # 0 at the first step
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / (steps - warmup))))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+    fine_tune(model, opt, task, steps, attach, sched=sched)
+
+
+def lora_biases_trained(steps: int, attach: Attach) -> None:
+    # The base's biases trained beside the adapters on purpose (peft's bias="all").
+    task = LoRATask()
+    model = task.model()
+    for layer in (task.base[0], task.base[2]):
+        layer.bias.requires_grad_(True)
+    fine_tune(model, torch.optim.AdamW(trainable(model), lr=3e-3), task, steps, attach)
+
+
+def lora_sgd(steps: int, attach: Attach) -> None:
+    # Adapters trained with SGD and momentum: B leaves zero more slowly than with AdamW.
+    task = LoRATask()
+    model = task.model()
+    opt = torch.optim.SGD(trainable(model), lr=0.1, momentum=0.9)
+    fine_tune(model, opt, task, steps, attach)
 
 
 def classify_sgd_long(steps: int, attach: Attach) -> None:
@@ -244,6 +289,12 @@ HEALTHY = (
     Scenario("transformer", "transformer", "2 blocks, AdamW + warm-up/cosine + clipping",
              transformer, 1500, 300),
     Scenario("lora", "LoRA", "frozen base, rank-4 adapters, AdamW", lora, 1500, 300),
+    Scenario("lora_warmup_dropout", "LoRA",
+             "adapter dropout 0.1, warm-up from lr 0 + cosine, AdamW(model.parameters())",
+             lora_warmup_dropout, 1500, 300),
+    Scenario("lora_biases_trained", "LoRA", "adapters, and the base's biases trained (bias='all')",
+             lora_biases_trained, 1500, 300),
+    Scenario("lora_sgd", "LoRA", "adapters with SGD momentum 0.9", lora_sgd, 1500, 300),
     # On a shared machine: a CPU-bound process per core competes with the loop for the whole
     # run (the timing rules judge against the run's own noise, and stay silent).
     Scenario("residual_tanh_busy", "MLP", "residual_tanh beside a busy process per core",

@@ -105,17 +105,46 @@ def reverse_batch(
 
 
 class LoRALinear(nn.Module):
-    """A frozen base Linear plus a trainable low-rank update (B starts at zero)."""
+    """A frozen base Linear plus a trainable low-rank update (B starts at zero); ``dropout`` on
+    the update's input, as LoRA configs have it."""
 
-    def __init__(self, base: nn.Linear, rank: int = 4) -> None:
+    def __init__(self, base: nn.Linear, rank: int = 4, dropout: float = 0.0) -> None:
         super().__init__()
         self.base = base.requires_grad_(False)
         self.a = nn.Linear(base.in_features, rank, bias=False)
         self.b = nn.Linear(rank, base.out_features, bias=False)
+        self.dropout = nn.Dropout(dropout)
         nn.init.zeros_(self.b.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.base(x) + self.b(self.a(x))
+        return self.base(x) + self.b(self.a(self.dropout(x)))
+
+
+class LoRATask:
+    """A fine-tuning task: a base MLP (32 -> 32 -> 32) and a target 0.05 away from it, which
+    rank-4 adapters on both layers can reach."""
+
+    def __init__(self, seed: int = 0) -> None:
+        torch.manual_seed(seed)
+        self.base = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 32))
+        self.target = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 32))
+        with torch.no_grad():
+            for p, q in zip(self.target.parameters(), self.base.parameters(), strict=True):
+                p.copy_(q + 0.05 * torch.randn_like(q))
+        self.g = torch.Generator().manual_seed(seed + 4)
+
+    def model(self, dropout: float = 0.0) -> nn.Sequential:
+        """The base with LoRA on both Linears (``0`` and ``2``)."""
+        return nn.Sequential(
+            LoRALinear(self.base[0], dropout=dropout),
+            nn.ReLU(),
+            LoRALinear(self.base[2], dropout=dropout),
+        )
+
+    def batch(self, size: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.randn(size, 32, generator=self.g)
+        with torch.no_grad():
+            return x, self.target(x)
 
 
 class ResidualTanh(nn.Module):

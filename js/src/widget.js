@@ -413,9 +413,12 @@ class Dashboard {
     this.memory.title = known ? "the last steps' peak against the device's limit" : "";
     show(this.memory, known);
     const fits = isNum(s.batch_fits);
-    this.batchFits.textContent = fits ? `~${fmtInt(Math.round(s.batch_fits))}` : DASH;
+    // "over N": more than N fit, beyond the range the linear estimate is said for.
+    const more = s.batch_fits_more === 1;
+    this.batchFits.textContent = fits ? `${more ? "over " : "~"}${fmtInt(Math.round(s.batch_fits))}` : DASH;
     this.batchFits.title = isNum(s.batch_size)
-      ? `the largest batch estimated to fit (now ${fmtInt(Math.round(s.batch_size))}): activations grow with the batch, parameters and optimizer state do not`
+      ? `the largest batch estimated to fit (now ${fmtInt(Math.round(s.batch_size))}): activations grow with the batch, parameters and optimizer state do not` +
+        (more ? "; more than this fit, but the estimate is not said beyond 16 times the batch" : "")
       : "";
     show(this.batchFits, fits);
     const allocator = typeof s.allocator === "string" ? s.allocator : "";
@@ -431,7 +434,8 @@ class Dashboard {
     this.adapters.textContent = head;
     this.adapters.title = text;
     this.adapters.hidden = text === "";
-    const fine = head === "adapters learning" || head === "adapters"; // "adapters": waiting
+    // "adapters": waiting for the first updates; "receiving gradients": updates not measured.
+    const fine = ["adapters learning", "adapters", "adapters receiving gradients"].includes(head);
     this.adapters.classList.toggle("nbm-adapters-bad", text !== "" && !fine);
   }
 

@@ -105,6 +105,31 @@ describe("memory panel", () => {
   });
 });
 
+describe("memory panel headroom", () => {
+  it("says over N when more than the range of the estimate fits", async () => {
+    const { headroomText } = await import("../src/panels/memory.js");
+    const notes = { memory_peak_bytes: 2 ** 30, memory_limit_bytes: 2 ** 34, batch_size: 64, batch_fits: 1024 };
+    expect(headroomText({ ...notes, batch_fits_more: 1 })).toContain("batch 64, over 1024 estimated to fit");
+    expect(headroomText({ ...notes, batch_fits_more: 0 })).toContain("batch 64, up to ~1024 estimated to fit");
+  });
+});
+
+describe("memory panel charts", () => {
+  it("names no MPS driver line on a CPU run, and does on Apple's GPU", async () => {
+    const memory = (await import("../src/panels/memory.js")).default;
+    const rss = { x: enc([1, 2, 3], "float64"), y: enc([1e9, 1.1e9, 1.2e9], "float64") };
+    const cpu = memory.create(el, { sync: "s" });
+    expect(cpu.update({ series: { process_rss_bytes: rss }, notes: {} })).toBe(true);
+    expect(el.textContent).toContain("this process (RSS)");
+    expect(el.textContent).not.toContain("MPS driver");
+    cpu.destroy();
+    const mps = memory.create(el, { sync: "s" });
+    mps.update({ series: { process_rss_bytes: rss, mps_driver_allocated_bytes: rss }, notes: {} });
+    expect(el.textContent).toContain("MPS driver");
+    mps.destroy();
+  });
+});
+
 describe("memory panel table", () => {
   it("shows one row per device with its bytes, under a title naming the steps", async () => {
     const memory = (await import("../src/panels/memory.js")).default;

@@ -28,6 +28,8 @@ def make_log_record(step: int, scalars: Mapping[str, object]) -> LogRecord:
     keys: list[str] = []
     tensors: list[torch.Tensor] = []
     for key, value in scalars.items():
+        if not key or len(key) > MAX_LOG_KEY:
+            raise LogValueError(_bad_name(key))
         if key in MEASURED_KEYS or key.startswith(MEASURED_PREFIX):  # inline: ~0.1 us a key
             # TypeError, as Python raises for a keyword a function does not take.
             raise TypeError(
@@ -92,7 +94,22 @@ def make_log_record(step: int, scalars: Mapping[str, object]) -> LogRecord:
 
 
 class LogValueError(ValueError):
-    """A ``mon.log`` value of the right kind that cannot be read as a number."""
+    """A ``mon.log`` value of the right kind that cannot be read as a number, or a name that
+    cannot be a column."""
+
+
+# The longest name mon.log takes: a column, a chart's legend, a key in every exporter
+# (MLflow's limit, 250, less its "train/" prefix, with room to spare).
+MAX_LOG_KEY = 200
+
+
+def _bad_name(key: str) -> str:
+    if not key:
+        return "nbmonitor: log() got a value with an empty name; name each value, e.g. acc=0.93."
+    return (
+        f"nbmonitor: log() got a name of {len(key)} characters ({key[:40]!r}...); a name is at "
+        f"most {MAX_LOG_KEY} characters: name the value, not its description."
+    )
 
 
 def _add_number(record: LogRecord, key: str, value: object) -> None:

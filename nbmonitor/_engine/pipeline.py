@@ -23,7 +23,8 @@ from nbmonitor._engine.assemble.param_groups import groups_added_notes
 from nbmonitor._engine.assemble.spans import span_rows
 from nbmonitor._engine.assemble.steps import StepAssembler, StepRows
 from nbmonitor._engine.column_cap import ColumnCap
-from nbmonitor._engine.frame import Frame, FrameBuilder, FrameState, View
+from nbmonitor._engine.frame import Frame, FrameState, View
+from nbmonitor._engine.frame_builder import FrameBuilder
 from nbmonitor._engine.handover import HandOver
 from nbmonitor._engine.isolated import Hung, Sources, bound_waiting
 from nbmonitor._engine.pipeline_parts import PipelineParts, device_name
@@ -65,6 +66,7 @@ class Pipeline:
         # Everything known about the run; frames, rules and sinks read only this.
         model = parts.model or RunModel(parts.layers, parts.backend.device_index)
         self.model = model
+        model.total_steps = parts.info.total_steps
         self.frames = FrameBuilder(parts.info, self.model)
         self.lock = threading.RLock()
         self.views: tuple[View, ...] = ()
@@ -80,6 +82,7 @@ class Pipeline:
             parts.non_finite_report,
             forward_checked=parts.forward_checked,
             clock=parts.clock,
+            loop_watched=lambda: self.model.structure.seen("backward"),
         )
         self._pending: dict[str, list[Mapping[str, object]]] = {
             "steps": [],
@@ -272,7 +275,7 @@ class Pipeline:
                 thin_beyond=thin,
                 between=self.hand_over,
             )
-        self.add_alerts(found)
+        self.add_alerts(found, judged=True)
         self._publish_layers()
         self._write_layer_grads()
 
@@ -364,8 +367,12 @@ class Pipeline:
 
     # -- alerts and published state ------------------------------------------------------------
 
-    def add_alerts(self, alerts: Iterable[Alert]) -> None:
+    def add_alerts(self, alerts: Iterable[Alert], judged: bool = False) -> None:
+        """Keep, write and publish ``alerts``. Those not ``judged`` by the health rules (the
+        engine's, the static checks') are told to them, for a cause to take in."""
         added = self.model.add_alerts(alerts)
+        if not judged and added:
+            self.parts.health.note(added)
         if added:
             self._pending["events"].extend(a.to_record() for a in added)
             self.published = dataclasses.replace(self.published, alerts=self.model.alerts)

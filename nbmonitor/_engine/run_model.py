@@ -62,6 +62,8 @@ class RunModel:
         # What a live run's optimizer is (records.OptimizerRecord), for the time rules; None
         # when not known (a run on disk).
         self.optimizer: OptimizerRecord | None = None
+        # The planned number of steps, when the run said (the schedule rule reads it).
+        self.total_steps: int | None = None
         # What the training side read of the run's structure (health/structure.py).
         self.structure = StructureLog()
         self._alerts: list[Alert] = []
@@ -227,6 +229,7 @@ class RunModel:
         if layers is None:
             return HealthInput(step=step, time=time, steps=columns, system=system, gpus=gpus,
                                ranks=ranks, optimizer=self.optimizer,
+                               total_steps=self.total_steps,
                                structure=self.structure.snapshot())  # fmt: skip
         layer_steps, layer_norms = layers.recent()
         update_steps, update_series, param_series = layers.update_history()
@@ -249,6 +252,7 @@ class RunModel:
             gpus=gpus,
             ranks=ranks,
             optimizer=self.optimizer,
+            total_steps=self.total_steps,
             structure=self.structure.snapshot(),
         )
 

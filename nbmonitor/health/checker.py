@@ -64,7 +64,7 @@ class Health:
         self._alerted: dict[str, int] = {}
         # rule -> subjects taken into its episode without an alert, in the order they joined
         self._unsaid: dict[str, list[str]] = {}
-        self.differential = Differential(self.rules)
+        self.differential = Differential(self.rules, self.thresholds.rearm_steps)
 
     @property
     def judged_step(self) -> float | None:
@@ -157,6 +157,11 @@ class Health:
         self.behind = False
         for rule in self.rules:
             rule.reset()
+
+    def note(self, alerts: Sequence[Alert]) -> None:
+        """Alerts raised outside the rules (the engine's, the static checks'): a cause judged
+        later takes in those it explains (``differential.py``)."""
+        self.differential.note(alerts)
 
     def _open(self, alert: Alert) -> bool:
         """Whether the episode ``alert`` was raised for is still open: its rule still holds

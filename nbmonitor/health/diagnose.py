@@ -46,17 +46,18 @@ def cause_alert(
     step: int,
     time: float,
     evidence: Mapping[str, object] | None = None,
-    said: str = "",
+    said: str | None = None,
     layers: Sequence[str] = (),
     place: str = "",
     subject: str | None = None,
     severity: str = "warning",
 ) -> Alert:
     """An alert naming a cause. ``cause`` says what the user did, in their terms; ``said``
-    the evidence in words (default: ``said_of(evidence)``); ``evidence`` the values, steps
-    and layers as data (bounded by ``evidence.py``); ``layers`` the parameters or modules it
-    names (the subject is then ``"layers"``) and ``place`` where it is when that is not a list
-    of layers (a param group, a module path, "the loss"); ``fix`` the one thing to do.
+    the evidence in words (None: ``said_of(evidence)``; ``""``: the cause already says it);
+    ``evidence`` the values, steps and layers as data (bounded by ``evidence.py``);
+    ``layers`` the parameters or modules it names (the subject is then ``"layers"``) and
+    ``place`` where it is when that is not a list of layers (a param group, a module path,
+    "the loss"); ``fix`` the one thing to do.
 
     The message: ``<Cause> (<said>). <Fix>.``, one line."""
     return _alert(rule, cause, fix, step, time, evidence, said, layers, place, subject, severity)
@@ -70,7 +71,7 @@ def symptom_alert(
     step: int,
     time: float,
     evidence: Mapping[str, object] | None = None,
-    said: str = "",
+    said: str | None = None,
     layers: Sequence[str] = (),
     place: str = "",
     subject: str | None = None,
@@ -90,14 +91,14 @@ def _alert(
     step: int,
     time: float,
     evidence: Mapping[str, object] | None,
-    said: str,
+    said: str | None,
     layers: Sequence[str],
     place: str,
     subject: str | None,
     severity: str,
 ) -> Alert:
     data = evidence_of(evidence or {})
-    said = said or said_of(data)
+    said = said_of(data) if said is None else said
     head = head.strip().rstrip(".")
     message = f"{head[:1].upper()}{head[1:]}" + (f" ({said})" if said else "") + ". "
     message += _sentence(fix)

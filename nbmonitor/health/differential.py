@@ -14,6 +14,12 @@ sorted here, after every rule has been settled, so the order of the rules does n
 - while a cause's episode is open, a new symptom alert it explains is not raised at all;
 - a symptom no open cause explains is raised as it is: the last resort.
 
+Alerts raised outside the rules (the engine's ``grad_non_finite`` and
+``gradient_not_flowing``, the static checks at attach) are told to it with ``note``: a cause
+takes in those it explains whose step is at most its own and at most ``rearm_steps`` before it
+(the engine finds them before the rules judge their step, so this does not depend on when the
+checks ran); they are never held back, as they were raised already.
+
 "Explains" is judged on the same place: a cause that names layers (``Alert.layers``) explains
 symptoms on those layers (or on the run as a whole); a cause that names none explains them
 anywhere in the run. Devices and ranks are each their own place. Everything depends only on
@@ -68,7 +74,8 @@ def folded(symptom: Alert) -> dict[str, EvidenceValue]:
 class Differential:
     """Sorts each slice's alerts into causes that take in their symptoms (``sort``)."""
 
-    def __init__(self, rules: Sequence[Rule]) -> None:
+    def __init__(self, rules: Sequence[Rule], rearm_steps: int = 100) -> None:
+        self.rearm_steps = rearm_steps
         self.explains: dict[str, tuple[str, ...]] = {}
         for rule in rules:
             names = explains_of(rule)
@@ -81,8 +88,21 @@ class Differential:
         # Alerts raised that a cause may still take in, and the causes raised, newest last.
         self._symptoms: collections.deque[Alert] = collections.deque(maxlen=KEPT)
         self._causes: collections.deque[Alert] = collections.deque(maxlen=KEPT)
+        # Alerts raised outside the rules (``note``) that a cause may still take in.
+        self._noted: collections.deque[Alert] = collections.deque(maxlen=KEPT)
         # (cause rule, symptom rule) -> symptom alerts not raised while the cause was open
         self.quieted: collections.Counter[tuple[str, str]] = collections.Counter()
+
+    def note(self, alerts: Sequence[Alert]) -> None:
+        """Alerts raised outside the rules, for a later cause to take in (see the module)."""
+        self._noted.extend(a for a in alerts if a.rule in self.explainable)
+
+    def _noted_for(self, cause: Alert) -> list[Alert]:
+        return [
+            a
+            for a in self._noted
+            if self.explained_by(cause, a) and 0 <= cause.step - a.step <= self.rearm_steps
+        ]
 
     def explained_by(self, cause: Alert, symptom: Alert) -> bool:
         return symptom.rule in self.explains.get(cause.rule, ()) and covers(cause, symptom)
@@ -105,7 +125,8 @@ class Differential:
                     now.append(candidate)
                     out[j] = None
             earlier = [s for s in self._symptoms if self.explained_by(raised, s) and is_open(s)]
-            out[i] = self._take_in(raised, now, earlier)
+            noted = self._noted_for(raised)
+            out[i] = self._take_in(raised, now, earlier, noted)
         kept: list[Alert] = []
         for each in out:
             if each is None:
@@ -127,12 +148,16 @@ class Differential:
             if alert.rule in self.explains:
                 self._causes.append(alert)
 
-    def _take_in(self, cause: Alert, now: list[Alert], earlier: list[Alert]) -> Alert:
-        if not now and not earlier:
+    def _take_in(
+        self, cause: Alert, now: list[Alert], earlier: list[Alert], noted: list[Alert]
+    ) -> Alert:
+        if not now and not earlier and not noted:
             return cause
-        taken = [*earlier, *now]
+        taken = sorted([*noted, *earlier], key=lambda a: a.step) + now
         for symptom in earlier:
             self._symptoms.remove(symptom)  # taken in once
+        for symptom in noted:
+            self._noted.remove(symptom)
         evidence = dict(cause.evidence)
         listed = evidence.get(SYMPTOMS)
         entries = list(listed) if isinstance(listed, list) else []

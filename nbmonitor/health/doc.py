@@ -1,8 +1,9 @@
 """A rule's documentation, as data: what ``docs/diagnosis.md``'s table of causes is written
 from (``python -m benchmarks.diagnosis.table``), so the table cannot drift from the code.
 
-Every rule in ``rules.RULES`` carries one as its ``doc`` (``tests/health/test_docs.py`` fails
-for a rule without it, and when the table in the docs is out of date). The symptoms a cause
+Every rule in ``rules.RULES`` carries one as its ``doc``
+(``tests/diagnosis/test_docs_table.py`` fails for a rule without it, and when the table in the
+docs is out of date). The symptoms a cause
 explains are not repeated here: they are the rule's ``explains`` (what ``Health`` folds).
 """
 

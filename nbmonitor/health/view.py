@@ -90,6 +90,9 @@ class HealthInput:
     # What the optimizer is and which faster implementations it offers (the time rules
     # suggest only those the run does not use); None when not known.
     optimizer: OptimizerRecord | None = None
+    # The planned number of steps (attach(total_steps=...)), None when not given: a schedule
+    # that has decayed to nothing long before it is stepped too fast.
+    total_steps: int | None = None
     # What the training side read of the model, the optimizer, the loss's graph and the
     # loop's order (health/structure.py); None when nothing was read.
     structure: Structure | None = None

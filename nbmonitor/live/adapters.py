@@ -162,14 +162,18 @@ def _groups(optimizer: torch.optim.Optimizer | None) -> dict[int, tuple[int, flo
 
 
 def _zero(params: list[tuple[str, torch.Tensor]]) -> set[str]:
-    """The names of the parameters that are all zero (one device wait, at attach)."""
-    dense = [(n, p) for n, p in params if p.numel() and not p.is_sparse]
-    if not dense:
-        return set()
+    """The names of the parameters that are all zero: one reduction each (no copy of the
+    tensor) and one wait per device, at attach."""
+    by_device: dict[torch.device, list[tuple[str, torch.Tensor]]] = {}
+    for n, p in params:
+        if p.numel() and not p.is_sparse and p.device.type != "meta":
+            by_device.setdefault(p.device, []).append((n, p))
+    zero: set[str] = set()
     with torch.no_grad():
-        norms = [float(v) for v in torch.stack([p.detach().abs().max().float().cpu()
-                                                for _, p in dense]).tolist()]  # fmt: skip
-    return {n for (n, _), v in zip(dense, norms, strict=True) if v == 0.0}
+        for group in by_device.values():
+            nonzero = torch.stack([p.detach().any() for _, p in group]).cpu().tolist()
+            zero.update(n for (n, _), v in zip(group, nonzero, strict=True) if not v)
+    return zero
 
 
 def find_adapters(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> Adapters | None:
@@ -184,8 +188,11 @@ def find_adapters(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> 
         if got is not None:
             roles[n] = got
     peft = _peft_method(model)
+    if roles and all(role == "head" for role, _ in roles.values()):
+        roles = {}  # heads trained on purpose, and no adapter: a model trained in part
     if roles:
-        zero = _zero([(n, p) for n, p in named if n in roles])
+        # Only LoRA's pairs start at zero on purpose (a head is a copy of a base module).
+        zero = _zero([(n, p) for n, p in named if roles.get(n, ("",))[0] in ("A", "B")])
         method = _method_name(peft, roles, by_hand=peft is None)
     else:
         roles = _structural_pairs(model, names)
@@ -227,11 +234,12 @@ def find_adapters(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> 
         base_numel += p.numel()
         if p.requires_grad:
             base_trainable += p.numel()
-            if group >= 0:
+            if group >= 0 and lr != 0:
                 stepped.append(n)
                 stepped_numel += p.numel()
-            else:
+            elif group < 0:
                 unstepped.append(n)
+            # In a group of lr 0 it is frozen by its learning rate (lr_zero says so).
     modules = {t.module for t in tensors if t.role in ("A", "B", "magnitude") and t.module}
     wrapped = [
         n

@@ -42,7 +42,13 @@ from nbmonitor.live.lifetime import StepCount, flush_tick
 from nbmonitor.live.memory_history import MemoryHistory
 from nbmonitor.live.parts import layer_stats, run_meta
 from nbmonitor.live.setup_check import check_setup
-from nbmonitor.options import AttachOptions, Options, WrappedOptimizer, check_model
+from nbmonitor.options import (
+    DEFAULT_LAYER_EVERY,
+    AttachOptions,
+    Options,
+    WrappedOptimizer,
+    check_model,
+)
 from nbmonitor.sinks import Sink
 
 if TYPE_CHECKING:
@@ -97,6 +103,8 @@ class Monitor:
             optimizer,
             self.errors_log,
             layer_every=opts.layer_every,
+            # The memory and structure probes keep their period when layer_every=0 (off).
+            memory_every=opts.layer_every or DEFAULT_LAYER_EVERY,
             activations=opts.activations,
             check_forward=opts.check_forward,
             on_nan=opts.on_nan,
@@ -117,8 +125,13 @@ class Monitor:
         self._memory_probe = weakref.ref(capture.memory)
         layers = layer_stats(capture.params, capture.param_names, optimizer, opts.layer_group)
         layers.module_kinds = {n: type(m).__name__ for n, m in model.named_modules() if n}
-        # The adapters of a fine-tune (LoRA, peft's methods, a small trainable part).
-        adapters = layers.adapters = find_adapters(model, optimizer)
+        # The adapters of a fine-tune (LoRA, peft's methods, a small trainable part); a model
+        # nbmonitor cannot read so is monitored without them.
+        try:
+            adapters = layers.adapters = find_adapters(model, optimizer)
+        except Exception as exc:
+            adapters = None
+            errors_log.add("adapters", exc)
         run_name = opts.name or type(model).__name__
         meta = run_meta(model, optimizer, opts, self.backend, self._start)
         # The tracked parameters, so that a replay's layer table says what each layer is.
@@ -327,7 +340,8 @@ class Monitor:
         """Is this fine-tune training? For a model with adapters (LoRA by hand or with peft,
         IA3, prompts, or a small trainable part on a frozen base), the verdict as of the last
         health check (``flush()`` first for the newest): ``.state`` (``"learning"``,
-        ``"not learning"``, ``"not trained"``, ``"too slow"``, ``"waiting"``), ``.text`` (one
+        ``"not learning"``, ``"not trained"``, ``"too slow"``, ``"receiving gradients"`` (their
+        updates not measured: ``layer_every=0``), ``"waiting"``), ``.text`` (one
         line, e.g. ``adapters learning: 24 LoRA matrices, B left zero in 12 of 12 (median norm
         0.031), A moved 0.02 (relative), grads non-zero (median 0.4)``) and the figures it is
         made of. None for a model trained whole."""

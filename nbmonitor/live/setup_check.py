@@ -1,6 +1,6 @@
 """Training-setup mistakes found once, at attach, from the model and the optimizer alone:
-parameters missing from the optimizer, frozen ones inside it, one parameter in two groups,
-groups whose learning rate is 0. Reported as alerts (subject ``setup``)."""
+a model without parameters, parameters missing from the optimizer, frozen ones inside it, one
+parameter in two groups, groups whose learning rate is 0. Reported as alerts (subject ``setup``)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch
 from nbmonitor.health import alert as subjects
 from nbmonitor.health.adapters import Adapters
 from nbmonitor.health.alert import Alert
+from nbmonitor.health.doc import CAUSE, RuleDoc
 from nbmonitor.health.rules.finetune import setup_explained
 from nbmonitor.health.wording import MAX_NAMED, name_list
 
@@ -24,13 +25,28 @@ def check_setup(
 ) -> list[Alert]:
     """Training bugs visible before the first step, as alerts naming the parameters.
 
-    Rules: ``params_not_in_optimizer``, ``frozen_params_in_optimizer``, ``lr_zero`` and
-    ``duplicate_params``. With ``adapters`` (a fine-tune), the parameters that the health
-    rules ``adapters_not_trained`` and ``base_not_frozen`` name (with their own fix) are left
-    out of the generic two, and a frozen base in the optimizer is on purpose.
+    Rules: ``model_without_parameters``, ``params_not_in_optimizer``,
+    ``frozen_params_in_optimizer``, ``lr_zero`` and ``duplicate_params``. With ``adapters`` (a
+    fine-tune), the parameters that the health rules ``adapters_not_trained`` and
+    ``base_not_frozen`` name (with their own fix) are left out of the generic two, and a
+    frozen base in the optimizer is on purpose.
     Parameter names are model.named_parameters() names.
     """
     when = _time.time() if time is None else time
+    if next(iter(model.parameters()), None) is None:
+        return [
+            Alert(
+                "model_without_parameters",
+                "warning",
+                f"The model ({type(model).__name__}) has no parameters: nothing in it trains, "
+                "so there are no gradients, updates or layers to watch, only the steps an "
+                "optimizer takes and the system. Attach the module that holds the weights "
+                "(the one whose parameters() the optimizer was given).",
+                step,
+                when,
+                subject=subjects.SETUP,
+            )
+        ]
     if optimizer is None:
         return []
     explained = setup_explained(adapters) if adapters is not None else set()
@@ -147,3 +163,35 @@ def _placement(groups: list[int]) -> str:
     if len(distinct) == 1:
         return f"{len(groups)} times in group {distinct[0]}"
     return "in groups " + ", ".join(map(str, distinct[:-1])) + f" and {distinct[-1]}"
+
+
+# This module's alerts in the table of causes (docs/diagnosis.md, benchmarks/diagnosis/table.py).
+DOCS = {
+    "params_not_in_optimizer": RuleDoc(
+        CAUSE,
+        "trainable parameters the optimizer does not hold: they get gradients but never change",
+        "the model's parameters that require grad against the optimizer's groups, at attach",
+        "build the optimizer from `model.parameters()` after adding every module",
+        ("adapters on a frozen base (named by the fine-tune rules)",),
+    ),
+    "frozen_params_in_optimizer": RuleDoc(
+        CAUSE,
+        "parameters with `requires_grad=False` inside the optimizer: they never change",
+        "the optimizer's parameters that do not require grad, at attach",
+        "leave frozen parameters out of the optimizer (or unfreeze them)",
+        ("a frozen base in a fine-tune's optimizer, on purpose",),
+    ),
+    "lr_zero": RuleDoc(
+        CAUSE,
+        "a param group's learning rate is 0: its parameters never change",
+        "each group's `lr` at attach",
+        "set the group's learning rate",
+        ("a schedule that ends near 0",),
+    ),
+    "duplicate_params": RuleDoc(
+        CAUSE,
+        "a parameter appears more than once in the optimizer: it is updated twice per step",
+        "the parameters of every group, at attach",
+        "give each parameter to one group only",
+    ),
+}

@@ -17,7 +17,7 @@ from typing import TextIO
 
 import numpy as np
 
-from nbmonitor._engine.devices_frame import DevicesFrame
+from nbmonitor._engine.frame import DevicesFrame
 from nbmonitor.health.alert import Alert
 from nbmonitor.health.rules.devices import IDLE_WINDOW, idle_rule
 from nbmonitor.machine.watch import DeviceWatch
@@ -219,8 +219,9 @@ def top(
     return 0
 
 
-def tail_tui(run: str, interval: float, save_dir: str = ".") -> int:
-    """``nbmonitor tail RUN --tui``: the app on one run's view, no devices."""
+def tail_tui(run: str, interval: float, save_dir: str = ".", headless: bool = False) -> int:
+    """``nbmonitor tail RUN --tui``: the app on one run's view, no devices, until the run ends
+    (then one line says how) or ``q``. ``headless``: drawn on no terminal (tests)."""
     path = Path(run)
     if not (path / "meta.json").is_file():
         print(f"nbmonitor tail: {run!r} is not a run folder (no meta.json).", file=sys.stderr)
@@ -231,7 +232,11 @@ def tail_tui(run: str, interval: float, save_dir: str = ".") -> int:
         print(f"nbmonitor tail --tui needs Textual ({exc}); {TUI_HINT}.", file=sys.stderr)
         return 2
     feed = TopFeed(RunsWatch(path, only=True), interval, devices=False)
-    TopApp(feed, run_path=str(path), save_dir=save_dir).run()
+    app = TopApp(feed, run_path=str(path), save_dir=save_dir)
+    app.run(headless=headless)
+    if app.ended is not None and app.detail is not None:  # the run ended, and so did the app
+        row = app.detail.row
+        print(f"nbmonitor tail: {row.name} {app.ended} at step {row.step}")
     return 0
 
 

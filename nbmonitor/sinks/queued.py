@@ -14,8 +14,9 @@ puts the tick's rows in the queue and returns; the exporter's own daemon thread
   and one line in the error log.
 * **Bounded close.** ``close`` hands the last rows and the close to the worker and waits at
   most ``close_wait`` seconds from when closing began (``begin_close``: a FanOut starts every
-  exporter's close at once, so that several that hang cost the wait once). A worker still in a
-  call then finishes on its own (a daemon thread: it never holds the interpreter's exit).
+  exporter's close at once, so that several that hang cost the wait once), and not at all for
+  one that already hung when closing began. A worker still in a call then finishes on its own
+  (a daemon thread: it never holds the interpreter's exit).
 * ``settle(timeout)``: wait until what was queued is written (``mon.flush()``), not past the
   moment the exporter counts as hung.
 
@@ -37,8 +38,9 @@ from nbmonitor.sinks.base import Batch, Sink
 MAX_WAITING_ROWS = 50_000
 # A call into the tool running this long counts as hung (as the run log's worker does).
 HUNG_AFTER_S = 2.0
-# How long close waits for an exporter's last rows and its close, from when closing began.
-CLOSE_WAIT_S = 2.0
+# How long close waits for an exporter's last rows and its close (Parquet's tables are written
+# then), from when closing began: within the monitor's own close bound (5 s).
+CLOSE_WAIT_S = 4.0
 
 
 def _rows(batch: Batch) -> int:
@@ -78,6 +80,8 @@ class Queued:
         self._hang_reported = False
         self._drop_reported = False
         self._final: Mapping[str, object] | None = None  # close asked for, with this meta
+        self._close_began = 0.0
+        self._close_said = False  # what close found is in the error log
         self._close_by: float | None = None
         self._done = False  # the sink is closed; the worker has ended
         self._thread: threading.Thread | None = None
@@ -148,31 +152,40 @@ class Queued:
             if self._final is not None:
                 return
             self._final = dict(final_meta)
-            self._close_by = self._clock() + self.close_wait
+            self._close_began = self._clock()
+            self._close_by = self._close_began + self.close_wait
             self._start()
             self._cond.notify_all()
 
     def close(self, final_meta: Mapping[str, object]) -> None:
         """Close the sink on its worker; wait at most ``close_wait`` seconds from when closing
-        began. Never raises."""
+        began, and not at all for a call that already hung then. Never raises."""
         self.begin_close(final_meta)
         with self._cond:
             while not self._done:
                 assert self._close_by is not None
-                left = self._close_by - self._clock()
-                if left <= 0:
+                now = self._clock()
+                left = self._close_by - now
+                if left <= 0 or self._hung_before_close(now):
                     break
                 self._cond.wait(min(left, 0.05))
-            if self._done:
+            if self._close_said:
                 return
-            waiting = self._waiting_rows
-        self._errors.add(
-            f"sink:{self.name}",
-            TimeoutError(
-                f"{self.what} did not close within {self.close_wait:g} s ({waiting} rows still "
-                "waiting); it goes on in the background"
-            ),
-        )
+            self._close_said = True
+            done, waiting, dropped = self._done, self._waiting_rows, self.dropped
+        source = f"sink:{self.name}"
+        if dropped:
+            self._errors.add(
+                source, OverflowError(f"{self.what}: {dropped} rows dropped in all (queue full)")
+            )
+        if not done:
+            self._errors.add(
+                source,
+                TimeoutError(
+                    f"{self.what} did not close: it hangs ({waiting} rows waiting); its last "
+                    "rows and its close go on in the background"
+                ),
+            )
 
     # -- the worker ---------------------------------------------------------------------------
 
@@ -181,6 +194,11 @@ class Queued:
 
     def _hung(self, now: float) -> bool:  # under the lock
         return self._since is not None and now - self._since >= self.hung_after
+
+    def _hung_before_close(self, now: float) -> bool:  # under the lock
+        # A call that already hung when closing began is not waited for; the closing work
+        # itself (the last rows, Parquet's tables) is, up to close_wait.
+        return self._hung(now) and self._since is not None and self._since < self._close_began
 
     def _note_hang(self) -> None:
         # Under the lock. Once per hang: the status line says it for as long as it lasts.

@@ -11,6 +11,9 @@ from collections.abc import Callable, Mapping
 from nbmonitor._engine.frame import Frame
 
 LOGGER_NAME = "nbmonitor"
+# The console line fits a 100-column terminal with the handler's "nbmonitor: " before it.
+LINE_WIDTH = 100
+PREFIX = "nbmonitor: "
 
 
 def console_logger(install_handler: bool) -> logging.Logger:
@@ -22,7 +25,7 @@ def console_logger(install_handler: bool) -> logging.Logger:
     logger = logging.getLogger(LOGGER_NAME)
     if install_handler and not logger.handlers and not logging.getLogger().handlers:
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("nbmonitor: %(message)s"))
+        handler.setFormatter(logging.Formatter(f"{PREFIX}%(message)s"))
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
         logger.propagate = False
@@ -79,41 +82,48 @@ def memory_summary(latest: Mapping[str, float]) -> str | None:
     fits = latest.get("batch_fits", math.nan)
     batch = latest.get("batch_size", math.nan)
     if math.isfinite(fits) and math.isfinite(batch):
-        text += f", batch {batch:.0f} (up to ~{fits:.0f} fits)"
+        more = latest.get("batch_fits_more", 0.0) == 1.0
+        text += f", batch {batch:.0f} ({'over' if more else 'up to ~'}{fits:.0f} fits)"
     return text
 
 
-def status_line(frame: Frame) -> str:
-    """One line with the numbers a person glances at; NaN shows as n/a."""
+def status_line(frame: Frame, width: int = LINE_WIDTH - len(PREFIX)) -> str:
+    """One line with the numbers a person glances at, at most ``width`` characters: the parts
+    that matter least (the CPU, RSS, FLOP/s and MFU, memory, lr) are left out, in that order,
+    until it fits. NaN shows as n/a."""
     latest = frame.latest
+    # (rank: lower is kept longer, text), in the order shown.
+    parts: list[tuple[int, str]] = []
     step = f"step {frame.step}" + (f"/{frame.total_steps}" if frame.total_steps else "")
-    parts = [step, f"loss {_num(latest.get('loss'), '.4g')}"]
+    parts += [(0, step), (1, f"loss {_num(latest.get('loss'), '.4g')}")]
     if "lr" in latest:
-        parts.append(f"lr {_num(latest.get('lr'), '.2e')}")
+        parts.append((8, f"lr {_num(latest.get('lr'), '.2e')}"))
     if "grad_norm" in latest:
-        clip = clip_summary(latest)
-        parts.append(
-            f"grad {_num(latest.get('grad_norm'), '.3g')}" + (f" ({clip})" if clip else "")
-        )
+        share = latest.get("grad_clipped_fraction", math.nan)
+        clip = f" (clipped {share:.0%})" if math.isfinite(share) else ""
+        parts.append((7, f"grad {_num(latest.get('grad_norm'), '.3g')}{clip}"))
     step_time = latest.get("step_time", math.nan)
-    parts.append(f"{_num(step_time * 1e3, '.1f')} ms/step")
-    parts.extend(throughput(latest))
-    # The process's CPU is a share of one core (top's way): several busy cores exceed 100%.
-    parts.append(f"CPU {_num(latest.get('process_cpu_percent'), '.0f')}% of a core")
-    ram = latest.get("process_rss_bytes", math.nan) / 2**30
-    parts.append(f"RSS {_num(ram, '.2f')} GiB")
-    memory = memory_summary(latest)
-    if memory:
-        parts.append(memory)
+    parts.append((2, f"{_num(step_time * 1e3, '.1f')} ms/step"))
+    for i, text in enumerate(throughput(latest)):
+        parts.append((3 if i == 0 else 10, text))
     for i, device in enumerate(frame.devices):
         util = device.get("util_percent", math.nan)
         if isinstance(util, float):
-            parts.append(f"GPU{i} {_num(util, '.0f')}%")
+            parts.append((6, f"GPU{i} {_num(util, '.0f')}%"))
+    memory = memory_summary(latest)
+    if memory:
+        parts.append((9, memory))
+    # The process's CPU is a share of one core (top's way): several busy cores exceed 100%.
+    parts.append((12, f"CPU {_num(latest.get('process_cpu_percent'), '.0f')}% of a core"))
+    ram = latest.get("process_rss_bytes", math.nan) / 2**30
+    parts.append((11, f"RSS {_num(ram, '.2f')} GiB"))
     if frame.total_steps:
-        parts.append(f"ETA {_duration(frame.eta_s)}")
+        parts.append((4, f"ETA {_duration(frame.eta_s)}"))
     if frame.status != "running":
-        parts.append(frame.status)
-    return " | ".join(parts)
+        parts.append((5, frame.status))
+    while len(parts) > 1 and len(" | ".join(t for _, t in parts)) > width:
+        parts.remove(max(parts, key=lambda part: part[0]))
+    return " | ".join(t for _, t in parts)
 
 
 def summary_text(frame: Frame) -> str:

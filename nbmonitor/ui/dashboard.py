@@ -37,7 +37,14 @@ _HEADER_KEYS = (
     "memory_limit_bytes",
     "batch_size",
     "batch_fits",
+    "batch_fits_more",
 )
+# A header figure -> the chart line whose newest point it shows.
+_CHARTED = {
+    "step_time": "step_time_median",
+    "samples_per_s": "samples_per_s_smooth",
+    "tokens_per_s": "tokens_per_s_smooth",
+}
 _SYSTEM_KEYS = (
     "cpu_percent",
     "process_cpu_percent",
@@ -223,7 +230,7 @@ class Dashboard:
                 ("step", f"{frame.step}{total}"),
                 ("loss", _fmt(frame.latest.get("loss"))),
                 *_throughput_cells(frame.latest),
-                ("step time (s)", _fmt(frame.latest.get("step_time"), 3)),
+                ("step time (s)", _fmt(_charted(frame.latest, "step_time"), 3)),
                 ("elapsed (s)", _fmt(frame.elapsed_s, 3)),
             ]
             clip = clip_summary(frame.latest)
@@ -267,6 +274,11 @@ class Dashboard:
         }
         for key in _HEADER_KEYS:
             header[key] = _num(latest.get(key))
+        # The step time and the rate as the charts draw them (their smoothed lines' newest
+        # points), not one step's, which scatters with the machine's noise.
+        for key, shown in _CHARTED.items():
+            if math.isfinite(latest.get(shown, math.nan)):
+                header[key] = _num(latest[shown])
         header["mfu_note"] = frame.notes.get("mfu")  # why MFU is missing, if it is
         header["allocator"] = frame.allocator  # the CUDA allocator's settings, "" elsewhere
         header["adapters"] = frame.adapters  # is the fine-tune training, "" without adapters
@@ -278,13 +290,19 @@ class Dashboard:
         w.errors = [str(e) for e in frame.errors]
 
 
+def _charted(latest: Mapping[str, float], key: str) -> float:
+    """``key`` as its chart draws it (``_CHARTED``), else its newest value (NaN if none)."""
+    shown = latest.get(_CHARTED.get(key, key), math.nan)
+    return shown if math.isfinite(shown) else latest.get(key, math.nan)
+
+
 def _throughput_cells(latest: Mapping[str, float]) -> list[tuple[str, str]]:
     """tokens/s (or samples/s without token ids), and TFLOP/s and MFU once FLOPs are counted."""
-    tokens = latest.get("tokens_per_s", math.nan)
+    tokens = _charted(latest, "tokens_per_s")
     if math.isfinite(tokens):
         cells = [("tokens/s", _fmt(tokens, 3))]
     else:
-        cells = [("samples/s", _fmt(latest.get("samples_per_s"), 3))]
+        cells = [("samples/s", _fmt(_charted(latest, "samples_per_s"), 3))]
     tflops = latest.get("tflops_per_s", math.nan)
     if math.isfinite(tflops):
         mfu = latest.get("mfu_percent", math.nan)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tests.health import causes_data, structure_cases
 from tests.health.adapter_runs import healthy, lora_adapters, stuck, too_slow
 from tests.health.synthetic import LAYERS, Run
 
@@ -188,8 +189,20 @@ def every_alert() -> list[Alert]:
         base_stepped_numel=4096, wrapped_trainable=("l0.base.weight",),
     )  # fmt: skip
     alerts += Health().check(dataclasses.replace(healthy(40), adapters=stepped))
+    # The structural causes: one input each, with what the training side would have read.
+    for inp in structure_cases.inputs():
+        alerts += Health().check(inp)
     alerts.append(non_finite_gradients(5, 0.0, ["fc1.weight"]))
     alerts.append(non_finite_gradients(5, 0.0, []))
+    # The causes judged from the numbers: the lr and its schedule, labels, weight decay.
+    for inp in (
+        causes_data.schedule_per_batch(),
+        causes_data.lr_high(),
+        causes_data.lr_low(),
+        causes_data.labels(),
+        causes_data.weight_decay(),
+    ):
+        alerts += Health().check(inp)
     return alerts
 
 
@@ -283,4 +296,5 @@ def test_nothing_in_health_reads_an_alert_message() -> None:
                 if isinstance(owner, ast.Name) and owner.id == "re":
                     regexes.append(f"{path.name}:{node.lineno}")
     assert {r.partition(":")[0] for r in readers} <= {"explain.py"}
-    assert regexes == ["devices.py:31"]  # _GPU_KEY over metric keys (gpu0_util_percent)
+    # One: _GPU_KEY over metric keys (gpu0_util_percent), in devices.py.
+    assert [r.partition(":")[0] for r in regexes] == ["devices.py"]

@@ -117,7 +117,7 @@ def test_devices_runs_live_step_and_keys(tmp_path: Path) -> None:
         await until(pilot, lambda: app.detail is not None)
         assert app.selected is not None and app.selected.endswith("-old")
         text = screen_text(app)
-        assert "loss" in text and "grad_norm" in text and "loss spiked at 3" in text
+        assert "loss" in text and "grad norm" in text and "loss spiked at 3" in text
         await pilot.press("escape")  # type: ignore[attr-defined]
         assert app.selected is None
 
@@ -182,21 +182,48 @@ def test_once_prints_the_tables_when_not_a_terminal(tmp_path: Path) -> None:
 
 
 def test_tail_tui_opens_the_run_view(tmp_path: Path) -> None:
-    proc = start_writer(tmp_path, "one", 30)
-    path = Path(proc.communicate(timeout=120)[0].strip())
+    # A run still open (its writer holds it): the view is titled for it, shows the values
+    # with their units and the alerts, saves; when the run closes, the app ends by itself.
+    (tmp_path / "hold").touch()
+    proc = start_writer(tmp_path, "one", 30, "--total", "30", "--hold")
+    path = Path(proc.stdout.readline().strip())  # type: ignore[union-attr]
     feed = TopFeed(RunsWatch(path, only=True), 0.1, devices=False)
     app = TopApp(feed, run_path=str(path), save_dir=tmp_path)
 
     async def script(pilot: object) -> None:
         await until(pilot, lambda: app.detail is not None and app.detail.row.step == 30)
         text = screen_text(app)
-        assert "one" in text and "step 30" in text and "loss spiked at 3" in text
+        title = text.strip().splitlines()[0]
+        assert title.startswith(f"nbmonitor tail · {path.name} · running · step 30/30"), title
+        assert "nbmonitor top" not in text
+        assert "step time  10 ms" in text and "min 10 ms" in text  # seconds shown in ms
+        assert "grad norm" in text and "loss spiked at 3" in text
         await pilot.press("escape", "s")  # type: ignore[attr-defined]
         await until(pilot, lambda: len(app.saved) == 2)
         assert app.saved[1].read_text().splitlines()[0].startswith("step,time,")
+        (tmp_path / "hold").unlink()  # the writer closes its run
+        await until(pilot, lambda: app.ended is not None)
 
-    drive(app, (80, 24), script)
-    assert app.selected == str(path)
+    try:
+        drive(app, (100, 24), script)
+    finally:
+        feed.stop()
+        (tmp_path / "hold").unlink(missing_ok=True)
+        proc.communicate(timeout=60)
+    assert app.selected == str(path) and app.ended == "closed"
+    assert not app.is_running  # ended by itself: no key pressed
+
+
+def test_tail_tui_on_a_closed_run_draws_it_once_and_ends(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from nbmonitor.machine.top import tail_tui
+
+    proc = start_writer(tmp_path, "done", 12)
+    path = Path(proc.communicate(timeout=120)[0].strip())
+    # Returns with no key pressed (a run that never ends would hold it: the test's timeout).
+    assert tail_tui(str(path), 0.05, save_dir=str(tmp_path), headless=True) == 0
+    assert capsys.readouterr().out.strip() == f"nbmonitor tail: {path.name} closed at step 12"
 
 
 def test_cli_top_once_and_tail_tui_errors(tmp_path: Path) -> None:

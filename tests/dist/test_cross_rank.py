@@ -94,8 +94,14 @@ def test_divergence_flags_the_rank_whose_grad_norm_differs() -> None:
     losses = {0: [1.0] * n, 1: [1.1] * n, 2: [0.9] * n}
     alerts = divergence(state_of(agree, grad_norm=grads, loss=losses))
     assert [(a.rule, a.subject, a.step) for a in alerts] == [("rank_divergence", "rank2", n)]
-    assert alerts[0].message.startswith("Rank 2 on node2 has grad norms that differ on 20 of")
-    assert "(by up to 25.0%)" in alerts[0].message and "no_sync()" in alerts[0].message
+    assert alerts[0].message.startswith("Rank 2 on node2 is out of sync: the gradients are not")
+    assert "(it has grad norms that differ on 20 of the last 20 steps (by up to 25.0%)" in (
+        alerts[0].message
+    )
+    assert "no_sync()" in alerts[0].fix and alerts[0].place == "rank 2 on node2"
+    assert alerts[0].evidence["grad_norm"] == {
+        "steps_off": 20, "of_steps": 20, "max_relative_difference": 0.25, "newest": [2.5],
+    }  # fmt: skip
     far = {0: [1.0] * n, 1: [1.0] * n, 2: [5.0] * n}
     alerts = divergence(state_of(agree, grad_norm={r: [2.0] * n for r in agree}, loss=far))
     assert [a.subject for a in alerts] == ["rank2"] and "loss far from" in alerts[0].message
@@ -105,7 +111,8 @@ def test_divergence_flags_the_rank_whose_grad_norm_differs() -> None:
     pair = {0: [1.0] * n, 1: [1.0] * n}
     alerts = divergence(state_of(pair, grad_norm={0: [2.0] * n, 1: [3.0] * n}))
     assert [a.subject for a in alerts] == ["rank0"]
-    assert alerts[0].message.startswith("Ranks 0 and 1 on node0 and node1 have grad norms")
+    assert alerts[0].message.startswith("Ranks 0 and 1 on node0 and node1 are out of sync")
+    assert "(they have grad norms that differ on 20 of the last 20 steps" in alerts[0].message
     # Rounding (1e-6) is agreement; an infinite norm on one rank is named at once.
     close = {0: [2.0] * n, 1: [2.0 * (1 + 1e-6)] * n}
     assert divergence(state_of(pair, grad_norm=close)) == []

@@ -55,7 +55,8 @@ def test_ranks_with_equal_losses_are_grouped_and_named() -> None:
         HealthInput(step=40, time=0.0, steps={}, ranks=columns(loss))
     )
     assert [(a.rule, a.subject, a.step) for a in alerts] == [("same_batches", "rank0", 40)]
-    assert alerts[0].message.startswith("Ranks 0 and 2 have had the same loss on each of the")
+    assert alerts[0].message.startswith("Ranks 0 and 2 on node0 and node2 are training on the")
+    assert "(they have had the same loss on each of the last" in alerts[0].message
     assert "these ranks do the work of one rank" in alerts[0].message
     assert "DistributedSampler" in alerts[0].message
     every = np.tile(loss[0], (4, 1))
@@ -89,10 +90,10 @@ def test_healthy_shards_and_uninformative_losses_are_left_alone() -> None:
 def test_a_rank_behind_the_others_is_named_with_its_step_and_phase() -> None:
     ranks = columns(losses(3), phase=np.array([BACKWARD, BACKWARD, DATA]))
     found = stalled(ranks, stall_s=30.0)
-    assert list(found) == [2] and found[2][0] == "warning"
-    assert "has made no progress for 100 s: its last completed step is 40" in found[2][1]
-    assert "in the data phase of step 41" in found[2][1]
-    assert "the other ranks wait in the backward pass of step 41" in found[2][1]
+    assert list(found) == [2] and found[2].severity == "warning"
+    assert "has made no progress for 100 s: its last completed step is 40" in found[2].said
+    assert "in the data phase of step 41" in found[2].said
+    assert "the other ranks wait in the backward pass of step 41" in found[2].said
     alerts = Health(rules=(RankStalled,)).check(
         HealthInput(step=40, time=200.0, steps={}, ranks=ranks)
     )
@@ -104,13 +105,13 @@ def test_a_rank_behind_the_others_is_named_with_its_step_and_phase() -> None:
 def test_a_rank_that_writes_nothing_or_left_the_job_is_named() -> None:
     silent = columns(losses(2), seen=np.array([200.0, 150.0]), phase=np.array([OTHER, FORWARD]))
     found = stalled(silent, stall_s=30.0)
-    assert list(found) == [1] and found[1][0] == "error"
-    assert "has written nothing for 50 s" in found[1][1]
-    assert "its last sample: in the forward pass of step 41" in found[1][1]
+    assert list(found) == [1] and found[1].severity == "error"
+    assert "has written nothing for 50 s" in found[1].said
+    assert "its last sample: in the forward pass of step 41" in found[1].said
     left = columns(losses(2), status=("running", "closed"), phase=np.array([BACKWARD, DATA]))
     found = stalled(left, stall_s=30.0)
-    assert list(found) == [1] and found[1][0] == "error"
-    assert "has ended its run (closed) after step 40" in found[1][1]
+    assert list(found) == [1] and found[1].severity == "error"
+    assert "it ended its run (closed) after step 40" in found[1].said
 
 
 def test_a_rank_frozen_before_it_wrote_anything_is_named_with_a_finite_silence() -> None:
@@ -119,20 +120,20 @@ def test_a_rank_frozen_before_it_wrote_anything_is_named_with_a_finite_silence()
     nothing = {"seen": np.array([200.0, np.nan]), "step": np.array([3.0, np.nan])}
     nothing["step_end"] = np.array([100.0, np.nan])
     found = stalled(columns(losses(2), started=np.array([140.0, 150.0]), **nothing), 30.0)
-    assert list(found) == [1] and found[1][0] == "error"
+    assert list(found) == [1] and found[1].severity == "error"
     assert "has written nothing for 50 s (since its run started: no step, no sample)" in (
-        found[1][1]
+        found[1].said
     )
     found = stalled(columns(losses(2), started=np.array([140.0, np.nan]), **nothing), 30.0)
     assert "has written nothing for 60 s (since the job started: no step, no sample)" in (
-        found[1][1]
+        found[1].said
     )
     found = stalled(columns(losses(2), **nothing), 30.0)
-    assert "has written nothing for at least 100 s (no step, no sample)" in found[1][1]
+    assert "has written nothing for at least 100 s (no step, no sample)" in found[1].said
     # Its steps written, no system sample yet: silent since its last step ended.
     steps_only = {"seen": np.array([200.0, np.nan]), "step_end": np.array([100.0, 90.0])}
     found = stalled(columns(losses(2), step=np.array([4.0, 3.0]), **steps_only), 30.0)
-    assert "has written nothing for 110 s (its last record: the end of step 3)" in found[1][1]
+    assert "has written nothing for 110 s (its last record: the end of step 3)" in found[1].said
 
 
 def test_every_rank_stuck_at_one_place_names_the_job() -> None:
@@ -146,9 +147,17 @@ def test_every_rank_stuck_at_one_place_names_the_job() -> None:
         ("rank_stalled", "run", "warning", 40)
     ]
     message = alerts[0].message
-    assert message.startswith("The job is stalled: ranks 0 and 1 on node0 and node1 have made")
-    assert "no progress for 100 s, every one in the data phase of step 41" in message
+    assert message.startswith("The job is stalled: every rank waits for its next batch")
+    assert (
+        "(ranks 0 and 1 on node0 and node1 have made no progress for 100 s, every one in "
+        "the data phase of step 41)"
+    ) in message
     assert "--pid 100 (rank 0), --pid 101 (rank 1)" in message
+    assert alerts[0].evidence == {
+        "ranks": [0, 1], "hosts": ["node0", "node1"], "pids": [100, 101], "idle_s": 100.0,
+        "steps_done": 40.0, "phase": "data",
+    }  # fmt: skip
+    assert alerts[0].cause.startswith("The job is stalled") and "py-spy" in alerts[0].fix
     # In DDP's all-reduce: a collective that does not complete.
     there = columns(losses(3), phase=np.full(3, BACKWARD))
     assert stuck_together(there, 30.0) == (2, 40.0, 100.0)

@@ -41,17 +41,23 @@ def lora_input(
     loss: float | None = None,
     adapters: Adapters | None = None,
     lr: float | None = None,
+    head: bool = True,
 ) -> HealthInput:
     """``steps`` steps, each measured: B grows by ``b_step`` a step from zero, A moves by
     ``a_ratio`` of its norm a step, every adapter's gradient norm is ``grad`` (NaN: none).
-    The loss falls as 1/sqrt(step) unless ``loss`` fixes it."""
+    With ``head``, a head (``head.weight``) trains beside them, healthy. The loss falls as
+    1/sqrt(step) unless ``loss`` fixes it."""
     s = np.arange(1.0, steps + 1)
-    n = len(NAMES)
+    names = (*NAMES, "head.weight") if head else NAMES
+    n = len(names)
     b_norm = b_step * (s - 1)  # before each step's update
     norms = np.empty((n, steps))
     ratios = np.empty((n, steps))
-    for i, name in enumerate(NAMES):
-        if "lora_B" in name:
+    for i, name in enumerate(names):
+        if name == "head.weight":
+            norms[i] = 1.0
+            ratios[i] = 1e-3
+        elif "lora_B" in name:
             norms[i] = b_norm
             with np.errstate(divide="ignore", invalid="ignore"):
                 ratios[i] = np.where(b_norm > 0, b_step / b_norm, np.nan)
@@ -59,6 +65,8 @@ def lora_input(
             norms[i] = 1.0
             ratios[i] = a_ratio
     grads = np.full((n, steps), grad)
+    if head:
+        grads[-1] = 0.5
     losses = np.full(steps, loss) if loss is not None else 2.0 / np.sqrt(s)
     columns = {"step": s, "time": 1000.0 + s, "loss": losses}
     if lr is not None:
@@ -67,7 +75,7 @@ def lora_input(
         step=steps,
         time=1000.0 + steps,
         steps=columns,
-        layer_names=NAMES,
+        layer_names=names,
         layer_steps=s,
         layer_grad_norms=grads,
         param_norms=norms[:, -1],

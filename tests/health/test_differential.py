@@ -144,3 +144,21 @@ def test_reset_forgets_the_open_causes() -> None:
     first = health.check(run_to(100))
     health.reset()
     assert summary(health.check(run_to(100))) == summary(first) == [("cause", 1, (("symptom", 1),))]
+
+
+def test_a_cause_takes_in_the_alerts_raised_outside_the_rules_before_it() -> None:
+    # The engine's grad_non_finite / gradient_not_flowing, the static checks: told to Health
+    # (note) when raised; a cause judged later takes in those at or before its step and within
+    # rearm_steps of it, and never holds them back.
+    cause = Scripted("cause", 150, 400, explains=("outside",))
+    health = Health(rules=[lambda _t: cause])
+    outside = [
+        Alert("outside", "error", "seen at 10", 10, 1.0),  # too long before (rearm_steps 100)
+        Alert("outside", "error", "seen at 60", 60, 1.0, ("fc1.weight",)),
+        Alert("outside", "error", "seen at 200", 200, 1.0),  # after the cause: not taken in
+        Alert("other", "error", "not explained", 100, 1.0),
+    ]
+    health.note(outside)
+    [alert] = health.check(run_to(400))
+    assert alert.explains == (("outside", 60),)
+    assert alert.evidence[SYMPTOMS] == [{"rule": "outside", "step": 60, "layers": ["fc1.weight"]}]

@@ -80,6 +80,16 @@ def test_adapters_that_never_move_without_gradient_are_named() -> None:
     assert alert.step <= 50
 
 
+def test_no_gradient_anywhere_is_the_loss_cut_not_the_adapters() -> None:
+    # Nothing else tracked gets a gradient either: the loss is cut from the model (a cause of
+    # its own); the verdict still says the adapters do not learn.
+    inp = lora_input(60, b_step=0.0, a_ratio=0.0, grad=math.nan, loss=1.0, head=False)
+    assert fine_tune_alerts(inp) == []
+    watch = AdapterWatch(lora_adapters())
+    watch.observe(inp)
+    assert watch.verdict().state == NOT_LEARNING
+
+
 def test_zero_gradient_and_nonzero_gradient_are_told_apart() -> None:
     zero = only(Health().check(stuck(60, grad=0.0)), "adapters_not_learning")
     assert zero.cause.startswith("the adapters' gradient is exactly zero")
@@ -124,6 +134,18 @@ def test_lr_far_too_small_is_named_once_with_the_lr() -> None:
     watch = AdapterWatch(lora_adapters())
     watch.observe(too_slow(60))
     assert watch.verdict().state == TOO_SLOW
+
+
+def test_updates_that_round_away_are_an_lr_too_small() -> None:
+    # Adam at lr 1e-9 on float32 weights of ~0.1: A's updates are below its precision (||Δw||
+    # exactly 0) while B creeps off zero; the gradients are not zero.
+    inp = lora_input(60, b_step=1e-9, a_ratio=0.0, grad=0.5, loss=1.0)
+    alert = only(Health().check(inp), "adapter_lr_too_small")
+    assert "round away to nothing" in alert.message
+    assert alert.evidence["update_ratio"] == 0.0
+    # The same with lr 0 in the optimizer is lr_zero's (a setup check), not this.
+    zero = lora_input(60, b_step=1e-9, a_ratio=0.0, grad=0.5, loss=1.0, adapters=lora_adapters(0.0))
+    assert "adapter_lr_too_small" not in [a.rule for a in Health().check(zero)]
 
 
 def test_small_updates_with_a_falling_loss_are_not_too_slow() -> None:

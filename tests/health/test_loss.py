@@ -37,6 +37,17 @@ def test_loss_nan_in_sparsely_logged_column_is_not_reported_but_inf_is() -> None
     assert "inf" in alert.message
 
 
+def test_a_nan_loss_from_the_first_step_or_early_is_reported_as_inf_is() -> None:
+    run, health = Run(), Health()
+    run.add(3, loss=float("nan"))  # a model broken from the start: every loss NaN
+    alert = only(health.check(run.input()), "loss_non_finite")
+    assert alert.step == 1 and "nan" in alert.message
+    early, health = Run(), Health()
+    early.add(4)
+    early.add(1, loss=float("nan"))  # the first check sees steps 1-5: 4 logged, then NaN
+    assert only(health.check(early.input()), "loss_non_finite").step == 5
+
+
 def test_loss_spike_needs_a_few_steps_and_fires_once() -> None:
     run, health = Run(), Health()
     run.add(60, loss=1.0)

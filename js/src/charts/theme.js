@@ -20,6 +20,7 @@ export const COLORS = {
   blue: "#4c8ed9",
   lightBlue: "rgba(76,142,217,0.35)",
   orange: "#f28e2b",
+  lightOrange: "rgba(242,142,43,0.35)",
   green: "#3ba55c",
   red: "#e15759",
   purple: "#9467bd",

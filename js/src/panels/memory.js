@@ -42,7 +42,8 @@ export const CHARTS = [
     unit: "bytes",
     lines: [
       { key: "process_rss_bytes", label: "this process (RSS)", color: COLORS.orange },
-      { key: "mps_driver_allocated_bytes", label: "MPS driver", color: COLORS.green },
+      // Only on Apple's GPU: a CPU run's chart has no legend entry for it.
+      { key: "mps_driver_allocated_bytes", label: "MPS driver", color: COLORS.green, optional: true },
     ],
   },
 ];
@@ -60,7 +61,9 @@ export function headroomText(notes) {
   if (!Number.isFinite(peak) || !Number.isFinite(limit)) return allocator;
   let text = `peak ${gib(peak)} of ${gib(limit)} (${gib(limit - peak)} free)`;
   if (Number.isFinite(notes.batch_fits) && Number.isFinite(notes.batch_size)) {
-    text += `; batch ${Math.round(notes.batch_size)}, up to ~${Math.round(notes.batch_fits)} estimated to fit`;
+    const fits = Math.round(notes.batch_fits);
+    const up = notes.batch_fits_more === 1 ? `over ${fits}` : `up to ~${fits}`;
+    text += `; batch ${Math.round(notes.batch_size)}, ${up} estimated to fit`;
   }
   return allocator ? `${text}; ${allocator}` : text;
 }
@@ -95,7 +98,9 @@ export default {
       update(state) {
         const curves = curvesOf(state);
         for (const spec of CHARTS) {
-          if (spec.lines.some((l) => curves[l.key])) grid.ensure(spec);
+          // A line marked optional is drawn (and named in the legend) only where it has data.
+          const lines = spec.lines.filter((l) => !l.optional || curves[l.key]);
+          if (lines.some((l) => curves[l.key])) grid.ensure({ ...spec, lines });
         }
         line.textContent = headroomText(state?.notes ?? {});
         const rows = Array.isArray(state?.table) ? state.table : [];

@@ -1,6 +1,6 @@
 // The training panel: loss (raw and smoothed), learning rate, gradient norm (log axis, with the
 // share of clipped steps in its title), step time (rolling median in its min-max band) and
-// throughput (tokens/s where token ids were seen, else samples/s).
+// throughput (tokens/s where token ids were seen, else samples/s; raw and its rolling median).
 
 import { COLORS } from "../charts/theme.js";
 import { ChartGrid, curvesOf } from "./curves.js";
@@ -30,8 +30,22 @@ export const CHARTS = [
     band: { lo: "step_time_min", hi: "step_time_max", label: "", color: COLORS.lightBlue },
     lines: [{ key: "step_time_median", label: "median", color: COLORS.blue }],
   },
-  { id: "tokens", title: "Tokens/s", lines: [{ key: "tokens_per_s", label: "tokens/s", color: COLORS.orange }] },
-  { id: "throughput", title: "Samples/s", lines: [{ key: "samples_per_s", label: "samples/s", color: COLORS.orange }] },
+  {
+    id: "tokens",
+    title: "Tokens/s",
+    lines: [
+      { key: "tokens_per_s", label: "tokens/s", color: COLORS.lightOrange, width: 1 },
+      { key: "tokens_per_s_smooth", label: "median", color: COLORS.orange, width: 2 },
+    ],
+  },
+  {
+    id: "throughput",
+    title: "Samples/s",
+    lines: [
+      { key: "samples_per_s", label: "samples/s", color: COLORS.lightOrange, width: 1 },
+      { key: "samples_per_s_smooth", label: "median", color: COLORS.orange, width: 2 },
+    ],
+  },
 ];
 
 export default {
@@ -46,7 +60,10 @@ export default {
       update(state) {
         const curves = curvesOf(state);
         // tokens/s replaces samples/s when both are known
-        if (curves.tokens_per_s?.x.length) delete curves.samples_per_s;
+        if (curves.tokens_per_s?.x.length) {
+          delete curves.samples_per_s;
+          delete curves.samples_per_s_smooth;
+        }
         const clip = state?.notes?.grad_norm;
         grid.charts.get("grad_norm")?.setTitle(clip ? `Gradient norm: ${clip}` : "Gradient norm");
         return grid.update(curves) > 0;

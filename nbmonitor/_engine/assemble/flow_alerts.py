@@ -11,6 +11,7 @@ import numpy.typing as npt
 
 from nbmonitor.health import alert as subjects
 from nbmonitor.health.alert import Alert
+from nbmonitor.health.doc import CAUSE, FINDING, RuleDoc
 from nbmonitor.health.wording import MAX_NAMED, label, name_list
 
 
@@ -85,3 +86,23 @@ def stopped(
         tuple(names),
         subject=subjects.LAYERS if names else subjects.RUN,
     )
+
+
+# This module's alerts in the table of causes (docs/diagnosis.md, benchmarks/diagnosis/table.py).
+DOCS = {
+    "gradient_not_flowing": RuleDoc(
+        CAUSE,
+        "a branch of the model gets no gradient: a `.detach()`, `.item()` or `torch.no_grad()` "
+        "in forward, or a module the forward never uses",
+        "trainable parameters whose gradient never arrived after 10 steps",
+        "remove the detach from the forward, or the unused module from the model",
+        ("frozen parameters", "a conv bias before BatchNorm (its gradient is zero, not missing)"),
+    ),
+    "stopped_non_finite": RuleDoc(
+        FINDING,
+        "`on_nan='raise'` stopped the loop at a non-finite gradient (or module output)",
+        "the first parameters whose gradient was NaN/Inf, or with `check_forward=True` the "
+        "first module whose output was",
+        "find the overflow it names: lower the learning rate, clip, check the inputs",
+    ),
+}

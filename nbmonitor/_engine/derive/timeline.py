@@ -1,7 +1,8 @@
 """Step time as people read it, and the phases stacked per step, from the steps store.
 
 ``step_time_band``: the rolling median of the step time with the min and max of the same
-windows, so that the spikes of a noisy machine show as a band instead of drowning the line.
+windows, so that the spikes of a noisy machine show as a band instead of drowning the line;
+``smoothed``: the same rolling median of another rate (samples/s, tokens/s).
 ``phase_stack``: each phase's mean seconds per step over bins of consecutive steps, aligned on
 one x so that a chart can stack them (their sum is the step time).
 """
@@ -24,32 +25,53 @@ MIN_WINDOW = 9
 PHASE_POINTS = 300
 
 
-def step_time_band(store: Store, points: int = BAND_POINTS) -> dict[str, tuple[FloatArray, ...]]:
-    """``{"step_time_median"|"step_time_min"|"step_time_max": (x, y)}``, or ``{}`` without
-    step times. Windows of ``max(MIN_WINDOW, rows / points)`` rows, one per ``rows / points``
-    rows (older rows are the store's bucket means)."""
-    if "step_time" not in store.columns or "step" not in store.columns:
-        return {}
-    columns = store.select(("step", "step_time"))
-    x, y = columns["step"], columns["step_time"]
+def _windows(store: Store, key: str, points: int) -> tuple[FloatArray, FloatArray] | None:
+    """(x, windows): the last step of each rolling window of ``key`` and its rows, windows of
+    ``max(MIN_WINDOW, rows / points)`` rows, one per ``rows / points`` rows (older rows are
+    the store's bucket means); None without values."""
+    if key not in store.columns or "step" not in store.columns:
+        return None
+    columns = store.select(("step", key))
+    x, y = columns["step"], columns[key]
     keep = np.isfinite(x) & np.isfinite(y)
     x, y = x[keep], y[keep]
     n = y.size
     if n == 0:
-        return {}
+        return None
     stride = max(1, math.ceil(n / points))
     width = min(n, max(MIN_WINDOW, stride))
     windows = np.lib.stride_tricks.sliding_window_view(y, width)[::stride]
     xs = np.lib.stride_tricks.sliding_window_view(x, width)[::stride, -1]
+    return xs, windows
+
+
+def _median(windows: FloatArray) -> FloatArray:
     # Sorted by hand: np.median imports numpy.ma on first use, holding the GIL (the training
     # thread waits).
+    width = windows.shape[1]
     ordered = np.sort(windows, axis=1)
-    median = 0.5 * (ordered[:, (width - 1) // 2] + ordered[:, width // 2])
+    return 0.5 * (ordered[:, (width - 1) // 2] + ordered[:, width // 2])
+
+
+def step_time_band(store: Store, points: int = BAND_POINTS) -> dict[str, tuple[FloatArray, ...]]:
+    """``{"step_time_median"|"step_time_min"|"step_time_max": (x, y)}``, or ``{}`` without
+    step times: the rolling median of the step time and the min and max of the same windows."""
+    found = _windows(store, "step_time", points)
+    if found is None:
+        return {}
+    xs, windows = found
     return {
-        "step_time_median": (xs, median),
+        "step_time_median": (xs, _median(windows)),
         "step_time_min": (xs, windows.min(axis=1)),
         "step_time_max": (xs, windows.max(axis=1)),
     }
+
+
+def smoothed(store: Store, key: str, points: int = BAND_POINTS) -> tuple[FloatArray, ...] | None:
+    """``key``'s rolling median over the windows of ``step_time_band`` (the smoothed line of a
+    noisy rate: samples/s, tokens/s), as (x, y); None without values."""
+    found = _windows(store, key, points)
+    return None if found is None else (found[0], _median(found[1]))
 
 
 def phase_stack(
@@ -76,4 +98,4 @@ def phase_stack(
     return tuple(name for name, _ in present), steps[edges[1:] - 1], sums / counts
 
 
-__all__ = ["phase_stack", "step_time_band"]
+__all__ = ["phase_stack", "smoothed", "step_time_band"]

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import math
 
-from nbmonitor.health import alert as subjects
 from nbmonitor.health.alert import Alert
+from nbmonitor.health.diagnose import symptom_alert
+from nbmonitor.health.doc import SYMPTOM, RuleDoc
 from nbmonitor.health.rule import Base, Outcome, nothing
 from nbmonitor.health.view import View
 from nbmonitor.health.wording import kinds_of, layer_list
@@ -19,6 +20,18 @@ class DeadUnits(Base):
     """A module whose outputs are exact zeros at least ``dead_fraction`` of the time."""
 
     name = "dead_units"
+    doc = RuleDoc(
+        SYMPTOM,
+        "a module's outputs are exactly zero nearly always (dead ReLUs)",
+        "the share of exact zeros in a module's sampled outputs (`activations=True`) at or above "
+        "`dead_fraction` (99 %), judged from step 20",
+        "lower the learning rate, use LeakyReLU/GELU, or check the initialisation, biases and "
+        "input scaling",
+        (
+            "zero-initialised branches (LoRA B, zero-gamma norms) in the first steps",
+            "ReLUs with a normal share of zeros (about half)",
+        ),
+    )
 
     def check(self, view: View) -> Outcome:
         rule = self.name
@@ -40,17 +53,22 @@ class DeadUnits(Base):
             why = " (dead ReLUs: every pre-activation is negative)" if rectifiers else ""
             swap = "use LeakyReLU/GELU, " if rectifiers or not kinds else ""
             return [
-                Alert(
+                symptom_alert(
                     rule,
-                    "warning",
-                    f"Dead units: at least {low:.0%} of the outputs of {layer_list(new, kinds)} "
-                    f"are exactly zero at step {step}{why}; the layers before them get no "
-                    f"gradient. Lower the learning rate, {swap}or check the initialisation, "
-                    "the biases and the input scaling.",
-                    step,
-                    view.inp.time,
-                    tuple(new),
-                    subject=subjects.LAYERS,
+                    seen=f"Dead units: at least {low:.0%} of the outputs of "
+                    f"{layer_list(new, kinds)} are exactly zero at step {step}{why}; the layers "
+                    "before them get no gradient",
+                    said="",
+                    hint=f"lower the learning rate, {swap}or check the initialisation, the "
+                    "biases and the input scaling",
+                    evidence={
+                        "zero_fraction": {name: fractions[name] for name in new},
+                        "threshold": t.dead_fraction,
+                        "kinds": {name: (kinds or {}).get(name, "") for name in new},
+                    },
+                    step=step,
+                    time=view.inp.time,
+                    layers=new,
                 )
             ]
 

@@ -11,6 +11,7 @@ import numpy as np
 
 from nbmonitor.health import alert as subjects
 from nbmonitor.health.alert import Alert
+from nbmonitor.health.doc import CAUSE, RuleDoc
 from nbmonitor.health.rule import Base, Outcome, always, clear, nothing
 from nbmonitor.health.view import View
 from nbmonitor.health.window import row_medians, trailing_counts
@@ -24,6 +25,15 @@ class ClippingActive(Base):
     ``window`` steps that clipped, judged once ``clip_steps`` of them are known."""
 
     name = "clipping_active"
+    doc = RuleDoc(
+        CAUSE,
+        "`clip_grad_norm_`'s `max_norm` is below the usual gradient norm: clipping shrinks every "
+        "step",
+        "`grad_clip_coef` below 1 on 90 % or more of the last 100 steps, judged from 40 clipped "
+        "steps on",
+        "raise `max_norm` (or lower the learning rate if the norms keep growing)",
+        ("clipping that acts now and then (a spike)", "clipping in the first steps only"),
+    )
 
     def check(self, view: View) -> Outcome:
         rule = self.name

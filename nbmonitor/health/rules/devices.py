@@ -19,6 +19,7 @@ import numpy.typing as npt
 from nbmonitor._clock_events import THROTTLING_MASK, decode_throttle
 from nbmonitor.health import alert as subjects
 from nbmonitor.health.alert import Alert
+from nbmonitor.health.doc import FINDING, RuleDoc
 from nbmonitor.health.rule import Base, Outcome, always, nothing
 from nbmonitor.health.thresholds import IDLE_UTIL_PERCENT, MEMORY_FRACTION, TEMPERATURE_C
 from nbmonitor.health.view import View
@@ -208,6 +209,13 @@ class _DeviceRule(Base):
 
 class GpuTemperature(_DeviceRule):
     name = "gpu_temperature"
+    doc = RuleDoc(
+        FINDING,
+        "a GPU at 85 °C or more: it will soon slow its clocks",
+        "the GPU's temperature in the recent system samples",
+        "check the cooling and the airflow",
+        (),
+    )
 
     def _alerts(self, view: View, system: Columns) -> list[Alert]:
         return temperature_rule(system, self.thresholds.temperature_c)
@@ -215,6 +223,13 @@ class GpuTemperature(_DeviceRule):
 
 class DeviceMemory(_DeviceRule):
     name = "device_memory"
+    doc = RuleDoc(
+        FINDING,
+        "GPU (or MPS) memory 95 % full or more: a larger batch or sequence runs out",
+        "the device's used memory against its total in the recent samples",
+        "lower the batch size, use mixed precision or gradient checkpointing",
+        (),
+    )
 
     def _alerts(self, view: View, system: Columns) -> list[Alert]:
         return memory_rule(system, self.thresholds.memory_fraction)
@@ -222,6 +237,14 @@ class DeviceMemory(_DeviceRule):
 
 class GpuThrottling(_DeviceRule):
     name = "gpu_throttling"
+    doc = RuleDoc(
+        FINDING,
+        "the GPU's clocks are held down by heat or a power brake",
+        "NVML's throttle reasons in the recent samples (only the power cap: info, normal at full "
+        "load)",
+        "check the cooling; a power cap at full load is expected",
+        ("the power cap alone at full load (info)",),
+    )
 
     def _alerts(self, view: View, system: Columns) -> list[Alert]:
         return throttle_rule(system)
@@ -229,6 +252,13 @@ class GpuThrottling(_DeviceRule):
 
 class GpuIdle(_DeviceRule):
     name = "gpu_idle"
+    doc = RuleDoc(
+        FINDING,
+        "a training GPU mostly idle while steps advance: the loop waits for its input",
+        "utilisation under 30 % on average over the last 20 samples while steps advanced",
+        "raise the `DataLoader`'s `num_workers`, set `pin_memory=True`, or increase the batch size",
+        (),
+    )
 
     def _alerts(self, view: View, system: Columns) -> list[Alert]:
         t = self.thresholds

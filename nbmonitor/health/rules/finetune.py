@@ -25,7 +25,7 @@ from nbmonitor.health.adapters import Adapters, AdapterTensor
 from nbmonitor.health.alert import Alert
 from nbmonitor.health.diagnose import cause_alert
 from nbmonitor.health.doc import CAUSE, RuleDoc
-from nbmonitor.health.finetune import FIRST_JUDGED, MIN_UPDATES, AdapterWatch
+from nbmonitor.health.finetune import FIRST_JUDGED, MIN_UPDATES, AdapterWatch, zero_label
 from nbmonitor.health.rule import Base, Outcome, always, nothing
 from nbmonitor.health.thresholds import Thresholds
 from nbmonitor.health.view import View
@@ -310,16 +310,20 @@ class AdaptersNotLearning(_Watching):
         watch = self._watching(view)
         if watch is None or not (view.has_new_rows or view.has_new_layers):
             return nothing(self.name)
-        if not watch.stuck():
+        verdict = watch.verdict()
+        # No gradient anywhere (no other parameter got one either): the loss is cut from the
+        # model, a cause of its own, not the adapters'.
+        cut = verdict.grads == "none" and not watch.rest_grads
+        if not watch.stuck() or cut:
             return Outcome(self.name, [], always, lambda _new: [])
         ad = watch.adapters
-        verdict = watch.verdict()
         step = verdict.step
         names = _training_names(ad)
-        zero = watch.zero_started()
-        if zero and {a.tensor.role for a in zero} <= {"B"}:
-            still = f"LoRA's B stays exactly at zero in all {len(zero)}"
-        elif zero:
+        n_zero = int(watch.zero_mask().sum())
+        label = zero_label(watch.zero_roles())
+        if n_zero and label in ("A", "B"):
+            still = f"LoRA's {label} stays exactly at zero in all {n_zero}"
+        elif n_zero:
             still = "the zero-started tensors stay at zero"
         else:
             still = "their weights do not change"
@@ -339,7 +343,7 @@ class AdaptersNotLearning(_Watching):
                 "checkpoint with use_reentrant=False); otherwise check the adapters are active "
                 "(not disabled or merged) in forward"
             )
-        elif verdict.grads == "zero" and len(zero) == len(watch.accounts):
+        elif verdict.grads == "zero" and n_zero == watch.size:
             cause = (
                 "the adapters' A and B both start at zero, so each one's gradient is the "
                 "other's zero: they never move"
@@ -365,7 +369,7 @@ class AdaptersNotLearning(_Watching):
             "method": ad.method,
             "adapters": len(names),
             "measured_updates": verdict.updates,
-            "zero_started": len(zero),
+            "zero_started": n_zero,
             "left_zero": verdict.b_left_zero,
             "grads": verdict.grads,
             "grad_norm": verdict.grad_norm,
@@ -408,9 +412,9 @@ class AdapterLrTooSmall(_Watching):
     doc = RuleDoc(
         CAUSE,
         "the adapters' learning rate is far too small for them to move",
-        "the adapters' (LoRA's A) ||Δw||/||w|| a step below `update_ratio_low` (1e-6) on "
-        "`sustain_steps` measured updates, with non-zero gradients and a loss that is not "
-        "falling",
+        "the adapters' (LoRA's A) ||Δw||/||w|| a step below `update_ratio_low` (1e-6), or 0 "
+        "(the update rounds away), on `sustain_steps` measured updates, with non-zero "
+        "gradients and a loss that is not falling",
         "raise the adapters' learning rate (LoRA usually trains at 1e-4 to 1e-3 with AdamW)",
         ("a schedule decayed to near 0 at the end", "a warm-up", "SGD with a loss that falls"),
     )
@@ -440,21 +444,28 @@ class AdapterLrTooSmall(_Watching):
             watch.step >= t.min_history
             and math.isfinite(ratio)
             and kind == "non-zero"
-            and min((len(a.ratios) for a in watch.others() if a.ratios), default=0)
-            >= t.sustain_steps
+            and watch.ratios_seen() >= t.sustain_steps
         )
         if not judged or self._decayed(view):
             return nothing(self.name)
+        if all(t.lr == 0 for t in watch.adapters.training):
+            return nothing(self.name)  # lr 0 at attach: lr_zero names it
         if not (ratio < t.update_ratio_low and _loss_flat(view)):
             return Outcome(self.name, [], always, lambda _new: [])
         ad = watch.adapters
         step = watch.step
         lrs = _group_lrs(ad.training)
         horizon = max(view.inp.step, 1000)
+        if ratio > 0:
+            size = (
+                f"||Δw||/||w|| ≈ {num(ratio)} a step, healthy is about 1e-3; "
+                f"{num(ratio * horizon)} over {horizon:,} steps"
+            )
+        else:
+            size = "their updates round away to nothing (||Δw|| = 0 at the weights' precision)"
         said = (
-            f"{ad.method}, {lrs}: ||Δw||/||w|| ≈ {num(ratio)} a step, healthy is about 1e-3; "
-            f"{num(ratio * horizon)} over {horizon:,} steps, with non-zero gradients (median "
-            f"norm {num(grad_norm)}) and a flat loss"
+            f"{ad.method}, {lrs}: {size}, with non-zero gradients (median norm "
+            f"{num(grad_norm)}) and a flat loss"
         )
         evidence: dict[str, object] = {
             "method": ad.method,

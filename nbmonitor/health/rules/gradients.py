@@ -15,6 +15,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from nbmonitor.health import alert as subjects
 from nbmonitor.health.alert import Alert
+from nbmonitor.health.doc import SYMPTOM, RuleDoc
 from nbmonitor.health.rule import Base, Outcome, always, clear, never, nothing
 from nbmonitor.health.thresholds import Thresholds
 from nbmonitor.health.view import View
@@ -45,6 +46,19 @@ class ExplodingGradients(Base):
     ``explode_abs``)."""
 
     name = "exploding_gradients"
+    doc = RuleDoc(
+        SYMPTOM,
+        "gradient norms grow far beyond their scale (also inside a loop that clips: the pre-clip "
+        "norm)",
+        "a layer's (or the total) gradient norm above 10x its running median for 3 steps, beyond "
+        "anything it reached before and above the run's starting scale",
+        "lower the learning rate or clip gradients",
+        (
+            "a norm that decayed while the model converged and then jumps",
+            "warm-up",
+            "long healthy runs",
+        ),
+    )
 
     def __init__(self, thresholds: Thresholds) -> None:
         super().__init__(thresholds)
@@ -294,6 +308,15 @@ class GradientSpike(Base):
     Clipping does not hide it: ``grad_norm`` is the norm before clipping."""
 
     name = "gradient_spike"
+    doc = RuleDoc(
+        SYMPTOM,
+        "one step's gradient spikes, named at the layer it came from",
+        "one step's total gradient norm (before clipping) above 20x the median of the 100 steps "
+        "before it and above the run's starting scale; the layer whose norm rose most against its "
+        "own median",
+        "find the batch or the layer that produced it; clip gradients if it recurs",
+        ("heavy-tailed per-step norms of small batches", "long healthy runs"),
+    )
 
     def __init__(self, thresholds: Thresholds) -> None:
         super().__init__(thresholds)
@@ -448,6 +471,18 @@ class VanishingGradients(Base):
     that nothing flows back rather than that little does."""
 
     name = "vanishing_gradients"
+    doc = RuleDoc(
+        SYMPTOM,
+        "gradients too small to learn in some layers",
+        "gradient norm / parameter norm below 1e-7 in some layers for 20 recorded steps",
+        "replace saturating activations, add normalisation or residual connections, or fix the "
+        "initialisation scale",
+        (
+            "a conv bias before BatchNorm (a zero gradient by construction)",
+            "frozen layers",
+            "adapters on a frozen base",
+        ),
+    )
 
     def check(self, view: View) -> Outcome:
         rule = self.name
@@ -573,6 +608,18 @@ def non_finite_gradients(
         )
     subject = subjects.LAYERS if bad else subjects.GRAD_NORM
     return Alert("grad_non_finite", "error", message, step, time, tuple(bad), subject=subject)
+
+
+# non_finite_gradients' alert in the table of causes (it is worded here, found by the engine).
+DOCS = {
+    "grad_non_finite": RuleDoc(
+        SYMPTOM,
+        "gradients became NaN or Inf at a step",
+        "the raw per-parameter gradient norms of every step, naming the first parameters (with "
+        "`check_forward=True` the first module whose output was non-finite)",
+        "lower the learning rate, clip gradients, or check the inputs",
+    ),
+}
 
 
 __all__ = [

@@ -9,6 +9,7 @@ import numpy as np
 
 from nbmonitor.health import alert as subjects
 from nbmonitor.health.alert import Alert
+from nbmonitor.health.doc import SYMPTOM, RuleDoc
 from nbmonitor.health.rule import Base, Outcome, always, clear, never, nothing
 from nbmonitor.health.thresholds import Thresholds
 from nbmonitor.health.view import View
@@ -27,18 +28,43 @@ PLATEAU_RISE = 0.5
 START_LOSSES = 10
 
 
+# A NaN is a logged one (not a step the loss was not logged on) after at least this many rows
+# that all had it, before the reference window is long enough to call the column dense.
+EARLY_LOGGED_ROWS = 3
+
+
 def first_non_finite_row(view: View, values: FloatArray) -> int | None:
-    """First new row whose value is Inf, or NaN in a column logged every step."""
+    """First new row whose value is Inf, or a NaN that was logged: in a column logged every
+    step so far (dense, or its first rows all there), or, at the run's first check, in a
+    column that holds nothing but NaN (a column exists only once a row had the key)."""
     new = values[view.new_from :]
     bad = np.isinf(new)
     if dense(values[view.ref_from : view.new_from]):
         bad |= np.isnan(new)
+    elif view.new_from == 0 and new.size and np.isnan(new).all():
+        # The first check of the run, every loss NaN: the column exists only because rows had
+        # the key, so the losses logged were NaN (a model broken from its first step).
+        bad[0] = True
+    else:
+        # The first NaN of the window, after EARLY_LOGGED_ROWS rows that all had the key.
+        gaps = np.flatnonzero(np.isnan(values[view.ref_from :]))
+        first = view.ref_from + int(gaps[0]) if gaps.size else -1
+        if first >= max(view.new_from, view.ref_from + EARLY_LOGGED_ROWS):
+            bad[first - view.new_from] = True
     hits = np.flatnonzero(bad)
     return view.new_from + int(hits[0]) if hits.size else None
 
 
 class NonFiniteLoss(Base):
     name = "loss_non_finite"
+    doc = RuleDoc(
+        SYMPTOM,
+        "the logged loss is NaN or Inf",
+        "the first non-finite value of the logged loss (NaN counts in a loss logged every step)",
+        "lower the learning rate, clip gradients, and check the inputs and the loss for NaN, "
+        "log(0) or division by zero",
+        ("a loss logged only now and then (a missing value is not NaN)",),
+    )
 
     def check(self, view: View) -> Outcome:
         rule = self.name
@@ -73,6 +99,18 @@ class NonFiniteLoss(Base):
 
 class LossSpike(Base):
     name = "loss_spike"
+    doc = RuleDoc(
+        SYMPTOM,
+        "the loss jumps far above its recent level",
+        "the loss 5x or more above its recent median for 3 steps, beyond 6 robust sigmas of its "
+        "noise and a tenth of the run's loss range",
+        "lower the learning rate, add warm-up or clip gradients",
+        (
+            "noisy losses of small batches",
+            "evaluation losses logged under another key",
+            "schedules that restart",
+        ),
+    )
 
     def __init__(self, thresholds: Thresholds) -> None:
         super().__init__(thresholds)
@@ -153,6 +191,18 @@ class LossSpike(Base):
 
 class LossPlateau(Base):
     name = "loss_plateau"
+    doc = RuleDoc(
+        SYMPTOM,
+        "the loss stopped falling far from where it could be",
+        "no decrease over the last `plateau_window` (200) steps, having covered less than half the"
+        " way from where it started",
+        "try another learning rate; check that labels match inputs and the optimizer holds the "
+        "model's parameters",
+        (
+            "a loss that flattens after falling a long way (converged)",
+            "a loss overfitting one batch on purpose",
+        ),
+    )
 
     def __init__(self, thresholds: Thresholds) -> None:
         super().__init__(thresholds)

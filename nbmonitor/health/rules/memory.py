@@ -18,6 +18,7 @@ import numpy.typing as npt
 
 from nbmonitor.health import alert as subjects
 from nbmonitor.health.alert import Alert
+from nbmonitor.health.doc import FINDING, RuleDoc
 from nbmonitor.health.rule import Base, Outcome, always, clear, nothing
 from nbmonitor.health.thresholds import Thresholds
 from nbmonitor.health.view import View
@@ -217,6 +218,15 @@ class LeakTracker:
 
 class MemoryPeak(Base):
     name = "memory_peak"
+    doc = RuleDoc(
+        FINDING,
+        "the step's memory peak is 90 % or more of what the process can use",
+        "the allocator's (CUDA) or the process's (CPU) peak in the recent samples against the "
+        "memory it can use",
+        "lower the batch size, use gradient checkpointing or mixed precision, "
+        "`zero_grad(set_to_none=True)`",
+        (),
+    )
 
     def check(self, view: View) -> Outcome:
         system = view.inp.system
@@ -230,6 +240,15 @@ class MemoryPeak(Base):
 
 class AllocRetries(Base):
     name = "alloc_retries"
+    doc = RuleDoc(
+        FINDING,
+        "the CUDA allocator frees its cache and retries allocations: memory is fragmented",
+        "2 or more allocation retries in the recent samples, with the bytes in inactive split "
+        "blocks",
+        "set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` before CUDA starts, or lower the "
+        "peak",
+        (),
+    )
 
     def check(self, view: View) -> Outcome:
         system = view.inp.system
@@ -243,6 +262,15 @@ class AllocRetries(Base):
 
 class MemoryLeak(Base):
     name = "memory_leak"
+    doc = RuleDoc(
+        FINDING,
+        "memory grows step after step: the loop keeps tensors (a loss kept with its graph, outputs"
+        " in a list)",
+        "the floor of memory (the least of each block of 3 samples, less the monitor's own stores)"
+        " rising in 4 blocks in a row while steps advance",
+        "keep `loss.item()`, not the loss; detach or drop kept outputs; bound caches",
+        ("the monitor's own memory", "warm-up in the first steps", "a loaded machine"),
+    )
 
     def __init__(self, thresholds: Thresholds) -> None:
         super().__init__(thresholds)

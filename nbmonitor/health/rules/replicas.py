@@ -19,6 +19,8 @@ import numpy as np
 
 from nbmonitor.health import alert as subjects
 from nbmonitor.health.alert import Alert
+from nbmonitor.health.diagnose import cause_alert
+from nbmonitor.health.doc import CAUSE, RuleDoc
 from nbmonitor.health.rule import Base, Outcome, always, nothing
 from nbmonitor.health.view import RankColumns, View
 from nbmonitor.health.window import FloatArray
@@ -70,6 +72,13 @@ class SameBatches(Base):
     """Ranks whose losses are equal step after step: they train on the same batches."""
 
     name = "same_batches"
+    doc = RuleDoc(
+        CAUSE,
+        "ranks train on the same batches: a `DataLoader` without a `DistributedSampler`",
+        "the ranks' losses equal (to 1e-5) on each of the last 10 to 50 steps while the loss moved",
+        "`DataLoader(dataset, sampler=DistributedSampler(dataset))` and `sampler.set_epoch(epoch)`",
+        ("a healthy sharded job",),
+    )
 
     def check(self, view: View) -> Outcome:
         ranks = view.inp.ranks
@@ -83,23 +92,29 @@ class SameBatches(Base):
             for subject in new:
                 group = groups[subject]
                 everyone = len(group) == len(ranks.ranks)
+                hosts = dict(zip(ranks.ranks, ranks.hosts, strict=False))
+                on = " and ".join(sorted({hosts.get(r, "?") for r in group}))
                 alerts.append(
-                    Alert(
+                    cause_alert(
                         self.name,
-                        "warning",
-                        f"{_names(group)} have had the same loss on each of the last "
-                        f"{steps.size} steps: they are training on the same batches (a "
-                        "DataLoader without a DistributedSampler, or every rank's data seeded "
-                        "alike), so "
-                        f"{'the job' if everyone else 'these ranks'} "
-                        f"{'does' if everyone else 'do'} the work of one rank. Give each rank "
-                        "its own shard of the data: DataLoader(dataset, "
+                        cause=f"{_names(group)} on {on} are training on the same batches (a "
+                        "DataLoader without a DistributedSampler, or every rank's data "
+                        f"seeded alike), so {'the job' if everyone else 'these ranks'} "
+                        f"{'does' if everyone else 'do'} the work of one rank",
+                        said=f"they have had the same loss on each of the last {steps.size} steps",
+                        evidence={
+                            "ranks": list(group),
+                            "hosts": [hosts.get(r, "?") for r in group],
+                            "equal_steps": int(steps.size),
+                        },
+                        fix="give each rank its own shard of the data: DataLoader(dataset, "
                         "sampler=DistributedSampler(dataset)) with sampler.set_epoch(epoch) "
                         "every epoch, or, for data drawn at random, a generator seeded with "
-                        "seed + rank. (A loss averaged across ranks before it is logged is "
-                        "equal too: log each rank's own.)",
-                        int(steps[-1]),
-                        view.inp.time,
+                        "seed + rank (a loss averaged across ranks before it is logged is "
+                        "equal too: log each rank's own)",
+                        place=_names(group).lower(),
+                        step=int(steps[-1]),
+                        time=view.inp.time,
                         subject=subject,
                     )
                 )

@@ -38,6 +38,8 @@ import numpy as np
 
 from nbmonitor.health import alert as subjects
 from nbmonitor.health.alert import Alert
+from nbmonitor.health.diagnose import cause_alert
+from nbmonitor.health.doc import FINDING, RuleDoc
 from nbmonitor.health.rule import Base, Outcome, always, nothing
 from nbmonitor.health.view import RankColumns, RankProgress, View
 from nbmonitor.health.window import BoolArray, FloatArray
@@ -63,14 +65,16 @@ def _phase(code: float) -> str:
     return PHASES[int(code)] if math.isfinite(code) and 0 <= code < len(PHASES) else "unknown"
 
 
-def _where(step: float, phase: float) -> str:
-    """``in the backward pass of step 58`` (the step in progress: one after those done)."""
+def _where(step: float, phase: float, short: bool = False) -> str:
+    """``in the backward pass of step 58`` (the step in progress: one after those done);
+    ``short``: without what the phase holds."""
     if not math.isfinite(step):
         return "before its first step"
     name = _phase(phase)
     if name not in _PLACES:
         return f"after step {step:.0f}"
-    return _PLACES[name].format(f"{step + 1:.0f}")
+    place = _PLACES[name].format(f"{step + 1:.0f}")
+    return place.split(" (", 1)[0] if short else place
 
 
 def stall_limit(ranks: RankColumns, stall_s: float) -> float:
@@ -125,13 +129,25 @@ def _heard(p: RankProgress, i: int) -> tuple[float, str]:
     return math.nan, "no step, no sample"
 
 
-def _silence(p: RankProgress, i: int, idle: float) -> str:
-    """``12 s (its last sample: ...)``: never NaN; at least the job's idle time when nothing
-    of the rank is known at all."""
+def _silence(p: RankProgress, i: int, idle: float) -> tuple[float, str]:
+    """(seconds, ``12 s (its last sample: ...)``): never NaN; at least the job's idle time
+    when nothing of the rank is known at all."""
     when, what = _heard(p, i)
     if not math.isfinite(when):
-        return f"at least {idle:.0f} s ({what})"
-    return f"{max(p.now - when, 0.0):.0f} s ({what})"
+        return idle, f"at least {idle:.0f} s ({what})"
+    seconds = max(p.now - when, 0.0)
+    return seconds, f"{seconds:.0f} s ({what})"
+
+
+@dataclass(frozen=True)
+class Stall:
+    """Why one rank is named: ``cause`` what holds the job up, ``said`` the evidence in words
+    (how long, where it is, where the others wait), ``evidence`` the same as data."""
+
+    severity: str
+    cause: str
+    said: str
+    evidence: dict[str, object]
 
 
 def _position(p: RankProgress, live: BoolArray) -> FloatArray:
@@ -142,38 +158,48 @@ def _position(p: RankProgress, live: BoolArray) -> FloatArray:
     return np.where(live & np.isfinite(step), position, math.nan)
 
 
-def stalled(ranks: RankColumns, stall_s: float) -> dict[int, tuple[str, str]]:
-    """Rank -> (severity, why it is named: the end of the alert's first sentence), for each
-    rank that holds the job up now (see the module docstring). A rank frozen, dead or gone is
-    an error; one behind the others a warning (a checkpoint or an evaluation on one rank
-    alone looks the same while it lasts)."""
+def _evidence(ranks: RankColumns, p: RankProgress, i: int, **more: object) -> dict[str, object]:
+    return {
+        "rank": ranks.ranks[i],
+        "host": ranks.hosts[i] if i < len(ranks.hosts) else "?",
+        "pid": p.pids[i] if i < len(p.pids) else None,
+        "steps_done": float(p.step[i]),
+        "phase": _phase(p.phase[i]),
+        **more,
+    }
+
+
+def stalled(ranks: RankColumns, stall_s: float) -> dict[int, Stall]:
+    """Rank -> why it is named, for each rank that holds the job up now (see the module
+    docstring). A rank frozen, dead or gone is an error; one behind the others a warning (a
+    checkpoint or an evaluation on one rank alone looks the same while it lasts)."""
     now = _now(ranks, stall_s)
     p = ranks.progress
     if now is None or p is None or not now.live.any():
         return {}  # nobody is left waiting (the job is over, or nothing is written at all)
     step, phase, live, ended = p.step, p.phase, now.live, now.ended
     waiting = _others(ranks, p, live)
-    found: dict[int, tuple[str, str]] = {}
+    found: dict[int, Stall] = {}
     for i in np.flatnonzero(now.silent):
-        found[ranks.ranks[i]] = (
+        seconds, silence = _silence(p, int(i), now.idle)
+        found[ranks.ranks[i]] = Stall(
             "error",
-            (
-                f"has written nothing for {_silence(p, int(i), now.idle)} while {waiting}: its "
-                "process is frozen or dead (killed, out of memory? see its log)"
-            ),
+            "its process is frozen or dead: stopped, killed or out of memory",
+            f"it has written nothing for {silence} while {waiting}",
+            _evidence(ranks, p, int(i), silent_s=seconds, waiting=waiting),
         )
     if found:
         return found
     in_step = live & np.isin(phase, list(_IN_STEP))
     if ended.any() and in_step.any():
+        waiting = _others(ranks, p, live)
         for i in np.flatnonzero(ended):
-            found[ranks.ranks[i]] = (
+            found[ranks.ranks[i]] = Stall(
                 "error",
-                (
-                    f"has ended its run ({p.status[i]}) after step {step[i]:.0f} while "
-                    f"{_others(ranks, p, live)}: it left the job (an exception on that rank "
-                    "alone, or a loop that ran fewer steps there)"
-                ),
+                "it left the job: an exception on that rank alone, or a loop that ran fewer "
+                "steps there",
+                f"it ended its run ({p.status[i]}) after step {step[i]:.0f} while {waiting}",
+                _evidence(ranks, p, int(i), status=p.status[i], waiting=waiting),
             )
         return found
     position = _position(p, live)
@@ -183,15 +209,14 @@ def stalled(ranks: RankColumns, stall_s: float) -> dict[int, tuple[str, str]]:
     if behind >= float(np.nanmax(position)):
         return {}  # every rank at the same place: the job as a whole (stuck_together)
     lagging = live & (position == behind)
-    ahead = live & ~lagging
-    waiting = _others(ranks, p, ahead)
+    waiting = _others(ranks, p, live & ~lagging)
     for i in np.flatnonzero(lagging):
-        found[ranks.ranks[i]] = (
+        found[ranks.ranks[i]] = Stall(
             "warning",
-            (
-                f"has made no progress for {now.idle:.0f} s: its last completed step is "
-                f"{step[i]:.0f}, and it is {_where(step[i], phase[i])}, while {waiting}"
-            ),
+            "it is behind the others, and they wait for it",
+            f"it has made no progress for {now.idle:.0f} s: its last completed step is "
+            f"{step[i]:.0f}, and it is {_where(step[i], phase[i])}, while {waiting}",
+            _evidence(ranks, p, int(i), idle_s=now.idle, waiting=waiting),
         )
     return found
 
@@ -227,39 +252,50 @@ def _others(ranks: RankColumns, p: RankProgress, which: np.ndarray) -> str:
 # Why every rank would stop at the same place, by phase, and what to do.
 _TOGETHER = {
     "data": (
-        "every rank waits for its next batch, or runs the same work between steps (an "
-        "evaluation, a checkpoint: then this ends with it); a data source that hangs for all "
-        "of them (a network filesystem, a DataLoader worker that died: num_workers=0 shows its "
-        "error) stops the job there"
+        "every rank waits for its next batch from a data source that hangs for all (a "
+        "network filesystem, a DataLoader worker that died), or runs the same work between "
+        "steps (an evaluation or a checkpoint, which ends by itself)",
+        "num_workers=0 shows a worker's error",
     ),
     "collective": (
         "every rank waits in a collective that does not complete (DDP's gradient all-reduce, "
-        "or a collective of your own): a rank of the group that writes no files here, or a "
-        "network failure between hosts; set NCCL_DEBUG=INFO, and a timeout= in "
-        "init_process_group so that a hang raises instead"
+        "or one of your own): a rank of the group that writes no files here, or a network "
+        "failure between hosts",
+        "set NCCL_DEBUG=INFO, and a timeout= in init_process_group so that a hang raises",
     ),
 }
 
 
-def _job_stall(ranks: RankColumns, phase: int, step: float, idle: float) -> str:
-    """The message of a job stalled as a whole."""
+def _job_stall(ranks: RankColumns, phase: int, step: float, idle: float, time: float) -> Alert:
+    """The alert of a job stalled as a whole."""
     p = ranks.progress
     pids = p.pids if p is not None else ()
-    hosts = sorted(set(ranks.hosts))
+    hosts = " and ".join(sorted(set(ranks.hosts)))
     who = ", ".join(str(r) for r in ranks.ranks[:-1]) + f" and {ranks.ranks[-1]}"
     name = _phase(float(phase))
-    why = _TOGETHER["data" if name == "data" else "collective"]
+    why, fix = _TOGETHER["data" if name == "data" else "collective"]
     dumps = ", ".join(
         f"--pid {pid} (rank {r})" for r, pid in zip(ranks.ranks, pids, strict=False) if pid
     )
-    look = (
-        f"`py-spy dump` on {' and '.join(hosts)} ({dumps}) shows where each waits"
-        if dumps
-        else f"a stack dump of each rank on {' and '.join(hosts)} (py-spy dump) shows where"
-    )
-    return (
-        f"The job is stalled: ranks {who} on {' and '.join(hosts)} have made no progress for "
-        f"{idle:.0f} s, every one {_where(step, float(phase))}: {why}. {look}."
+    look = f"`py-spy dump` on {hosts} ({dumps})" if dumps else f"`py-spy dump` on {hosts}"
+    return cause_alert(
+        RankStalled.name,
+        cause=f"The job is stalled: {why}",
+        said=f"ranks {who} on {hosts} have made no progress for {idle:.0f} s, every one "
+        f"{_where(step, float(phase), short=True)}",
+        evidence={
+            "ranks": list(ranks.ranks),
+            "hosts": sorted(set(ranks.hosts)),
+            "pids": list(pids),
+            "idle_s": idle,
+            "steps_done": step,
+            "phase": name,
+        },
+        fix=f"{look} shows where each waits; {fix}",
+        place=f"step {step + 1:.0f}, {name} phase, every rank",
+        step=int(step),
+        time=time,
+        subject=subjects.RUN,
     )
 
 
@@ -268,6 +304,13 @@ class RankStalled(Base):
     or the whole job stopped at one place."""
 
     name = "rank_stalled"
+    doc = RuleDoc(
+        FINDING,
+        "a rank (or the whole job) is frozen, dead or stuck while the others wait",
+        "no step completed for `stall_s` (30 s) and 5 median step times, with where each rank is",
+        "`py-spy dump --pid PID` on its host; its log says why it stopped",
+        (),
+    )
 
     def check(self, view: View) -> Outcome:
         ranks = view.inp.ranks
@@ -282,17 +325,7 @@ class RankStalled(Base):
             alerts = []
             for subject in new:
                 if subject == subjects.RUN and together is not None:
-                    phase, step, idle = together
-                    alerts.append(
-                        Alert(
-                            self.name,
-                            "warning",
-                            _job_stall(ranks, phase, step, idle),
-                            int(step),
-                            view.inp.time,
-                            subject=subjects.RUN,
-                        )
-                    )
+                    alerts.append(_job_stall(ranks, *together, view.inp.time))
                     continue
                 rank = int(subject.removeprefix("rank"))
                 host, pid = hosts.get(rank, "?"), pids.get(rank)
@@ -303,21 +336,26 @@ class RankStalled(Base):
                 )
                 i = ranks.ranks.index(rank)
                 last = ranks.progress.step[i] if ranks.progress is not None else math.nan
-                severity, why = found[rank]
-                alone = (
-                    "; a checkpoint or an evaluation run on one rank alone shows like this "
-                    "too, for as long as it lasts"
-                    if severity == "warning"
-                    else ""
-                )
+                stall = found[rank]
+                if stall.severity == "error":
+                    look += "; its log says why it stopped"
+                else:
+                    look += (
+                        "; a checkpoint or an evaluation run on that rank alone shows like "
+                        "this too, for as long as it lasts"
+                    )
                 alerts.append(
-                    Alert(
+                    cause_alert(
                         self.name,
-                        severity,
-                        f"Rank {rank} on {host} is stalling the job: it {why}. {look}{alone}.",
-                        int(last) if math.isfinite(last) else view.inp.step,
-                        view.inp.time,
+                        cause=f"Rank {rank} on {host} is stalling the job: {stall.cause}",
+                        said=stall.said,
+                        evidence=stall.evidence,
+                        fix=look,
+                        place=f"rank {rank} on {host}",
+                        step=int(last) if math.isfinite(last) else view.inp.step,
+                        time=view.inp.time,
                         subject=subjects.rank(rank),
+                        severity=stall.severity,
                     )
                 )
             return alerts
@@ -328,4 +366,4 @@ class RankStalled(Base):
         return Outcome(self.name, held, always, make)
 
 
-__all__ = ["STALL_STEP_TIMES", "RankStalled", "stall_limit", "stalled", "stuck_together"]
+__all__ = ["STALL_STEP_TIMES", "RankStalled", "Stall", "stall_limit", "stalled", "stuck_together"]

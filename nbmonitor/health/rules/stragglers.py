@@ -28,6 +28,8 @@ import numpy as np
 
 from nbmonitor.health import alert as subjects
 from nbmonitor.health.alert import Alert
+from nbmonitor.health.diagnose import cause_alert
+from nbmonitor.health.doc import FINDING, RuleDoc
 from nbmonitor.health.rule import Base, Outcome, always, nothing
 from nbmonitor.health.rules.time import PERSIST_STEPS
 from nbmonitor.health.view import RankColumns, View
@@ -94,6 +96,14 @@ class Stragglers(Base):
     """A rank whose step time or data wait is consistently above the other ranks'."""
 
     name = "straggler"
+    doc = RuleDoc(
+        FINDING,
+        "one rank comes late to every step's all-reduce",
+        "its data wait (or step time) above the other ranks' median on most of the last 50 steps, "
+        "held over 100 steps",
+        "check its `DataLoader` workers, its GPU's clocks and other load on its host",
+        ("a busy neighbour for a moment",),
+    )
 
     def check(self, view: View) -> Outcome:
         ranks = view.inp.ranks
@@ -109,17 +119,25 @@ class Stragglers(Base):
                 metric, excess, share, n, last = found[rank]
                 host = hosts.get(rank, "?")
                 alerts.append(
-                    Alert(
+                    cause_alert(
                         self.name,
-                        "warning",
-                        f"Rank {rank} on {host} is a straggler: its {_WHAT[metric]} is "
-                        f"{excess * 1e3:.0f} ms above the other ranks' and it was the slowest "
-                        f"on {share:.0%} of the last {n} steps (and so for over {PERSIST_STEPS} "
-                        f"steps), so every rank waits for it; "
-                        f"check its input pipeline (DataLoader workers), its GPU (clocks, "
-                        f"temperature) and other load on {host}.",
-                        int(last),
-                        view.inp.time,
+                        cause=f"Rank {rank} on {host} is a straggler: every rank waits for it",
+                        said=f"its {_WHAT[metric]} is {excess * 1e3:.0f} ms above the other "
+                        f"ranks' and it was the slowest on {share:.0%} of the last {n} steps, "
+                        f"and so for over {PERSIST_STEPS} steps",
+                        evidence={
+                            "rank": rank,
+                            "host": host,
+                            "metric": metric,
+                            "excess_s": excess,
+                            "slowest_share": share,
+                            "of_steps": n,
+                        },
+                        fix=f"check its input pipeline (DataLoader workers), its GPU (clocks, "
+                        f"temperature) and other load on {host}",
+                        place=f"rank {rank} on {host}",
+                        step=int(last),
+                        time=view.inp.time,
                         subject=subjects.rank(rank),
                     )
                 )

@@ -28,6 +28,8 @@ import numpy as np
 
 from nbmonitor.health import alert as subjects
 from nbmonitor.health.alert import Alert
+from nbmonitor.health.diagnose import cause_alert
+from nbmonitor.health.doc import CAUSE, RuleDoc
 from nbmonitor.health.rule import Base, Outcome, always, nothing
 from nbmonitor.health.view import RankColumns, View
 from nbmonitor.health.window import FloatArray
@@ -46,7 +48,8 @@ class Finding:
     ranks: tuple[int, ...]
     metric: str  # "grad_norm" | "loss"
     step: float  # the newest step it was seen on
-    what: str  # the evidence, in words: the end of the alert's first sentence
+    what: str  # the evidence, in words
+    evidence: dict[str, object]  # the same, as data
 
 
 def _matrix(ranks: RankColumns, metric: str) -> FloatArray | None:
@@ -63,7 +66,7 @@ def _infinite(ranks: RankColumns, metric: str, values: FloatArray) -> list[Findi
         if bad.any():
             step = float(ranks.steps[np.flatnonzero(bad)[0]])
             what = f"its {metric} is infinite at step {step:.0f} while other ranks' is finite"
-            found.append(Finding((rank,), metric, step, what))
+            found.append(Finding((rank,), metric, step, what, {"infinite_at_step": step}))
     return found
 
 
@@ -80,17 +83,24 @@ def _grad_norms(ranks: RankColumns, values: FloatArray) -> list[Finding]:
         return []
     step = float(ranks.steps[common[-1]])
 
-    def what(rows: list[int]) -> str:
+    def finding(rows: list[int]) -> Finding:
         worst = float(rel[rows].max())
         steps = int(off[rows].any(axis=0).sum())
-        return (
+        what = (
             f"grad norms that differ on {steps} of the last {common.size} steps (by up to "
             f"{worst:.1%}), where DDP's all-reduce makes them equal to rounding"
         )
+        data: dict[str, object] = {
+            "steps_off": steps,
+            "of_steps": int(common.size),
+            "max_relative_difference": worst,
+            "newest": [float(v) for v in window[rows, -1]],
+        }
+        return Finding(tuple(ranks.ranks[i] for i in rows), "grad_norm", step, what, data)
 
     if len(named) == len(ranks.ranks):  # no majority agrees: the job as a whole
-        return [Finding(ranks.ranks, "grad_norm", step, what(named))]
-    return [Finding((ranks.ranks[i],), "grad_norm", step, what([i])) for i in named]
+        return [finding(named)]
+    return [finding([i]) for i in named]
 
 
 def _losses(ranks: RankColumns, values: FloatArray) -> list[Finding]:
@@ -103,13 +113,16 @@ def _losses(ranks: RankColumns, values: FloatArray) -> list[Finding]:
     named = np.flatnonzero(far)
     step = float(ranks.steps[common[-1]])
 
-    def what(i: int) -> str:
-        return (
+    def finding(i: int) -> Finding:
+        what = (
             f"a loss far from the other ranks' (its median {mine[i]:.4g} over the last "
             f"{common.size} steps, theirs {theirs:.4g})"
         )
+        data: dict[str, object] = {"median": float(mine[i]), "others_median": theirs}
+        data["of_steps"] = int(common.size)
+        return Finding((ranks.ranks[i],), "loss", step, what, data)
 
-    return [Finding((ranks.ranks[i],), "loss", step, what(int(i))) for i in named]
+    return [finding(int(i)) for i in named]
 
 
 def out_of_sync(ranks: RankColumns) -> list[Finding]:
@@ -132,25 +145,45 @@ def _names(group: tuple[int, ...]) -> str:
     return "Ranks " + ", ".join(str(r) for r in group[:-1]) + f" and {group[-1]}"
 
 
-def _message(ranks: RankColumns, findings: list[Finding]) -> str:
+_GRAD_CAUSE = (
+    "the gradients are not averaged across ranks, so each rank's model drifts away from the "
+    "others' (every backward under DDP's no_sync(), a model not wrapped in "
+    "DistributedDataParallel, or ranks in different process groups)"
+)
+_GRAD_FIX = (
+    "run the backward of each step's last micro-batch outside no_sync(), so that DDP "
+    "all-reduces it before optimizer.step() (a sharded model, FSDP or ZeRO, reports each "
+    "rank's own shard: there this is expected)"
+)
+_LOSS_CAUSE = (
+    "that rank trains on other data or from another model state (a different dataset or "
+    "preprocessing on its host, a checkpoint loaded on one rank only)"
+)
+_LOSS_FIX = "check that every rank reads the same dataset and starts from the same weights"
+
+
+def _alert(ranks: RankColumns, findings: list[Finding], step: int, time: float) -> Alert:
     hosts = dict(zip(ranks.ranks, ranks.hosts, strict=False))
     group = findings[0].ranks
     where = " and ".join(sorted({hosts.get(r, "?") for r in group}))
-    verb = "has" if len(group) == 1 else "have"
-    text = f"{_names(group)} on {where} {verb} " + "; and ".join(f.what for f in findings)
-    if any(f.metric == "grad_norm" for f in findings):
-        return text + (
-            ": the gradients are not averaged across ranks, so each rank's model drifts away "
-            "from the others' (every backward under DDP's no_sync(), a model not wrapped in "
-            "DistributedDataParallel, or ranks in different process groups). Run the backward "
-            "of each step's last micro-batch outside no_sync(), so that DDP all-reduces it "
-            "before optimizer.step(). (A sharded model, FSDP or ZeRO, reports each rank's own "
-            "shard: there this is expected.)"
-        )
-    return text + (
-        ": that rank trains on other data or from another model state (a different dataset "
-        "or preprocessing on its host, a checkpoint loaded on one rank only). Check that "
-        "every rank reads the same dataset and starts from the same weights."
+    grads = any(f.metric == "grad_norm" for f in findings)
+    verb = "are" if len(group) > 1 else "is"
+    return cause_alert(
+        RankDivergence.name,
+        cause=f"{_names(group)} on {where} {verb} out of sync: "
+        + (_GRAD_CAUSE if grads else _LOSS_CAUSE),
+        said=f"{'they have' if len(group) > 1 else 'it has'} "
+        + "; and ".join(f.what for f in findings),
+        evidence={
+            "ranks": list(group),
+            "hosts": [hosts.get(r, "?") for r in group],
+            **{f.metric: f.evidence for f in findings},
+        },
+        fix=_GRAD_FIX if grads else _LOSS_FIX,
+        place=f"{_names(group).lower()} on {where}",
+        step=step,
+        time=time,
+        subject=subjects.rank(group[0]),
     )
 
 
@@ -158,6 +191,15 @@ class RankDivergence(Base):
     """Ranks whose grad norms or losses disagree with the others': out of sync."""
 
     name = "rank_divergence"
+    doc = RuleDoc(
+        CAUSE,
+        "ranks out of sync: gradients not averaged (every backward under `no_sync()`, no DDP), so "
+        "the models drift apart",
+        "a rank's `grad_norm` more than 0.1 % from the median of all ranks on more than half of "
+        "the last 5 to 50 steps, or its loss far from the others'",
+        "run each step's last backward outside `no_sync()` so DDP averages it",
+        ("a sharded model (FSDP, ZeRO): each rank reports its own shard",),
+    )
 
     def check(self, view: View) -> Outcome:
         ranks = view.inp.ranks
@@ -173,16 +215,8 @@ class RankDivergence(Base):
             for subject in new:
                 findings = by_subject[subject]
                 step = max(f.step for f in findings)
-                alerts.append(
-                    Alert(
-                        self.name,
-                        "warning",
-                        _message(ranks, findings),
-                        int(step) if math.isfinite(step) else view.inp.step,
-                        view.inp.time,
-                        subject=subject,
-                    )
-                )
+                at = int(step) if math.isfinite(step) else view.inp.step
+                alerts.append(_alert(ranks, findings, at, view.inp.time))
             return alerts
 
         return Outcome(self.name, list(by_subject), always, make)

@@ -23,6 +23,7 @@ import numpy as np
 
 from nbmonitor.health import alert as subjects
 from nbmonitor.health.alert import Alert
+from nbmonitor.health.doc import FINDING, RuleDoc
 from nbmonitor.health.rule import Base, Outcome, always, clear, nothing
 from nbmonitor.health.thresholds import Thresholds
 from nbmonitor.health.view import View
@@ -143,6 +144,15 @@ class _ShareRule(Base):
 
 class InputBound(_ShareRule):
     name = "input_bound"
+    doc = RuleDoc(
+        FINDING,
+        "the loop waits for its data",
+        "the data phase is 30 % or more of the fastest quarter of the last 50 steps and at least 1"
+        " ms, held over 100 steps",
+        "load batches ahead: `DataLoader(num_workers=..., pin_memory=True)` and `.to(device, "
+        "non_blocking=True)`",
+        ("a busy neighbour process", "a slow first step"),
+    )
     key = "phase_data_s"
     limit = DATA_SHARE
     least = DATA_MIN_S
@@ -158,6 +168,14 @@ class InputBound(_ShareRule):
 
 class OptimizerShare(_ShareRule):
     name = "optimizer_share"
+    doc = RuleDoc(
+        FINDING,
+        "the optimizer step takes half the step while a faster implementation is at hand",
+        "the optimizer phase 50 % or more of the fast steps and at least 2 ms, and `fused=True` or"
+        " `foreach=True` available but unused",
+        "`fused=True` (or `foreach=True`) in the optimizer",
+        ("an optimizer already fused", "another library's optimizer"),
+    )
     key = "phase_optimizer_s"
     limit = OPTIMIZER_SHARE
     least = OPTIMIZER_MIN_S
@@ -192,6 +210,15 @@ _BETTER = {
 
 class StepTimeRegression(Base):
     name = "step_time_regression"
+    doc = RuleDoc(
+        FINDING,
+        "steps became much slower than earlier in the run",
+        "the lower quartile of the last 50 step times 1.5x or more the fastest median seen, at "
+        "least 20 ms slower, for 30 s or more",
+        "see which phase grew in the timeline; other processes, a throttled GPU or growing inputs "
+        "are common causes",
+        ("evaluation passes", "a loaded machine for a moment"),
+    )
 
     def __init__(self, thresholds: Thresholds) -> None:
         super().__init__(thresholds)

@@ -17,6 +17,7 @@ import numpy as np
 
 from nbmonitor.health import alert as subjects
 from nbmonitor.health.alert import Alert
+from nbmonitor.health.doc import SYMPTOM, RuleDoc
 from nbmonitor.health.rule import Base, Outcome, nothing
 from nbmonitor.health.thresholds import Thresholds
 from nbmonitor.health.view import View
@@ -130,7 +131,7 @@ EARLIER_LOSS = 30
 FALLING = 0.9
 
 
-def _loss_falling(view: View, step: int) -> bool:
+def loss_falling(view: View, step: int) -> bool:
     loss = view.column("loss")
     if loss is None:
         return False
@@ -153,7 +154,7 @@ def _loss_falling(view: View, step: int) -> bool:
 
 
 @functools.lru_cache(maxsize=8)
-def _weights(names: tuple[str, ...]) -> BoolArray:
+def weight_rows(names: tuple[str, ...]) -> BoolArray:
     """Which layers are weights, not biases (read-only: shared between checks)."""
     mask = np.array([not name.endswith("bias") for name in names], dtype=bool)
     mask.flags.writeable = False
@@ -162,12 +163,23 @@ def _weights(names: tuple[str, ...]) -> BoolArray:
 
 class UpdateRatioHigh(_UpdateRatio):
     name = "update_ratio_high"
+    doc = RuleDoc(
+        SYMPTOM,
+        "updates far larger than healthy (`‖Δw‖/‖w‖` ≫ 1e-3) while the loss is not falling",
+        "`‖Δw‖/‖w‖` above 0.1 in some layers on 3 measured steps in a row while the loss is not "
+        "falling",
+        "lower the learning rate",
+        (
+            "large early updates that bring the loss down (momentum building up)",
+            "zero-initialised adapters in their first steps",
+        ),
+    )
 
     def _judged(self, view: View, ratios: FloatArray, step: int) -> BoolArray:
         # Biases are often initialised to zero and stay near it, so ||w|| ~ 0 makes the ratio
         # large while nothing is wrong; the hint is about weights.
-        judged: BoolArray = np.isfinite(ratios) & _weights(view.layer_names)
-        if _loss_falling(view, step):
+        judged: BoolArray = np.isfinite(ratios) & weight_rows(view.layer_names)
+        if loss_falling(view, step):
             # Large updates that bring the loss down are the point (SGD's momentum builds up
             # over the first tens of steps, and a small head moves far); a learning rate too
             # high shows as large updates with a loss that stops falling or climbs.
@@ -189,6 +201,13 @@ class UpdateRatioHigh(_UpdateRatio):
 
 class UpdateRatioLow(_UpdateRatio):
     name = "update_ratio_low"
+    doc = RuleDoc(
+        SYMPTOM,
+        "updates far smaller than healthy (`‖Δw‖/‖w‖` below 1e-6)",
+        "`‖Δw‖/‖w‖` below 1e-6 in some layers on the measured steps from step 20",
+        "raise the learning rate, or check that the parameters really train",
+        ("frozen layers", "schedules that end near 0"),
+    )
 
     def reset(self) -> None:
         super().reset()
@@ -227,4 +246,4 @@ class UpdateRatioLow(_UpdateRatio):
         )
 
 
-__all__ = ["UpdateRatioHigh", "UpdateRatioLow"]
+__all__ = ["UpdateRatioHigh", "UpdateRatioLow", "loss_falling", "weight_rows"]

@@ -1,5 +1,6 @@
 """The training panel: loss (raw and smoothed), learning rate, gradient norm (with the share of
-clipped steps), step time (rolling median in its min-max band) and throughput."""
+clipped steps), step time (rolling median in its min-max band) and throughput (raw and its
+rolling median)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ KEYS = (
     "step_time_min",
     "step_time_max",
     "samples_per_s",
+    "samples_per_s_smooth",
     "tokens_per_s",
+    "tokens_per_s_smooth",
 )
 
 

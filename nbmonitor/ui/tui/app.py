@@ -24,7 +24,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Footer, Input, Static
 
 from nbmonitor._atomic import write_atomic
-from nbmonitor._engine.devices_frame import DevicesFrame
+from nbmonitor._engine.frame import DevicesFrame
 from nbmonitor.ui.tui.tables import (
     RunDetailLike,
     RunRowLike,
@@ -44,6 +44,9 @@ STYLES = {"ok": "", "warn": "yellow", "alert": "bold red", "none": "dim", "dim":
           "head": "bold"}  # fmt: skip
 # Columns of the devices table left out below these terminal widths (80x24 over SSH).
 NARROW = 120
+# The statuses of a run that has ended (runs/status.py): ``tail --tui`` ends with it. A writer
+# on another host that fell silent ("unknown") may come back: followed on.
+ENDED = frozenset({"closed", "degraded", "killed"})
 NARROW_DROP = frozenset({"name", "SM MHz", "procs"})
 VERY_NARROW = 90
 VERY_NARROW_DROP = NARROW_DROP | {"power"}
@@ -133,6 +136,7 @@ class TopApp(App[None]):
         self.rows: Sequence[RunRowLike] = ()
         self.detail: RunDetailLike | None = None
         self.refreshes = 0
+        self.ended: str | None = None  # how the one run followed ended (``run_path``)
         self.saved: list[Path] = []
         self.cursor = 0  # the run row selected in the table
         # What each widget shows, to skip unchanged ones: (text, spans) or text.
@@ -167,6 +171,9 @@ class TopApp(App[None]):
             self.detail = self.source.detail(self.selected)
         self.refreshes += 1
         self._draw()
+        if self.only_run and self.detail is not None and self.detail.row.status in ENDED:
+            self.ended = self.detail.row.status  # drawn once more, then the app ends
+            self.exit()
 
     def _spark_width(self) -> int:
         return max(6, min(40, self.size.width // 12))
@@ -201,9 +208,11 @@ class TopApp(App[None]):
         width = self.size.width
         host = f"{frame.host} · " if frame is not None else ""
         filt = f" · filter: {self.needle}" if self.needle else ""
-        self._update(
-            "title", f" nbmonitor top · {host}{now} · every {self.source.interval:g} s{filt}"
-        )
+        if self.only_run:
+            self._update("title", f" nbmonitor tail · {self._run_title()} · {now}")
+        else:
+            title = f" nbmonitor top · {host}{now} · every {self.source.interval:g} s{filt}"
+            self._update("title", title)
         if self.only_run or self.query_one("#detail", Static).display:
             self._draw_detail()
             return
@@ -222,6 +231,14 @@ class TopApp(App[None]):
         shown = self.shown_runs()
         self.cursor = min(self.cursor, max(len(shown) - 1, 0))
         self._update("runs", styled(runs_table(shown), width, self.cursor))
+
+    def _run_title(self) -> str:
+        """``<run> · running · step 30/100`` for the one run followed."""
+        if self.detail is None:
+            return Path(self.selected or "").name or "?"
+        row = self.detail.row
+        total = f"/{row.total_steps}" if row.total_steps else ""
+        return f"{row.name} · {row.status} · step {row.step}{total}"
 
     def shown_runs(self) -> list[RunRowLike]:
         """The runs the table shows (those the filter keeps), in order."""

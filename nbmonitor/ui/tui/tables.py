@@ -18,7 +18,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from nbmonitor._engine.devices_frame import DevicesFrame
+from nbmonitor._engine.frame import DevicesFrame
 from nbmonitor.ui.machine import fixed, gpu_rows, machine_values, rate, si_bytes
 
 FloatArray = npt.NDArray[np.float64]
@@ -241,6 +241,14 @@ def alerts_lines(frame: DevicesFrame, limit: int = 5) -> list[tuple[str, str]]:
     ]  # fmt: skip
 
 
+# The curves of a run's view: (key, label, scale, unit), each value shown with its unit.
+DETAIL_SERIES = (
+    ("loss", "loss", 1.0, ""),
+    ("grad_norm", "grad norm", 1.0, ""),
+    ("step_time", "step time", 1e3, " ms"),
+)
+
+
 def detail_lines(detail: RunDetailLike, width: int) -> list[tuple[str, str]]:
     """The selected run: its curves as sparklines with their latest, lowest and highest
     values, then its alerts, newest first."""
@@ -248,13 +256,16 @@ def detail_lines(detail: RunDetailLike, width: int) -> list[tuple[str, str]]:
     steps = series.get("step", np.zeros(0))
     span = f"steps {int(steps[0])}-{int(steps[-1])}" if len(steps) else "no steps yet"
     lines = [(f"{r.name}  {r.status}  step {r.step}  ({span})", "head")]
-    for key in ("loss", "grad_norm", "step_time"):
+    for key, label, scale, unit in DETAIL_SERIES:
         values = series.get(key, np.zeros(0))
         finite = values[np.isfinite(values)] if len(values) else values
         if not finite.size:
-            lines.append((f"{key:<10} -", "dim"))
+            lines.append((f"{label:<10} -", "dim"))
             continue
-        text = f"{key:<10} {finite[-1]:<10.4g} min {finite.min():<9.4g} max {finite.max():<9.4g} "
+        last, low, high = (
+            f"{v * scale:.4g}{unit}" for v in (finite[-1], finite.min(), finite.max())
+        )
+        text = f"{label:<10} {last:<11} min {low:<11} max {high:<11} "
         lines.append((text + spark(values, max(width - len(text) - 1, 8)), "ok"))
     lines.append((f"alerts ({r.alerts})", "head"))
     for alert in reversed(detail.alerts):

@@ -13,8 +13,9 @@ from torch import nn
 
 
 def loss_rebuilt_from_item(steps: int, attach: Attach) -> Trace:
-    # Source: PyTorch forum, "element 0 of tensors does not require grad and does not have a
-    # grad_fn" and its most common wrong fix, ``loss = torch.tensor(loss.item(),
+    # Source: deepinout.com/pytorch/pytorch-questions/75_pytorch_runtime_error_element_0_of_
+    # tensors_does_not_require_grad_and_does_not_have_a_grad_fn.html (.item() cuts the graph)
+    # and the most common wrong fix of that error, ``loss = torch.tensor(loss.item(),
     # requires_grad=True)`` (a loss computed with numpy, or to silence the error).
     # Signal: the tensor backward() runs on is a leaf cut from the model: no parameter ever
     # gets a gradient; the loss does not move.
@@ -166,7 +167,7 @@ def check_vanishing(t: Trace) -> str:
 BROKEN = (
     Scenario("loss_from_item_leaf", "flow", "loss = torch.tensor(loss.item(), requires_grad=True)",
              loss_rebuilt_from_item, 200, 60, ("loss_detached",),
-             source="PyTorch forum: element 0 of tensors does not require grad (wrong fix)",
+             source="deepinout.com: element 0 of tensors does not require grad (.item() cuts it)",
              signal="backward() on a leaf: no parameter ever gets a gradient",
              check=check_no_grad),
     Scenario("spike_at_conv2", "flow", f"conv2's gradient x1000 on step {SPIKE_AT + 1} only",

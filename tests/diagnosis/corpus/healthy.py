@@ -315,6 +315,22 @@ def embedding_large_vocab(steps: int, attach: Attach) -> Trace:
     return t
 
 
+def linear_warmup_from_zero(steps: int, attach: Attach) -> Trace:
+    # transformers' get_linear_schedule_with_warmup, written out: the lr is exactly 0 on the
+    # first step, rises over 50 steps and decays linearly to exactly 0 on the last.
+    model = mlp(width=16, out=4)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    warmup = 50
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return step / warmup
+        return max(0.0, (steps - step) / (steps - warmup))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+    return classify(model, opt, Patterns(seed=15), steps, attach, sched=sched)
+
+
 # fmt: off
 HEALTHY = (
     Scenario("ok_mlp_dropout_eval", "healthy", "MLP, dropout 0.3, AdamW, eval pass every 50",
@@ -347,6 +363,9 @@ HEALTHY = (
              vae_sum_reduction_adam, 600, 300, check=trained(0.6)),
     Scenario("ok_embedding_vocab_5000", "healthy", "EmbeddingBag over token ids up to 5,000",
              embedding_large_vocab, 600, 250, check=trained(0.3)),
+    Scenario("ok_linear_warmup_from_0", "healthy",
+             "lr exactly 0 at the first step, warm-up, linear decay to exactly 0 (HF style)",
+             linear_warmup_from_zero, 600, 250, check=trained(0.3)),
     Scenario("ok_first_layers_frozen", "healthy", "first two Linear frozen on purpose, Adam",
              first_layers_frozen, 600, 250, check=trained(0.5)),
 )

@@ -43,8 +43,9 @@ def floor(value: float) -> Check:
 
 
 def sigmoid_then_bce_with_logits(steps: int, attach: Attach) -> Trace:
-    # Source: PyTorch forum, "BCEWithLogitsLoss after a sigmoid" / "loss stuck at 0.31"
-    # (nn.BCEWithLogitsLoss's docs: it "combines a Sigmoid layer and the BCELoss").
+    # Source: philkr.net/cs342/doc/sigmoid ("you don't need to pass the input tensor to the
+    # sigmoid layer before training with BCEWithLogitsLoss") and nn.BCEWithLogitsLoss's docs
+    # (it "combines a Sigmoid layer and the BCELoss").
     # Signal: a sigmoid node feeds the loss's own sigmoid; the loss cannot go below
     # log(1 + e^-1) = 0.313 even on separable data.
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1), nn.Sigmoid())
@@ -98,7 +99,7 @@ BROKEN = (
              check=floor(math.log(1 + 3 / math.e))),
     Scenario("sigmoid_into_bcelogits", "loss", "nn.Sigmoid output into nn.BCEWithLogitsLoss",
              sigmoid_then_bce_with_logits, 300, 150, ("softmax_before_cross_entropy",),
-             source="PyTorch forum: BCEWithLogitsLoss after a sigmoid, loss stuck at 0.31",
+             source="philkr.net/cs342/doc/sigmoid; torch.nn.BCEWithLogitsLoss docs",
              signal="sigmoid feeds the loss's sigmoid; the loss floors at 0.313",
              check=floor(math.log(1 + math.exp(-1)))),
     Scenario("mse_sum_reduction_sgd", "loss", "MSELoss(reduction='sum'), batch 256, SGD 0.05",

@@ -35,9 +35,10 @@ def evaluate(model: nn.Module, task: Patterns) -> float:
 
 
 def eval_left_on(steps: int, attach: Attach) -> Trace:
-    # Source: PyTorch forum, "Model.eval() and model.train()": a validation pass before the
-    # first epoch calls model.eval() and nothing calls model.train() again; BatchNorm keeps its
-    # initial running statistics and Dropout is off for the whole run.
+    # Source: github.com/pytorch/tutorials/issues/1624 and PR 1602 (the quickstart's test()
+    # calls model.eval() and train() never calls model.train(): every epoch after the first
+    # trains in eval mode); here a baseline evaluation before the first epoch, so BatchNorm
+    # keeps its initial running statistics and Dropout is off for the whole run.
     # Signal: every module with dropout/BatchNorm has training=False at each optimizer step;
     # BatchNorm's running_mean never moves from 0.
     model = mlp_bn_dropout()
@@ -107,7 +108,7 @@ BROKEN = (
     Scenario("eval_never_switched_back", "mode",
              "model.eval() for a baseline, model.train() never called (BN + dropout)",
              eval_left_on, 300, 60, ("eval_mode_during_training",),
-             source="PyTorch forum: model.eval() and model.train()",
+             source="github.com/pytorch/tutorials/issues/1624 (and PR 1602)",
              signal="training=False on BatchNorm/Dropout at every optimizer step",
              check=check_eval),
     Scenario("bn1d_batch_of_two", "mode", "BatchNorm1d fed 2 samples a step",

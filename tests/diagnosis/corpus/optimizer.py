@@ -13,8 +13,8 @@ from torch import nn
 def zero_grad_never(steps: int, attach: Attach) -> Trace:
     # Source: Karpathy, "A Recipe for Training Neural Networks" (karpathy.github.io/2019/04/25/
     # recipe/) lists "you forgot to zero_grad() before backward()" among the most common
-    # mistakes; also "Why do we need to call zero_grad() in PyTorch?" (the PyTorch forum and
-    # Stack Overflow's most-read question on it).
+    # mistakes; discuss.pytorch.org/t/what-does-the-backward-function-do/9944 ("call this
+    # before loss.backward(), otherwise you'll accumulate the gradients").
     # Signal: the gradient norm grows linearly with the step (each backward adds to .grad);
     # the loss first falls, then oscillates and climbs back.
     model = mlp()
@@ -39,8 +39,9 @@ def check_zero_grad_never(t: Trace) -> str:
 
 
 def zero_grad_between(steps: int, attach: Attach) -> Trace:
-    # Source: PyTorch forum, "Where should I place optimizer.zero_grad()?" and its duplicates:
-    # anywhere but between loss.backward() and optimizer.step().
+    # Source: discuss.pytorch.org/t/what-step-backward-and-zero-grad-do/33301 ("hopefully you
+    # use them in the other order: zero_grad, backward, step"): anywhere but between
+    # loss.backward() and optimizer.step().
     # Signal: every gradient is reset (to None) right before the step; no parameter ever
     # changes and the loss stays at its starting (chance) level, log(4) = 1.39.
     model = mlp(width=16, out=4)
@@ -66,9 +67,9 @@ def check_unchanged(t: Trace) -> str:
 
 
 def step_before_backward(steps: int, attach: Attach) -> Trace:
-    # Source: PyTorch forum, "optimizer.step() before loss.backward()?" and the lr_scheduler
-    # ordering threads: the calls in the wrong order, with zero_grad() first as in the
-    # tutorials, so that each step sees no gradient.
+    # Source: discuss.pytorch.org/t/what-step-backward-and-zero-grad-do/33301 (the three calls
+    # and their order): here in the wrong order, with zero_grad() first as in the tutorials,
+    # so that each step sees no gradient.
     # Signal: the optimizer steps before backward in each iteration; the gradients it finds
     # were just cleared: the weights never change and the loss stays where it started.
     model = mlp(width=16, out=4)
@@ -97,9 +98,10 @@ class Backbone(nn.Module):
 
 
 def head_replaced_after_optimizer(steps: int, attach: Attach) -> Trace:
-    # Source: PyTorch forum, "Parameters of the new classifier not updated (transfer
-    # learning)": the optimizer is built, then ``model.fc`` is replaced for the new number of
-    # classes; the new head is in no param group.
+    # Source: the transfer-learning recipe (PyTorch's tutorial, as in pgg1610.github.io's
+    # "Transfer learning walkthrough using Pytorch": ``model.fc = nn.Linear(...)``, then the
+    # optimizer) with the two lines in the other order: the optimizer is built, then
+    # ``model.fc`` is replaced for the new number of classes; the new head is in no group.
     # Signal: fc.weight has a gradient every step and never changes; the loss falls only as
     # far as the features can take it with a random head.
     model = Backbone()
@@ -129,24 +131,24 @@ def check_head_frozen(t: Trace) -> str:
 BROKEN = (
     Scenario("zg_never_mlp_sgd", "optimizer", "optimizer.zero_grad() never called (MLP, SGD)",
              zero_grad_never, 300, 200, ("zero_grad_missing",),
-             source="karpathy.github.io/2019/04/25/recipe/ (forgot to zero_grad)",
+             source="karpathy.github.io/2019/04/25/recipe/; discuss.pytorch.org/t/9944",
              signal="grad norm grows linearly with the step", check=check_zero_grad_never),
     Scenario("zg_between_backward_step", "optimizer",
              "zero_grad() between backward() and step() (MLP classifier, Adam)",
              zero_grad_between, 300, 120, ("zero_grad_after_backward",),
-             source="PyTorch forum: where should I place optimizer.zero_grad()?",
+             source="discuss.pytorch.org/t/what-step-backward-and-zero-grad-do/33301",
              signal="grads cleared right before every step: weights never move, loss at chance",
              check=check_unchanged),
     Scenario("step_then_backward_sgd", "optimizer",
              "zero_grad(); forward; step(); backward() (SGD momentum)", step_before_backward,
              300, 120, ("step_before_backward",),
-             source="PyTorch forum: optimizer.step() before loss.backward()",
+             source="discuss.pytorch.org/t/what-step-backward-and-zero-grad-do/33301 (order)",
              signal="each step finds the gradients just cleared: weights never move",
              check=check_unchanged),
     Scenario("head_swapped_after_opt", "optimizer",
              "model.fc replaced after the optimizer was built", head_replaced_after_optimizer,
              300, 60, ("params_not_in_optimizer",), "fc.weight",
-             source="PyTorch forum: new classifier's parameters not updated (transfer learning)",
+             source="PyTorch transfer-learning tutorial (pgg1610.github.io), lines swapped",
              signal="fc.weight has a gradient every step and never changes",
              check=check_head_frozen),
 )

@@ -295,6 +295,15 @@ def raw_features_bn_first(steps: int, attach: Attach) -> Trace:
     return t
 
 
+def cosine_warm_restarts(steps: int, attach: Attach) -> Trace:
+    # SGDR: CosineAnnealingWarmRestarts(T_0=50, eta_min=0) stepped per batch, as meant: the
+    # lr falls to ~0 every 50 steps and restarts.
+    model = nn.Sequential(nn.Linear(16, 48), nn.Tanh(), nn.Linear(48, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sched = torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(opt, T_0=50, eta_min=0.0)
+    return train_classifier(model, opt, Patterns(noise=0.6, seed=124), steps, attach, sched=sched)
+
+
 # fmt: off
 HEALTHY = (
     Scenario("hb_ok_cnn_bn_adam_evals", "healthy", "CNN + BatchNorm (no conv bias), Adam, "
@@ -323,6 +332,9 @@ HEALTHY = (
     Scenario("hb_ok_raw_features_bn_first", "healthy",
              "raw columns (10..1,000) into a BatchNorm1d first layer, Adam",
              raw_features_bn_first, 600, 250, check=trained(0.3)),
+    Scenario("hb_ok_sgdr_warm_restarts", "healthy",
+             "CosineAnnealingWarmRestarts(T_0=50, eta_min=0) per batch, SGD momentum",
+             cosine_warm_restarts, 600, 250, check=trained(0.3)),
     Scenario("hb_ok_long_bn_mlp_sgd", "healthy", "BatchNorm1d MLP, batch 64, SGD, 2500 steps",
              long_bn_mlp_sgd, 5000, 2500, check=trained(0.3)),
 )

@@ -56,9 +56,9 @@ class MultiLabelCNN(nn.Module):
 
 
 def multilabel_sigmoid_bce_logits(steps: int, attach: Attach) -> Trace:
-    # Source: PyTorch forum, "BCEWithLogitsLoss and sigmoid" (nn.BCEWithLogitsLoss's docs: it
-    # "combines a Sigmoid layer and the BCELoss"): a multi-label CNN whose forward ends in
-    # torch.sigmoid.
+    # Source: runebook.dev "A Guide to Sigmoid, Softmax, and BCEWithLogitsLoss in PyTorch"
+    # (nn.BCEWithLogitsLoss's docs: it "combines a Sigmoid layer and the BCELoss"): a
+    # multi-label CNN whose forward ends in torch.sigmoid.
     # Signal: a sigmoid feeds the loss's own sigmoid; the loss floors at 0.313.
     g = torch.Generator().manual_seed(42)
     protos = torch.randn(6, 1, 8, 8, generator=g)
@@ -115,7 +115,7 @@ BROKEN = (
     Scenario("hb_multilabel_sigmoid_bcelogits", "loss",
              "multi-label CNN ending in torch.sigmoid, BCEWithLogitsLoss",
              multilabel_sigmoid_bce_logits, 300, 150, ("softmax_before_cross_entropy",),
-             source="PyTorch forum: BCEWithLogitsLoss and sigmoid; BCEWithLogitsLoss docs",
+             source="runebook.dev torch.nn.functional.sigmoid guide; BCEWithLogitsLoss docs",
              signal="sigmoid feeds the loss's sigmoid; loss floors at 0.313",
              check=lambda t: need(min(t["loss"]) > math.log(1 + math.exp(-1)) - 0.02, "floor")),
     Scenario("hb_ce_sum_batch128_sgd", "loss", "CrossEntropyLoss(reduction='sum'), batch 128, SGD",

@@ -12,9 +12,9 @@ from torch import nn
 
 
 def cnn_bn_eval_left(steps: int, attach: Attach) -> Trace:
-    # Source: PyTorch forum, "Model.eval() before training accidentally" / "forgot
-    # model.train() after validation": a helper ``accuracy(model, loader)`` calls
-    # model.eval() and is run once before training; BatchNorm uses its initial running
+    # Source: github.com/wkentaro/pytorch-fcn/issues/57 (model.train() not called again after
+    # validate()) and github.com/tk-rusch/coRNN/issues/1: a helper ``accuracy(model, loader)``
+    # calls model.eval() and is run once before training; BatchNorm uses its initial running
     # statistics (0 and 1) for the whole run.
     # Signal: the BatchNorm2d layers have training=False at every optimizer step;
     # running_mean stays 0.
@@ -107,7 +107,7 @@ BROKEN = (
     Scenario("hb_cnn_bn_left_in_eval", "mode",
              "model.eval() in an accuracy() helper before training, never undone (CNN + BN)",
              cnn_bn_eval_left, 300, 60, ("eval_mode_during_training",),
-             source="PyTorch forum: forgot model.train() after validation",
+             source="github.com/wkentaro/pytorch-fcn/issues/57; tk-rusch/coRNN#1",
              signal="BatchNorm2d training=False at every step; running_mean stays 0",
              check=lambda t: need(max(t["training"]) == 0 and max(t["rm"]) == 0, "trained")),
     Scenario("hb_gru_bn1d_batch_2", "mode", "GRU -> BatchNorm1d, 2 sequences a step",

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import torch
 from benchmarks.diagnosis.harness import Attach, Scenario
-from benchmarks.diagnosis.models import Patterns, SmallCNN
+from benchmarks.diagnosis.models import Patterns, SmallCNN, Teacher
 from tests.diagnosis.corpus._common import GRUClassifier, Trace, grad_norm, need
 from torch import nn
 
 
 def cnn_adam_no_zero_grad(steps: int, attach: Attach) -> Trace:
-    # Source: karpathy.github.io/2019/04/25/recipe/ (forgot to zero_grad) and the PyTorch
-    # forum's "Why do we need to call zero_grad()?"; here a CNN with Adam, whose normalised
-    # step hides part of it: the loss still falls at first.
+    # Source: karpathy.github.io/2019/04/25/recipe/ (forgot to zero_grad) and
+    # discuss.pytorch.org/t/what-does-the-backward-function-do/9944; here a CNN with Adam,
+    # whose normalised step hides part of it: the loss still falls at first.
     # Signal: the gradient norm grows with the step, ~linearly (the sum of all past batches).
     model = SmallCNN()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -33,8 +33,9 @@ def check_grad_grows(t: Trace) -> str:
 
 
 def gru_model_zero_grad_between(steps: int, attach: Attach) -> Trace:
-    # Source: PyTorch forum, "model.zero_grad() or optimizer.zero_grad()?" and "Where should
-    # I place zero_grad?": model.zero_grad() placed after backward(), before step().
+    # Source: velog.io/@rhss10 (where to put optimizer.zero_grad(): anywhere but between
+    # backward() and step()) and discuss.pytorch.org/t/what-step-backward-and-zero-grad-do/
+    # 33301: model.zero_grad() placed after backward(), before step().
     # Signal: each step finds no gradient (set to None); the GRU's weights never change and
     # the loss stays at chance.
     model = GRUClassifier()
@@ -57,8 +58,9 @@ def check_frozen(t: Trace) -> str:
 
 
 def cnn_adam_step_before_backward(steps: int, attach: Attach) -> Trace:
-    # Source: PyTorch forum, "optimizer.step() before loss.backward()": forward, zero_grad(),
-    # step(), backward() (a loop reorganised around a logging call). With the gradients just
+    # Source: discuss.pytorch.org/t/what-step-backward-and-zero-grad-do/33301 (the calls'
+    # order): forward, zero_grad(), step(), backward() (a loop reorganised around a logging
+    # call). With the gradients just
     # reset to None, Adam skips every parameter.
     # Signal: within each iteration the optimizer steps before backward runs, on no
     # gradient; the weights never change; the loss stays at chance.
@@ -75,6 +77,42 @@ def cnn_adam_step_before_backward(steps: int, attach: Attach) -> Trace:
         t.rec(loss=loss, w=model.conv1.weight.norm())
         mon.log(loss=loss)
     return t
+
+
+def zero_grad_once_per_epoch(steps: int, attach: Attach) -> Trace:
+    # Source: PyTorch forum, "zero_grad() outside the batch loop" (it sits under ``for epoch
+    # in ...`` instead of the batch loop): the gradients are reset once an epoch of 50
+    # batches and add up in between.
+    # Signal: within each epoch the gradient norm grows several-fold with the step (the sum
+    # of the epoch's batches so far), dropping back at each epoch's start; with a small lr
+    # the loss still falls, which hides it.
+    model = nn.Sequential(
+        nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 1)
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.002)
+    task, t = Teacher(seed=25), Trace()
+    mon = attach(model, opt, total_steps=steps)
+    step = 0
+    while step < steps:
+        opt.zero_grad()  # the bug: once per epoch
+        for _ in range(50):
+            if step == steps:
+                break
+            x, y = task.batch()
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            t.rec(loss=loss, grad=grad_norm(model.parameters()))
+            opt.step()
+            mon.log(loss=loss)
+            step += 1
+    return t
+
+
+def check_grows_in_epoch(t: Trace) -> str:
+    g = t["grad"]
+    late = sum(g[40:50]) / 10
+    early = sum(g[1:6]) / 5
+    return need(late > 3 * early, f"grad norm in epoch 1: {early:.3g} -> {late:.3g}")
 
 
 class BagOfEmbeddings(nn.Module):
@@ -118,19 +156,25 @@ def embedding_in_no_group(steps: int, attach: Attach) -> Trace:
 BROKEN = (
     Scenario("hb_cnn_adam_no_zero_grad", "optimizer", "zero_grad() never called (CNN, Adam)",
              cnn_adam_no_zero_grad, 300, 150, ("zero_grad_missing",),
-             source="karpathy.github.io/2019/04/25/recipe/; PyTorch forum: why zero_grad()",
+             source="karpathy.github.io/2019/04/25/recipe/; discuss.pytorch.org/t/9944",
              signal="grad norm grows ~linearly with the step", check=check_grad_grows),
     Scenario("hb_gru_model_zero_grad_mid", "optimizer",
              "model.zero_grad() between backward() and step() (GRU, SGD)",
              gru_model_zero_grad_between, 300, 100, ("zero_grad_after_backward",),
-             source="PyTorch forum: model.zero_grad() or optimizer.zero_grad()?",
+             source="velog.io/@rhss10 (zero_grad placement); discuss.pytorch.org/t/33301",
              signal="no gradient at any step; the weights never change", check=check_frozen),
     Scenario("hb_cnn_adam_step_first", "optimizer",
              "forward; zero_grad(); step(); backward() (CNN, Adam)",
              cnn_adam_step_before_backward, 300, 100, ("step_before_backward",),
-             source="PyTorch forum: optimizer.step() before loss.backward()",
+             source="discuss.pytorch.org/t/what-step-backward-and-zero-grad-do/33301 (order)",
              signal="each step runs before backward, on no gradient; weights never change",
              check=check_frozen),
+    Scenario("hb_zero_grad_once_per_epoch", "optimizer",
+             "optimizer.zero_grad() under the epoch loop, not the batch loop (MLP, SGD)",
+             zero_grad_once_per_epoch, 300, 200, ("zero_grad_missing",),
+             source="PyTorch forum: zero_grad() outside the batch loop",
+             signal="grad norm grows several-fold within each epoch of 50, resets at its start",
+             check=check_grows_in_epoch),
     Scenario("hb_embedding_group_forgotten", "optimizer",
              "param groups by hand, the embedding forgotten", embedding_in_no_group, 300, 60,
              ("params_not_in_optimizer",), "embed.weight",
