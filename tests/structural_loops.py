@@ -233,6 +233,25 @@ def clipped(model: nn.Module, opt: torch.optim.Optimizer, steps: int) -> None:
         opt.step()
 
 
+def value_clipped(model: nn.Module, opt: torch.optim.Optimizer, steps: int) -> None:
+    for _ in range(steps):
+        x, y = batch()
+        opt.zero_grad(set_to_none=False)
+        ce(model, x, y).backward()
+        nn.utils.clip_grad_value_(model.parameters(), 0.01)
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+
+def zero_gradient(model: nn.Module, opt: torch.optim.Optimizer, steps: int) -> None:
+    """A loss whose gradient is exactly 0 for every parameter (a constant output)."""
+    for _ in range(steps):
+        x, _ = batch()
+        opt.zero_grad(set_to_none=False)
+        (model(x) * 0.0).sum().backward()
+        opt.step()
+
+
 def autocast(dtype: torch.dtype, scaler: bool = False) -> Loop:
     def loop(model: nn.Module, opt: torch.optim.Optimizer, steps: int) -> None:
         amp = torch.amp.GradScaler("cpu") if scaler else None

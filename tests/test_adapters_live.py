@@ -301,6 +301,73 @@ def test_a_model_whose_adapters_cannot_be_read_is_monitored_without_them(
         mon.close()
 
 
+class Bag(nn.Module):
+    """Token ids -> an embedding bag -> two Linears: for peft's embedding LoRA, DoRA, IA3."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(50, 16)
+        self.fc = nn.Linear(16, 32)
+        self.out = nn.Linear(32, 4)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.relu(self.fc(self.emb(ids).mean(1))))
+
+
+def _two_adapters() -> nn.Module:
+    model = peft.get_peft_model(Bag(), peft.LoraConfig(target_modules=["fc"], r=4))
+    model.add_adapter("other", peft.LoraConfig(target_modules=["fc"], r=4))  # inactive, frozen
+    return model
+
+
+PEFT_METHODS: dict[str, tuple[Callable[[], nn.Module], str]] = {
+    "embedding_lora": (
+        lambda: peft.get_peft_model(Bag(), peft.LoraConfig(target_modules=["emb", "fc"], r=4)),
+        "adapters learning: 4 LoRA matrices, zero-started tensors left zero in 2 of 2",
+    ),
+    "dora": (
+        lambda: peft.get_peft_model(
+            Bag(), peft.LoraConfig(target_modules=["fc", "out"], r=4, use_dora=True)
+        ),
+        "adapters learning: 6 DoRA tensors, B left zero in 2 of 2",
+    ),
+    "ia3": (
+        lambda: peft.get_peft_model(
+            Bag(), peft.IA3Config(target_modules=["fc", "out"], feedforward_modules=["out"])
+        ),
+        "adapters learning: 2 IA3 scales, weights moved",
+    ),
+    "two_adapters": (_two_adapters, "adapters learning: 2 LoRA matrices, B left zero in 1 of 1"),
+}
+
+
+@pytest.mark.parametrize("method", list(PEFT_METHODS))
+def test_peft_methods_train_silently_and_read_learning(method: str, tmp_path: Path) -> None:
+    make, head = PEFT_METHODS[method]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = make()
+    opt = torch.optim.AdamW(trainable(model), lr=3e-3)
+    torch.set_num_threads(1)
+    mon = nbmonitor.attach(model, opt, display=False, interval=0.05, run_dir=tmp_path)
+    try:
+        g = torch.Generator().manual_seed(0)
+        for _ in range(60):
+            ids = torch.randint(0, 50, (16, 6), generator=g)
+            loss = nn.functional.cross_entropy(model(ids), ids[:, 0] % 4)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            mon.log(loss=loss)
+        mon.flush()
+        verdict = mon.adapters()
+        assert verdict is not None and verdict.text.startswith(head), verdict
+        assert [(a.rule, a.message) for a in mon.events()] == []
+    finally:
+        mon.close()
+
+
 def test_base_partly_unfrozen_on_purpose_without_adapters_is_silent(tmp_path: Path) -> None:
     model = base_mlp()
     model[0].requires_grad_(False)

@@ -242,7 +242,7 @@ export function alertItem(alert, open) {
     item.append(...line);
     return item;
   }
-  const details = h("details", "nbm-alert-open");
+  const details = /** @type {HTMLDetailsElement} */ (h("details", "nbm-alert-open"));
   const summary = h("summary", "nbm-alert-summary");
   summary.append(...line);
   details.append(summary, alertDetail(alert));
@@ -413,9 +413,12 @@ class Dashboard {
     this.memory.title = known ? "the last steps' peak against the device's limit" : "";
     show(this.memory, known);
     const fits = isNum(s.batch_fits);
-    this.batchFits.textContent = fits ? `~${fmtInt(Math.round(s.batch_fits))}` : DASH;
+    // "over N": more than N fit, beyond the range the linear estimate is said for.
+    const more = s.batch_fits_more === 1;
+    this.batchFits.textContent = fits ? `${more ? "over " : "~"}${fmtInt(Math.round(s.batch_fits))}` : DASH;
     this.batchFits.title = isNum(s.batch_size)
-      ? `the largest batch estimated to fit (now ${fmtInt(Math.round(s.batch_size))}): activations grow with the batch, parameters and optimizer state do not`
+      ? `the largest batch estimated to fit (now ${fmtInt(Math.round(s.batch_size))}): activations grow with the batch, parameters and optimizer state do not` +
+        (more ? "; more than this fit, but the estimate is not said beyond 16 times the batch" : "")
       : "";
     show(this.batchFits, fits);
     const allocator = typeof s.allocator === "string" ? s.allocator : "";

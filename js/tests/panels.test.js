@@ -105,6 +105,15 @@ describe("memory panel", () => {
   });
 });
 
+describe("memory panel headroom", () => {
+  it("says over N when more than the range of the estimate fits", async () => {
+    const { headroomText } = await import("../src/panels/memory.js");
+    const notes = { memory_peak_bytes: 2 ** 30, memory_limit_bytes: 2 ** 34, batch_size: 64, batch_fits: 1024 };
+    expect(headroomText({ ...notes, batch_fits_more: 1 })).toContain("batch 64, over 1024 estimated to fit");
+    expect(headroomText({ ...notes, batch_fits_more: 0 })).toContain("batch 64, up to ~1024 estimated to fit");
+  });
+});
+
 describe("memory panel charts", () => {
   it("names no MPS driver line on a CPU run, and does on Apple's GPU", async () => {
     const memory = (await import("../src/panels/memory.js")).default;

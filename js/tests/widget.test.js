@@ -104,6 +104,13 @@ describe("render", () => {
     const chip = el.querySelector('[data-field="allocator"]');
     expect(chip.hidden).toBe(false);
     expect(chip.textContent).toBe("expandable_segments:True");
+    // A small model on a large memory: a lower bound, said as such.
+    const cpu = baseState();
+    cpu.header = { ...cpu.header, memory_peak_bytes: 2 ** 28, memory_limit_bytes: 2 ** 34, batch_size: 64, batch_fits: 1024, batch_fits_more: 1 };
+    el.replaceChildren();
+    render({ model: new FakeModel(cpu), el });
+    expect(field(el, "batch_fits")).toBe("over 1,024");
+    expect(el.querySelector('[data-field="batch_fits"]').title).toContain("not said beyond 16 times the batch");
   });
 
   it("shows whether a fine-tune's adapters learn, only for a model with adapters", () => {

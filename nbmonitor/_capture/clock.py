@@ -585,7 +585,7 @@ class StepClock:
             try:
                 watch = self.watch
                 if watch is not None and watch.pre_step_armed:
-                    watch.pre_step_started()
+                    watch.pre_step_started(self.ctx.clips)
                 self._call(self._at["pre_step"])
                 if guard.in_a_row:
                     guard.ok()

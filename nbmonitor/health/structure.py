@@ -67,6 +67,10 @@ class Structure:
                     break
         return tuple(reversed(out))
 
+    def held_since(self, kind: str, key: str | None, least: int, holds: object) -> int | None:
+        """``streak_step`` over every kept observation of ``kind`` (with ``key`` known)."""
+        return streak_step(self.recent(kind, KEEP, key), least, holds)
+
     def until(self, step: float) -> Structure:
         kept = tuple(o for o in self.observations if o.step <= step)
         return self if len(kept) == len(self.observations) else Structure(kept)
@@ -87,6 +91,10 @@ class StructureLog:
             kept = self._kinds[kind] = deque(maxlen=KEEP)
         kept.append(Observation(step, kind, dict(facts)))
 
+    def seen(self, kind: str) -> bool:
+        """Whether an observation of ``kind`` was taken."""
+        return bool(self._kinds.get(kind))
+
     def snapshot(self) -> Structure | None:
         if not self._kinds:
             return None
@@ -96,6 +104,22 @@ class StructureLog:
 
     def clear(self) -> None:
         self._kinds.clear()
+
+
+def streak_step(observations: tuple[Observation, ...], least: int, holds: object) -> int | None:
+    """The step at which the newest run of observations for which ``holds`` is true reached
+    ``least`` of them (when the verdict could first be said), or None when the newest ones
+    do not hold that many times in a row."""
+    if not callable(holds):
+        return None
+    run = 0
+    for o in reversed(observations):
+        if not holds(o):
+            break
+        run += 1
+    if run < least:
+        return None
+    return observations[len(observations) - run + least - 1].step
 
 
 def structure_of(view_inp: object) -> Structure | None:
@@ -112,4 +136,13 @@ def steady(observations: tuple[Observation, ...], least: int, holds: object) -> 
     return all(holds(o) for o in observations)
 
 
-__all__ = ["KEEP", "Facts", "Observation", "Structure", "StructureLog", "steady", "structure_of"]
+__all__ = [
+    "KEEP",
+    "Facts",
+    "Observation",
+    "Structure",
+    "StructureLog",
+    "steady",
+    "streak_step",
+    "structure_of",
+]

@@ -82,7 +82,8 @@ def memory_summary(latest: Mapping[str, float]) -> str | None:
     fits = latest.get("batch_fits", math.nan)
     batch = latest.get("batch_size", math.nan)
     if math.isfinite(fits) and math.isfinite(batch):
-        text += f", batch {batch:.0f} (up to ~{fits:.0f} fits)"
+        more = latest.get("batch_fits_more", 0.0) == 1.0
+        text += f", batch {batch:.0f} ({'over' if more else 'up to ~'}{fits:.0f} fits)"
     return text
 
 

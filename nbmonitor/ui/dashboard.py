@@ -37,6 +37,7 @@ _HEADER_KEYS = (
     "memory_limit_bytes",
     "batch_size",
     "batch_fits",
+    "batch_fits_more",
 )
 # A header figure -> the chart line whose newest point it shows.
 _CHARTED = {

@@ -52,6 +52,11 @@ def test_the_order_of_zero_grad_backward_and_step(tmp_path: Path) -> None:
     assert set(facts(s, "backward", "grads_kept")[1:]) == {True}
     _, s = loops.run(tmp_path / "b", loops.zero_grad_between())
     assert set(facts(s, "pre_step", "grad_present")) == {False}
+    _, s = loops.run(tmp_path / "b2", loops.zero_grad_between(set_to_none=False))
+    assert set(facts(s, "pre_step", "rewritten")) == {True}
+    # clip_grad_value_ writes in place too (not counted as a clip): so does zero_().
+    _, s = loops.run(tmp_path / "b3", loops.value_clipped)
+    assert set(facts(s, "pre_step", "rewritten")) == {True}
     _, s = loops.run(tmp_path / "c", loops.step_first)
     backward = s.of("backward")
     # The first backward follows the first step, with no forward since: so does every one.
@@ -62,11 +67,13 @@ def test_the_order_of_zero_grad_backward_and_step(tmp_path: Path) -> None:
         ("e", loops.zero_in_place),
         ("f", loops.model_zero_grad),
         ("g", loops.clipped),
+        ("h", loops.autocast(torch.float16, scaler=True)),
     ]:
         _, s = loops.run(tmp_path / name, loop)
         assert set(facts(s, "backward", "grads_kept")[1:]) == {False}, name
         assert set(facts(s, "backward", "forwarded")) == {True}, name
         assert set(facts(s, "pre_step", "grad_present")) == {True}, name
+        assert set(facts(s, "pre_step", "rewritten")) == {False}, name
 
 
 def test_the_loss_graph(tmp_path: Path) -> None:

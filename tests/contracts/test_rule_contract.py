@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tests.health import causes_data
+from tests.health import causes_data, structure_cases
 from tests.health.adapter_runs import healthy, lora_adapters, stuck, too_slow
 from tests.health.synthetic import LAYERS, Run
 
@@ -189,6 +189,9 @@ def every_alert() -> list[Alert]:
         base_stepped_numel=4096, wrapped_trainable=("l0.base.weight",),
     )  # fmt: skip
     alerts += Health().check(dataclasses.replace(healthy(40), adapters=stepped))
+    # The structural causes: one input each, with what the training side would have read.
+    for inp in structure_cases.inputs():
+        alerts += Health().check(inp)
     alerts.append(non_finite_gradients(5, 0.0, ["fc1.weight"]))
     alerts.append(non_finite_gradients(5, 0.0, []))
     # The causes judged from the numbers: the lr and its schedule, labels, weight decay.

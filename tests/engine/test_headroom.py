@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import math
 
-from nbmonitor._engine.derive.headroom import CPU_ACTIVATION_FACTOR, MARGIN, fits, headroom
+from nbmonitor._engine.derive.headroom import (
+    CPU_ACTIVATION_FACTOR,
+    MARGIN,
+    MAX_FACTOR,
+    fits,
+    headroom,
+)
 from nbmonitor._engine.store import Store
 from nbmonitor.memory import MemoryBreakdown, MemoryRow
 
@@ -99,3 +105,22 @@ def test_on_the_cpu_the_resident_size_beyond_the_tensors_does_not_grow_with_the_
     cuda.extend([{"step": 1.0, "cuda_peak_allocated_bytes": 5 * GIB, "cuda_total_bytes": 12 * GIB}])
     got = headroom(cuda, steps(32), breakdown("cuda:0", 1 * GIB, activations=GIB / 4), 0)
     assert got["batch_fits"] == math.floor(32 * (12 * MARGIN - 1) / 4)
+
+
+def test_beyond_max_factor_times_the_batch_the_estimate_is_a_lower_bound() -> None:
+    # A small model on a CPU with 22 GiB free (the quickstart's MLP at batch 64): 100 KiB of
+    # saved activations would put the line at millions of samples. What is said: over 16
+    # times the batch fit, flagged as a lower bound.
+    system = Store()
+    system.extend([{"step": 1.0, "process_rss_bytes": 0.33 * GIB, "ram_total_bytes": 24 * GIB,
+                    "ram_used_bytes": 2 * GIB}])  # fmt: skip
+    got = headroom(system, steps(64), breakdown("cpu", 2**20, activations=100 * 2**10), None)
+    assert fits(64, 0.33 * GIB, 0.33 * GIB - 200 * 2**10, got["memory_limit_bytes"]) > 10**6
+    assert got["batch_fits"] == 64 * MAX_FACTOR and got["batch_fits_more"] == 1.0
+    # Within the range, the estimate itself, not flagged.
+    cuda = Store()
+    cuda.extend(
+        [{"step": 1.0, "cuda_peak_allocated_bytes": 48 * GIB, "cuda_total_bytes": 80 * GIB}]
+    )
+    got = headroom(cuda, steps(8), breakdown("cuda:0", 16 * GIB), 0)
+    assert got["batch_fits"] == 15 and got["batch_fits_more"] == 0.0

@@ -61,7 +61,9 @@ export function headroomText(notes) {
   if (!Number.isFinite(peak) || !Number.isFinite(limit)) return allocator;
   let text = `peak ${gib(peak)} of ${gib(limit)} (${gib(limit - peak)} free)`;
   if (Number.isFinite(notes.batch_fits) && Number.isFinite(notes.batch_size)) {
-    text += `; batch ${Math.round(notes.batch_size)}, up to ~${Math.round(notes.batch_fits)} estimated to fit`;
+    const fits = Math.round(notes.batch_fits);
+    const up = notes.batch_fits_more === 1 ? `over ${fits}` : `up to ~${fits}`;
+    text += `; batch ${Math.round(notes.batch_size)}, ${up} estimated to fit`;
   }
   return allocator ? `${text}; ${allocator}` : text;
 }

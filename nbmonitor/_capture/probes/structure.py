@@ -198,6 +198,7 @@ class StructureProbe(ProbeBase):
         self._watched: weakref.ref[torch.Tensor] | None = None
         self._left: tuple[weakref.ref[torch.Tensor], weakref.ref[torch.Tensor], int] | None = None
         self._pre_param: weakref.ref[torch.Tensor] | None = None
+        self._accumulated = -1  # the watched gradient's version after the backward
 
     # -- setup ----------------------------------------------------------------------------------
 
@@ -452,6 +453,13 @@ class StructureProbe(ProbeBase):
             if forwarded:
                 self._pre_param = weakref.ref(watch)
                 self.pre_step_armed = True
+                # The gradient's in-place version once the backward has accumulated into it:
+                # at step() a higher one means it was written in place since (zeroed, or
+                # clipped / unscaled, which the clock counts).
+                self._accumulated = -1
+                self._drop_hook("accumulated")
+                hook = watch.register_post_accumulate_grad_hook  # untyped in torch's stubs
+                self._handles["accumulated"] = hook(self._grad_accumulated)  # type: ignore[no-untyped-call]
         facts = (
             *((k, v) for k, v in graph.items() if not isinstance(v, torch.Tensor)),
             ("forwarded", forwarded),
@@ -460,15 +468,30 @@ class StructureProbe(ProbeBase):
         )
         self._put(StructureRecord(self._step(), "backward", facts))  # type: ignore[arg-type]
 
-    def pre_step_started(self) -> None:
+    def _grad_accumulated(self, param: torch.Tensor) -> None:
+        grad = param.grad
+        if grad is not None:
+            self._accumulated = grad._version  # noqa: SLF001
+
+    def pre_step_started(self, clips: int = 0) -> None:
         self.pre_step_armed = False
+        self._drop_hook("accumulated")
         if not self.guard.on or self._pre_param is None:
             return
         try:
             param = self._pre_param()
             self._pre_param = None
             if param is not None:
-                facts: tuple[tuple[str, Fact], ...] = (("grad_present", param.grad is not None),)
+                grad = param.grad
+                rewritten: bool | None = None
+                if grad is not None and self._accumulated >= 0:
+                    writes = grad._version - self._accumulated  # noqa: SLF001
+                    # clip_grad_norm_ scales in place once a call, a GradScaler unscales once.
+                    rewritten = writes > clips + (1 if self.scaled else 0)
+                facts: tuple[tuple[str, Fact], ...] = (
+                    ("grad_present", grad is not None),
+                    ("rewritten", rewritten),
+                )
                 self._put(StructureRecord(self._step(), "pre_step", facts))
         except Exception as exc:
             self.guard.failed(exc)

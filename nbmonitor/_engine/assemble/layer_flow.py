@@ -45,8 +45,14 @@ class LayerFlow:
         *,
         forward_checked: bool,
         clock: Callable[[], float],
+        loop_watched: Callable[[], bool] = lambda: False,
     ) -> None:
         self.layers = layers
+        # Whether the structural watch saw the loop's backward passes (health/rules/
+        # loop_order.py, loss_graph.py): when no parameter at all got a gradient, those rules
+        # name why (a detached loss, zero_grad before step, step before backward), which a
+        # "detached branch" cannot be.
+        self._loop_watched = loop_watched
         self._add_alerts = add_alerts
         self._report = non_finite_report
         self._forward_checked = forward_checked
@@ -86,6 +92,8 @@ class LayerFlow:
             # that checked it, which depends on how fast the loop ran.
             first = self._first_step if self._first_step is not None else 1
             at = min(step, first + NO_GRAD_AFTER_STEPS - 1)
+            if seen.size and not seen.any() and self._loop_watched():
+                return
             alert = grads_never_arrived(names, seen, step=step, time=self._clock(), at=at)
             if alert is not None:
                 self._add_alerts([alert])

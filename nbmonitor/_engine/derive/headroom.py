@@ -39,6 +39,10 @@ FIXED = ("parameters", "buffers", "gradients", "optimizer_state")
 # Saved activations times this bounds what a CPU step's peak gains per batch (measured 1.5-1.7
 # on an MLP, whose backward temporaries are large next to its saved tensors: a cautious bound).
 CPU_ACTIVATION_FACTOR = 2.0
+# The linear estimate is said up to this many times the batch measured (benchmarks/batch_fit.py
+# checked it up to about 7 times); beyond, the header says "over" that many: a lower bound,
+# not a count read off a line drawn far past what was measured (on a small CPU model, millions).
+MAX_FACTOR = 16
 
 
 def _finite(values: FloatArray) -> FloatArray:
@@ -94,7 +98,9 @@ def headroom(
     system: Store, steps: Store, breakdown: MemoryBreakdown | None, device_index: int | None
 ) -> dict[str, float]:
     """``memory_peak_bytes``, ``memory_limit_bytes``, ``memory_headroom_bytes``,
-    ``batch_size`` and ``batch_fits`` ({} when the device's memory is unknown)."""
+    ``batch_size``, ``batch_fits`` and ``batch_fits_more`` (1 when more than ``batch_fits``
+    fit: the estimate was beyond ``MAX_FACTOR`` times the batch) ({} when the device's
+    memory is unknown)."""
     if device_index is not None:
         device = f"cuda:{device_index}"
         peak = _last(system, "cuda_peak_allocated_bytes")
@@ -121,5 +127,8 @@ def headroom(
     batch = batch_size(steps)
     if breakdown is not None and math.isfinite(batch):
         out["batch_size"] = batch
-        out["batch_fits"] = fits(batch, peak, fixed_bytes(breakdown, device, peak), limit)
+        estimate = fits(batch, peak, fixed_bytes(breakdown, device, peak), limit)
+        bound = math.floor(batch * MAX_FACTOR)
+        out["batch_fits"] = min(estimate, bound) if math.isfinite(estimate) else estimate
+        out["batch_fits_more"] = float(math.isfinite(estimate) and estimate > bound)
     return out

@@ -22,10 +22,23 @@ from nbmonitor.health.rules.gradients import (
     GradientSpike,
     VanishingGradients,
 )
+from nbmonitor.health.rules.input_scale import InputsNotNormalised
 from nbmonitor.health.rules.labels import LabelsNotMatching
+from nbmonitor.health.rules.loop_order import (
+    StepBeforeBackward,
+    ZeroGradAfterBackward,
+    ZeroGradMissing,
+)
 from nbmonitor.health.rules.loss import LossPlateau, LossSpike, NonFiniteLoss
+from nbmonitor.health.rules.loss_graph import (
+    LossDetached,
+    LossSumReduction,
+    SoftmaxBeforeCrossEntropy,
+)
 from nbmonitor.health.rules.lr import LrScheduleTooFast, LrTooHigh, LrTooLow
 from nbmonitor.health.rules.memory import AllocRetries, MemoryLeak, MemoryPeak
+from nbmonitor.health.rules.modes import BatchnormTinyBatch, DropoutTooHigh, EvalModeDuringTraining
+from nbmonitor.health.rules.precision import Fp16ParamsWithAdam, Fp16WithoutScaler
 from nbmonitor.health.rules.replicas import SameBatches
 from nbmonitor.health.rules.scaler import ScalerSkipping
 from nbmonitor.health.rules.stalls import RankStalled
@@ -36,6 +49,18 @@ from nbmonitor.health.rules.updates import UpdateRatioHigh, UpdateRatioLow
 
 RULES: tuple[RuleFactory, ...] = (
     NonFiniteLoss,
+    ZeroGradMissing,
+    ZeroGradAfterBackward,
+    StepBeforeBackward,
+    LossDetached,
+    SoftmaxBeforeCrossEntropy,
+    LossSumReduction,
+    InputsNotNormalised,
+    EvalModeDuringTraining,
+    BatchnormTinyBatch,
+    DropoutTooHigh,
+    Fp16ParamsWithAdam,
+    Fp16WithoutScaler,
     ExplodingGradients,
     GradientSpike,
     VanishingGradients,

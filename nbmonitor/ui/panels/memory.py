@@ -20,7 +20,13 @@ CUDA_KEYS = (
     "cuda_inactive_split_bytes",
 )
 OTHER_KEYS = ("process_rss_bytes", "mps_driver_allocated_bytes")
-NOTE_KEYS = ("memory_peak_bytes", "memory_limit_bytes", "batch_size", "batch_fits")
+NOTE_KEYS = (
+    "memory_peak_bytes",
+    "memory_limit_bytes",
+    "batch_size",
+    "batch_fits",
+    "batch_fits_more",
+)
 
 
 class MemoryPanel(CurvesPanel):
