@@ -570,7 +570,7 @@ def _shrinks_backwards(
 
 
 def _vanishing_cause(
-    view: View,
+    view: HealthView,
     new: list[str],
     kinds: Mapping[str, str] | None,
     peak: float,
