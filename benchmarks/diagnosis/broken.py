@@ -72,6 +72,14 @@ def adam_lr_too_high(steps: int, attach: Attach) -> None:
     regression(model, torch.optim.Adam(model.parameters(), lr=1.0), steps, attach)
 
 
+def lr_too_high_clipped(steps: int, attach: Attach) -> None:
+    # SGD lr 2.0 with momentum inside a loop that clips to 1.0: the pre-clip norm jumps 80x in
+    # ten steps and stays 20x up, the loss climbs 10x; clipping hides it from the update only.
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=2.0, momentum=0.9)
+    regression(model, opt, steps, attach, clip=1.0)
+
+
 def schedule_per_batch(steps: int, attach: Attach) -> None:
     # ExponentialLR(gamma=0.9) meant per epoch, stepped every batch: the lr is 1e-3 of its
     # start by step 66 and ~1e-15 by step 330, long before the run ends.
@@ -605,6 +613,8 @@ BROKEN = (
     Scenario("lr_too_high", "MLP", "SGD lr 1.0: the loss climbs 50x in a few steps",
              lr_too_high, 300, 80,
              ("lr_too_high", "loss_spike", "update_ratio_high", "exploding_gradients")),
+    Scenario("lr_too_high_clipped", "MLP", "SGD lr 2.0 + momentum, clip_grad_norm_(1.0)",
+             lr_too_high_clipped, 300, 120, ("lr_too_high", "exploding_gradients")),
     Scenario("adam_lr_too_high", "MLP", "Adam lr 1.0: the loss jumps 1e6x, then the ReLUs die",
              adam_lr_too_high, 300, 80, ("lr_too_high",)),
     Scenario("lr_to_nan", "MLP", "SGD lr 3.0: NaN within 10 steps", lr_to_nan, 100, 40,

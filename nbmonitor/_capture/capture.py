@@ -24,7 +24,6 @@ from nbmonitor._capture.probes.structure import StructureProbe
 from nbmonitor._capture.probes.update_ratio import UpdateRatioProbe
 from nbmonitor._capture.recorder import Recorder
 from nbmonitor.errors import ErrorLog, Guard
-from nbmonitor.options import DEFAULT_LAYER_EVERY
 
 
 @dataclass
@@ -45,6 +44,7 @@ def build_capture(
     errors: ErrorLog,
     *,
     layer_every: int,
+    memory_every: int,
     activations: bool,
     check_forward: bool,
     on_nan: str,
@@ -78,9 +78,9 @@ def build_capture(
     if activations:
         probes.append(ActivationsProbe(guard("activations"), model, layer_every))
     probes.append(OutputLossProbe(guard("output_loss")))
-    memory = MemoryProbe(guard("memory"), model, layer_every or DEFAULT_LAYER_EVERY, wall_clock)
+    memory = MemoryProbe(guard("memory"), model, memory_every, wall_clock)
     probes.append(memory)
-    probes.append(StructureProbe(guard("structure"), model, layer_every or DEFAULT_LAYER_EVERY))
+    probes.append(StructureProbe(guard("structure"), model, memory_every))
     grad = GradNormProbe(guard("grad_norms"), params, param_names, raise_non_finite)
     probes.append(grad)
     update = None

@@ -23,7 +23,8 @@ from nbmonitor._engine.assemble.param_groups import groups_added_notes
 from nbmonitor._engine.assemble.spans import span_rows
 from nbmonitor._engine.assemble.steps import StepAssembler, StepRows
 from nbmonitor._engine.column_cap import ColumnCap
-from nbmonitor._engine.frame import Frame, FrameBuilder, FrameState, View
+from nbmonitor._engine.frame import Frame, FrameState, View
+from nbmonitor._engine.frame_builder import FrameBuilder
 from nbmonitor._engine.handover import HandOver
 from nbmonitor._engine.isolated import Hung, Sources, bound_waiting
 from nbmonitor._engine.pipeline_parts import PipelineParts, device_name

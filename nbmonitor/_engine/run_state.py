@@ -13,7 +13,8 @@ import numpy as np
 from nbmonitor._engine.assemble.layers import LayerStats, ParamInfo
 from nbmonitor._engine.assemble.spans import SpanLog
 from nbmonitor._engine.derive.memory_table import allocator_text
-from nbmonitor._engine.frame import Frame, FrameBuilder, FrameState, RunInfo
+from nbmonitor._engine.frame import Frame, FrameState, RunInfo
+from nbmonitor._engine.frame_builder import FrameBuilder
 from nbmonitor._engine.run_model import RunModel, floats
 from nbmonitor._engine.store import Store
 from nbmonitor.health.adapters import Adapters

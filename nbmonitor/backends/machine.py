@@ -23,7 +23,7 @@ from typing import Any
 import psutil
 
 from nbmonitor._clock_events import decode_throttle
-from nbmonitor._engine.devices_frame import GpuProcess
+from nbmonitor._engine.frame import GpuProcess
 from nbmonitor.backends import _nvml
 from nbmonitor.backends._nvml_queries import GPU_FIELDS, PCIE_FIELDS, Gpu, Query, queries
 from nbmonitor.backends._nvml_reader import NvmlReader

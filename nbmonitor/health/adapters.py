@@ -80,6 +80,14 @@ class Adapters:
         return tuple(t for t in self.adapters if t.trainable and (t.in_optimizer or not known))
 
     @property
+    def starts_at_zero(self) -> frozenset[str]:
+        """The adapters that were all zero at attach (LoRA's B): their ||Δw||/||w|| is about
+        1/step by design as they grow from nothing, never a sign of too large a step."""
+        names = [t.name for t in self.tensors if t.zero_start]
+        # With layer_group="module" a layer is the module (peft's lora_B.default holds only B).
+        return frozenset(names + [n.rsplit(".", 1)[0] for n in names if "." in n])
+
+    @property
     def adapter_numel(self) -> int:
         return sum(t.numel for t in self.adapters)
 

@@ -42,7 +42,13 @@ from nbmonitor.live.lifetime import StepCount, flush_tick
 from nbmonitor.live.memory_history import MemoryHistory
 from nbmonitor.live.parts import layer_stats, run_meta
 from nbmonitor.live.setup_check import check_setup
-from nbmonitor.options import AttachOptions, Options, WrappedOptimizer, check_model
+from nbmonitor.options import (
+    DEFAULT_LAYER_EVERY,
+    AttachOptions,
+    Options,
+    WrappedOptimizer,
+    check_model,
+)
 from nbmonitor.sinks import Sink
 
 if TYPE_CHECKING:
@@ -97,6 +103,8 @@ class Monitor:
             optimizer,
             self.errors_log,
             layer_every=opts.layer_every,
+            # The memory and structure probes keep their period when layer_every=0 (off).
+            memory_every=opts.layer_every or DEFAULT_LAYER_EVERY,
             activations=opts.activations,
             check_forward=opts.check_forward,
             on_nan=opts.on_nan,

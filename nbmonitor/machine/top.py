@@ -17,7 +17,7 @@ from typing import TextIO
 
 import numpy as np
 
-from nbmonitor._engine.devices_frame import DevicesFrame
+from nbmonitor._engine.frame import DevicesFrame
 from nbmonitor.health.alert import Alert
 from nbmonitor.health.rules.devices import IDLE_WINDOW, idle_rule
 from nbmonitor.machine.watch import DeviceWatch

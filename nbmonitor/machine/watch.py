@@ -25,8 +25,7 @@ from types import TracebackType
 from typing import Any, Protocol
 
 from nbmonitor._engine.assemble.layers import LayerStats
-from nbmonitor._engine.devices_frame import DevicesFrame
-from nbmonitor._engine.frame import Frame, RunInfo
+from nbmonitor._engine.frame import DevicesFrame, Frame, RunInfo
 from nbmonitor._engine.isolated import Hung
 from nbmonitor._engine.pipeline import SINK_RETRY_S, Pipeline
 from nbmonitor._engine.pipeline_parts import PipelineParts

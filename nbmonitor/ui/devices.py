@@ -16,7 +16,7 @@ from typing import Any
 import anywidget
 import traitlets
 
-from nbmonitor._engine.devices_frame import DevicesFrame
+from nbmonitor._engine.frame import DevicesFrame
 from nbmonitor.ui.panels.devices import DevicesPanel as _State
 from nbmonitor.ui.panels.devices import panel_state
 

@@ -9,7 +9,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from nbmonitor._engine.devices_frame import DevicesFrame, GpuProcess
+from nbmonitor._engine.frame import DevicesFrame, GpuProcess
 
 Grade = str  # "ok" | "warn" | "alert" | "none" (no reading)
 

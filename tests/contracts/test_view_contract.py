@@ -7,7 +7,8 @@ import logging
 
 import pytest
 
-from nbmonitor._engine.frame import FrameBuilder, FrameState, RunInfo, View
+from nbmonitor._engine.frame import FrameState, RunInfo, View
+from nbmonitor._engine.frame_builder import FrameBuilder
 from nbmonitor._engine.run_model import RunModel
 from nbmonitor.ui.console import ConsoleView
 

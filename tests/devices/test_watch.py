@@ -15,7 +15,7 @@ import pytest
 
 import nbmonitor
 from fake_pynvml import FakeGpu, FakeNvml
-from nbmonitor._engine.devices_frame import DevicesFrame
+from nbmonitor._engine.frame import DevicesFrame
 from nbmonitor.health import Thresholds
 from nbmonitor.machine.watch import DeviceWatch, close_all
 from nbmonitor.ui.devices import DevicesPanel, panel_state

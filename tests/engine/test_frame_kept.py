@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 
 from nbmonitor._engine.assemble.layers import LayerStats, ParamInfo
-from nbmonitor._engine.frame import MAX_POINTS, Frame, FrameBuilder, FrameState, RunInfo
+from nbmonitor._engine.frame import MAX_POINTS, Frame, FrameState, RunInfo
+from nbmonitor._engine.frame_builder import FrameBuilder
 from nbmonitor._engine.run_model import RunModel
 from nbmonitor.health.alert import Alert
 from nbmonitor.memory import MemoryBreakdown, MemoryRow

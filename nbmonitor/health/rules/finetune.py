@@ -319,10 +319,11 @@ class AdaptersNotLearning(_Watching):
         ad = watch.adapters
         step = verdict.step
         names = _training_names(ad)
-        zero = watch.zero_started()
-        if zero and zero_label(zero) in ("A", "B"):
-            still = f"LoRA's {zero_label(zero)} stays exactly at zero in all {len(zero)}"
-        elif zero:
+        n_zero = int(watch.zero_mask().sum())
+        label = zero_label(watch.zero_roles())
+        if n_zero and label in ("A", "B"):
+            still = f"LoRA's {label} stays exactly at zero in all {n_zero}"
+        elif n_zero:
             still = "the zero-started tensors stay at zero"
         else:
             still = "their weights do not change"
@@ -342,7 +343,7 @@ class AdaptersNotLearning(_Watching):
                 "checkpoint with use_reentrant=False); otherwise check the adapters are active "
                 "(not disabled or merged) in forward"
             )
-        elif verdict.grads == "zero" and len(zero) == len(watch.accounts):
+        elif verdict.grads == "zero" and n_zero == watch.size:
             cause = (
                 "the adapters' A and B both start at zero, so each one's gradient is the "
                 "other's zero: they never move"
@@ -368,7 +369,7 @@ class AdaptersNotLearning(_Watching):
             "method": ad.method,
             "adapters": len(names),
             "measured_updates": verdict.updates,
-            "zero_started": len(zero),
+            "zero_started": n_zero,
             "left_zero": verdict.b_left_zero,
             "grads": verdict.grads,
             "grad_norm": verdict.grad_norm,
@@ -443,8 +444,7 @@ class AdapterLrTooSmall(_Watching):
             watch.step >= t.min_history
             and math.isfinite(ratio)
             and kind == "non-zero"
-            and min((len(a.ratios) for a in watch.others() if a.ratios), default=0)
-            >= t.sustain_steps
+            and watch.ratios_seen() >= t.sustain_steps
         )
         if not judged or self._decayed(view):
             return nothing(self.name)

@@ -131,6 +131,12 @@ def _too_large_steps(view: View) -> dict[str, object]:
                 out["loss_first_quarter"] = first
                 out["loss_last_quarter"] = last
     ratios = view.inp.update_ratios
+    adapters = view.inp.adapters
+    if ratios is not None and ratios.size and adapters is not None and adapters.starts_at_zero:
+        # LoRA's B grows from zero: its ratio is ~1/step by design.
+        zero = adapters.starts_at_zero
+        keep = [name not in zero for name in view.layer_names]
+        ratios = ratios[np.asarray(keep, dtype=bool)] if len(keep) == ratios.size else ratios
     if ratios is not None and ratios.size:
         finite_r = ratios[np.isfinite(ratios)]
         if finite_r.size and float(np.median(finite_r)) > UPDATE_RATIO_LARGE:

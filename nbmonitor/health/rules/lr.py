@@ -36,6 +36,8 @@ EARLY_SHARE = 0.8
 # The loss climbs when it holds at CLIMB x its level before the large updates for
 # sustain_steps steps (or goes non-finite).
 CLIMB = 2.0
+# The losses whose median says the loss is still up, once the climb was named.
+RECENT_LOSSES = 10
 # An optimizer that follows its lr moves the weights at least this share of what plain SGD
 # with that lr would (lr x ||g|| / ||w||): Adam moves them far more when gradients are small,
 # SGD with momentum more too. An update far below it is damped by something else (Adam's eps,
@@ -197,6 +199,7 @@ class LrTooHigh(Base):
         "update_ratio_high",
         "exploding_gradients",
         "gradient_spike",
+        "clipping_active",
         "loss_plateau",
         "vanishing_gradients",
     )
@@ -218,6 +221,7 @@ class LrTooHigh(Base):
         self._ratios = _Ratios()
         # The first step with large updates: (step, median ratio, largest ratio, loss before).
         self._large: tuple[int, float, float, float] | None = None
+        self._named = False  # it held: the episode lasts while the loss stays up
 
     def _level_before(self, view: View, step: int) -> float:
         loss = view.column("loss")
@@ -245,6 +249,14 @@ class LrTooHigh(Base):
         if not math.isfinite(before) or before <= 0:
             return nothing(rule)
         steps = view.step_col
+        if self._named:
+            # The episode lasts while the loss stays up (the symptoms it explains meanwhile
+            # are its own): it ends once the recent losses fall back below CLIMB x before.
+            recent = loss[view.new_from :]
+            recent = recent[np.isfinite(recent)][-RECENT_LOSSES:]
+            if recent.size and _median(recent) < CLIMB * before:
+                return clear(rule)
+            return Outcome(rule, ("",), always, lambda _new: [])
         lo = max(view.new_from, int(np.searchsorted(steps, at, side="left")))
         hi = int(np.searchsorted(steps, at + t.window, side="right"))
         if lo >= hi:
@@ -269,6 +281,7 @@ class LrTooHigh(Base):
         worst = float(peak.max()) if peak.size else math.inf
         lr = lr_column(view)
         lr_now = float(lr[row]) if lr is not None else math.nan
+        self._named = True
 
         def make(_new: list[str]) -> list[Alert]:
             return [

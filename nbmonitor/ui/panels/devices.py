@@ -10,7 +10,7 @@ import dataclasses
 import math
 from typing import Any, ClassVar
 
-from nbmonitor._engine.devices_frame import DevicesFrame
+from nbmonitor._engine.frame import DevicesFrame
 from nbmonitor.ui.machine import GPU_SPARKS, MACHINE_SPARKS, gpu_rows, machine_values
 from nbmonitor.ui.panels.base import Unchanged
 

@@ -24,7 +24,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Footer, Input, Static
 
 from nbmonitor._atomic import write_atomic
-from nbmonitor._engine.devices_frame import DevicesFrame
+from nbmonitor._engine.frame import DevicesFrame
 from nbmonitor.ui.tui.tables import (
     RunDetailLike,
     RunRowLike,

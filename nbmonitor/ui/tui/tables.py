@@ -18,7 +18,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from nbmonitor._engine.devices_frame import DevicesFrame
+from nbmonitor._engine.frame import DevicesFrame
 from nbmonitor.ui.machine import fixed, gpu_rows, machine_values, rate, si_bytes
 
 FloatArray = npt.NDArray[np.float64]
