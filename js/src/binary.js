@@ -24,7 +24,7 @@ export function toTypedArray(value, dtype) {
     buffer = value;
     length = value.byteLength;
   } else if (ArrayBuffer.isView(value)) {
-    buffer = value.buffer;
+    buffer = /** @type {ArrayBuffer} */ (value.buffer);
     offset = value.byteOffset;
     length = value.byteLength;
   } else {

@@ -3,7 +3,10 @@
 
 export const DASH = "\u2013";
 
-/** @param {unknown} v */
+/**
+ * @param {unknown} v
+ * @returns {v is number}
+ */
 export function isNum(v) {
   return typeof v === "number" && Number.isFinite(v);
 }
@@ -70,7 +73,10 @@ export function fmtJoules(joules) {
 
 // -- chart ticks and read-outs: short SI forms (18k, 3e-4, 1.2 GiB, 45 ms) -----------------------
 
-/** Trim a fixed/precision string's trailing zeros: "1.50" -> "1.5", "2.00e-4" -> "2e-4". */
+/**
+ * Trim a fixed/precision string's trailing zeros: "1.50" -> "1.5", "2.00e-4" -> "2e-4".
+ * @param {string} s
+ */
 function trim(s) {
   const [mantissa, exponent] = s.split("e");
   const m = mantissa.includes(".") ? mantissa.replace(/\.?0+$/, "") : mantissa;
@@ -83,12 +89,14 @@ export function si(v, digits = 3) {
   const a = Math.abs(v);
   if (a === 0) return "0";
   if (a < 1e-2) return trim(v.toExponential(digits - 1));
-  for (const [limit, suffix] of [
+  /** @type {[number, string][]} */
+  const scales = [
     [1e12, "T"],
     [1e9, "G"],
     [1e6, "M"],
     [1e3, "k"],
-  ]) {
+  ];
+  for (const [limit, suffix] of scales) {
     if (a >= limit) return `${trim((v / limit).toPrecision(digits))}${suffix}`;
   }
   return trim(v.toPrecision(digits));

@@ -242,7 +242,7 @@ export function alertItem(alert, open) {
     item.append(...line);
     return item;
   }
-  const details = h("details", "nbm-alert-open");
+  const details = /** @type {HTMLDetailsElement} */ (h("details", "nbm-alert-open"));
   const summary = h("summary", "nbm-alert-summary");
   summary.append(...line);
   details.append(summary, alertDetail(alert));

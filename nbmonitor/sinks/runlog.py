@@ -29,6 +29,7 @@ retry quietly.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import os
@@ -110,7 +111,9 @@ class RunLogSink:
         self._closed = False
         self.close_errors: list[BaseException] = []  # what close() swallowed
         self._files: dict[str, IO[bytes]] = {}
-        self._backlog: dict[str, bytearray] = {}  # per stream, what the OS has not taken yet
+        # Per stream, what the OS has not taken yet: the writes' own bytes, oldest first, never
+        # joined or copied (memory is what waits, not a multiple of it).
+        self._backlog: dict[str, collections.deque[bytes]] = {}
         self._backlog_bytes = 0
         self.lost_rows = 0  # dropped because the backlog was full
         self._unsaid: list[Exception] = []  # problems of a write raised at the next ones
@@ -294,24 +297,33 @@ class RunLogSink:
     def _write(self, stream: str, data: bytes) -> bool:
         """Write ``data`` after what ``stream`` has waiting; what the OS does not take waits.
         True when nothing is left waiting."""
-        pending = self._backlog.pop(stream, None)
-        if pending is not None:
-            self._backlog_bytes -= len(pending)
-            pending += data
-        buffer = pending if pending is not None else data
+        waiting = self._backlog.pop(stream, None)
+        if waiting is None:
+            waiting = collections.deque()
+        else:
+            self._backlog_bytes -= sum(map(len, waiting))  # counted again if it still waits
+        if data:
+            waiting.append(data)
         file, done = self._files[stream], 0
         try:
-            while done < len(buffer):
-                # One call for the whole buffer; a copy of the rest only after a short write.
-                n = file.write(buffer[done:] if done else buffer)
-                if not n:
-                    raise OSError(errno.EIO, "write() took no bytes")
-                done += n
+            while waiting:
+                chunk = waiting[0]
+                done = 0
+                with memoryview(chunk) as view:
+                    while done < len(chunk):
+                        # One call for the whole chunk; the rest through the view after a
+                        # short write.
+                        n = file.write(view[done:] if done else chunk)
+                        if not n:
+                            raise OSError(errno.EIO, "write() took no bytes")
+                        done += n
+                waiting.popleft()
         except (OSError, ValueError) as exc:  # ValueError: its directory went, file closed
             self._last_error = exc if isinstance(exc, OSError) else OSError(errno.EIO, str(exc))
-            rest = bytearray(buffer[done:])
-            self._backlog[stream] = rest
-            self._backlog_bytes += len(rest)
+            if done:
+                waiting[0] = waiting[0][done:]  # a write cut short: its rest only
+            self._backlog[stream] = waiting
+            self._backlog_bytes += sum(map(len, waiting))
             return False
         return True
 

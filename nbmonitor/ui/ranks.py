@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from nbmonitor._engine.frame import RanksFrame
+from nbmonitor.ui.console import LINE_WIDTH, PREFIX
 from nbmonitor.ui.panels import ranks as panels
 from nbmonitor.ui.panels.ranks import (
     fmt,
@@ -38,22 +39,39 @@ def summary_text(job: str, summary: Mapping[str, Mapping[str, float]]) -> str:
     return f"cross-rank summary of {job}:\n" + text_table(summary_rows(summary))
 
 
-def status_line(frame: RanksFrame) -> str:
-    """One line on a job for a console: ranks, newest step, step time across ranks, alerts."""
-    parts = [f"{frame.job}: {len(frame.ranks)}/{frame.world_size} ranks"]
+def status_line(frame: RanksFrame, width: int = LINE_WIDTH - len(PREFIX)) -> str:
+    """One line on a job for a console: ranks, newest step, step time across ranks, alerts;
+    at most ``width`` characters: the slowest rank, then the step times, are left out until
+    the newest alert's start fits, cut with an ellipsis (the closing summary has it whole)."""
+    head = [f"{frame.job}: {len(frame.ranks)}/{frame.world_size} ranks"]
+    optional: list[str] = []  # left out from the end first
     if frame.per_step:
         row = frame.per_step[-1]
         ms = [fmt(row.get(k, math.nan) * 1e3) for k in ("min", "median", "max")]
-        parts += [
-            f"step {fmt(row.get('step', math.nan), 'step')}",
-            f"step time min/median/max {'/'.join(ms)} ms",
+        head.append(f"step {fmt(row.get('step', math.nan), 'step')}")
+        optional += [
+            f"min/median/max {'/'.join(ms)} ms",
             f"slowest rank {fmt(row.get('slowest_rank', math.nan), 'slowest_rank')}",
         ]
-    if frame.alerts:
-        parts.append(f"{len(frame.alerts)} alert(s); latest: {frame.alerts[-1].message}")
-    if frame.status != "running":
-        parts.append(frame.status)
-    return " | ".join(parts)
+    tail = [frame.status] if frame.status != "running" else []
+    room = width
+    while True:
+        parts = head + optional + tail
+        if not frame.alerts:
+            line = " | ".join(parts)
+        else:
+            count = f"{len(frame.alerts)} alert(s)"
+            lead = f"{count}; latest: "
+            room = width - len(" | ".join([*parts, lead]))
+            message = frame.alerts[-1].message
+            if room >= 20:
+                cut = message if len(message) <= room else message[: room - 1].rstrip() + "…"
+                line = " | ".join([*parts, lead + cut])
+            else:
+                line = " | ".join([*parts, count])
+        if (len(line) <= width and (not frame.alerts or room >= 20)) or not optional:
+            return line
+        optional.pop()
 
 
 class RanksConsoleView:

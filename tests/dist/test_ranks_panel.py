@@ -18,6 +18,7 @@ from nbmonitor._engine.derive.ranks_frame import ranks_frame
 from nbmonitor.replay.job import Job
 from nbmonitor.ui.codec import decode
 from nbmonitor.ui.panels.layers import MAX_HEATMAP_COLUMNS
+from nbmonitor.ui.console import LINE_WIDTH, PREFIX
 from nbmonitor.ui.ranks import RanksConsoleView, RanksPanel, status_line
 
 
@@ -68,7 +69,11 @@ def test_a_long_job_is_bounded(tmp_path: pathlib.Path) -> None:
 def test_the_console_view_of_a_job(tmp_path: pathlib.Path) -> None:
     frame = open_job(tmp_path).frame()
     line = status_line(frame)
-    assert "2/2 ranks" in line and f"step {JOB_STEPS}" in line and "slowest rank" in line
+    wide = status_line(frame, width=400)
+    assert "2/2 ranks" in wide and f"step {JOB_STEPS}" in wide and "slowest rank" in wide
+    # The straggler's alert, cut to fit a 100-column terminal (the summary has it whole).
+    assert len(PREFIX + line) <= LINE_WIDTH, line
+    assert "1 alert(s); latest: Rank 1 on node1 is a" in line and line.endswith("…"), line
     records: list[str] = []
 
     class Keep(logging.Handler):

@@ -3,7 +3,9 @@ memory, the failure is reported, and writing resumes with nothing lost, torn or 
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import tracemalloc
 from typing import Any
 
 import torch
@@ -11,6 +13,7 @@ from tests.helpers import mlp, train
 
 import nbmonitor
 import nbmonitor.sinks.runlog as runlog_module
+from nbmonitor.sinks import Batch
 
 
 class FullDisk:
@@ -101,3 +104,33 @@ def test_a_disk_still_full_at_close_is_reported_not_raised(tmp_path):
     mon.close()
     assert mon.status == "closed"
     assert any("could not be written" in str(e) for e in sink.close_errors)
+
+
+def test_what_waits_for_a_full_disk_costs_its_bound_not_a_multiple(tmp_path, monkeypatch):
+    # Rows wait as the writes' own bytes: retrying every tick, the memory held (tracemalloc's
+    # peak, the rows themselves made once beforehand) stays within the bound plus one write,
+    # never two or three copies of what waits (about 180 MB for the 64 MiB bound before).
+    bound = 8 * 2**20
+    monkeypatch.setattr(runlog_module, "BACKLOG_BYTES", bound)
+    _model, _opt, mon, sink, disk = _attach(tmp_path)  # the model held: its monitor lives
+    rows = [{"step": float(i), "loss": 0.5, **{f"metric_{k}": 1.0 + k for k in range(30)}}
+            for i in range(300)]  # fmt: skip
+    batch = Batch({"steps": rows})
+    one_write = len(runlog_module.encode_lines(rows))
+    with mon:
+        disk.full = True
+        tracemalloc.start()
+        try:
+            base = tracemalloc.get_traced_memory()[0]
+            for _ in range(2 * bound // one_write):  # twice what may wait: some are dropped
+                with contextlib.suppress(OSError):
+                    sink.write(batch)
+                with contextlib.suppress(OSError):
+                    sink.flush()  # a tick: what waits is tried again
+            peak = tracemalloc.get_traced_memory()[1] - base
+        finally:
+            tracemalloc.stop()
+        assert bound - one_write < sink._backlog_bytes <= bound
+        assert sink.lost_rows > 0
+        assert peak < bound + 4 * one_write + 2**20, (peak, bound)
+        disk.full = False

@@ -4,6 +4,11 @@
 
 import { fmtNumber, isNum, middleEllipsis } from "../format.js";
 
+/**
+ * A matrix the heatmap draws: `rows` x `cols` values (row-major), a name per row, a step per column.
+ * @typedef {{values: Float32Array | Float64Array, rows: number, cols: number, names: string[], steps: Float32Array | Float64Array, label?: string}} HeatmapData
+ */
+
 // A perceptual ramp (viridis stops); dark = small gradients, yellow = large.
 const STOPS = [
   [68, 1, 84],
@@ -20,10 +25,10 @@ export function colormap(t) {
   const f = x - i;
   const a = STOPS[i];
   const b = STOPS[i + 1];
-  return [0, 1, 2].map((k) => Math.round(a[k] + (b[k] - a[k]) * f));
+  return /** @type {[number, number, number]} */ ([0, 1, 2].map((k) => Math.round(a[k] + (b[k] - a[k]) * f)));
 }
 
-/** @param {Float32Array} values @returns {[number, number]} finite min and max */
+/** @param {Float32Array | Float64Array} values @returns {[number, number]} finite min and max */
 export function finiteRange(values) {
   let lo = Infinity;
   let hi = -Infinity;
@@ -40,7 +45,7 @@ export function finiteRange(values) {
 
 /**
  * RGBA pixels of the matrix; NaN cells are transparent so the background shows "unknown".
- * @param {Float32Array} values @param {number} rows @param {number} cols
+ * @param {Float32Array | Float64Array} values @param {number} rows @param {number} cols
  */
 export function toPixels(values, rows, cols) {
   const [lo, hi] = finiteRange(values);
@@ -71,13 +76,14 @@ export class Heatmap {
     this.legend.className = "nbm-heatmap-legend";
     this.root.append(body, this.legend);
     parent.append(this.root);
+    /** @type {HeatmapData} */
     this.data = { values: new Float32Array(0), rows: 0, cols: 0, names: [], steps: new Float64Array(0) };
     this.onMove = (/** @type {MouseEvent} */ event) => this.hover(event);
     this.canvas.addEventListener("mousemove", this.onMove);
   }
 
   /**
-   * @param {{values: Float32Array, rows: number, cols: number, names: string[], steps: Float64Array, label?: string}} data
+   * @param {HeatmapData} data
    */
   draw(data) {
     this.data = data;

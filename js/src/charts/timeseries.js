@@ -18,7 +18,11 @@ export const HEIGHT = 140;
  * @typedef {{x: ArrayLike<number>, y: ArrayLike<number>}} Curve
  */
 
-/** y range: padded, never empty (a constant learning rate gets a readable axis). */
+/**
+ * y range: padded, never empty (a constant learning rate gets a readable axis).
+ * @param {number | null} min @param {number | null} max @param {boolean} log
+ * @returns {[number, number]}
+ */
 export function yRange(min, max, log) {
   if (min == null || max == null || !Number.isFinite(min) || !Number.isFinite(max)) return log ? [0.1, 10] : [0, 1];
   if (log) {
@@ -201,9 +205,11 @@ export class TimeSeriesChart {
       cursor: { sync: spec.sync ? { key: spec.sync } : undefined, drag: { x: true, y: false } },
       scales: {
         x: { time: false },
-        y: log
-          ? { distr: 3, log: 10, range: (_u, min, max) => yRange(min, max, true) }
-          : { range: (_u, min, max) => yRange(min, max, false) },
+        y: /** @type {uPlot.Scale} */ (
+          log
+            ? { distr: 3, log: 10, range: (_u, min, max) => yRange(min, max, true) }
+            : { range: (_u, min, max) => yRange(min, max, false) }
+        ),
       },
       axes: [
         {
