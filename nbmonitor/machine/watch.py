@@ -315,9 +315,9 @@ class DeviceWatch:
     def panel(self) -> Any:
         """A notebook panel of this watch (display it anywhere); every panel shows the same
         feed."""
-        from nbmonitor.ui.devices import DevicesPanel
+        from nbmonitor.ui.devices import DevicesDashboard
 
-        panel = DevicesPanel()
+        panel = DevicesDashboard()
         self.add_view(panel)
         if not self.closed:
             panel.publish(self.frame())

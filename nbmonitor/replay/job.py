@@ -117,9 +117,9 @@ class Job:
     def dashboard(self, live: bool = False, interval: float = 1.0) -> Any:
         """The ranks panel of this job; with ``live=True`` it follows the job until every rank
         has closed (or ``stop()``)."""
-        from nbmonitor.ui.ranks import RanksPanel
+        from nbmonitor.ui.ranks import RanksDashboard
 
-        panel = RanksPanel(self.name)
+        panel = RanksDashboard(self.name)
         if live:
             self.stop()
             self._follow = Follow(self.path, [panel], interval, job=True)

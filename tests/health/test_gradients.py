@@ -183,6 +183,20 @@ def test_a_spreading_condition_is_one_episode_within_rearm_steps() -> None:
     assert count == 3
 
 
+def test_gradients_shrinking_layer_by_layer_through_sigmoids_name_the_stack() -> None:
+    # Eight sigmoid layers: each shrinks the gradient 10x on its way back; the first three
+    # vanish. The cause is the saturating stack, said with the profile as evidence.
+    layers = tuple(f"{i}.weight" for i in range(0, 16, 2))
+    run, health = Run(layers), Health()
+    run.module_kinds = {str(i): ("Linear" if i % 2 == 0 else "Sigmoid") for i in range(16)}
+    run.param_norms = np.ones(len(layers))
+    run.add(40, **{f"{2 * i}_weight": 10.0 ** (i - 10) for i in range(8)})
+    alert = only(health.check(run.input()), "vanishing_gradients")
+    assert alert.is_cause and "Sigmoid" in alert.cause and "ReLU" in alert.fix
+    assert alert.layers[:2] == ("0.weight", "2.weight")
+    assert 8 < alert.evidence["shrink_per_layer"] < 12
+
+
 def test_a_bias_cancelled_by_the_norm_after_it_is_not_vanishing() -> None:
     # conv.bias right before a BatchNorm: its gradient is rounding noise (the norm subtracts
     # the batch mean) while conv.weight learns. Zero by construction: nothing to say.

@@ -15,10 +15,11 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from nbmonitor.health import alert as subjects
 from nbmonitor.health.alert import Alert
+from nbmonitor.health.diagnose import cause_alert
 from nbmonitor.health.doc import SYMPTOM, RuleDoc
 from nbmonitor.health.rule import Base, Outcome, always, clear, never, nothing
 from nbmonitor.health.thresholds import Thresholds
-from nbmonitor.health.view import View
+from nbmonitor.health.view import HealthView
 from nbmonitor.health.window import (
     BoolArray,
     FloatArray,
@@ -77,7 +78,7 @@ class ExplodingGradients(Base):
         self._total_start = math.nan
         self._layer_start: FloatArray | None = None
 
-    def check(self, view: View) -> Outcome:
+    def check(self, view: HealthView) -> Outcome:
         rule = self.name
         t = self.thresholds
         held: list[str] = []
@@ -350,7 +351,7 @@ class GradientSpike(Base):
         self._tail[at] = rises
         self._tail_at = int((self._tail_at + n) % TAIL_STEPS)
 
-    def check(self, view: View) -> Outcome:
+    def check(self, view: HealthView) -> Outcome:
         rule = self.name
         t = self.thresholds
         total = view.column("grad_norm")
@@ -430,7 +431,7 @@ class GradientSpike(Base):
 
         return Outcome(rule, [subject], always, make)
 
-    def _origin(self, view: View, step: float) -> tuple[list[str], bool]:
+    def _origin(self, view: HealthView, step: float) -> tuple[list[str], bool]:
         """The parameters of the layer the spike at ``step`` came from, and whether every
         layer rose alike instead."""
         grads = view.grads
@@ -484,7 +485,7 @@ class VanishingGradients(Base):
         ),
     )
 
-    def check(self, view: View) -> Outcome:
+    def check(self, view: HealthView) -> Outcome:
         rule = self.name
         t = self.thresholds
         grads, params = view.grads, view.inp.param_norms
@@ -522,6 +523,9 @@ class VanishingGradients(Base):
                     "activations=True) names them), or the path to the loss is cut."
                 )
             else:
+                shrink = _shrinks_backwards(view.layer_names, ratio, judged_mask, held_mask)
+                if shrink is not None:
+                    return [_vanishing_cause(view, new, kinds, peak, shrink, int(step), t)]
                 message = (
                     f"Gradients vanishing in {where} (grad norm / param norm below "
                     f"{num(t.vanish_ratio)} for {t.vanish_steps} steps, at most {num(peak)}) at "
@@ -542,6 +546,81 @@ class VanishingGradients(Base):
         return Outcome(rule, held, view.layer_judged(judged_mask), make, spreads=True)
 
 
+def _shrinks_backwards(
+    names: Sequence[str], ratio: FloatArray, judged: BoolArray, held: BoolArray
+) -> tuple[float, float, int] | None:
+    """When the vanishing weights are the first ones in parameter order and the weights'
+    grad/param ratio rises from the input to the output (each layer on the way back shrinks
+    the gradient), that profile: (the first weight's ratio, the last's, weights between);
+    else None."""
+    weights = [i for i, n in enumerate(names) if not n.endswith("bias") and judged[i]]
+    if len(weights) < 3:
+        return None
+    level = np.array([float(np.median(ratio[i])) for i in weights])
+    vanishing = [bool(held[i]) for i in weights]
+    # A prefix: the input side vanished, the output side learns.
+    k = vanishing.index(False) if False in vanishing else len(vanishing)
+    if k == 0 or any(vanishing[k:]):
+        return None
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rising = np.diff(np.log(level))
+    if not (np.isfinite(rising).all() and (rising > 0).sum() >= 0.75 * rising.size):
+        return None
+    return float(level[0]), float(level[-1]), len(weights)
+
+
+def _vanishing_cause(
+    view: HealthView,
+    new: list[str],
+    kinds: Mapping[str, str] | None,
+    peak: float,
+    shrink: tuple[float, float, int],
+    step: int,
+    t: Thresholds,
+) -> Alert:
+    first, last, count = shrink
+    per_layer = (last / first) ** (1 / max(1, count - 1))
+    saturating = sorted(kinds_of(list(kinds or {}), kinds) & SATURATING)
+    if saturating:
+        cause = (
+            f"The deep stack of {'/'.join(saturating)} layers saturates: each layer shrinks "
+            "the gradient on its way back, so the first layers barely learn"
+        )
+        fix = (
+            f"replace {'/'.join(saturating)} with ReLU/GELU, or add residual connections or "
+            "normalisation (LayerNorm/BatchNorm) between the layers"
+        )
+    else:
+        cause = (
+            "Each layer shrinks the gradient on its way back (weights initialised too small "
+            "for the depth): the first layers barely learn"
+        )
+        fix = (
+            "initialise for the depth (torch.nn.init.kaiming_normal_ for ReLU, the default "
+            "nn.Linear init otherwise), or add normalisation or residual connections"
+        )
+    return cause_alert(
+        "vanishing_gradients",
+        cause=cause,
+        said=f"grad norm / param norm {num(last)} at the last weight layer, {num(first)} at the "
+        f"first, about {num(per_layer)}x smaller each layer back; below {num(t.vanish_ratio)} "
+        f"in {layer_list(new, kinds)} for {t.vanish_steps} steps by step {step}",
+        evidence={
+            "grad_to_param_first": first,
+            "grad_to_param_last": last,
+            "shrink_per_layer": per_layer,
+            "weight_layers": count,
+            "grad_to_param_max_vanishing": peak,
+            "steps": t.vanish_steps,
+            "saturating": saturating,
+        },
+        fix=fix,
+        layers=new,
+        step=step,
+        time=view.time_at(step),
+    )
+
+
 def _cancelled(names: Sequence[str], vanishing: BoolArray, judged: BoolArray) -> BoolArray:
     """The biases whose gradient is nil while their module's weight learns: zero by
     construction, not vanishing. A conv/linear bias right before a BatchNorm (the norm
@@ -559,7 +638,7 @@ def _cancelled(names: Sequence[str], vanishing: BoolArray, judged: BoolArray) ->
     return out
 
 
-def _dead_modules(view: View, fraction: float) -> bool:
+def _dead_modules(view: HealthView, fraction: float) -> bool:
     stats = view.inp.activations or {}
     return any(s.get("zero_frac", 0.0) >= fraction for s in stats.values())
 
