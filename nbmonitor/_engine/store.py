@@ -12,6 +12,13 @@ whole run, spikes included. So the store keeps two tiers:
 Memory is therefore bounded by ``columns x (recent + 4 x buckets) x 8`` bytes however long the
 run; the full-resolution record lives on disk (``sinks/runlog.py``), not here.
 
+A key logged on few rows (an eval metric every few hundred steps) would still pay for a whole
+column, so a key starts **sparse** (``sparse.py``: the rows it has a value on, and the buckets
+that hold one) and becomes a dense column once it fills enough of the rows it spans or its
+sparse arrays would cost half a dense column; dense stays dense. Reads give exactly what a dense
+column gives (NaN where the key was not logged): a sparse key folds through the same code, on
+its rows laid out densely for the moment of the fold.
+
 Only the sampler thread writes; readers may call from the main thread, so every public method
 takes one lock. Reads copy what they need under the lock and do the heavy work outside it.
 
@@ -31,6 +38,7 @@ import numpy as np
 import numpy.typing as npt
 
 from nbmonitor._engine.decimate import decimate
+from nbmonitor._engine.sparse import SparseColumn
 from nbmonitor._engine.tiering import merge_pairs
 
 FloatArray = npt.NDArray[np.float64]
@@ -44,6 +52,11 @@ _INITIAL_ROWS = 1024
 # Columns grow by reallocation; 1.5x keeps it amortised without doubling the footprint of a
 # 20-column store into a 32-column allocation.
 _INITIAL_COLUMNS = 8
+# A sparse key becomes dense once it has _MIN_DENSE values on at least 1/_DENSITY of the rows
+# since its first recent one, or once its arrays cost 1/_SPARSE_SHARE of a dense column.
+_MIN_DENSE = 16
+_DENSITY = 8
+_SPARSE_SHARE = 2
 
 
 class Store:
@@ -65,8 +78,9 @@ class Store:
         self._lock = threading.Lock()
         self._recent_cap = recent
         self._bucket_cap = buckets
-        self._names: list[str] = []
-        self._index: dict[str, int] = {}
+        self._names: list[str] = []  # every key, first-seen order
+        self._index: dict[str, int] = {}  # a dense key's row in the tier arrays
+        self._sparse: dict[str, SparseColumn] = {}  # the keys not dense (yet)
         self._last: dict[str, float] = {}
         self._total = 0  # rows appended in all
         # Recent tier: shape (column capacity, row capacity); a column is one contiguous row of
@@ -79,15 +93,17 @@ class Store:
         # bucket may be partly filled. Allocated on the first fold.
         self._width = 1
         self._nbuckets = 0
-        self._folded = 0  # rows folded into buckets in all
+        self._folded = 0  # rows folded into buckets in all (the recent tier's first row)
         empty = (_INITIAL_COLUMNS, 0)
         self._bmin: FloatArray = np.empty(empty, dtype=np.float64)
         self._bmax: FloatArray = np.empty(empty, dtype=np.float64)
         self._bsum: FloatArray = np.empty(empty, dtype=np.float64)
         self._bcnt: IntArray = np.empty(empty, dtype=np.int64)  # non-NaN values per column
         self._brows: IntArray = np.empty(0, dtype=np.int64)  # rows per bucket
-        self._add_column("step")
-        self._add_column("time")
+        self._names.append("step")
+        self._names.append("time")
+        self._add_dense("step")
+        self._add_dense("time")
 
     # ------------------------------------------------------------------ writing
 
@@ -117,39 +133,56 @@ class Store:
         if any(len(v) != n for v in columns.values()):
             raise ValueError("Store.extend_columns: columns of different lengths")
         with self._lock:
-            for key in columns:
-                if key not in self._index:
-                    self._add_column(key)
+            self._see(columns)
             start = 0
             while start < n:
                 if self._rows == self._recent_cap:
                     self._fold()
                 self._ensure_row_capacity(min(self._rows + n - start, self._recent_cap))
                 k = min(n - start, self._recent.shape[1] - self._rows)
-                block = self._recent[: len(self._names), self._rows : self._rows + k]
-                if len(columns) < len(self._names):
+                block = self._recent[: len(self._index), self._rows : self._rows + k]
+                dense = [key for key in columns if key in self._index]
+                if len(dense) < len(self._index):
                     block.fill(_NAN)
+                touched = []
                 for key, values in columns.items():
-                    block[self._index[key]] = values[start : start + k]
+                    part = values[start : start + k]
+                    if key in self._index:
+                        block[self._index[key]] = part
+                    else:
+                        arr = np.asarray(part, dtype=np.float64)
+                        self._sparse[key].add(np.arange(self._total, self._total + k), arr)
+                        touched.append(key)
                 self._rows += k
                 self._total += k
+                self._densify(touched)
                 start += k
             if n:
                 self._last.update((k, float(v[-1])) for k, v in columns.items())
 
+    def _see(self, keys: Iterable[str]) -> None:
+        """Make keys not seen before sparse columns."""
+        for key in keys:
+            if key not in self._index and key not in self._sparse:
+                self._names.append(key)
+                self._sparse[key] = SparseColumn()
+
     def _write(self, rows: Sequence[Mapping[str, float]]) -> None:
-        if not self._write_uniform(rows):
-            self._write_mixed(rows)
+        touched = self._write_uniform(rows)
+        if touched is None:
+            touched = self._write_mixed(rows)
         self._rows += len(rows)
         self._total += len(rows)
+        if touched:
+            self._densify(touched)
 
-    def _write_uniform(self, rows: Sequence[Mapping[str, float]]) -> bool:
+    def _write_uniform(self, rows: Sequence[Mapping[str, float]]) -> list[str] | None:
         """Fast path for the usual batch, where every row has the same keys: numpy converts
-        the whole batch in one call (about 5x faster than a lookup per cell). Returns False,
-        having written nothing, when the rows differ."""
+        the whole batch in one call (about 5x faster than a lookup per cell). Returns the
+        sparse keys written, or None, having written nothing, when the rows differ."""
         keys = tuple(rows[0])
         if not keys or any(len(row) != len(keys) for row in rows):
-            return False
+            return None
         getter = operator.itemgetter(*keys)
         values = map(getter, rows) if len(keys) > 1 else ((v,) for v in map(getter, rows))
         try:
@@ -159,40 +192,86 @@ class Store:
                 count=len(rows) * len(keys),
             )
         except (KeyError, TypeError, ValueError):
-            return False
+            return None
         table = flat.reshape(len(rows), len(keys))
-        for key in keys:
-            if key not in self._index:
-                self._add_column(key)
+        self._see(keys)
+        index = self._index
+        dense = [j for j, key in enumerate(keys) if key in index]
         lo, hi = self._rows, self._rows + len(rows)
-        block = self._recent[: len(self._names), lo:hi]
-        if len(keys) < len(self._names):
+        block = self._recent[: len(index), lo:hi]
+        if len(dense) < len(index):
             block.fill(_NAN)  # slots can hold data from before the last fold's shift
-        block[[self._index[k] for k in keys]] = table.T
+        touched: list[str] = []
+        if len(dense) == len(keys):
+            block[[index[k] for k in keys]] = table.T
+        else:
+            block[[index[keys[j]] for j in dense]] = table.T[dense]
+            at = np.arange(self._total, self._total + len(rows))
+            for j, key in enumerate(keys):
+                if key not in index:
+                    self._sparse[key].add(at, table[:, j].copy())
+                    touched.append(key)
         self._last.update(zip(keys, table[-1].tolist(), strict=True))
-        return True
+        return touched
 
-    def _write_mixed(self, rows: Sequence[Mapping[str, float]]) -> None:
+    def _write_mixed(self, rows: Sequence[Mapping[str, float]]) -> list[str]:
+        """Any batch; returns the sparse keys written."""
         keys: dict[str, None] = {}
         for row in rows:
             keys.update(dict.fromkeys(row))
-        for key in keys:
-            if key not in self._index:
-                self._add_column(key)
-        block = self._recent[: len(self._names), self._rows : self._rows + len(rows)]
+        self._see(keys)
+        block = self._recent[: len(self._index), self._rows : self._rows + len(rows)]
         block.fill(_NAN)  # slots can hold data from before the last fold's shift
+        touched = []
         for key in keys:
-            values = [row.get(key, _NAN) for row in rows]
-            block[self._index[key]] = values
+            if key in self._index:
+                values = [row.get(key, _NAN) for row in rows]
+                block[self._index[key]] = values
+            else:
+                at = [i for i, row in enumerate(rows) if key in row]
+                vals = np.array([rows[i][key] for i in at], dtype=np.float64)
+                self._sparse[key].add(np.asarray(at, dtype=np.int64) + self._total, vals)
+                touched.append(key)
             # "last" is the newest value written for the key, not the newest row's cell, so a
             # metric logged every 10 steps still has a last value between logs.
             for row in reversed(rows):
                 if key in row:
                     self._last[key] = float(row[key])
                     break
+        return touched
 
-    def _add_column(self, name: str) -> None:
-        col = len(self._names)
+    def _densify(self, keys: Iterable[str]) -> None:
+        """Make dense the sparse keys among ``keys`` that fill enough of their rows or would
+        cost half a dense column."""
+        dense_bytes = self._recent.shape[1] * 8 + (self._bucket_cap * 32 if self._brows.size else 0)
+        for key in keys:
+            col = self._sparse.get(key)
+            if col is None:
+                continue
+            n = col.nr
+            full = n >= _MIN_DENSE and n * _DENSITY >= self._total - int(col.rows[0])
+            if full or col.nbytes * _SPARSE_SHARE >= dense_bytes:
+                self._make_dense(key, col)
+
+    def _make_dense(self, key: str, col: SparseColumn) -> None:
+        del self._sparse[key]
+        slot = self._add_dense(key)
+        self._recent[slot].fill(_NAN)
+        self._recent[slot, : self._rows] = col.dense_recent(self._folded, self._folded + self._rows)
+        if self._brows.size:
+            mins, maxs, sums, cnts = col.dense_buckets(self._nbuckets)
+            nb = self._nbuckets
+            self._bmin[slot].fill(_NAN)
+            self._bmax[slot].fill(_NAN)
+            self._bsum[slot].fill(0.0)
+            self._bcnt[slot].fill(0)
+            self._bmin[slot, :nb] = mins
+            self._bmax[slot, :nb] = maxs
+            self._bsum[slot, :nb] = sums
+            self._bcnt[slot, :nb] = cnts
+
+    def _add_dense(self, name: str) -> int:
+        col = len(self._index)
         if col == self._recent.shape[0]:
             cap = max(col + 1, col * 3 // 2)
             self._recent = _grow_rows(self._recent, cap, _NAN)
@@ -200,8 +279,8 @@ class Store:
             self._bmax = _grow_rows(self._bmax, cap, _NAN)
             self._bsum = _grow_rows(self._bsum, cap, 0.0)
             self._bcnt = _grow_rows(self._bcnt, cap, 0)
-        self._names.append(name)
         self._index[name] = col
+        return col
 
     def _ensure_row_capacity(self, need: int) -> None:
         cap = self._recent.shape[1]
@@ -216,8 +295,7 @@ class Store:
     def _fold(self) -> None:
         """Move the oldest half of the recent tier into buckets."""
         n = self._recent_cap // 2
-        ncols = len(self._names)
-        block = self._recent[:ncols, :n]
+        ncols = len(self._index)
         if self._bmin.shape[1] == 0:
             shape = (self._recent.shape[0], self._bucket_cap)
             self._bmin = np.full(shape, _NAN, dtype=np.float64)
@@ -233,25 +311,28 @@ class Store:
         # Segment starts inside the block: 0, then every bucket boundary after g0.
         starts = np.concatenate(([0], np.arange((first + 1) * w - g0, n, w)))
         counts = np.diff(np.append(starts, n))
-        isnan = np.isnan(block)
-        with np.errstate(invalid="ignore", over="ignore"):
-            mins = np.fmin.reduceat(block, starts, axis=1)  # fmin skips NaN; all-NaN -> NaN
-            maxs = np.fmax.reduceat(block, starts, axis=1)
-            sums = np.add.reduceat(np.where(isnan, 0.0, block), starts, axis=1)
-        cnts = np.add.reduceat(~isnan, starts, axis=1, dtype=np.int64)
+        topup = bool(g0 % w)  # the first segment tops up a partly filled bucket
         sl = slice(first, last + 1)
-        if g0 % w:  # the first segment tops up a partly filled bucket
-            mins[:, 0] = np.fmin(mins[:, 0], self._bmin[:ncols, first])
-            maxs[:, 0] = np.fmax(maxs[:, 0], self._bmax[:ncols, first])
-            with np.errstate(invalid="ignore", over="ignore"):
-                sums[:, 0] += self._bsum[:ncols, first]
-            cnts[:, 0] += self._bcnt[:ncols, first]
+        mins, maxs, sums, cnts = _fold_block(
+            self._recent[:ncols, :n],
+            starts,
+            (
+                self._bmin[:ncols, first],
+                self._bmax[:ncols, first],
+                self._bsum[:ncols, first],
+                self._bcnt[:ncols, first],
+            )
+            if topup
+            else None,
+        )
+        if topup:
             counts[0] += self._brows[first]
         self._bmin[:ncols, sl] = mins
         self._bmax[:ncols, sl] = maxs
         self._bsum[:ncols, sl] = sums
         self._bcnt[:ncols, sl] = cnts
         self._brows[sl] = counts
+        self._fold_sparse(g0, n, starts, first, topup)
         self._nbuckets = last + 1
         self._folded += n
         # Shift the newer half down; numpy copes with the overlap. Stale slots past the end are
@@ -259,10 +340,38 @@ class Store:
         keep = self._rows - n
         self._recent[:, :keep] = self._recent[:, n : self._rows]
         self._rows = keep
+        self._densify(list(self._sparse))
+
+    def _fold_sparse(self, g0: int, n: int, starts: IntArray, first: int, topup: bool) -> None:
+        """The sparse keys' part of ``_fold``: their rows laid out densely a few keys at a time
+        and folded by the same ``_fold_block``, the buckets with a value kept."""
+        cols = list(self._sparse.values())
+        # 16 keys of a 32,768-row fold: 4 MiB for the moment of the fold.
+        for at in range(0, len(cols), 16):
+            chunk = cols[at : at + 16]
+            block = np.stack([c.dense_recent(g0, g0 + n) for c in chunk])
+            prior = None
+            if topup:
+                held = [c.bucket(first) for c in chunk]
+                prior = (
+                    np.array([b[0] for b in held], dtype=np.float64),
+                    np.array([b[1] for b in held], dtype=np.float64),
+                    np.array([b[2] for b in held], dtype=np.float64),
+                    np.array([b[3] for b in held], dtype=np.int64),
+                )
+            mins, maxs, sums, cnts = _fold_block(block, starts, prior)
+            for i, col in enumerate(chunk):
+                has = np.flatnonzero(cnts[i])
+                col.put_buckets(
+                    first, has + first, mins[i, has], maxs[i, has], sums[i, has], cnts[i, has]
+                )
+                col.drop_rows_before(g0 + n)
 
     def _merge_pairs(self) -> None:
         """Merge buckets (2j, 2j+1) into j, doubling the width; means stay count-weighted."""
         nb = self._nbuckets
+        for col in self._sparse.values():
+            col.merge_pairs(nb)
         merge_pairs(self._bmin, nb, np.fmin, _NAN)
         merge_pairs(self._bmax, nb, np.fmax, _NAN)
         merge_pairs(self._bsum, nb, np.add, 0.0)
@@ -271,6 +380,51 @@ class Store:
         self._width *= 2
 
     # ------------------------------------------------------------------ reading
+
+    def _recent_of(self, name: str, lo: int, hi: int) -> FloatArray:
+        """Recent rows ``[lo, hi)`` of a known column, a copy."""
+        i = self._index.get(name)
+        if i is not None:
+            return self._recent[i, lo:hi].copy()
+        return self._sparse[name].dense_recent(self._folded + lo, self._folded + hi)
+
+    def _buckets_of(
+        self, names: Sequence[str], nb: int
+    ) -> tuple[FloatArray, FloatArray, FloatArray, IntArray]:
+        """Bucket min, max, sum and count of known columns, one row each: copies."""
+        if all(name in self._index for name in names):
+            rows = [self._index[name] for name in names]
+            return (
+                self._bmin[rows, :nb],
+                self._bmax[rows, :nb],
+                self._bsum[rows, :nb],
+                self._bcnt[rows, :nb],
+            )
+        parts = []
+        for name in names:
+            i = self._index.get(name)
+            if i is not None:
+                parts.append(
+                    (self._bmin[i, :nb], self._bmax[i, :nb], self._bsum[i, :nb], self._bcnt[i, :nb])
+                )
+            else:
+                parts.append(self._sparse[name].dense_buckets(nb))
+        if not parts:
+            return (
+                np.empty((0, nb), dtype=np.float64),
+                np.empty((0, nb), dtype=np.float64),
+                np.empty((0, nb), dtype=np.float64),
+                np.empty((0, nb), dtype=np.int64),
+            )
+        return (
+            np.stack([p[0] for p in parts]),
+            np.stack([p[1] for p in parts]),
+            np.stack([p[2] for p in parts]),
+            np.stack([p[3] for p in parts]),
+        )
+
+    def _known(self, name: str) -> bool:
+        return name in self._index or name in self._sparse
 
     def __len__(self) -> int:
         with self._lock:
@@ -293,7 +447,8 @@ class Store:
         """Bytes held by the arrays (allocated capacity, not just the used part)."""
         with self._lock:
             arrays = (self._recent, self._bmin, self._bmax, self._bsum, self._bcnt, self._brows)
-            return sum(int(a.nbytes) for a in arrays)
+            dense = sum(int(a.nbytes) for a in arrays)
+            return dense + sum(col.nbytes for col in self._sparse.values())
 
     def last(self, name: str) -> float:
         """The newest value written for ``name`` (NaN and Inf included); NaN if never seen."""
@@ -305,40 +460,42 @@ class Store:
         with self._lock:
             if self._rows == 0:
                 return {}
-            col = self._recent[: len(self._names), self._rows - 1]
-            return {name: float(v) for name, v in zip(self._names, col, strict=True)}
+            at, newest = self._rows - 1, self._total - 1
+            out = {}
+            for name in self._names:
+                i = self._index.get(name)
+                if i is not None:
+                    out[name] = float(self._recent[i, at])
+                else:
+                    out[name] = self._sparse[name].value_at(newest)
+            return out
 
     def history(self) -> dict[str, FloatArray]:
         """Every column as float64, equal lengths: bucket means, then the recent rows."""
         with self._lock:
-            nb, nr = self._nbuckets, self._rows
-            ncols = len(self._names)
-            recent = self._recent[:ncols, :nr].copy()
-            sums = self._bsum[:ncols, :nb].copy()
-            cnts = self._bcnt[:ncols, :nb].copy()
             names = list(self._names)
-        means = _means(sums, cnts)
-        return {name: np.concatenate((means[i], recent[i])) for i, name in enumerate(names)}
+            return self._select(names)
 
     def column(self, name: str) -> FloatArray:
         """``history()[name]`` without building the other columns; KeyError if unknown."""
         with self._lock:
-            i = self._index[name]
-            nb, nr = self._nbuckets, self._rows
-            recent = self._recent[i, :nr].copy()
-            sums = self._bsum[i : i + 1, :nb].copy()
-            cnts = self._bcnt[i : i + 1, :nb].copy()
-        return np.concatenate((_means(sums, cnts)[0], recent))
+            if not self._known(name):
+                raise KeyError(name)
+            return self._select([name])[name]
 
     def select(self, names: Sequence[str]) -> dict[str, FloatArray]:
         """``column(name)`` of each of ``names`` under one lock, the bucket means taken in one
         pass (a chart reads several columns each frame); KeyError if one is unknown."""
         with self._lock:
-            rows = [self._index[name] for name in names]
-            nb, nr = self._nbuckets, self._rows
-            recent = self._recent[rows, :nr]  # fancy indexing: a copy
-            sums = self._bsum[rows, :nb]
-            cnts = self._bcnt[rows, :nb]
+            for name in names:
+                if not self._known(name):
+                    raise KeyError(name)
+            return self._select(names)
+
+    def _select(self, names: Sequence[str]) -> dict[str, FloatArray]:
+        nb, nr = self._nbuckets, self._rows
+        recent = [self._recent_of(name, 0, nr) for name in names]
+        _mins, _maxs, sums, cnts = self._buckets_of(names, nb)
         means = _means(sums, cnts)
         return {name: np.concatenate((means[i], recent[i])) for i, name in enumerate(names)}
 
@@ -348,10 +505,9 @@ class Store:
         An unknown column gives an empty array, so health rules need not check first.
         """
         with self._lock:
-            i = self._index.get(name)
-            if i is None or n <= 0:
+            if not self._known(name) or n <= 0:
                 return np.empty(0, dtype=np.float64)
-            return self._recent[i, max(0, self._rows - n) : self._rows].copy()
+            return self._recent_of(name, max(0, self._rows - n), self._rows)
 
     def tails(self, names: Iterable[str], n: int) -> dict[str, FloatArray]:
         """``tail(name, n)`` of each known name among ``names``, in their order, under one
@@ -360,21 +516,19 @@ class Store:
         with self._lock:
             hi = self._rows
             lo = max(0, hi - n) if n > 0 else hi
-            index = self._index
-            return {
-                name: self._recent[index[name], lo:hi].copy() for name in names if name in index
-            }
+            return {name: self._recent_of(name, lo, hi) for name in names if self._known(name)}
 
     def buckets(self, name: str, x: str = "step") -> dict[str, FloatArray]:
         """The bucket tier of one column: ``x`` (bucket mean of the x column), min, mean,
         max and rows (rows per bucket). KeyError if either column is unknown."""
         with self._lock:
-            i, j = self._index[name], self._index[x]
+            for key in (name, x):
+                if not self._known(key):
+                    raise KeyError(key)
             nb = self._nbuckets
-            sums = self._bsum[[j, i], :nb].copy()
-            cnts = self._bcnt[[j, i], :nb].copy()
-            lo = self._bmin[i, :nb].copy()
-            hi = self._bmax[i, :nb].copy()
+            mins, maxs, sums, cnts = self._buckets_of([x, name], nb)
+            lo = mins[1].copy()
+            hi = maxs[1].copy()
             rows = self._brows[:nb].astype(np.float64)
         means = _means(sums, cnts)
         return {"x": means[0], "min": lo, "mean": means[1], "max": hi, "rows": rows}
@@ -393,19 +547,41 @@ class Store:
         if max_points < 3:  # tsdownsample's LTTB panics below 3
             raise ValueError(f"max_points must be at least 3, got {max_points}")
         with self._lock:
-            i, j = self._index.get(name), self._index.get(x)
-            if i is None or j is None:
+            if not self._known(name) or not self._known(x):
                 empty = np.empty(0, dtype=np.float64)
                 return empty, empty.copy()
             nb, nr = self._nbuckets, self._rows
-            bx = _means(self._bsum[j : j + 1, :nb], self._bcnt[j : j + 1, :nb])[0]
-            blo = self._bmin[i, :nb].copy()
-            bhi = self._bmax[i, :nb].copy()
-            rx = self._recent[j, :nr].copy()
-            ry = self._recent[i, :nr].copy()
+            mins, maxs, sums, cnts = self._buckets_of([x, name], nb)
+            bx = _means(sums[0:1], cnts[0:1])[0]
+            blo = mins[1]
+            bhi = maxs[1]
+            rx = self._recent_of(x, 0, nr)
+            ry = self._recent_of(name, 0, nr)
         xs = np.concatenate((np.repeat(bx, 2), rx))
         ys = np.concatenate((np.column_stack((blo, bhi)).ravel(), ry))
         return decimate(xs, ys, max_points)
+
+
+def _fold_block(
+    block: FloatArray,
+    starts: IntArray,
+    prior: tuple[FloatArray, FloatArray, FloatArray, IntArray] | None,
+) -> tuple[FloatArray, FloatArray, FloatArray, IntArray]:
+    """Per-segment min, max, NaN-free sum and count of each row of ``block``; with ``prior``
+    (one bucket's min, max, sum and count per row), the first segment tops that bucket up."""
+    isnan = np.isnan(block)
+    with np.errstate(invalid="ignore", over="ignore"):
+        mins = np.fmin.reduceat(block, starts, axis=1)  # fmin skips NaN; all-NaN -> NaN
+        maxs = np.fmax.reduceat(block, starts, axis=1)
+        sums = np.add.reduceat(np.where(isnan, 0.0, block), starts, axis=1)
+    cnts = np.add.reduceat(~isnan, starts, axis=1, dtype=np.int64)
+    if prior is not None:
+        mins[:, 0] = np.fmin(mins[:, 0], prior[0])
+        maxs[:, 0] = np.fmax(maxs[:, 0], prior[1])
+        with np.errstate(invalid="ignore", over="ignore"):
+            sums[:, 0] += prior[2]
+        cnts[:, 0] += prior[3]
+    return mins, maxs, sums, cnts
 
 
 def _means(sums: FloatArray, cnts: IntArray) -> FloatArray:
