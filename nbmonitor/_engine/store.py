@@ -494,8 +494,15 @@ class Store:
 
     def _select(self, names: Sequence[str]) -> dict[str, FloatArray]:
         nb, nr = self._nbuckets, self._rows
-        recent = [self._recent_of(name, 0, nr) for name in names]
-        _mins, _maxs, sums, cnts = self._buckets_of(names, nb)
+        index = self._index
+        if all(name in index for name in names):
+            rows = [index[name] for name in names]
+            recent: FloatArray | list[FloatArray] = self._recent[rows, :nr]  # a copy
+            sums = self._bsum[rows, :nb]
+            cnts = self._bcnt[rows, :nb]
+        else:
+            recent = [self._recent_of(name, 0, nr) for name in names]
+            _mins, _maxs, sums, cnts = self._buckets_of(names, nb)
         means = _means(sums, cnts)
         return {name: np.concatenate((means[i], recent[i])) for i, name in enumerate(names)}
 
