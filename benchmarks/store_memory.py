@@ -1,12 +1,14 @@
 """Store scale benchmark: memory, append speed and series() time for a 1,000,000-step run.
 
 Run from the repo root (or with nbmonitor installed):
-``PYTHONPATH=. python benchmarks/store_memory.py [--rows N] [--metrics M] [--chunk C]``
+``PYTHONPATH=. python benchmarks/store_memory.py [--rows N] [--metrics M] [--chunk C] [--sparse K]``
 
 Appends N rows of M random metrics (plus step and time) with chunked ``extend`` (the sampler
 hands over one batch per tick), prints the store's ``nbytes`` at 10^4, 10^5 and 10^6 rows, the
 peak process RSS growth, the append time in total and per row, and the median time of
 ``series()`` on the final store. Building the row dicts is excluded from the append time.
+``--sparse K`` adds K keys each logged on every K-th step (key k on the steps where
+step % K == k), as eval metrics logged now and then.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--metrics", type=int, default=20)
     parser.add_argument("--chunk", type=int, default=10_000)
+    parser.add_argument("--sparse", type=int, default=0)
     args = parser.parse_args()
 
     names = [f"metric_{i}" for i in range(args.metrics)]
@@ -45,6 +48,7 @@ def main() -> None:
     done = 0
     print(
         f"Store(): {args.rows:,} rows x {args.metrics} metrics, extend() in chunks of {args.chunk}"
+        + (f", {args.sparse} keys each on every {args.sparse}th step" if args.sparse else "")
     )
     while done < args.rows:
         n = min(args.chunk, args.rows - done, *(c - done for c in checkpoints if c > done))
@@ -53,12 +57,16 @@ def main() -> None:
             {"step": float(done + k), "time": (done + k) * 0.05, **dict(zip(names, v, strict=True))}
             for k, v in enumerate(values)
         ]
+        if args.sparse:
+            for k, row in enumerate(rows):
+                row[f"sparse_{(done + k) % args.sparse}"] = float(done + k)
         t0 = time.perf_counter()
         store.extend(rows)
         append_s += time.perf_counter() - t0
         done += n
         if done in checkpoints:
             print(f"  {done:>9,} rows: nbytes = {store.nbytes / MB:6.2f} MB")
+    print(f"  {done:>9,} rows (end): nbytes = {store.nbytes / MB:6.2f} MB")
     rss_delta = _peak_rss_bytes() - rss0
     print(f"peak RSS growth: {rss_delta / MB:.1f} MB (includes the row dicts of one chunk)")
     print(f"append: {append_s:.2f} s total, {append_s / args.rows * 1e6:.2f} us/row")
@@ -66,7 +74,7 @@ def main() -> None:
     times = []
     for _ in range(20):
         t0 = time.perf_counter()
-        x, _y = store.series(names[0], max_points=2000)
+        x, _y = store.series(names[0] if names else "sparse_0", max_points=2000)
         times.append(time.perf_counter() - t0)
     print(
         f"series(max_points=2000): median {statistics.median(times) * 1e3:.2f} ms "

@@ -158,6 +158,7 @@ HAND_OFF = {
     "nbmonitor._engine.derive.ranks_frame",
     "nbmonitor._engine.derive.ranks",
     "nbmonitor._engine.store",
+    "nbmonitor._engine.sparse",
     "nbmonitor._engine.tiering",
     "nbmonitor._engine.decimate",
 }

@@ -1,8 +1,9 @@
 """Which logged keys the live steps store keeps in memory.
 
-A store column costs 8 bytes per row it can hold, however few values it has: ~1 MiB once a run
-is past 65,536 steps (docs/reliability.md). A loop that logs many distinct sparse keys
-(``mon.log(**{f"val_{epoch}": x})``) would otherwise cost a megabyte each. So the store keeps
+A dense store column costs 8 bytes per row it can hold: ~1 MiB once a run is past 65,536 steps
+(docs/reliability.md). A key logged now and then is held sparse (``store.py``), at about the
+cost of its values, but one logged on most rows is a dense column, and a loop that logs ever
+new keys (``mon.log(**{f"val_{epoch}": x})``) would add columns without end. So the store keeps
 the first ``limit`` keys; rows keep the rest on disk only (the run log has every key, and
 ``nbmonitor.open(run_dir).history()`` reads them).
 """

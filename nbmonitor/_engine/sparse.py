@@ -160,6 +160,14 @@ class SparseColumn:
             return float(self.vals[self.nr - 1])
         return _NAN
 
+    def sums_into(self, sums: FloatArray, cnts: IntArray) -> None:
+        """Write the buckets' sums and counts into zeroed ``sums``/``cnts`` (their length is the
+        number of buckets read)."""
+        k = int(np.searchsorted(self.bidx[: self.nb], len(sums)))
+        idx = self.bidx[:k]
+        sums[idx] = self.bsum[:k]
+        cnts[idx] = self.bcnt[:k]
+
     def dense_buckets(self, nb: int) -> tuple[FloatArray, FloatArray, FloatArray, IntArray]:
         """Buckets ``[0, nb)`` as the dense tier holds them: min, max, sum, count."""
         mins = np.full(nb, _NAN, dtype=np.float64)

@@ -502,7 +502,15 @@ class Store:
             cnts = self._bcnt[rows, :nb]
         else:
             recent = [self._recent_of(name, 0, nr) for name in names]
-            _mins, _maxs, sums, cnts = self._buckets_of(names, nb)
+            sums = np.zeros((len(names), nb), dtype=np.float64)
+            cnts = np.zeros((len(names), nb), dtype=np.int64)
+            for i, name in enumerate(names):
+                j = index.get(name)
+                if j is not None:
+                    sums[i] = self._bsum[j, :nb]
+                    cnts[i] = self._bcnt[j, :nb]
+                else:
+                    self._sparse[name].sums_into(sums[i], cnts[i])
         means = _means(sums, cnts)
         return {name: np.concatenate((means[i], recent[i])) for i, name in enumerate(names)}
 
