@@ -257,9 +257,16 @@ def summary(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = No
 
     Gradient memory counts trainable parameters. Optimizer state is measured from
     ``optimizer.state`` once the optimizer has stepped, and estimated from its class before
-    (without an optimizer, AdamW is assumed).
+    (without an optimizer, AdamW is assumed). Shows as a table in a notebook and as text
+    with ``print()``; ``.to_pandas()`` gives the module rows as a DataFrame, ``.total_bytes()``
+    the sum (None when the optimizer is unknown), ``.headline()`` one line.
 
-    >>> nbmonitor.summary(model, optimizer)  # doctest: +SKIP
+    >>> import torch
+    >>> s = nbmonitor.summary(torch.nn.Linear(4, 2))
+    >>> s.headline()
+    'Linear: 10 params (10 trainable, 0 frozen)'
+    >>> s.total_bytes()  # 40 B of weights, 40 of gradients, 80 of AdamW's two moments
+    160
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(

@@ -20,11 +20,17 @@ MAX_FAILURES_IN_A_ROW = 5
 
 
 class NonFiniteError(FloatingPointError):
-    """Raised into the training loop with ``on_nan="raise"``: where NaN/Inf first appeared."""
+    """Raised into the training loop with ``on_nan="raise"``, from ``optimizer.step()`` before
+    the bad update is applied; its message names where NaN/Inf first appeared (the first
+    parameters, and with ``check_forward=True`` the first module)."""
 
 
 class RunDirError(RuntimeError):
-    """A run directory that cannot be created, written or read; the message says what to do."""
+    """A run directory that cannot be created, written or read; the message says what to do.
+
+    ``attach`` raises it when the run directory cannot be created or written;
+    ``nbmonitor.open`` raises ``nbmonitor.runs.RunNotFoundError`` (a ``FileNotFoundError`` and
+    a ``RunDirError``) for a path without ``meta.json``."""
 
 
 @dataclass(frozen=True)

@@ -35,18 +35,21 @@ MAX_NAME_BYTES = 200
 class AttachOptions(TypedDict, total=False):
     """The keyword options of ``nbmonitor.attach`` and ``nbmonitor.Monitor``:
 
-    interval: seconds between system samples (and run-log flushes); default 0.5.
-    total_steps: the planned number of steps, for progress and ETA.
-    run_dir: folder under which this run's directory is created (default ``"runs"``).
-    name: a name for the run (default: the model's class name).
-    backend: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"mps"``.
+    interval: seconds between system samples and run-log flushes.
+    total_steps: the planned number of steps, for progress and ETA (counted from 0, also
+        with ``start_step``).
+    run_dir: the folder under which this run's directory ``<timestamp>-<name>/`` is created
+        (made if missing).
+    name: a name for the run (None: the model's class name).
+    backend: ``"auto"`` (from where the model's parameters live), ``"cpu"``, ``"cuda"`` or
+        ``"mps"``.
     display: in a notebook, show the dashboard under the cell; in a script, print a status
-        line every few seconds (default True).
+        line every few seconds. False shows and prints nothing, not even a closing line
+        (call ``mon.dashboard()`` later).
     layer_every: measure parameter norms and update ratios (||dw|| / ||w||) every this
         many steps, and early on more often: each of the first 30 steps and every 10th up
-        to step 100 (0: never; default 100). Per-layer gradient norms are measured every
-        step.
-    layer_group: ``"param"`` (a layer is a parameter) or ``"module"``.
+        to step 100 (0: never). Per-layer gradient norms are measured every step.
+    layer_group: a layer is a parameter (``"param"``) or a module (``"module"``).
     activations: record activation statistics of leaf modules on the ``layer_every``
         schedule (mean, std, max |x|, fraction of zeros) and report dead units.
     check_forward: check every module's output for NaN/Inf, to name the first module
@@ -54,21 +57,29 @@ class AttachOptions(TypedDict, total=False):
     on_nan: ``"warn"`` reports non-finite gradients in the alerts; ``"raise"`` raises
         ``nbmonitor.NonFiniteError`` from ``optimizer.step()`` before the bad update is
         applied (this checks on the host every step, so it synchronises on CUDA).
-    thresholds: health-rule thresholds, as ``nbmonitor.Thresholds`` or a dict of its fields.
+    thresholds: health-rule thresholds, as ``nbmonitor.Thresholds`` or a dict of some of its
+        fields (None: the defaults).
     start_step: the optimizer steps already done before this run (resuming from a
-        checkpoint): the first step recorded is ``start_step + 1`` (default 0).
-    phases: time each step's phases (data wait, forward, backward, other, optimizer) as
-        ``phase_<name>_s`` columns; CUDA events on a GPU, never a sync (default True).
-    flops: count the model's FLOPs once, in the first training forward, for TFLOP/s and
-        MFU (default True; that one forward runs slower).
+        checkpoint, e.g. nanoGPT's ``iter_num``): the first step recorded is
+        ``start_step + 1``.
+    phases: time each step's phases as columns ``phase_data_s`` (the wait for data: from the
+        previous step's end, or a micro-batch's backward, to the next forward),
+        ``phase_forward_s``, ``phase_backward_s``, ``phase_other_s`` (between backward and
+        the optimizer: clipping, unscaling) and ``phase_optimizer_s``; they sum to
+        ``step_time``. CUDA events on a GPU (the device's time, read later, never a sync),
+        the host clock elsewhere.
+    flops: count the model's FLOPs once, in the first training forward
+        (``torch.utils.flop_counter.FlopCounterMode``; that one forward runs slower), for
+        TFLOP/s and MFU (docs/throughput.md).
     display_rank: in a distributed job (``torchrun``), the rank that shows the dashboard or
-        status lines and writes the cross-rank summary at close; the others record
-        silently (default 0).
+        status lines, follows the other ranks for the job alerts (straggler, same batches,
+        ranks out of sync, a stalled rank or job) and writes ``ranks_summary.json`` at close;
+        the others record silently.
     memory_history: on CUDA, record the allocator's history (every allocation and free,
         with its stack; ``torch.cuda.memory._record_memory_history``) so that
         ``mon.memory_snapshot(path)`` writes a file for https://pytorch.org/memory_viz and an
         out-of-memory card links the snapshot taken at the failure. It costs: stacks are
-        captured at every allocation (default False).
+        captured at every allocation.
     export: hand the run on as it is recorded: ``"tensorboard"``, ``"wandb"``,
         ``"mlflow"``, ``"trackio"``, ``"prometheus"``, ``"parquet"``, ``"csv"``, an exporter
         object with options (``nbmonitor.export.TensorBoard(log_dir=...)``), or a list of

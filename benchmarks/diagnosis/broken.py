@@ -8,6 +8,7 @@ import torch
 from benchmarks.diagnosis.harness import LOAD_PER_CORE, Attach, Scenario
 from benchmarks.diagnosis.healthy import _slow_forward, fine_tune, regression, trainable
 from benchmarks.diagnosis.models import (
+    BatchNormCNN,
     LoRALinear,
     LoRATask,
     ManyRows,
@@ -431,6 +432,179 @@ def lora_lr_tiny(steps: int, attach: Attach) -> None:
     fine_tune(model, torch.optim.AdamW(trainable(model), lr=1e-8), task, steps, attach)
 
 
+# -- the structural causes (the loop's order, the loss's graph, modes, inputs, precision) -------
+
+
+def _classify_loop(
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    steps: int,
+    attach: Attach,
+    *,
+    order: str = "forward backward step zero",
+    loss_of: object = None,
+    inputs: object = None,
+    batch: int = 32,
+    at_step: object = None,
+) -> None:
+    """A classifier on ``Patterns``, its iteration written as ``order`` (the words forward,
+    backward, step and zero in the loop's order); ``loss_of(logits, y)`` replaces
+    cross-entropy, ``inputs(x)`` what reaches the model, ``at_step(step, model)`` runs first."""
+    task = Patterns()
+    mon = attach(model, opt, total_steps=steps)
+    words = order.split()
+    for step in range(1, steps + 1):
+        if callable(at_step):
+            at_step(step, model)
+        x, y = task.batch(batch)
+        if callable(inputs):
+            x = inputs(x)
+        loss = None
+        for word in words:
+            if word == "forward":
+                out = model(x)
+                loss = loss_of(out, y) if callable(loss_of) else nn.functional.cross_entropy(out, y)
+            elif word == "backward" and loss is not None:
+                loss.backward()
+            elif word == "step":
+                opt.step()
+            elif word == "zero":
+                opt.zero_grad()
+        mon.log(loss=loss)
+
+
+def zero_grad_forgotten(steps: int, attach: Attach) -> None:
+    # Source: "Why do we need to call zero_grad() in PyTorch?" (Stack Overflow 48001598), the
+    # most-read PyTorch question on it; Karpathy's "A Recipe for Training Neural Networks".
+    # Signal: at each backward the gradient is still the tensor the last step left.
+    model = mlp(width=16, depth=2, out=4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    _classify_loop(model, opt, steps, attach, order="forward backward step")
+
+
+def zero_grad_between_backward_and_step(steps: int, attach: Attach) -> None:
+    # Source: PyTorch forums, "Model not learning: loss stays the same" (zero_grad() placed
+    # after loss.backward()). Signal: the gradients are gone when step() starts.
+    model = mlp(width=16, depth=2, out=4)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    _classify_loop(model, opt, steps, attach, order="zero forward backward zero step")
+
+
+def step_before_backward(steps: int, attach: Attach) -> None:
+    # Source: PyTorch forums "optimizer.step() before loss.backward()", and the UserWarning
+    # torch gives for lr_scheduler.step() before optimizer.step() (the same order bug). Signal: each
+    # backward starts after the step with no forward since.
+    model = mlp(width=16, depth=2, out=4)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    _classify_loop(model, opt, steps, attach, order="zero forward step backward")
+
+
+def loss_rebuilt_from_item(steps: int, attach: Attach) -> None:
+    # Source: PyTorch forums, "element 0 of tensors does not require grad" answered with
+    # torch.tensor(loss.item(), requires_grad=True): the error goes, the model stops learning.
+    # Signal: the backward's root is a leaf, its graph reaches no parameter.
+    model = mlp(width=16, depth=2, out=4)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def detached(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.tensor(nn.functional.cross_entropy(out, y).item(), requires_grad=True)
+
+    _classify_loop(model, opt, steps, attach, order="zero forward backward step", loss_of=detached)
+
+
+def softmax_then_cross_entropy(steps: int, attach: Attach) -> None:
+    # Source: PyTorch forums "Do I need a softmax before nn.CrossEntropyLoss?" and the 37
+    # Reasons list (#24, "the loss expects logits"). Signal: a Softmax node feeds LogSoftmax.
+    model = nn.Sequential(*mlp(width=16, depth=2, out=4), nn.Softmax(dim=-1))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    _classify_loop(model, opt, steps, attach)
+
+
+def mse_summed_with_sgd(steps: int, attach: Attach) -> None:
+    # Source: PyTorch forums "MSELoss(reduction='sum') explodes" (an lr tuned for the mean);
+    # size_average=False in old tutorials. Signal: MseLoss saved reduction=sum, batch 64, and
+    # the loss climbs or is lost.
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.02)
+    task = Teacher()
+    mon = attach(model, opt, total_steps=steps)
+    for _ in range(steps):
+        x, y = task.batch(64)
+        loss = nn.functional.mse_loss(model(x), y, reduction="sum")
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        mon.log(loss=loss)
+
+
+def raw_pixels(steps: int, attach: Attach) -> None:
+    # Source: Karpathy's Recipe ("visualise just before the net"), CS231n's preprocessing
+    # notes: images fed as 0-255. Signal: the first layer's mean |x| is ~100.
+    model = mlp(width=16, depth=2, out=4)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    _classify_loop(model, opt, steps, attach, inputs=lambda x: (x.abs() * 100).clamp(0, 255))
+
+
+def eval_left_on(steps: int, attach: Attach) -> None:
+    # Source: PyTorch forums "model.eval() and model.train()": a validation pass sets eval()
+    # and the loop never sets train() again. Signal: the dropout and BatchNorm modules are in
+    # eval mode in the training forwards.
+    model = nn.Sequential(
+        nn.Linear(16, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 4)
+    )
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def validate_once(step: int, m: nn.Module) -> None:
+        if step == EVAL_AT + 1:
+            m.eval()  # the bug: no m.train() after the validation pass
+            with torch.no_grad():
+                m(torch.randn(8, 16))
+
+    _classify_loop(model, opt, steps, attach, at_step=validate_once)
+
+
+EVAL_AT = 40
+
+
+def batchnorm_batch_of_two(steps: int, attach: Attach) -> None:
+    # Source: PyTorch forums "BatchNorm with batch size 1/2", the GroupNorm paper (Wu & He,
+    # 2018). Signal: the BatchNorm layers see 2 samples a forward in training mode.
+    model = BatchNormCNN()
+    task = Patterns(shape=(1, 8, 8), noise=0.5)
+    opt = torch.optim.Adam(model.parameters(), lr=2e-3)
+    mon = attach(model, opt, total_steps=steps)
+    for _ in range(steps):
+        x, y = task.batch(2)
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        mon.log(loss=loss)
+
+
+def dropout_far_too_high(steps: int, attach: Attach) -> None:
+    # Source: the issue's report (Dropout(p=0.99) named "dead units, lower the lr"); p read as
+    # the keep probability (Keras/TF1 keep_prob). Signal: a Dropout with p >= 0.8 in training.
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Dropout(0.95), nn.Linear(32, 4))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    _classify_loop(model, opt, steps, attach)
+
+
+def half_params_with_adam(steps: int, attach: Attach) -> None:
+    # Source: PyTorch forums "Adam with half precision: NaNs / no training" (model.half() then
+    # Adam, eps=1e-8 underflows). Signal: float16 parameters in an Adam param group.
+    model = mlp(width=16, depth=2, out=4).half()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    _classify_loop(
+        model,
+        opt,
+        steps,
+        attach,
+        inputs=lambda x: x.half(),
+        loss_of=lambda out, y: nn.functional.cross_entropy(out.float(), y),
+    )
+
+
 BROKEN = (
     Scenario("lr_too_high", "MLP", "SGD lr 1.0: the loss climbs 50x in a few steps",
              lr_too_high, 300, 80,
@@ -455,7 +629,8 @@ BROKEN = (
     Scenario("adam_eps_huge", "MLP", "Adam eps=1e3: a dead optimizer, the loss stalls",
              adam_eps_huge, 400, 80, ("update_ratio_low", "loss_plateau"), "0.weight"),
     Scenario("explode_mid_run", "MLP", f"one input feature 1000x from step {EXPLODE_AT}",
-             explode_mid_run, 400, 220, ("exploding_gradients",), "0.weight", EXPLODE_AT),
+             explode_mid_run, 400, 220, ("exploding_gradients", "inputs_not_normalised"),
+             "0.weight", EXPLODE_AT),
     Scenario("grad_spike", "MLP",
              f"the gradient into Linear 2 x1000 at step {GRAD_SPIKE_AT + 1} only", grad_spike,
              300, 160, ("gradient_spike", "exploding_gradients", "loss_spike"), "2.weight",
@@ -513,4 +688,27 @@ BROKEN = (
              lora_base_unfrozen, 200, 40, ("base_not_frozen",), "0.base.weight"),
     Scenario("lora_lr_tiny", "LoRA", "adapters with AdamW lr 1e-8", lora_lr_tiny, 200, 80,
              ("adapter_lr_too_small",), "0.a.weight"),
+    Scenario("zero_grad_forgotten", "MLP", "optimizer.zero_grad() never called",
+             zero_grad_forgotten, 200, 40, ("zero_grad_missing",)),
+    Scenario("zero_grad_between", "MLP", "zero_grad() between backward() and step()",
+             zero_grad_between_backward_and_step, 200, 40, ("zero_grad_after_backward",)),
+    Scenario("step_before_backward", "MLP", "optimizer.step() before loss.backward()",
+             step_before_backward, 200, 40, ("step_before_backward",)),
+    Scenario("loss_from_item", "MLP", "backward on torch.tensor(loss.item(), requires_grad=True)",
+             loss_rebuilt_from_item, 200, 40, ("loss_detached",)),
+    Scenario("softmax_then_ce", "MLP", "nn.Softmax at the output, then cross_entropy",
+             softmax_then_cross_entropy, 200, 40, ("softmax_before_cross_entropy",), "5"),
+    Scenario("mse_sum_sgd", "MLP", "MSELoss(reduction='sum'), SGD lr tuned for the mean",
+             mse_summed_with_sgd, 200, 40, ("loss_sum_reduction",)),
+    Scenario("raw_pixels", "MLP", "inputs on a 0-255 scale", raw_pixels, 200, 40,
+             ("inputs_not_normalised",), "0.weight"),
+    Scenario("eval_left_on", "MLP", f"model.eval() for a validation pass at step {EVAL_AT + 1}, "
+             "never train() again", eval_left_on, 200, 80, ("eval_mode_during_training",),
+             None, EVAL_AT),
+    Scenario("batchnorm_batch_2", "CNN", "BatchNorm CNN trained on batches of 2",
+             batchnorm_batch_of_two, 200, 40, ("batchnorm_tiny_batch",), "bn1"),
+    Scenario("dropout_095", "MLP", "Dropout(p=0.95)", dropout_far_too_high, 200, 40,
+             ("dropout_too_high",), "2"),
+    Scenario("half_params_adam", "MLP", "model.half() trained with Adam", half_params_with_adam,
+             200, 40, ("fp16_params_with_adam",)),
 )  # fmt: skip

@@ -266,6 +266,52 @@ def wide_activations(steps: int, attach: Attach) -> None:
         mon.log(loss=loss)
 
 
+def classify_eval_passes_accumulate(steps: int, attach: Attach) -> None:
+    # Dropout and BatchNorm, an evaluation pass every 50 steps (model.eval() + no_grad, then
+    # model.train()), two micro-batches a step, zero_grad(set_to_none=False) after the step:
+    # the structural causes (eval mode, zero_grad, step order) stay silent.
+    # (No bias before the BatchNorm: update_ratio_low names a Linear bias there, a zero update
+    # by construction; cnn_batchnorm is the scenario for that pattern.)
+    model = nn.Sequential(
+        nn.Linear(16, 32, bias=False), nn.BatchNorm1d(32), nn.ReLU(), nn.Dropout(0.1),
+        nn.Linear(32, 4),
+    )  # fmt: skip
+    task = Patterns(noise=0.2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    mon = attach(model, opt, total_steps=steps)
+    for step in range(1, steps + 1):
+        total = 0.0
+        for _ in range(2):
+            x, y = task.batch(16)
+            loss = nn.functional.cross_entropy(model(x), y) / 2
+            loss.backward()
+            total += float(loss.detach())
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+        mon.log(loss=total)
+        if step % 50 == 0:
+            model.eval()
+            with torch.no_grad():
+                x, y = task.batch(4)
+                nn.functional.cross_entropy(model(x), y)
+            model.train()
+
+
+def classify_log_softmax_model_zero_grad(steps: int, attach: Attach) -> None:
+    # log_softmax + nll_loss (correct), model.zero_grad() instead of the optimizer's.
+    model = mlp(width=16, depth=2, out=4)
+    task = Patterns(noise=0.2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    mon = attach(model, opt, total_steps=steps)
+    for _ in range(steps):
+        x, y = task.batch()
+        model.zero_grad()
+        loss = nn.functional.nll_loss(torch.log_softmax(model(x), dim=-1), y)
+        loss.backward()
+        opt.step()
+        mon.log(loss=loss)
+
+
 HEALTHY = (
     Scenario("mlp_adam_long", "MLP", "Adam + cosine decay, converges to ~1e-5", mlp_adam_long,
              6000, 2500),
@@ -305,4 +351,9 @@ HEALTHY = (
              mlp_adam_long, 3000, 1000, load=LOAD_PER_CORE),
     Scenario("wide_activations", "MLP", "256 x 2048 activations a step, losses kept as numbers",
              wide_activations, 600, 200),
+    Scenario("eval_passes_accumulate", "MLP",
+             "dropout + BatchNorm, eval passes, 2 micro-batches, zero_grad(set_to_none=False)",
+             classify_eval_passes_accumulate, 1500, 400),
+    Scenario("log_softmax_model_zero_grad", "MLP", "log_softmax + nll_loss, model.zero_grad()",
+             classify_log_softmax_model_zero_grad, 1500, 400),
 )  # fmt: skip

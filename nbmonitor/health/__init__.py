@@ -14,7 +14,7 @@ from nbmonitor.health.rule import Outcome, Rule, RuleFactory
 from nbmonitor.health.rules import RULES
 from nbmonitor.health.rules.gradients import non_finite_gradients
 from nbmonitor.health.thresholds import Thresholds
-from nbmonitor.health.view import HealthInput, View
+from nbmonitor.health.view import HealthInput, HealthView
 from nbmonitor.health.wording import MAX_NAMED, name_list
 
 __all__ = [
@@ -24,12 +24,12 @@ __all__ = [
     "Explanation",
     "Health",
     "HealthInput",
+    "HealthView",
     "Outcome",
     "Rule",
     "RuleDoc",
     "RuleFactory",
     "Thresholds",
-    "View",
     "cause_alert",
     "explain",
     "name_list",

@@ -73,6 +73,16 @@ Explained = tuple[str, int]
 class Alert:
     """A health finding shown in the alerts strip and written to the run log.
 
+    Fields: ``rule``; ``severity`` (``"info"``, ``"warning"``, ``"error"``); ``message`` (one
+    line, for people); ``step``; ``time``; ``layers``; ``subject`` (what it is about, as data:
+    ``loss``, ``grad_norm``, ``layers``, ``gpu0``, ``mps``, ``setup``, ``backend``, ``run``,
+    ``rank<r>``); and, for a diagnosis, ``cause`` (what the user did, in their terms; empty
+    for a symptom no cause explains), ``evidence`` (the values, steps and layers it was judged
+    on: a small JSON-able dict; ``evidence["symptoms"]`` lists the symptoms it took in),
+    ``place`` (a param group, a module, the loss: where, when that is not ``layers``), ``fix``
+    (the one thing to do) and ``explains`` (the symptom alerts it took in, as
+    ``(rule, step)``).
+
     ``evidence`` is bounded JSON data, made so when the alert is built (``evidence_of``); it
     is excluded from the hash and read, never modified. ``alert["rule"]`` reads the alert's
     record (``to_record``), as the dicts ``run.events()`` returned before it returned alerts.

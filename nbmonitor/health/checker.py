@@ -34,7 +34,7 @@ from nbmonitor.health.rule import Outcome, Rule, RuleFactory
 from nbmonitor.health.rules import RULES
 from nbmonitor.health.slices import cuts, until
 from nbmonitor.health.thresholds import Thresholds
-from nbmonitor.health.view import HealthInput, View, new_from
+from nbmonitor.health.view import HealthInput, HealthView, new_from
 
 # The grid points a check that fell far behind is judged at (see ``Health.check``).
 THINNED = 8
@@ -134,7 +134,7 @@ class Health:
         return alerts
 
     def _check(self, inp: HealthInput) -> list[Alert]:
-        view = View(inp, self._last_step, self._last_layer_step, self.thresholds.window)
+        view = HealthView(inp, self._last_step, self._last_layer_step, self.thresholds.window)
         alerts: list[Alert] = []
         for outcome in [rule.check(view) for rule in self.rules]:
             alerts.extend(self._settle(outcome, inp.step))

@@ -16,7 +16,7 @@ from typing import Protocol, runtime_checkable
 from nbmonitor.health.alert import Alert
 from nbmonitor.health.doc import RuleDoc
 from nbmonitor.health.thresholds import Thresholds
-from nbmonitor.health.view import View
+from nbmonitor.health.view import HealthView
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class Rule(Protocol):
 
     name: str
 
-    def check(self, view: View) -> Outcome: ...
+    def check(self, view: HealthView) -> Outcome: ...
 
     def reset(self) -> None: ...
 

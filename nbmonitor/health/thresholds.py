@@ -15,30 +15,78 @@ IDLE_UTIL_PERCENT = 30.0
 
 @dataclass(frozen=True)
 class Thresholds:
-    """When each rule fires. Defaults are chosen to stay silent on healthy training."""
+    """When each rule fires. Defaults are chosen to stay silent on healthy training.
 
-    explode_factor: float = 10.0  # layer (or total) grad norm > factor x its running median
-    explode_abs: float | None = None  # or above this absolute value
-    grad_spike_factor: float = 20.0  # one step's grad norm > factor x the recent median
-    vanish_ratio: float = 1e-7  # layer grad norm / param norm below this ...
-    vanish_steps: int = 20  # ... for this many consecutive recorded steps
-    update_ratio_high: float = 1e-1  # ||dw||/||w|| above this: LR too high (healthy ~1e-3)
-    update_ratio_low: float = 1e-6  # below this: LR too low, or not really training
-    spike_factor: float = 5.0  # loss > factor x the median of the recent window
-    spike_range_fraction: float = 0.1  # ... and up by this fraction of the run's loss range
-    plateau_window: int = 200  # loss not decreasing over this many steps
-    plateau_tolerance: float = 0.01  # relative decrease (last vs first quarter) that counts
-    plateau_progress: float = 0.5  # ... and improved by less than this fraction since the start
-    dead_fraction: float = 0.99  # activations: fraction of exact zeros at or above this
-    clip_fraction: float = 0.9  # clip_grad_norm_ scaled gradients on this share of steps ...
-    clip_steps: int = 40  # ... of the last `window` steps, judged once this many are known
-    skip_steps: int = 20  # the GradScaler skipped this many of the last 2 x skip_steps steps
-    window: int = 100  # recent steps used by the running medians
-    min_history: int = 20  # steps of reference before median-based rules judge anything
-    rearm_steps: int = 100  # steps a condition must stay clear before it can alert again
-    sustain_steps: int = 3  # explosions, spikes and update ratios must last this many steps
-    # A rank of a distributed job that holds the others up is named once no rank has
-    # completed a step for this many seconds (and for 5 median step times).
+    Pass it, or a dict of some of its fields, as ``attach(..., thresholds=...)``; a value out
+    of range raises ``ValueError`` at the call, in one line.
+
+    >>> nbmonitor.Thresholds(explode_factor=20).explode_factor
+    20
+    >>> nbmonitor.Thresholds(window=0)
+    Traceback (most recent call last):
+    ...
+    ValueError: Thresholds.window must be an int >= 1, got 0.
+
+    Fields:
+        explode_factor: exploding gradients: a layer's (or the total) gradient norm above this
+            times its running median, and above the run's starting scale (docs/diagnosis.md).
+        explode_abs: ... or above this absolute value (None: no absolute limit).
+        grad_spike_factor: gradient spike: one step's total norm above this times the median
+            of the steps before it.
+        vanish_ratio: vanishing gradients: a layer's gradient norm / parameter norm below
+            this ...
+        vanish_steps: ... for this many consecutive recorded steps.
+        update_ratio_high: update ratio ``||dw|| / ||w||`` above this: the learning rate is too
+            high (healthy is about 1e-3).
+        update_ratio_low: update ratio below this: the learning rate is too low, or the layer
+            is not really training.
+        spike_factor: loss spike: the loss above this times the median of the recent window
+            ...
+        spike_range_fraction: ... and up by this fraction of the run's loss range.
+        plateau_window: plateau: the loss has not decreased over this many steps ...
+        plateau_tolerance: ... by this relative decrease (last quarter against the first) ...
+        plateau_progress: ... with less than this fraction of the way from the start
+            covered.
+        dead_fraction: dead units (``activations=True``): the fraction of exact zeros in a
+            module's output at or above this.
+        clip_fraction: clipping active: ``clip_grad_norm_`` scaled the gradients on this share
+            of the last ``window`` steps ...
+        clip_steps: ... judged once this many steps are known.
+        skip_steps: GradScaler skipping: this many skipped steps among the last
+            ``2 x skip_steps``.
+        window: the recent steps in the running medians.
+        min_history: the steps of reference before a median-based rule judges anything.
+        rearm_steps: the steps a condition must stay clear before it can alert again.
+        sustain_steps: the steps explosions, spikes and update ratios must last.
+        stall_s: a distributed job: a rank that holds the others up (frozen or dead, left the
+            job, or behind them in the step), or the whole job when every rank stopped at the
+            same step and phase, is named once no rank has completed a step for this many
+            seconds (and for 5 median step times).
+        temperature_c: GPU temperature (degrees C) at or above which it alerts.
+        memory_fraction: the fraction of device memory used at or above which it alerts.
+        idle_util_percent: GPU utilisation below which the GPU counts as idle.
+    """
+
+    explode_factor: float = 10.0
+    explode_abs: float | None = None
+    grad_spike_factor: float = 20.0
+    vanish_ratio: float = 1e-7
+    vanish_steps: int = 20
+    update_ratio_high: float = 1e-1
+    update_ratio_low: float = 1e-6
+    spike_factor: float = 5.0
+    spike_range_fraction: float = 0.1
+    plateau_window: int = 200
+    plateau_tolerance: float = 0.01
+    plateau_progress: float = 0.5
+    dead_fraction: float = 0.99
+    clip_fraction: float = 0.9
+    clip_steps: int = 40
+    skip_steps: int = 20
+    window: int = 100
+    min_history: int = 20
+    rearm_steps: int = 100
+    sustain_steps: int = 3
     stall_s: float = 30.0
     temperature_c: float = TEMPERATURE_C
     memory_fraction: float = MEMORY_FRACTION

@@ -1,4 +1,4 @@
-"""What one check looks at: ``HealthInput`` (given by the caller) and ``View`` (the index
+"""What one check looks at: ``HealthInput`` (given by the caller) and ``HealthView`` (the index
 bookkeeping every rule shares: which rows and layer columns are new since the previous
 check, and the reference window before them)."""
 
@@ -100,7 +100,7 @@ class HealthInput:
     adapters: Adapters | None = None
 
 
-class View:
+class HealthView:
     """One check's reading of a ``HealthInput``: the new rows and layer columns since the
     previous check (``last_step``, ``last_layer_step``) and the reference window before them.
 
@@ -186,4 +186,4 @@ def new_from(steps: FloatArray, last: float | None) -> int:
     return int(np.searchsorted(steps, last, side="right"))
 
 
-__all__ = ["HealthInput", "RankColumns", "View", "new_from"]
+__all__ = ["HealthInput", "HealthView", "RankColumns", "new_from"]

@@ -24,8 +24,10 @@ from nbmonitor.options import AttachOptions
 
 
 class NbmonitorCallback(TrainerCallback):  # type: ignore[misc, unused-ignore]
-    """Monitors a ``Trainer``'s training; ``options`` are ``nbmonitor.attach``'s. The monitor
-    of the latest ``train()`` is ``callback.monitor`` (closed when training ends)."""
+    """Monitors a ``Trainer``'s training (extra ``hf``); ``options`` are ``nbmonitor.attach``'s,
+    with ``total_steps=state.max_steps`` and ``start_step=state.global_step`` unless they say
+    otherwise. The monitor of the latest ``train()`` is ``callback.monitor`` (closed when
+    training ends)."""
 
     def __init__(self, **options: Unpack[AttachOptions]) -> None:
         self.options = options

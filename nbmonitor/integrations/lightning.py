@@ -29,8 +29,11 @@ from nbmonitor.options import AttachOptions
 
 
 class NbmonitorCallback(Callback):  # type: ignore[misc, unused-ignore]
-    """Monitors a Lightning ``Trainer``'s training; ``options`` are ``nbmonitor.attach``'s. The
-    monitor of the latest ``fit()`` is ``callback.monitor`` (closed when training ends)."""
+    """Monitors a Lightning ``Trainer``'s training (extra ``lightning``); ``options`` are
+    ``nbmonitor.attach``'s, with ``total_steps`` from ``trainer.max_steps`` (else
+    ``trainer.estimated_stepping_batches`` when finite) and ``start_step=trainer.global_step``
+    unless they say otherwise. The monitor of the latest ``fit()`` is ``callback.monitor``
+    (closed at ``on_train_end`` or ``on_exception``)."""
 
     def __init__(self, **options: Unpack[AttachOptions]) -> None:
         self.options = options

@@ -69,6 +69,11 @@ class Monitor:
     system, assembles per-step rows, writes the run log and refreshes the views. ``clock`` (the
     wall clock, seconds since the epoch) and ``timer`` (the host clock that times steps, phases
     and spans) can be replaced, e.g. in tests.
+
+    ``Monitor(model, optimizer, **options)`` builds a monitor without starting it
+    (``start()`` installs the hooks and starts the sampler); ``attach`` does both and replaces
+    an earlier monitor of the same model. Also a context manager:
+    ``with nbmonitor.attach(model, opt) as mon: ...`` closes on exit.
     """
 
     def __init__(
@@ -312,9 +317,19 @@ class Monitor:
     def history(self) -> dict[str, npt.NDArray[np.float64]]:
         """Per-step columns (step, time, loss, lr, grad_norm, step_time, samples_per_s, ...).
 
-        As of the sampler's last tick (call ``flush()`` first for every step up to now). Long
-        runs keep recent steps at full resolution and older ones as bucket means; the run log
-        on disk keeps every step.
+        As of the sampler's last tick (call ``flush()`` first for every step up to now); never
+        waits on the sampler. Long runs keep recent steps at full resolution and older ones as
+        bucket means; the run log on disk keeps every step.
+
+        ``grad_norm`` is the norm before clipping (what ``torch.nn.utils.clip_grad_norm_``
+        returned when the loop clips); then ``grad_clip_coef`` is the factor it scaled the
+        gradients by (1 if none). ``step_skipped`` is 1 on steps a ``GradScaler`` skipped,
+        which have no gradient norms. ``phase_<name>_s`` are the step's phases (the
+        ``phases`` option). Throughput (docs/throughput.md): ``tokens`` and ``tokens_per_s``
+        when the model is given token ids (an integer ``input_ids`` keyword, or a 2-D integer
+        tensor as the first argument; padding included) and, once the FLOPs are counted,
+        ``flops_per_step``, ``tflops_per_s`` and ``mfu_percent`` (NaN where the device's peak
+        is not known; ``mon.frame().notes["mfu"]`` says why).
         """
         pipeline = self._pipeline
         return history(pipeline.model.steps, pipeline.published)
@@ -397,7 +412,18 @@ class Monitor:
         Never waits on the device. Logged after ``optimizer.step()``, a value belongs to the step
         that just ended; logged after a forward pass but before the step, to the step in
         progress. Several values for a key in one step are averaged; a ``loss`` logged here is
-        the step's loss, not averaged with the model output's ``.loss``. NaN and Inf are kept.
+        the step's loss, not averaged with the model output's ``.loss`` nor the loss read from
+        what ``backward()`` started from (one loss per step). NaN and Inf are kept.
+
+        Raised at the call (a bug in the call, not in training): ``TypeError`` for a value of
+        the wrong kind (a string, a tensor of several values, a complex one) or a key
+        nbmonitor measures itself (``step``, ``time``, ``step_time``, ``samples``,
+        ``samples_per_s``, ``grad_norm``, ``lr``, ``lr_group<i>``, ``loss_smooth``, the
+        throughput columns, ...); ``ValueError`` for a value of the right kind that cannot be
+        read as a number (a meta tensor, an int beyond float range, a failing ``__float__``)
+        or a name that cannot be a column (empty, or over 200 characters). A device tensor is
+        read later on the sampler thread; one that fails to read there is dropped alone and
+        reported in ``errors`` as ``log:<key>``.
 
         >>> mon.log(loss=loss, accuracy=acc)  # doctest: +SKIP
         """
@@ -501,9 +527,11 @@ class Monitor:
     def span(self, name: str) -> Span:
         """A named span of time: ``with mon.span("data"): ...`` or ``@mon.span("eval")``.
 
-        Nested spans nest; each records its name, the step in progress, its start and its
-        duration on the host clock (a few microseconds, never a device sync) to spans.jsonl,
-        the timeline panel and ``export_trace``.
+        Reusable; nested spans nest (per thread). Each records its name, the step in progress
+        (steps completed + 1), its start and its duration on the host clock (a few
+        microseconds, never a device sync: GPU work it queued may still run after it exits)
+        to spans.jsonl, the timeline panel and ``export_trace``. A name that is not a
+        non-empty str raises ``TypeError``; after ``close()`` spans record nothing.
         """
         return Span(check_span_name(name), self._spans)
 
@@ -665,14 +693,22 @@ def attach(
 
     Args:
         model: the ``torch.nn.Module`` being trained.
-        optimizer: the optimizer whose ``step()`` ends a training step; without one, the
-            first optimizer that steps the model's parameters is adopted, and until then each
-            backward pass counts as a step. A framework's wrapper of one (Accelerate's
-            ``AcceleratedOptimizer``, Lightning's ``LightningOptimizer``) is unwrapped.
+        optimizer: the optimizer whose ``step()`` ends a training step. Without one, the
+            first optimizer that steps the model's parameters is adopted (torch's global
+            optimizer step hook, removed at close), and its first step includes the backward
+            passes before it (gradient accumulation included); until one steps, a backward
+            pass whose gradients are reset before the next forward is a step. A framework's
+            wrapper with the torch optimizer as ``.optimizer`` (Accelerate's
+            ``AcceleratedOptimizer``, Lightning's ``LightningOptimizer``) is unwrapped;
+            anything else raises ``TypeError``.
         **options: see ``nbmonitor.options.AttachOptions`` (listed below).
 
-    Attaching again to the same model, or from another run of the same notebook cell, closes
-    the earlier monitor first. A monitor closes itself once its model is garbage-collected.
+    In a notebook the dashboard shows under the cell; in a script a status line prints every
+    few seconds. Attaching again to the same model, or from another run of the same notebook
+    cell, closes the earlier monitor first; a bad argument raises at the call, in one line,
+    and leaves the earlier one running. A failure inside ``attach`` leaves no hook behind. A
+    monitor closes itself once its model is garbage-collected. Also a context manager:
+    ``with nbmonitor.attach(model, opt) as mon: ...`` closes on exit.
 
     >>> mon = nbmonitor.attach(model, optimizer, total_steps=500)  # doctest: +SKIP
     """

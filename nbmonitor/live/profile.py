@@ -70,6 +70,8 @@ class Profile:
 
     @property
     def error(self) -> str | None:
+        """Why it failed or stopped (another torch profiler running, cancelled, ``close()``),
+        else None."""
         return self._result.error
 
     def table(self) -> str:

@@ -283,6 +283,7 @@ class DeviceWatch:
             return self.devices_frame(self._pipeline.frame(detail=False))
 
     def devices_frame(self, frame: Frame) -> DevicesFrame:
+        """What the devices panel shows, built from ``frame`` (``watch.frame()``)."""
         backend, system = self.backend, self._pipeline.model.system
         n = max(2, int(HISTORY_S / self.interval))
         history = {key: system.tail(key, n) for key in system.columns}
@@ -315,9 +316,9 @@ class DeviceWatch:
     def panel(self) -> Any:
         """A notebook panel of this watch (display it anywhere); every panel shows the same
         feed."""
-        from nbmonitor.ui.devices import DevicesPanel
+        from nbmonitor.ui.devices import DevicesDashboard
 
-        panel = DevicesPanel()
+        panel = DevicesDashboard()
         self.add_view(panel)
         if not self.closed:
             panel.publish(self.frame())

@@ -16,7 +16,18 @@ from nbmonitor.runs.layout import is_job
 
 def open(path: str | os.PathLike[str]) -> Run | Job:
     """Open a run directory (finished, or being written by another process); a job folder of
-    several ranks opens as a ``nbmonitor.Job`` (its ranks, the cross-rank view)."""
+    several ranks opens as a ``nbmonitor.Job`` (its ranks, the cross-rank view).
+
+    Needs no torch: a run can be read in a Python without it, by this process or another.
+    ``nbmonitor.runs.RunNotFoundError`` (a ``FileNotFoundError`` and a
+    ``nbmonitor.RunDirError``) when ``path`` holds no ``meta.json``. The files:
+    docs/file-format.md.
+
+    >>> nbmonitor.open("no/such/run")
+    Traceback (most recent call last):
+    ...
+    nbmonitor.runs.format.RunNotFoundError: nbmonitor: no run at 'no/such/run' ...
+    """
     if isinstance(path, (str, os.PathLike)) and is_job(os.fspath(path)):
         return Job(path)
     return Run(path)
@@ -28,8 +39,11 @@ def tail(path: str | os.PathLike[str], interval: float = 1.0, wait: float = 60.0
     In a notebook, returns its live dashboard (leave it last in a cell, or display it), which
     reads only the new records every ``interval`` seconds. In a terminal, prints a status line
     every ``interval`` seconds and returns the number of steps once the run closes (as
-    ``python -m nbmonitor tail RUN`` does). A run that does not exist yet is waited for up
-    to ``wait`` seconds.
+    ``nbmonitor tail RUN`` does). It ends when the run closes, or its writer is gone: its pid
+    gone on this host, or nothing written for 120 s from another host. A run that does not
+    exist yet is waited for up to ``wait`` seconds (a path whose parent folder is missing
+    too fails at once). A job folder is followed with the ranks panel (a status line across
+    ranks in a terminal).
     """
     from nbmonitor.ui.notebook import in_notebook
 

@@ -50,17 +50,21 @@ class Job:
 
     @property
     def name(self) -> str:
+        """The job folder's name."""
         return self.path.name
 
     @property
     def world_size(self) -> int:
+        """The job's number of ranks (from its ``meta.json``, or the rank folders found)."""
         return self._files.world_size
 
     @property
     def status(self) -> str:
+        """The worst status of its ranks (``running`` while a rank has not started)."""
         return job_status([run.status for run in self.ranks.values()], self.world_size)
 
     def state(self) -> RankState:
+        """The ranks as they are on disk now, in the stores the ranks panel is drawn from."""
         return read_state(self._files.ranks)
 
     def export(
@@ -99,6 +103,11 @@ class Job:
         return per_step(steps, matrix, sorted(state.ranks))
 
     def alerts(self) -> list[Alert]:
+        """The job's alerts, judged on the ranks' files: stragglers (rule ``straggler``), ranks
+        fed the same batches (``same_batches``, subject the group's lowest rank), a rank that
+        stalls the job (``rank_stalled``, judged on where the ranks' files say they are last)
+        and ranks whose grad norm or loss disagrees with the others' (``rank_divergence``);
+        subject ``rank<r>``, the message names the host."""
         state = self.state()
         return job_alerts(state)
 
@@ -110,6 +119,8 @@ class Job:
         return ranks_summary(self.state())
 
     def frame(self, heat_metric: str = "step_time") -> RanksFrame:
+        """What the ranks panel shows now: a ranks x steps heatmap of ``heat_metric``, the
+        alerts, the newest steps, one row per rank and the summary."""
         state = self.state()
         alerts = job_alerts(state)
         return ranks_frame(state, self.name, self.status, self.world_size, alerts, heat_metric)
@@ -117,9 +128,9 @@ class Job:
     def dashboard(self, live: bool = False, interval: float = 1.0) -> Any:
         """The ranks panel of this job; with ``live=True`` it follows the job until every rank
         has closed (or ``stop()``)."""
-        from nbmonitor.ui.ranks import RanksPanel
+        from nbmonitor.ui.ranks import RanksDashboard
 
-        panel = RanksPanel(self.name)
+        panel = RanksDashboard(self.name)
         if live:
             self.stop()
             self._follow = Follow(self.path, [panel], interval, job=True)
@@ -129,6 +140,7 @@ class Job:
         return panel
 
     def stop(self) -> None:
+        """Stop following the job (``dashboard(live=True)``); idempotent."""
         if self._follow is not None:
             self._follow.stop()
             self._follow = None

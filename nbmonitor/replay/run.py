@@ -41,6 +41,7 @@ class Run(RunFiles):
 
     @property
     def name(self) -> str:
+        """The run's name: its folder's, ``<job>/rank<r>`` for a rank of a job."""
         return run_name(self.path)
 
     def state(self) -> RunState:
@@ -191,7 +192,9 @@ def compare(
     log: bool = False,
 ) -> Any:
     """One figure overlaying ``metric`` (default the loss) of several runs: a folder of runs,
-    or runs/paths. Display it, or leave it last in a cell."""
+    or runs/paths. Display it, or leave it last in a cell. One line per run, decimated like
+    the dashboard's; ``nbmonitor.replay.compare_series`` gives the same as data; ``log=True``
+    draws a log scale. ValueError when no run has the column."""
     from nbmonitor.ui.compare import compare_figure
 
     lines = compare_series(runs, metric)

@@ -244,8 +244,9 @@ class RunTable:
 def list_runs(root: str | os.PathLike[str] = "runs") -> RunTable:
     """The runs directly under ``root`` (the ``run_dir`` they were written to), newest first.
 
-    Folders without meta.json are not runs and are left out; raises RunNotFoundError if
-    ``root`` is not a folder.
+    Each row: name, start, steps, status, final loss, backend, path. A table in a notebook,
+    text with ``print()``, ``.to_pandas()`` for a DataFrame. Folders without meta.json are not
+    runs and are left out; raises RunNotFoundError if ``root`` is not a folder.
     """
     base = pathlib.Path(root)
     if not base.is_dir():

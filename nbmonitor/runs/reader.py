@@ -199,7 +199,11 @@ class Run:
         return records  # type: ignore[return-value]
 
     def history(self) -> Columns:
-        """steps.jsonl as float64 columns (union of keys, NaN where missing); empty if none."""
+        """steps.jsonl as float64 columns (union of keys, NaN where missing); empty if none.
+
+        A ``nbmonitor.runs.Columns`` mapping: keys in few rows are held sparse until looked
+        up. Damaged lines are skipped with a ``RunDataWarning`` (docs/file-format.md, "Reading
+        a run folder you did not write")."""
         return self.columns("steps")
 
     def system(self) -> Columns:

@@ -17,8 +17,7 @@ import anywidget
 import traitlets
 
 from nbmonitor._engine.frame import DevicesFrame
-from nbmonitor.ui.panels.devices import DevicesPanel as _State
-from nbmonitor.ui.panels.devices import panel_state
+from nbmonitor.ui.panels.devices import DevicesPanel, panel_state
 
 _STATIC = Path(__file__).resolve().parent.parent / "static"
 _MISSING_ESM = """
@@ -34,13 +33,13 @@ class _Widget(anywidget.AnyWidget):
     state = traitlets.Dict().tag(sync=True)
 
 
-class DevicesPanel:
+class DevicesDashboard:
     """The live panel of a device watch (a view of it: its watch is the only writer). Display
     it, or leave it last in a cell."""
 
     def __init__(self) -> None:
         self.widget = _Widget()
-        self._state = _State()
+        self._state = DevicesPanel()
 
     def publish(self, frame: DevicesFrame) -> None:
         state = self._state.state(frame)
@@ -54,11 +53,11 @@ class DevicesPanel:
         return self.widget._repr_mimebundle_(**kwargs)
 
 
-def show_panel(panel: DevicesPanel) -> None:
+def show_panel(panel: DevicesDashboard) -> None:
     """Display ``panel`` in the current cell's output (main thread)."""
     from IPython.display import display
 
     display(panel.widget)  # type: ignore[no-untyped-call]
 
 
-__all__ = ["DevicesPanel", "panel_state", "show_panel"]
+__all__ = ["DevicesDashboard", "panel_state", "show_panel"]

@@ -137,7 +137,7 @@ def _num(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-class RanksPanel:
+class RanksDashboard:
     """Live or final view of a job's ranks. ``publish(frame)`` / ``close(frame)`` take
     ``RanksFrame``s; safe from any thread."""
 
@@ -216,7 +216,7 @@ class RanksPanel:
 
 __all__ = [
     "RanksConsoleView",
-    "RanksPanel",
+    "RanksDashboard",
     "status_line",
     "summary_text",
     "tables_html",

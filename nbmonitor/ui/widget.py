@@ -52,7 +52,7 @@ DashboardWidget: type[_Widget] = type(
     "DashboardWidget",
     (_Widget,),
     {
-        "__doc__": "Synced state of a dashboard; its view (Dashboard, RanksPanel) is the writer.",
+        "__doc__": "Synced state of a dashboard, written by its view (Dashboard, RanksDashboard).",
         "__module__": __name__,
         **{f"panel_{name}": traitlets.Dict().tag(sync=True) for name in NAMES},
     },

@@ -19,11 +19,11 @@ from nbmonitor.health import (
     Alert,
     Health,
     HealthInput,
+    HealthView,
     Outcome,
     Rule,
     RuleFactory,
     Thresholds,
-    View,
     non_finite_gradients,
 )
 from nbmonitor.health.alert import GRAD_NORM, LOSS, is_subject
@@ -52,8 +52,8 @@ def typical() -> HealthInput:
     return run.input()
 
 
-def view(inp: HealthInput) -> View:
-    return View(inp, None, None, Thresholds().window)
+def view(inp: HealthInput) -> HealthView:
+    return HealthView(inp, None, None, Thresholds().window)
 
 
 @pytest.mark.parametrize("factory", RULES, ids=lambda f: getattr(f, "name", repr(f)))

@@ -18,7 +18,7 @@ from fake_pynvml import FakeGpu, FakeNvml
 from nbmonitor._engine.frame import DevicesFrame
 from nbmonitor.health import Thresholds
 from nbmonitor.machine.watch import DeviceWatch, close_all
-from nbmonitor.ui.devices import DevicesPanel, panel_state
+from nbmonitor.ui.devices import DevicesDashboard, panel_state
 
 
 @pytest.fixture
@@ -174,7 +174,7 @@ def test_panel_state_is_json_with_grades(gpus: list[FakeGpu]) -> None:
         wait_for(lambda: len(watch.history().get("time", ())) >= 2)
         state = panel_state(watch.frame())
         panel = watch.panel()
-        assert isinstance(panel, DevicesPanel) and panel.widget.state["gpus"]
+        assert isinstance(panel, DevicesDashboard) and panel.widget.state["gpus"]
     finally:
         watch.close()
     text = json.dumps(state, allow_nan=False)  # NaN went out as null

@@ -19,7 +19,7 @@ from nbmonitor.replay.job import Job
 from nbmonitor.ui.codec import decode
 from nbmonitor.ui.panels.layers import MAX_HEATMAP_COLUMNS
 from nbmonitor.ui.console import LINE_WIDTH, PREFIX
-from nbmonitor.ui.ranks import RanksConsoleView, RanksPanel, status_line
+from nbmonitor.ui.ranks import RanksConsoleView, RanksDashboard, status_line
 
 
 def open_job(tmp_path: pathlib.Path, steps: int = JOB_STEPS) -> Job:
@@ -31,7 +31,7 @@ def open_job(tmp_path: pathlib.Path, steps: int = JOB_STEPS) -> Job:
 def test_the_panel_shows_ranks_by_steps_and_the_tables(tmp_path: pathlib.Path) -> None:
     job = open_job(tmp_path)
     panel = job.dashboard()
-    assert isinstance(panel, RanksPanel) and panel.closed
+    assert isinstance(panel, RanksDashboard) and panel.closed
     state = panel.widget
     assert state.panels == ["ranks"]
     layers = state.panel_ranks["heat"]
@@ -98,7 +98,7 @@ def test_a_slow_first_step_does_not_darken_the_heatmap() -> None:
         times = np.full(200, 0.05 + 0.01 * rank)
         times[0] = 5.0  # warm-up
         state.add_columns(rank, "steps", {"step": np.arange(1.0, 201), "step_time": times})
-    panel = RanksPanel("job")
+    panel = RanksDashboard("job")
     panel.close(ranks_frame(state, "job", "closed", 2))
     layers = panel.widget.panel_ranks["heat"]
     assert "capped at the 99th percentile" in layers["label"]
@@ -113,7 +113,7 @@ def test_each_ranks_gpu_is_a_gauge_card() -> None:
         state.add_columns(rank, "steps", {"step": np.arange(1.0, 4), "step_time": np.ones(3)})
         util = np.array([10.0, 20.0, 90.0 + rank])
         state.add_columns(rank, "system", {"step": np.arange(3.0), f"gpu{rank}_util_percent": util})
-    panel = RanksPanel("job")
+    panel = RanksDashboard("job")
     panel.close(ranks_frame(state, "job", "closed", 2))
     devices = panel.widget.devices
     assert [d["name"] for d in devices] == ["rank0 (gpu-node)", "rank1 (gpu-node)"]

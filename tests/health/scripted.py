@@ -8,7 +8,7 @@ import numpy as np
 from nbmonitor.health import Alert, Thresholds
 from nbmonitor.health.diagnose import cause_alert, symptom_alert
 from nbmonitor.health.rule import Base, Outcome, always, nothing
-from nbmonitor.health.view import View
+from nbmonitor.health.view import HealthView
 
 
 class Scripted(Base):
@@ -28,7 +28,7 @@ class Scripted(Base):
         self.name, self.start, self.end, self.explains = name, start, end, explains
         self.subjects = subjects
 
-    def check(self, view: View) -> Outcome:
+    def check(self, view: HealthView) -> Outcome:
         if not view.has_new_rows:
             return nothing(self.name)
         new = view.step_col[view.new_from :]

@@ -9,7 +9,7 @@ from nbmonitor.health.alert import Alert
 from nbmonitor.health.diagnose import symptom_alert
 from nbmonitor.health.doc import SYMPTOM, RuleDoc
 from nbmonitor.health.rule import Base, Outcome, nothing
-from nbmonitor.health.view import View
+from nbmonitor.health.view import HealthView
 from nbmonitor.health.wording import kinds_of, layer_list
 
 # Module kinds whose zeros mean dead units (not a zero-initialised output layer or a mask).
@@ -33,7 +33,7 @@ class DeadUnits(Base):
         ),
     )
 
-    def check(self, view: View) -> Outcome:
+    def check(self, view: HealthView) -> Outcome:
         rule = self.name
         t = self.thresholds
         stats = view.inp.activations

@@ -13,7 +13,7 @@ from nbmonitor.health import alert as subjects
 from nbmonitor.health.alert import Alert
 from nbmonitor.health.doc import CAUSE, RuleDoc
 from nbmonitor.health.rule import Base, Outcome, always, clear, nothing
-from nbmonitor.health.view import View
+from nbmonitor.health.view import HealthView
 from nbmonitor.health.window import row_medians, trailing_counts
 from nbmonitor.health.wording import num
 
@@ -35,7 +35,7 @@ class ClippingActive(Base):
         ("clipping that acts now and then (a spike)", "clipping in the first steps only"),
     )
 
-    def check(self, view: View) -> Outcome:
+    def check(self, view: HealthView) -> Outcome:
         rule = self.name
         t = self.thresholds
         coef = view.column(COEF)

@@ -22,7 +22,7 @@ from nbmonitor.health.doc import CAUSE, RuleDoc
 from nbmonitor.health.rule import Base, Outcome, always, clear, nothing
 from nbmonitor.health.rules.updates import weight_rows
 from nbmonitor.health.thresholds import Thresholds
-from nbmonitor.health.view import View
+from nbmonitor.health.view import HealthView
 from nbmonitor.health.window import BoolArray, FloatArray
 from nbmonitor.health.wording import num
 
@@ -43,7 +43,7 @@ IMPROVED = 0.9
 LOSSES = 10
 
 
-def _loss_level(view: View, step: float, before: bool) -> float:
+def _loss_level(view: HealthView, step: float, before: bool) -> float:
     loss = view.column("loss")
     if loss is None:
         return math.nan
@@ -85,7 +85,7 @@ class WeightDecayTooHigh(Base):
         left = left[np.isfinite(left)]
         return bool(left.size) and statistics.median(left.tolist()) < COLLAPSED
 
-    def check(self, view: View) -> Outcome:
+    def check(self, view: HealthView) -> Outcome:
         rule = self.name
         t = self.thresholds
         inp = view.inp

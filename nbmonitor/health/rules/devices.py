@@ -22,7 +22,7 @@ from nbmonitor.health.alert import Alert
 from nbmonitor.health.doc import FINDING, RuleDoc
 from nbmonitor.health.rule import Base, Outcome, always, nothing
 from nbmonitor.health.thresholds import IDLE_UTIL_PERCENT, MEMORY_FRACTION, TEMPERATURE_C
-from nbmonitor.health.view import View
+from nbmonitor.health.view import HealthView
 
 Columns = Mapping[str, npt.NDArray[np.float64]]
 
@@ -194,10 +194,10 @@ class _DeviceRule(Base):
     """A device function as a rule: it looks at every device each time, so every device is
     judged, and it holds for the devices it raised an alert for."""
 
-    def _alerts(self, view: View, system: Columns) -> list[Alert]:
+    def _alerts(self, view: HealthView, system: Columns) -> list[Alert]:
         raise NotImplementedError
 
-    def check(self, view: View) -> Outcome:
+    def check(self, view: HealthView) -> Outcome:
         system = view.inp.system
         if not system or not any(len(v) for v in system.values()):
             return nothing(self.name)
@@ -217,7 +217,7 @@ class GpuTemperature(_DeviceRule):
         (),
     )
 
-    def _alerts(self, view: View, system: Columns) -> list[Alert]:
+    def _alerts(self, view: HealthView, system: Columns) -> list[Alert]:
         return temperature_rule(system, self.thresholds.temperature_c)
 
 
@@ -231,7 +231,7 @@ class DeviceMemory(_DeviceRule):
         (),
     )
 
-    def _alerts(self, view: View, system: Columns) -> list[Alert]:
+    def _alerts(self, view: HealthView, system: Columns) -> list[Alert]:
         return memory_rule(system, self.thresholds.memory_fraction)
 
 
@@ -246,7 +246,7 @@ class GpuThrottling(_DeviceRule):
         ("the power cap alone at full load (info)",),
     )
 
-    def _alerts(self, view: View, system: Columns) -> list[Alert]:
+    def _alerts(self, view: HealthView, system: Columns) -> list[Alert]:
         return throttle_rule(system)
 
 
@@ -260,7 +260,7 @@ class GpuIdle(_DeviceRule):
         (),
     )
 
-    def _alerts(self, view: View, system: Columns) -> list[Alert]:
+    def _alerts(self, view: HealthView, system: Columns) -> list[Alert]:
         t = self.thresholds
         return idle_rule(system, threshold_percent=t.idle_util_percent, gpus=view.inp.gpus)
 

@@ -28,7 +28,7 @@ from nbmonitor.health.doc import CAUSE, RuleDoc
 from nbmonitor.health.finetune import FIRST_JUDGED, MIN_UPDATES, AdapterWatch, zero_label
 from nbmonitor.health.rule import Base, Outcome, always, nothing
 from nbmonitor.health.thresholds import Thresholds
-from nbmonitor.health.view import View
+from nbmonitor.health.view import HealthView
 from nbmonitor.health.wording import name_list, num
 
 # The base "trains" when more than this share of it is stepped (besides any base weight an
@@ -195,7 +195,7 @@ class _Setup(Base):
     """A setup cause of a fine-tune, judged from the layout at the first new rows and held
     while the run goes (so that the symptoms it explains are taken in, ``explains``)."""
 
-    def check(self, view: View) -> Outcome:
+    def check(self, view: HealthView) -> Outcome:
         ad = view.inp.adapters
         if ad is None or not view.has_new_rows:
             return nothing(self.name)
@@ -277,7 +277,7 @@ class _Watching(Base):
     def reset(self) -> None:
         self._watch: AdapterWatch | None = None
 
-    def _watching(self, view: View) -> AdapterWatch | None:
+    def _watching(self, view: HealthView) -> AdapterWatch | None:
         ad = view.inp.adapters
         if ad is None or not ad.training:
             return None
@@ -306,7 +306,7 @@ class AdaptersNotLearning(_Watching):
         ),
     )
 
-    def check(self, view: View) -> Outcome:
+    def check(self, view: HealthView) -> Outcome:
         watch = self._watching(view)
         if watch is None or not (view.has_new_rows or view.has_new_layers):
             return nothing(self.name)
@@ -394,7 +394,7 @@ class AdaptersNotLearning(_Watching):
         return Outcome(self.name, [""], always, make)
 
 
-def _loss_flat(view: View) -> bool:
+def _loss_flat(view: HealthView) -> bool:
     """The loss is not falling (or not logged): its newest values are not clearly below the
     ones before them."""
     loss = view.column("loss")
@@ -423,7 +423,7 @@ class AdapterLrTooSmall(_Watching):
         super().reset()
         self._lr_max = 0.0
 
-    def _decayed(self, view: View) -> bool:
+    def _decayed(self, view: HealthView) -> bool:
         lr = view.column("lr")
         if lr is None:
             return False
@@ -433,7 +433,7 @@ class AdapterLrTooSmall(_Watching):
         self._lr_max = max(self._lr_max, float(seen.max()))
         return bool(seen[-1] < DECAYED_LR * self._lr_max)
 
-    def check(self, view: View) -> Outcome:
+    def check(self, view: HealthView) -> Outcome:
         watch = self._watching(view)
         t = self.thresholds
         if watch is None or not view.has_new_rows:

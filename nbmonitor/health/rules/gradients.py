@@ -19,7 +19,7 @@ from nbmonitor.health.diagnose import cause_alert
 from nbmonitor.health.doc import SYMPTOM, RuleDoc
 from nbmonitor.health.rule import Base, Outcome, always, clear, never, nothing
 from nbmonitor.health.thresholds import Thresholds
-from nbmonitor.health.view import View
+from nbmonitor.health.view import HealthView
 from nbmonitor.health.window import (
     BoolArray,
     FloatArray,
@@ -78,7 +78,7 @@ class ExplodingGradients(Base):
         self._total_start = math.nan
         self._layer_start: FloatArray | None = None
 
-    def check(self, view: View) -> Outcome:
+    def check(self, view: HealthView) -> Outcome:
         rule = self.name
         t = self.thresholds
         held: list[str] = []
@@ -351,7 +351,7 @@ class GradientSpike(Base):
         self._tail[at] = rises
         self._tail_at = int((self._tail_at + n) % TAIL_STEPS)
 
-    def check(self, view: View) -> Outcome:
+    def check(self, view: HealthView) -> Outcome:
         rule = self.name
         t = self.thresholds
         total = view.column("grad_norm")
@@ -431,7 +431,7 @@ class GradientSpike(Base):
 
         return Outcome(rule, [subject], always, make)
 
-    def _origin(self, view: View, step: float) -> tuple[list[str], bool]:
+    def _origin(self, view: HealthView, step: float) -> tuple[list[str], bool]:
         """The parameters of the layer the spike at ``step`` came from, and whether every
         layer rose alike instead."""
         grads = view.grads
@@ -485,7 +485,7 @@ class VanishingGradients(Base):
         ),
     )
 
-    def check(self, view: View) -> Outcome:
+    def check(self, view: HealthView) -> Outcome:
         rule = self.name
         t = self.thresholds
         grads, params = view.grads, view.inp.param_norms
@@ -570,7 +570,7 @@ def _shrinks_backwards(
 
 
 def _vanishing_cause(
-    view: View,
+    view: HealthView,
     new: list[str],
     kinds: Mapping[str, str] | None,
     peak: float,
@@ -638,7 +638,7 @@ def _cancelled(names: Sequence[str], vanishing: BoolArray, judged: BoolArray) ->
     return out
 
 
-def _dead_modules(view: View, fraction: float) -> bool:
+def _dead_modules(view: HealthView, fraction: float) -> bool:
     stats = view.inp.activations or {}
     return any(s.get("zero_frac", 0.0) >= fraction for s in stats.values())
 

@@ -12,7 +12,7 @@ from nbmonitor.health.diagnose import cause_alert
 from nbmonitor.health.doc import CAUSE, RuleDoc
 from nbmonitor.health.rule import Base, Outcome, always, clear, nothing
 from nbmonitor.health.structure import structure_of
-from nbmonitor.health.view import View
+from nbmonitor.health.view import HealthView
 from nbmonitor.health.wording import num
 
 LEAST = 2
@@ -51,7 +51,7 @@ class InputsNotNormalised(Base):
         ),
     )
 
-    def check(self, view: View) -> Outcome:
+    def check(self, view: HealthView) -> Outcome:
         structure = structure_of(view.inp)
         if structure is None or not view.has_new_rows:
             return nothing(self.name)

@@ -20,7 +20,7 @@ from nbmonitor.health.doc import CAUSE, RuleDoc
 from nbmonitor.health.rule import Base, Outcome, always, clear, nothing
 from nbmonitor.health.rules.updates import weight_rows
 from nbmonitor.health.thresholds import Thresholds
-from nbmonitor.health.view import View
+from nbmonitor.health.view import HealthView
 from nbmonitor.health.wording import num
 
 # The weights move at a healthy rate when the median weight layer's update ratio is at least
@@ -71,7 +71,7 @@ class LabelsNotMatching(Base):
     def reset(self) -> None:
         self._start: list[float] = []
 
-    def check(self, view: View) -> Outcome:
+    def check(self, view: HealthView) -> Outcome:
         rule = self.name
         t = self.thresholds
         loss = view.column("loss")
@@ -145,7 +145,7 @@ class LabelsNotMatching(Base):
 
         return Outcome(rule, ("",), always, make)
 
-    def _update_level(self, view: View, since: float) -> tuple[float, float] | None:
+    def _update_level(self, view: HealthView, since: float) -> tuple[float, float] | None:
         """The median weight layer's median update ratio over the last ``sustain_steps``
         measured steps from ``since`` on, and its norm then against at the first of the
         measured steps from ``since`` (None: fewer of them, or none known)."""

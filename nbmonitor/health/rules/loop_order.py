@@ -16,7 +16,7 @@ from nbmonitor.health.diagnose import cause_alert
 from nbmonitor.health.doc import CAUSE, RuleDoc
 from nbmonitor.health.rule import Base, Outcome, always, clear, nothing
 from nbmonitor.health.structure import Observation, steady, structure_of
-from nbmonitor.health.view import View
+from nbmonitor.health.view import HealthView
 from nbmonitor.health.wording import num
 
 # Sampled steps a verdict rests on: each is an observation of the loop's order, which does not
@@ -46,7 +46,7 @@ _NO_GRADIENT = (
 )
 
 
-def grad_norm_trend(view: View) -> tuple[float, float, int, int] | None:
+def grad_norm_trend(view: HealthView) -> tuple[float, float, int, int] | None:
     """The total gradient norm at the first and the last finite row the check sees, and
     their steps."""
     col = view.column("grad_norm")
@@ -59,7 +59,7 @@ def grad_norm_trend(view: View) -> tuple[float, float, int, int] | None:
     return float(col[a]), float(col[b]), int(view.step_col[a]), int(view.step_col[b])
 
 
-def _when(since: int | None, obs: tuple[Observation, ...], view: View) -> int:
+def _when(since: int | None, obs: tuple[Observation, ...], view: HealthView) -> int:
     """The step a verdict is stamped at: where its streak of observations reached its
     count (``Structure.held_since``), never past the newest row."""
     newest = int(view.step_col[-1]) if view.step_col.size else obs[-1].step
@@ -85,7 +85,7 @@ class ZeroGradMissing(Base):
         ),
     )
 
-    def check(self, view: View) -> Outcome:
+    def check(self, view: HealthView) -> Outcome:
         structure = structure_of(view.inp)
         if structure is None or not view.has_new_rows:
             return nothing(self.name)
@@ -149,7 +149,7 @@ class ZeroGradAfterBackward(Base):
         ),
     )
 
-    def check(self, view: View) -> Outcome:
+    def check(self, view: HealthView) -> Outcome:
         structure = structure_of(view.inp)
         if structure is None or not view.has_new_rows:
             return nothing(self.name)
@@ -210,7 +210,7 @@ def _gone(o: Observation) -> bool:
     return o.get("grad_present") is False
 
 
-def _zeros_since(view: View, least: int = 3) -> int | None:
+def _zeros_since(view: HealthView, least: int = 3) -> int | None:
     """The step of the ``least``-th row whose total gradient norm is exactly 0."""
     col = view.column("grad_norm")
     if col is None:
@@ -219,7 +219,7 @@ def _zeros_since(view: View, least: int = 3) -> int | None:
     return int(view.step_col[at[least - 1]]) if at.size >= least else None
 
 
-def _zero_norms(view: View, least: int = 3) -> int | None:
+def _zero_norms(view: HealthView, least: int = 3) -> int | None:
     """How many of the rows the check sees have a total gradient norm of exactly 0, when
     nearly all do (a healthy backward never gives an exactly zero gradient to every
     parameter)."""
@@ -246,7 +246,7 @@ class StepBeforeBackward(Base):
         silent_on=("`step(closure)` (Lightning, LBFGS)", "evaluation passes under `no_grad`"),
     )
 
-    def check(self, view: View) -> Outcome:
+    def check(self, view: HealthView) -> Outcome:
         structure = structure_of(view.inp)
         if structure is None or not view.has_new_rows:
             return nothing(self.name)

@@ -12,7 +12,7 @@ from nbmonitor.health.alert import Alert
 from nbmonitor.health.doc import SYMPTOM, RuleDoc
 from nbmonitor.health.rule import Base, Outcome, always, clear, never, nothing
 from nbmonitor.health.thresholds import Thresholds
-from nbmonitor.health.view import View
+from nbmonitor.health.view import HealthView
 from nbmonitor.health.window import FloatArray, dense, finite_or_nan, row_medians, sustained
 from nbmonitor.health.wording import num
 
@@ -33,7 +33,7 @@ START_LOSSES = 10
 EARLY_LOGGED_ROWS = 3
 
 
-def first_non_finite_row(view: View, values: FloatArray) -> int | None:
+def first_non_finite_row(view: HealthView, values: FloatArray) -> int | None:
     """First new row whose value is Inf, or a NaN that was logged: in a column logged every
     step so far (dense, or its first rows all there), or, at the run's first check, in a
     column that holds nothing but NaN (a column exists only once a row had the key)."""
@@ -66,7 +66,7 @@ class NonFiniteLoss(Base):
         ("a loss logged only now and then (a missing value is not NaN)",),
     )
 
-    def check(self, view: View) -> Outcome:
+    def check(self, view: HealthView) -> Outcome:
         rule = self.name
         loss = view.column("loss")
         if loss is None or not view.has_new_rows:
@@ -121,7 +121,7 @@ class LossSpike(Base):
         self._lo = math.inf
         self._hi = -math.inf
 
-    def check(self, view: View) -> Outcome:
+    def check(self, view: HealthView) -> Outcome:
         rule = self.name
         t = self.thresholds
         loss = view.column("loss")
@@ -211,7 +211,7 @@ class LossPlateau(Base):
     def reset(self) -> None:
         self._start.clear()
 
-    def _note_start(self, view: View) -> None:
+    def _note_start(self, view: HealthView) -> None:
         """Keep the first few logged losses: the level progress is measured from."""
         if len(self._start) >= START_LOSSES:
             return
@@ -222,7 +222,7 @@ class LossPlateau(Base):
         fresh = loss[(view.step_col > after) & np.isfinite(loss)]
         self._start.extend(float(v) for v in fresh[: START_LOSSES - len(self._start)])
 
-    def check(self, view: View) -> Outcome:
+    def check(self, view: HealthView) -> Outcome:
         rule = self.name
         t = self.thresholds
         self._note_start(view)

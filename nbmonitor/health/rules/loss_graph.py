@@ -11,7 +11,7 @@ from nbmonitor.health.diagnose import cause_alert
 from nbmonitor.health.doc import CAUSE, RuleDoc
 from nbmonitor.health.rule import Base, Outcome, always, clear, nothing
 from nbmonitor.health.structure import Observation, Structure, steady, structure_of
-from nbmonitor.health.view import View
+from nbmonitor.health.view import HealthView
 
 # Sampled steps a verdict rests on (the graph is the same every iteration; two rule out a
 # one-off backward of something else).
@@ -28,7 +28,7 @@ _WHAT = {
 }
 
 
-def _when(since: int | None, obs: tuple[Observation, ...], view: View) -> int:
+def _when(since: int | None, obs: tuple[Observation, ...], view: HealthView) -> int:
     """Where the streak of observations reached its count, never past the newest row."""
     newest = int(view.step_col[-1]) if view.step_col.size else obs[-1].step
     return min(since if since is not None else obs[-1].step, newest)
@@ -67,7 +67,7 @@ class SoftmaxBeforeCrossEntropy(Base):
         ),
     )
 
-    def check(self, view: View) -> Outcome:
+    def check(self, view: HealthView) -> Outcome:
         structure = structure_of(view.inp)
         if structure is None or not view.has_new_rows:
             return nothing(self.name)
@@ -115,7 +115,7 @@ UPDATE_RATIO_LARGE = 1e-2
 CLIMB = 1.5  # the loss's newest quarter above this multiple of its first quarter
 
 
-def _too_large_steps(view: View) -> dict[str, object]:
+def _too_large_steps(view: HealthView) -> dict[str, object]:
     """Signs that the steps are far too large, as evidence (empty: none)."""
     out: dict[str, object] = {}
     loss = view.column("loss")
@@ -167,7 +167,7 @@ class LossSumReduction(Base):
         silent_on=("a summed loss that trains (Adam, or an lr scaled for it)",),
     )
 
-    def check(self, view: View) -> Outcome:
+    def check(self, view: HealthView) -> Outcome:
         structure = structure_of(view.inp)
         if structure is None or not view.has_new_rows:
             return nothing(self.name)
@@ -237,7 +237,7 @@ class LossDetached(Base):
         silent_on=("a deliberately frozen part (the rest still reached)",),
     )
 
-    def check(self, view: View) -> Outcome:
+    def check(self, view: HealthView) -> Outcome:
         structure = structure_of(view.inp)
         if structure is None or not view.has_new_rows:
             return nothing(self.name)

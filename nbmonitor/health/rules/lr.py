@@ -21,7 +21,7 @@ from nbmonitor.health.doc import CAUSE, RuleDoc
 from nbmonitor.health.rule import Base, Outcome, always, clear, nothing
 from nbmonitor.health.rules.updates import loss_falling, weight_rows
 from nbmonitor.health.thresholds import Thresholds
-from nbmonitor.health.view import View
+from nbmonitor.health.view import HealthView
 from nbmonitor.health.window import FloatArray
 from nbmonitor.health.wording import num
 
@@ -47,7 +47,7 @@ FOLLOWS_LR = 0.1
 TINY_STEP = 1e-5
 
 
-def lr_column(view: View) -> FloatArray | None:
+def lr_column(view: HealthView) -> FloatArray | None:
     lr = view.column("lr")
     if lr is None or not np.isfinite(lr).any():
         return None
@@ -88,7 +88,7 @@ class LrScheduleTooFast(Base):
         self._first = math.nan
         self._low_since = math.nan  # the step the lr fell below COLLAPSED x peak, while it stays
 
-    def check(self, view: View) -> Outcome:
+    def check(self, view: HealthView) -> Outcome:
         rule = self.name
         lr = lr_column(view)
         if lr is None or not view.has_new_rows:
@@ -164,7 +164,7 @@ class _Ratios:
     def __init__(self) -> None:
         self.last_seen = -math.inf
 
-    def new(self, view: View) -> list[tuple[int, FloatArray]]:
+    def new(self, view: HealthView) -> list[tuple[int, FloatArray]]:
         inp = view.inp
         steps, series = inp.update_steps, inp.update_series
         if (
@@ -223,7 +223,7 @@ class LrTooHigh(Base):
         self._large: tuple[int, float, float, float] | None = None
         self._named = False  # it held: the episode lasts while the loss stays up
 
-    def _level_before(self, view: View, step: int) -> float:
+    def _level_before(self, view: HealthView, step: int) -> float:
         loss = view.column("loss")
         if loss is None:
             return math.nan
@@ -234,7 +234,7 @@ class LrTooHigh(Base):
         before = before[np.isfinite(before)]
         return _median(before) if before.size else math.nan
 
-    def check(self, view: View) -> Outcome:
+    def check(self, view: HealthView) -> Outcome:
         rule = self.name
         t = self.thresholds
         for measured, ratios in self._ratios.new(view):
@@ -343,7 +343,7 @@ class LrTooLow(Base):
         self._found: tuple[int, float, float, float] | None = None
         self._layers: list[str] = []  # the weight layers whose steps were that small
 
-    def _follows_lr(self, view: View, step: int, lr: float, ratios: FloatArray) -> bool:
+    def _follows_lr(self, view: HealthView, step: int, lr: float, ratios: FloatArray) -> bool:
         """Whether the update is at least FOLLOWS_LR of lr x ||g|| / ||w|| in the median
         weight layer (unknown: it is not judged)."""
         grads, series = view.grads, view.inp.param_series
@@ -361,7 +361,7 @@ class LrTooLow(Base):
         middle = _median(share)
         return math.isfinite(middle) and middle >= FOLLOWS_LR
 
-    def check(self, view: View) -> Outcome:
+    def check(self, view: HealthView) -> Outcome:
         rule = self.name
         t = self.thresholds
         seen = self._ratios.new(view)

@@ -21,7 +21,7 @@ from nbmonitor.health.alert import Alert
 from nbmonitor.health.doc import FINDING, RuleDoc
 from nbmonitor.health.rule import Base, Outcome, always, clear, nothing
 from nbmonitor.health.thresholds import Thresholds
-from nbmonitor.health.view import View
+from nbmonitor.health.view import HealthView
 
 Columns = Mapping[str, npt.NDArray[np.float64]]
 
@@ -228,7 +228,7 @@ class MemoryPeak(Base):
         (),
     )
 
-    def check(self, view: View) -> Outcome:
+    def check(self, view: HealthView) -> Outcome:
         system = view.inp.system
         if not system or not view.has_new_rows:
             return nothing(self.name)
@@ -250,7 +250,7 @@ class AllocRetries(Base):
         (),
     )
 
-    def check(self, view: View) -> Outcome:
+    def check(self, view: HealthView) -> Outcome:
         system = view.inp.system
         if not system or not view.has_new_rows:
             return nothing(self.name)
@@ -279,7 +279,7 @@ class MemoryLeak(Base):
     def reset(self) -> None:
         self.tracker = LeakTracker()
 
-    def check(self, view: View) -> Outcome:
+    def check(self, view: HealthView) -> Outcome:
         system = view.inp.system
         if not system or not view.has_new_rows:
             return nothing(self.name)

@@ -11,7 +11,7 @@ from nbmonitor.health.diagnose import cause_alert
 from nbmonitor.health.doc import CAUSE, RuleDoc
 from nbmonitor.health.rule import Base, Outcome, always, clear, nothing
 from nbmonitor.health.structure import Observation, Structure, steady, structure_of
-from nbmonitor.health.view import View
+from nbmonitor.health.view import HealthView
 
 LEAST = 2
 RECENT = 4
@@ -23,7 +23,7 @@ TINY_BATCH = 4
 DROPOUT_HIGH = 0.8
 
 
-def _when(since: int | None, obs: tuple[Observation, ...], view: View) -> int:
+def _when(since: int | None, obs: tuple[Observation, ...], view: HealthView) -> int:
     """Where the streak of observations reached its count, never past the newest row."""
     newest = int(view.step_col[-1]) if view.step_col.size else obs[-1].step
     return min(since if since is not None else obs[-1].step, newest)
@@ -68,7 +68,7 @@ class EvalModeDuringTraining(Base):
         ),
     )
 
-    def check(self, view: View) -> Outcome:
+    def check(self, view: HealthView) -> Outcome:
         structure = structure_of(view.inp)
         if structure is None or not view.has_new_rows:
             return nothing(self.name)
@@ -140,7 +140,7 @@ class BatchnormTinyBatch(Base):
         ),
     )
 
-    def check(self, view: View) -> Outcome:
+    def check(self, view: HealthView) -> Outcome:
         structure = structure_of(view.inp)
         if structure is None or not view.has_new_rows:
             return nothing(self.name)
@@ -197,7 +197,7 @@ class DropoutTooHigh(Base):
         silent_on=("dropout 0.5", "dropout in `eval()` (it is then off)"),
     )
 
-    def check(self, view: View) -> Outcome:
+    def check(self, view: HealthView) -> Outcome:
         structure = structure_of(view.inp)
         if structure is None or not view.has_new_rows:
             return nothing(self.name)

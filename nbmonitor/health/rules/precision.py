@@ -9,7 +9,7 @@ from nbmonitor.health.diagnose import cause_alert
 from nbmonitor.health.doc import CAUSE, RuleDoc
 from nbmonitor.health.rule import Base, Outcome, always, clear, nothing
 from nbmonitor.health.structure import Observation, steady, structure_of
-from nbmonitor.health.view import View
+from nbmonitor.health.view import HealthView
 
 LEAST = 2
 RECENT = 4
@@ -44,7 +44,7 @@ class Fp16ParamsWithAdam(Base):
         ),
     )
 
-    def check(self, view: View) -> Outcome:
+    def check(self, view: HealthView) -> Outcome:
         structure = structure_of(view.inp)
         if structure is None or not view.has_new_rows:
             return nothing(self.name)
@@ -111,7 +111,7 @@ class Fp16WithoutScaler(Base):
         silent_on=("bf16 autocast", "float16 autocast with a GradScaler"),
     )
 
-    def check(self, view: View) -> Outcome:
+    def check(self, view: HealthView) -> Outcome:
         structure = structure_of(view.inp)
         if structure is None or not view.has_new_rows:
             return nothing(self.name)

@@ -22,7 +22,7 @@ from nbmonitor.health.alert import Alert
 from nbmonitor.health.diagnose import cause_alert
 from nbmonitor.health.doc import CAUSE, RuleDoc
 from nbmonitor.health.rule import Base, Outcome, always, nothing
-from nbmonitor.health.view import RankColumns, View
+from nbmonitor.health.view import HealthView, RankColumns
 from nbmonitor.health.window import FloatArray
 
 WINDOW = 50  # newest steps every rank recorded
@@ -80,7 +80,7 @@ class SameBatches(Base):
         ("a healthy sharded job",),
     )
 
-    def check(self, view: View) -> Outcome:
+    def check(self, view: HealthView) -> Outcome:
         ranks = view.inp.ranks
         if ranks is None or ranks.loss is None or len(ranks.ranks) < 2:
             return nothing(self.name)

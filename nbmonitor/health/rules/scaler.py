@@ -15,7 +15,7 @@ from nbmonitor.health.alert import Alert
 from nbmonitor.health.diagnose import cause_alert
 from nbmonitor.health.doc import CAUSE, RuleDoc
 from nbmonitor.health.rule import Base, Outcome, always, clear, nothing
-from nbmonitor.health.view import View
+from nbmonitor.health.view import HealthView
 from nbmonitor.health.window import trailing_counts
 
 SKIPPED = "step_skipped"
@@ -31,7 +31,7 @@ class ScalerSkipping(Base):
         ("a scaler finding its scale in the first steps", "a skip now and then"),
     )
 
-    def check(self, view: View) -> Outcome:
+    def check(self, view: HealthView) -> Outcome:
         rule = self.name
         t = self.thresholds
         skipped = view.column(SKIPPED)

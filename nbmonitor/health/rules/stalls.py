@@ -41,7 +41,7 @@ from nbmonitor.health.alert import Alert
 from nbmonitor.health.diagnose import cause_alert
 from nbmonitor.health.doc import FINDING, RuleDoc
 from nbmonitor.health.rule import Base, Outcome, always, nothing
-from nbmonitor.health.view import RankColumns, RankProgress, View
+from nbmonitor.health.view import HealthView, RankColumns, RankProgress
 from nbmonitor.health.window import BoolArray, FloatArray
 from nbmonitor.records import PHASES
 
@@ -312,7 +312,7 @@ class RankStalled(Base):
         (),
     )
 
-    def check(self, view: View) -> Outcome:
+    def check(self, view: HealthView) -> Outcome:
         ranks = view.inp.ranks
         if ranks is None or ranks.progress is None or len(ranks.ranks) < 2:
             return nothing(self.name)

@@ -32,7 +32,7 @@ from nbmonitor.health.diagnose import cause_alert
 from nbmonitor.health.doc import FINDING, RuleDoc
 from nbmonitor.health.rule import Base, Outcome, always, nothing
 from nbmonitor.health.rules.time import PERSIST_STEPS
-from nbmonitor.health.view import RankColumns, View
+from nbmonitor.health.view import HealthView, RankColumns
 from nbmonitor.health.window import FloatArray
 
 WINDOW = 50  # steps every rank recorded, newest
@@ -105,7 +105,7 @@ class Stragglers(Base):
         ("a busy neighbour for a moment",),
     )
 
-    def check(self, view: View) -> Outcome:
+    def check(self, view: HealthView) -> Outcome:
         ranks = view.inp.ranks
         if ranks is None or len(ranks.ranks) < 2 or not ranks.steps.size:
             return nothing(self.name)

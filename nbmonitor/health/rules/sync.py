@@ -31,7 +31,7 @@ from nbmonitor.health.alert import Alert
 from nbmonitor.health.diagnose import cause_alert
 from nbmonitor.health.doc import CAUSE, RuleDoc
 from nbmonitor.health.rule import Base, Outcome, always, nothing
-from nbmonitor.health.view import RankColumns, View
+from nbmonitor.health.view import HealthView, RankColumns
 from nbmonitor.health.window import FloatArray
 
 WINDOW = 50  # newest steps every rank recorded
@@ -201,7 +201,7 @@ class RankDivergence(Base):
         ("a sharded model (FSDP, ZeRO): each rank reports its own shard",),
     )
 
-    def check(self, view: View) -> Outcome:
+    def check(self, view: HealthView) -> Outcome:
         ranks = view.inp.ranks
         if ranks is None or len(ranks.ranks) < 2 or not ranks.steps.size:
             return nothing(self.name)

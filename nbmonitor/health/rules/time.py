@@ -26,7 +26,7 @@ from nbmonitor.health.alert import Alert
 from nbmonitor.health.doc import FINDING, RuleDoc
 from nbmonitor.health.rule import Base, Outcome, always, clear, nothing
 from nbmonitor.health.thresholds import Thresholds
-from nbmonitor.health.view import View
+from nbmonitor.health.view import HealthView
 from nbmonitor.health.window import FloatArray
 from nbmonitor.records import OptimizerRecord
 
@@ -70,7 +70,7 @@ def _quantile(values: FloatArray, q: float) -> float:
     return float(ordered[lo] + (ordered[hi] - ordered[lo]) * (at - lo))
 
 
-def _recent_share(view: View, key: str) -> tuple[float, float, int] | None:
+def _recent_share(view: HealthView, key: str) -> tuple[float, float, int] | None:
     """The share of the step spent in ``key`` in the fastest quarter of the recent steps, the
     mean time spent in it there, and the last step judged; None without enough steps."""
     phase, total = view.column(key), view.column("step_time")
@@ -112,14 +112,14 @@ class _ShareRule(Base):
     def reset(self) -> None:
         self._since = math.nan  # the step of the first check of the current streak that held
 
-    def wording(self, view: View, share: float, step: int) -> str:
+    def wording(self, view: HealthView, share: float, step: int) -> str:
         raise NotImplementedError
 
-    def applies(self, view: View) -> bool:
+    def applies(self, view: HealthView) -> bool:
         """Whether the rule has anything to say to this run at all."""
         return True
 
-    def check(self, view: View) -> Outcome:
+    def check(self, view: HealthView) -> Outcome:
         rule = self.name
         found = _recent_share(view, self.key)
         if found is None:
@@ -157,7 +157,7 @@ class InputBound(_ShareRule):
     limit = DATA_SHARE
     least = DATA_MIN_S
 
-    def wording(self, view: View, share: float, step: int) -> str:
+    def wording(self, view: HealthView, share: float, step: int) -> str:
         return (
             f"Input-bound: {share:.0%} of each step waits for data (over the last "
             f"{RECENT_STEPS} steps, at step {step}). Load batches ahead: raise the DataLoader's "
@@ -181,10 +181,10 @@ class OptimizerShare(_ShareRule):
     least = OPTIMIZER_MIN_S
     severity = "info"
 
-    def applies(self, view: View) -> bool:
+    def applies(self, view: HealthView) -> bool:
         return optimizer_suggestion(view.inp.optimizer) is not None
 
-    def wording(self, view: View, share: float, step: int) -> str:
+    def wording(self, view: HealthView, share: float, step: int) -> str:
         optimizer = view.inp.optimizer
         suggestion = optimizer_suggestion(optimizer)
         assert optimizer is not None and suggestion is not None  # applies() held
@@ -228,7 +228,7 @@ class StepTimeRegression(Base):
         self._best = math.inf  # the fastest median of RECENT_STEPS steps seen so far
         self._slow_since = math.nan  # wall time of the first check that found it slower
 
-    def check(self, view: View) -> Outcome:
+    def check(self, view: HealthView) -> Outcome:
         rule = self.name
         times = view.column("step_time")
         if times is None or not view.has_new_rows:

@@ -20,7 +20,7 @@ from nbmonitor.health.alert import Alert
 from nbmonitor.health.doc import SYMPTOM, RuleDoc
 from nbmonitor.health.rule import Base, Outcome, nothing
 from nbmonitor.health.thresholds import Thresholds
-from nbmonitor.health.view import View
+from nbmonitor.health.view import HealthView
 from nbmonitor.health.window import BoolArray, FloatArray
 from nbmonitor.health.wording import HEALTHY_UPDATE, layer_list, num
 
@@ -39,7 +39,7 @@ class _UpdateRatio(Base):
         self._last_seen = -np.inf  # step of the newest observation judged
         self._streak = np.zeros(0, dtype=np.intp)
 
-    def _judged(self, view: View, ratios: FloatArray, step: int) -> BoolArray:
+    def _judged(self, view: HealthView, ratios: FloatArray, step: int) -> BoolArray:
         raise NotImplementedError
 
     def _beyond(self, ratios: FloatArray) -> BoolArray:
@@ -51,7 +51,7 @@ class _UpdateRatio(Base):
     def _message(self, names: str, extreme: float, step: int) -> str:
         raise NotImplementedError
 
-    def _observations(self, view: View) -> list[tuple[int, FloatArray]]:
+    def _observations(self, view: HealthView) -> list[tuple[int, FloatArray]]:
         """The new measured steps and their ratios, oldest first."""
         inp = view.inp
         steps, series = inp.update_steps, inp.update_series
@@ -77,7 +77,7 @@ class _UpdateRatio(Base):
         self._prev = ratios.copy()
         return [(inp.step, ratios)]
 
-    def check(self, view: View) -> Outcome:
+    def check(self, view: HealthView) -> Outcome:
         rule = self.name
         t = self.thresholds
         names = view.layer_names
@@ -131,7 +131,7 @@ EARLIER_LOSS = 30
 FALLING = 0.9
 
 
-def loss_falling(view: View, step: int) -> bool:
+def loss_falling(view: HealthView, step: int) -> bool:
     loss = view.column("loss")
     if loss is None:
         return False
@@ -175,7 +175,7 @@ class UpdateRatioHigh(_UpdateRatio):
         ),
     )
 
-    def _judged(self, view: View, ratios: FloatArray, step: int) -> BoolArray:
+    def _judged(self, view: HealthView, ratios: FloatArray, step: int) -> BoolArray:
         # Biases are often initialised to zero and stay near it, so ||w|| ~ 0 makes the ratio
         # large while nothing is wrong; the hint is about weights.
         judged: BoolArray = np.isfinite(ratios) & weight_rows(view.layer_names)
@@ -213,7 +213,7 @@ class UpdateRatioLow(_UpdateRatio):
         super().reset()
         self._lr_max = 0.0
 
-    def _judged(self, view: View, ratios: FloatArray, step: int) -> BoolArray:
+    def _judged(self, view: HealthView, ratios: FloatArray, step: int) -> BoolArray:
         # An update of exactly 0 is no gradient, a frozen parameter or lr == 0: the static
         # checks (debug.check_setup, gradient_not_flowing) name those, so skip them here.
         judged = np.isfinite(ratios) & (ratios > 0)
