@@ -144,3 +144,38 @@ def test_only_the_package_names_reach_an_entrance(entrance: str) -> None:
         if _in(b, entrance)
     )
     assert wrong == []
+
+
+# What ui/ may reach of the engine, directly or not: the hand-off types (frame.py) and the
+# data they carry (the memory table, the ranks frame and the stores they read). import-linter
+# says which engine modules ui/ never reaches; this says the only ones it does, so that a new
+# engine module, or a new import of frame.py, is decided here.
+HAND_OFF = {
+    "nbmonitor._engine",
+    "nbmonitor._engine.frame",
+    "nbmonitor._engine.derive",
+    "nbmonitor._engine.derive.memory_table",
+    "nbmonitor._engine.derive.ranks_frame",
+    "nbmonitor._engine.derive.ranks",
+    "nbmonitor._engine.store",
+    "nbmonitor._engine.tiering",
+    "nbmonitor._engine.decimate",
+}
+
+
+def reached(start: set[str]) -> set[str]:
+    seen: set[str] = set()
+    stack = list(start)
+    while stack:
+        for dep in GRAPH[stack.pop()]:
+            if dep not in seen:
+                seen.add(dep)
+                stack.append(dep)
+    return seen
+
+
+def test_ui_reaches_only_the_hand_off_types_of_the_engine() -> None:
+    ui = {name for name in GRAPH if _in(name, "nbmonitor.ui")}
+    engine = {name for name in reached(ui) if _in(name, "nbmonitor._engine")}
+    assert "nbmonitor._engine.frame" in engine  # the graph is read
+    assert engine - HAND_OFF == set()
