@@ -344,16 +344,11 @@ def entries() -> Iterator[tuple[int, Entry]]:
             yield 2, Entry(f"nbmonitor.{name}", None, _own_doc(obj), obj)
             for key in getattr(obj, "__all__", ()):
                 value = getattr(obj, key)
-                if inspect.isclass(value) or inspect.isfunction(value):
-                    yield (
-                        3,
-                        Entry(
-                            f"nbmonitor.{name}.{key}",
-                            signature(value, f"nbmonitor.{name}.{key}"),
-                            _own_doc(value),
-                            value,
-                        ),
-                    )
+                title = f"nbmonitor.{name}.{key}"
+                if inspect.isclass(value):
+                    yield 3, _class_entry(title, value)
+                elif inspect.isfunction(value):
+                    yield 3, Entry(title, signature(value, title), _own_doc(value), value)
         elif inspect.isclass(obj):
             yield 2, _class_entry(f"nbmonitor.{name}", obj)
             for key, value in members(obj):

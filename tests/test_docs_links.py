@@ -1,4 +1,5 @@
 """The README is a newcomer's page and the docs hang together: docs/index.md links every page,
+docs/performance.md is a user's page (the lab notes are benchmarks/NOTES.md),
 every relative link (and its #anchor) resolves to a file of the repository, nothing links
 outside it (no absolute paths, no ``..`` out of the repository; the README links nowhere but
 the repository), and the README stays short with its set-up commands and first use on top."""
@@ -13,13 +14,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 README = ROOT / "README.md"
-PAGES = [README, *sorted(DOCS.glob("*.md"))]
+NOTES = ROOT / "benchmarks" / "NOTES.md"
+PAGES = [README, *sorted(DOCS.glob("*.md")), NOTES]
 
 SETUP = (
     'pip install torch==2.13.0 ".[lab]" && jupyter lab notebooks/01-quickstart.ipynb',
     'pip install torch==2.13.0 -e ".[dev]" && bash scripts/test',
 )
 README_MAX_LINES = 200
+PERFORMANCE_MAX_LINES = 400
 FIRST_USE_BY_LINE = 40
 
 _FENCE = re.compile(r"^(```|~~~).*?^\1", re.M | re.S)
@@ -99,6 +102,14 @@ def test_the_readme_is_a_newcomers_page() -> None:
     assert "(docs/dashboard.png)" in text and (DOCS / "dashboard.png").is_file()
     for page in ("docs/getting-started.md", "docs/guide.md", "docs/api.md", "docs/index.md"):
         assert f"]({page})" in text, page
+
+
+def test_performance_is_a_users_page_and_the_lab_notes_are_under_benchmarks() -> None:
+    page = DOCS / "performance.md"
+    lines = page.read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= PERFORMANCE_MAX_LINES, f"docs/performance.md has {len(lines)} lines"
+    assert "../benchmarks/NOTES.md" in links(page)
+    assert {"## What attaching costs", "## Measure it on your own loop"} <= set(lines)
 
 
 def test_the_link_checker_catches_a_broken_link(tmp_path: Path) -> None:

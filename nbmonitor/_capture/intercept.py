@@ -19,7 +19,7 @@ the clock's Guard), except ``NonFiniteError`` (``on_nan="raise"``).
 
 Code that bound the function before attach (``from torch.nn.utils import clip_grad_norm_``
 at import time) calls the original: then ``grad_norm`` is measured at the optimizer step as
-before, after clipping (README).
+before, after clipping (docs/guide.md).
 """
 
 from __future__ import annotations

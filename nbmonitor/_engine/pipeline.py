@@ -136,9 +136,15 @@ class Pipeline:
             hand_over.scheduled() if paced else contextlib.nullcontext(),
         ):
             behind = self.parts.health.behind  # it left slices to judge: not paced until done
-            for stage in self.stages:
-                stage(paced and not (behind and stage is self._health_stage))
-                hand_over()
+            model, clock = self.model, self.parts.clock
+            model.busy_since = clock()
+            try:
+                for stage in self.stages:
+                    stage(paced and not (behind and stage is self._health_stage))
+                    hand_over()
+            finally:
+                model.busy.append((model.busy_since, clock()))
+                model.busy_since = math.nan
 
     def final_tick(self) -> None:
         """Everything recorded, taken and written (close): waits for device values."""

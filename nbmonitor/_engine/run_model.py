@@ -10,6 +10,7 @@ so a live run, a replayed one and a tailed one cannot drift apart. numpy only.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -35,6 +36,9 @@ MAX_ALERTS = 200
 HEALTH_COLUMNS = ("step", "time", "loss", "grad_norm", "lr", "grad_clip_coef", "step_skipped")
 # The system samples the health rules see.
 HEALTH_SYSTEM_ROWS = 120
+# The sampler's busy spells kept for the time rules: more than the ticks over the steps they
+# judge (RECENT_STEPS and the look-back of health/rules/time.py).
+BUSY_KEPT = 64
 
 
 class RunModel:
@@ -64,6 +68,10 @@ class RunModel:
         self.optimizer: OptimizerRecord | None = None
         # The planned number of steps, when the run said (the schedule rule reads it).
         self.total_steps: int | None = None
+        # The sampler's own busy spells (``Pipeline.tick``), newest last, and the start of the
+        # one running now (NaN: none): ``HealthInput.monitor_busy``.
+        self.busy: deque[tuple[float, float]] = deque(maxlen=BUSY_KEPT)
+        self.busy_since = math.nan
         # What the training side read of the run's structure (health/structure.py).
         self.structure = StructureLog()
         self._alerts: list[Alert] = []
@@ -230,7 +238,8 @@ class RunModel:
             return HealthInput(step=step, time=time, steps=columns, system=system, gpus=gpus,
                                ranks=ranks, optimizer=self.optimizer,
                                total_steps=self.total_steps,
-                               structure=self.structure.snapshot())  # fmt: skip
+                               structure=self.structure.snapshot(),
+                               monitor_busy=self.monitor_busy())  # fmt: skip
         layer_steps, layer_norms = layers.recent()
         update_steps, update_series, param_series = layers.update_history()
         return HealthInput(
@@ -254,7 +263,15 @@ class RunModel:
             optimizer=self.optimizer,
             total_steps=self.total_steps,
             structure=self.structure.snapshot(),
+            monitor_busy=self.monitor_busy(),
         )
+
+    def monitor_busy(self) -> tuple[tuple[float, float], ...]:
+        """The sampler's recent busy spells, the running one last (ending at inf)."""
+        spells = tuple(self.busy)
+        if not math.isnan(self.busy_since):
+            spells += ((self.busy_since, math.inf),)
+        return spells
 
 
 def ranks_health_input(columns: RankColumns, time: float) -> HealthInput:

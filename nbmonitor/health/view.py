@@ -98,6 +98,11 @@ class HealthInput:
     structure: Structure | None = None
     # The adapters of a fine-tune and the base they sit on (read at attach), or None.
     adapters: Adapters | None = None
+    # When the monitor's own sampler was busy, as (start, end) on the steps' ``time`` clock,
+    # oldest first (``end`` inf: the tick still running). A step that overlapped one competed
+    # with the monitor for the interpreter, which slows a Python-bound phase (a for-loop
+    # optimizer) most: the time rules read their shares from the other steps.
+    monitor_busy: tuple[tuple[float, float], ...] = ()
 
 
 class HealthView:

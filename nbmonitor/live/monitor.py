@@ -580,8 +580,11 @@ class Monitor:
 
         From the next step boundary it waits ``wait`` steps, warms up ``warmup`` steps and
         records ``steps`` steps (CPU activity, and CUDA on CUDA), then shows ``key_averages``
-        in the cell (sortable by CPU time, device time and memory) and saves the Chrome trace
-        under ``<run_dir>/profiles/``. Never on unless called; one at a time.
+        in the cell (sortable by CPU time, device time and memory; a log line in a script) and
+        saves the Chrome trace and the text table under ``<run_dir>/profiles/``. Never on
+        unless called. One at a time: ``RuntimeError`` while one runs, or while another torch
+        profiler records; bad arguments raise ``ValueError``; ``close()`` stops one still
+        running.
 
         >>> prof = mon.profile(steps=3)  # doctest: +SKIP
         """

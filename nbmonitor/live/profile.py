@@ -55,7 +55,10 @@ class Profile:
 
     @property
     def rows(self) -> list[dict[str, Any]]:
-        """One dict per operator, costliest first (times in ms, memory in bytes)."""
+        """One dict per operator, costliest first (at most 100): ``name``, ``calls``,
+        ``self_cpu_ms``, ``cpu_ms``, ``self_device_ms``, ``device_ms``,
+        ``self_cpu_memory_bytes``, ``self_device_memory_bytes`` (device columns NaN without
+        CUDA)."""
         return [dict(row) for row in self._result.rows]
 
     @property
@@ -65,7 +68,8 @@ class Profile:
 
     @property
     def trace_path(self) -> Path | None:
-        """The Chrome trace (open it in https://ui.perfetto.dev or chrome://tracing)."""
+        """The Chrome trace, ``<run_dir>/profiles/steps-<first>-<last>.pt.trace.json`` (open it
+        in https://ui.perfetto.dev or chrome://tracing)."""
         return self._result.trace_path
 
     @property

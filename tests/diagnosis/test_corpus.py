@@ -6,9 +6,8 @@ has one) is raised; a healthy run passes when it raises no alert and trained. Th
 prints the table and holds the corpus to issue 42's bar: named in >= 90 % of the broken runs,
 no alert on any healthy run.
 
-``ENFORCE`` is False while the rules are being improved: then only what the runs themselves
-show is asserted (each broken run reproduced its bug's own signal, each healthy run trained),
-and the table is printed either way.
+Each run must also reproduce its bug's own signal (or, healthy, train): a scenario that no
+longer shows what its source reports says nothing about the rules.
 """
 
 from __future__ import annotations
@@ -20,8 +19,6 @@ from benchmarks.diagnosis.harness import Scenario
 from benchmarks.diagnosis.healthy import HEALTHY as OLD_HEALTHY
 from tests.diagnosis.corpus import BROKEN, GPU_ONLY, HEALTHY
 from tests.diagnosis.corpus.scoring import NAMED_SHARE, alerts, score, table
-
-ENFORCE = False
 
 
 def test_the_corpus_has_what_the_issue_asks() -> None:
@@ -43,16 +40,14 @@ def test_the_corpus_has_what_the_issue_asks() -> None:
 def test_broken_run_is_named(scenario: Scenario) -> None:
     sc = score(scenario)
     assert sc.reproduced == "", f"the bug did not show its own signal: {sc.reproduced}"
-    if ENFORCE:
-        assert sc.found, f"{scenario.rules} naming {scenario.layer!r} not raised: {alerts(sc)}"
+    assert sc.found, f"{scenario.rules} naming {scenario.layer!r} not raised: {alerts(sc)}"
 
 
 @pytest.mark.parametrize("scenario", HEALTHY, ids=lambda s: s.name)
 def test_healthy_run_raises_no_alert(scenario: Scenario) -> None:
     sc = score(scenario)
     assert sc.reproduced == "", sc.reproduced  # it trained
-    if ENFORCE:
-        assert [(a.rule, a.step, a.message) for a in sc.alerts] == []
+    assert [(a.rule, a.step, a.message) for a in sc.alerts] == []
 
 
 @pytest.mark.gpu
@@ -61,8 +56,7 @@ def test_healthy_run_raises_no_alert(scenario: Scenario) -> None:
 def test_gpu_broken_run_is_named(scenario: Scenario) -> None:
     sc = score(scenario)
     assert sc.reproduced == "", f"the bug did not show its own signal: {sc.reproduced}"
-    if ENFORCE:
-        assert sc.found, f"{scenario.rules} naming {scenario.layer!r} not raised: {alerts(sc)}"
+    assert sc.found, f"{scenario.rules} naming {scenario.layer!r} not raised: {alerts(sc)}"
 
 
 # Alone (``-k summary``) it runs every scenario itself: minutes, not the default 120 s.
@@ -72,7 +66,6 @@ def test_summary(capsys: pytest.CaptureFixture[str]) -> None:
     with capsys.disabled():
         print("\n\ndiagnosis corpus, tuning part\n" + table(scores))
     assert [sc.scenario.name for sc in scores if sc.reproduced] == []
-    if ENFORCE:
-        broken = [sc for sc in scores if not sc.scenario.healthy]
-        assert sum(sc.found for sc in broken) >= NAMED_SHARE * len(broken)
-        assert [sc.scenario.name for sc in scores if sc.scenario.healthy and sc.alerts] == []
+    broken = [sc for sc in scores if not sc.scenario.healthy]
+    assert sum(sc.found for sc in broken) >= NAMED_SHARE * len(broken)
+    assert [sc.scenario.name for sc in scores if sc.scenario.healthy and sc.alerts] == []

@@ -2,8 +2,9 @@
 were not tuned on, the same checks and table as test_corpus.py. Rule work does not run or read
 these; they are run at the end to see whether the rules generalise.
 
-``ENFORCE`` is False for now: only what the runs themselves show is asserted (each broken run
-reproduced its bug's own signal, each healthy run trained), and the table is printed.
+Held to issue 42's bar as a part: every healthy run silent, and named in >= 90 % of the broken
+runs (the summary), not each one: these runs measure how far the rules generalise, and the
+table prints the ones missed.
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ from benchmarks.diagnosis.healthy import HEALTHY as OLD_HEALTHY
 from tests.diagnosis import corpus
 from tests.diagnosis.corpus.scoring import NAMED_SHARE, alerts, score, table
 from tests.diagnosis.heldback import BROKEN, GPU_ONLY, HEALTHY
-
-ENFORCE = False
 
 
 def test_the_held_back_part_has_what_the_issue_asks() -> None:
@@ -37,19 +36,17 @@ def test_the_held_back_part_has_what_the_issue_asks() -> None:
 
 
 @pytest.mark.parametrize("scenario", BROKEN, ids=lambda s: s.name)
-def test_held_back_broken_run_is_named(scenario: Scenario) -> None:
+def test_held_back_broken_run_shows_its_bug(scenario: Scenario) -> None:
+    # Whether it is named counts in the summary's share, printed with the table.
     sc = score(scenario)
     assert sc.reproduced == "", f"the bug did not show its own signal: {sc.reproduced}"
-    if ENFORCE:
-        assert sc.found, f"{scenario.rules} naming {scenario.layer!r} not raised: {alerts(sc)}"
 
 
 @pytest.mark.parametrize("scenario", HEALTHY, ids=lambda s: s.name)
 def test_held_back_healthy_run_raises_no_alert(scenario: Scenario) -> None:
     sc = score(scenario)
     assert sc.reproduced == "", sc.reproduced
-    if ENFORCE:
-        assert [(a.rule, a.step, a.message) for a in sc.alerts] == []
+    assert [(a.rule, a.step, a.message) for a in sc.alerts] == []
 
 
 @pytest.mark.gpu
@@ -58,8 +55,7 @@ def test_held_back_healthy_run_raises_no_alert(scenario: Scenario) -> None:
 def test_held_back_gpu_broken_run_is_named(scenario: Scenario) -> None:
     sc = score(scenario)
     assert sc.reproduced == "", f"the bug did not show its own signal: {sc.reproduced}"
-    if ENFORCE:
-        assert sc.found, f"{scenario.rules} naming {scenario.layer!r} not raised: {alerts(sc)}"
+    assert sc.found, f"{scenario.rules} naming {scenario.layer!r} not raised: {alerts(sc)}"
 
 
 # Alone (``-k summary``) it runs every scenario itself: minutes, not the default 120 s.
@@ -69,7 +65,6 @@ def test_held_back_summary(capsys: pytest.CaptureFixture[str]) -> None:
     with capsys.disabled():
         print("\n\ndiagnosis corpus, held-back part\n" + table(scores))
     assert [sc.scenario.name for sc in scores if sc.reproduced] == []
-    if ENFORCE:
-        broken = [sc for sc in scores if not sc.scenario.healthy]
-        assert sum(sc.found for sc in broken) >= NAMED_SHARE * len(broken)
-        assert [sc.scenario.name for sc in scores if sc.scenario.healthy and sc.alerts] == []
+    broken = [sc for sc in scores if not sc.scenario.healthy]
+    assert sum(sc.found for sc in broken) >= NAMED_SHARE * len(broken)
+    assert [sc.scenario.name for sc in scores if sc.scenario.healthy and sc.alerts] == []

@@ -482,6 +482,29 @@ def test_update_ratio_skipped_for_too_large_a_copy_is_said_once(tmp_path, monkey
     assert all(math.isnan(r["update_ratio"]) for r in rows)
 
 
+def test_frozen_tensors_are_not_copied_for_update_ratios(tmp_path, monkeypatch):
+    # A fine-tune's base held by AdamW(model.parameters()) but frozen: only the trainable
+    # tensors are copied (the cap counts only them), the frozen ones are not measured (NaN).
+    model = mlp(width=16, depth=1)
+    for p in model[0].parameters():
+        p.requires_grad_(False)
+    trainable = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    monkeypatch.setattr("nbmonitor._capture.probes.update_ratio.UPDATE_COPY_MAX_BYTES", trainable)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    with attach(model, opt, tmp_path, layer_every=1) as mon:
+        train(model, opt, mon, 3, width=16)
+        mon.flush()
+        mon.flush()
+        skipped = [a for a in mon.events() if a.rule == "update_ratio_skipped"]
+        rows = {r["name"]: r for r in mon.layers()}
+    assert skipped == []
+    assert math.isnan(rows["0.weight"]["update_ratio"]) and math.isnan(
+        rows["0.bias"]["update_ratio"]
+    )
+    assert rows["0.weight"]["param_norm"] > 0  # its norm is still read
+    assert 0 < rows["2.weight"]["update_ratio"] < 1 and rows["2.bias"]["update_ratio"] > 0
+
+
 class FrozenSGD(torch.optim.SGD):
     """Steps (so the hooks run) without touching the weights, even with NaN gradients."""
 

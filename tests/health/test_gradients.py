@@ -300,6 +300,17 @@ def test_a_converged_runs_heavy_tail_is_not_a_spike() -> None:
     assert _total_only(steady, Health()) == ["gradient_spike"]
 
 
+def test_an_early_heavy_tail_is_not_a_spike() -> None:
+    # A classifier that converged within 50 steps: from then on its steps' norms spread over
+    # two orders of magnitude. At step 112, with a hundred steps of tail known, one is 0.7,
+    # above where the run started: its tail's shape is read from its top 10 rises, not 2.
+    rng = np.random.default_rng(0)
+    step = np.arange(1, 301)
+    norms = 0.5 * np.exp(-step / 15) + 0.01 * rng.lognormal(0, 1.2, step.size)
+    norms[111] = 0.7
+    assert _total_only(norms, Health()) == []
+
+
 def test_no_spike_below_the_factor_or_without_history() -> None:
     health, run = Health(), Run()
     run.add(60)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
 import pytest
 from tests.health import structure_cases as cases
 
@@ -65,6 +66,24 @@ def test_a_sum_reduction_that_trains_is_left_alone() -> None:
     # A batch of one: sum and mean are the same.
     one = cases.observed(backward_facts={"reduction": "sum"}, forward_facts={"input_shape": (1, 8)})
     assert "loss_sum_reduction" not in raised(cases.with_structure(one, loss=math.nan))
+
+
+def test_large_updates_that_bring_the_loss_down_are_no_sign_of_a_sum() -> None:
+    from tests.health.synthetic import Run
+
+    summed = cases.observed(backward_facts={"reduction": "sum"},
+                            forward_facts={"input_shape": (64, 8)})  # fmt: skip
+    run = Run()
+    run.add(150)  # the loss falls (healthy noise around a decaying level)
+    run.update_ratios = np.full(len(run.layers), 0.05)  # large steps, as early in a run
+    falling = dataclasses.replace(run.input(), structure=summed)
+    # An lr scaled for the sum (or a fresh model's first steps): the loss comes down.
+    assert "loss_sum_reduction" not in raised(falling)
+    flat = Run()
+    flat.add(150, loss=1.0)
+    flat.update_ratios = np.full(len(flat.layers), 0.05)
+    # The same steps while the loss does not fall: too large for it.
+    assert "loss_sum_reduction" in raised(dataclasses.replace(flat.input(), structure=summed))
 
 
 def test_dropout_and_batchnorm_at_healthy_settings() -> None:

@@ -113,6 +113,30 @@ def test_the_optimizer_share_suggests_fused_to_a_for_loop_optimizer() -> None:
     assert "torch.optim.RMSprop(..., foreach=True)" in alerts[0].message
 
 
+def test_the_monitors_own_busy_spells_do_not_count_towards_a_share() -> None:
+    # A for-loop optimizer at 30 % of a 10 ms step, 70 % on the steps that overlapped the
+    # sampler's ticks (they waited for the interpreter): every other step of the run's last
+    # stretch, so that the fastest quarter alone cannot drop them.
+    n = 400
+    share = np.full(n, 0.3)
+    total = np.full(n, 0.01)
+    share[::2] = 0.7
+    total[::2] = 0.0093  # the contended steps are not slower: a quarter by speed keeps them
+    inp = timing(n, total, data=0.0, optimizer=share)
+    ends = np.cumsum(total)
+    steps = {**inp.steps, "time": ends}
+    spells = tuple(
+        (float(e - t + 1e-4), float(e - 1e-4)) for e, t in zip(ends[::2], total[::2], strict=True)
+    )
+    contended = dataclasses.replace(inp, steps=steps)
+    assert rules(Health().check(contended)) == ["optimizer_share"]
+    apart = dataclasses.replace(contended, monitor_busy=spells)
+    assert Health().check(apart) == []
+    # The spell still running (its end unknown) counts too.
+    running = dataclasses.replace(contended, monitor_busy=((0.0, math.inf),))
+    assert Health().check(running) == []  # no step ran apart from it: nothing judged
+
+
 @pytest.mark.parametrize(
     "kind",
     [FUSED_ADAM, CUDA_RMSPROP, OTHER, None],

@@ -105,15 +105,23 @@ class WeightDecayTooHigh(Base):
         if self._found and self._collapsed(norms, weights):
             # Still the same episode: the weights stay collapsed.
             return Outcome(rule, self._found, always, lambda _new: [])
-        # The newest intervals, back until they span enough steps.
+        # The newest intervals, back until they span enough steps; or, once the weights have
+        # collapsed (a strong decay is over in tens of steps, then holds them near zero), the
+        # intervals of the decline, from the first measured step to the collapse.
         gaps = np.diff(steps)
         span = np.cumsum(gaps[::-1])
         m = max(t.sustain_steps, int(np.searchsorted(span, SPAN_SHARE * t.window)) + 1)
-        if m > gaps.size:
+        lo, hi = steps.size - 1 - m, steps.size - 1
+        if self._collapsed(norms, weights):
+            with np.errstate(divide="ignore", invalid="ignore"):
+                left = np.nanmedian(norms[weights] / norms[weights][:, :1], axis=0)
+            down = np.flatnonzero(left < COLLAPSED)
+            lo, hi = 0, max(int(down[0]) if down.size else 0, t.sustain_steps)
+        if lo < 0 or hi >= steps.size or hi - lo < t.sustain_steps:
             return nothing(rule)
-        p = norms[weights][:, -(m + 1) :]
-        r = ratios[weights][:, -m:]
-        gap = gaps[-m:]
+        p = norms[weights][:, lo : hi + 1]
+        r = ratios[weights][:, lo + 1 : hi + 1]
+        gap = gaps[lo:hi]
         with np.errstate(divide="ignore", invalid="ignore"):
             shrink = 1.0 - (p[:, 1:] / p[:, :-1]) ** (1.0 / gap)
             pulled = (shrink > 0) & (shrink >= PULL_SHARE * r)
@@ -124,7 +132,7 @@ class WeightDecayTooHigh(Base):
         if holds.sum() < math.ceil((1 - ALL_BUT) * known.sum()):
             return clear(rule)
         step = float(steps[-1])
-        then = _loss_level(view, float(steps[-(m + 1)]), before=True)
+        then = _loss_level(view, float(steps[lo]), before=True)
         now_loss = _loss_level(view, step, before=False)
         if not now_loss >= IMPROVED * then:  # NaN: not known, not judged as held
             return clear(rule)

@@ -297,6 +297,9 @@ ORIGIN_SHARE = 4.0
 # the tail is thin, the extrapolation stays close to it, and grad_spike_factor is the bar.
 TAIL_STEPS = 1024
 TAIL_SHARE = 0.02
+# The fewest top values the shape is estimated from (the Hill estimate is unstable on fewer):
+# early in a run, when the tail holds only a hundred steps, it is a larger share of them.
+TAIL_MIN_K = 10
 RETURN_STEPS = 100_000
 
 
@@ -336,7 +339,7 @@ class GradientSpike(Base):
         n = seen.size
         if n < self.thresholds.min_history:
             return -math.inf
-        k = max(2, int(TAIL_SHARE * n))
+        k = min(n - 1, max(TAIL_MIN_K, int(TAIL_SHARE * n)))
         part = np.partition(seen, n - k - 1)
         edge = float(part[n - k - 1])
         shape = float(np.mean(part[n - k :] - edge))

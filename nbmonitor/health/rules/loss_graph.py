@@ -109,16 +109,19 @@ class SoftmaxBeforeCrossEntropy(Base):
 
 
 # A loss summed over the batch scales the gradient with the batch size; the steps it makes are
-# then too large when the optimizer is not adaptive. Judged only with a sign of it: the loss
-# not finite, climbing, or update ratios far above healthy (~1e-3).
+# then too large when the optimizer is not adaptive. Judged only with a sign of harm: the loss
+# not finite, climbing, or update ratios far above healthy (~1e-3) while the loss does not
+# fall (large steps that bring the loss down are an lr scaled for the sum, or a fresh model).
 UPDATE_RATIO_LARGE = 1e-2
 CLIMB = 1.5  # the loss's newest quarter above this multiple of its first quarter
+FALLING = 0.9  # the loss's newest quarter below this multiple of its first quarter
 
 
 def _too_large_steps(view: HealthView) -> dict[str, object]:
     """Signs that the steps are far too large, as evidence (empty: none)."""
     out: dict[str, object] = {}
     loss = view.column("loss")
+    falling = True  # unknown: no sign from the update ratios alone
     if loss is not None:
         new = loss[view.new_from :]
         if new.size and (~np.isfinite(new)).any():
@@ -127,6 +130,7 @@ def _too_large_steps(view: HealthView) -> dict[str, object]:
         if finite.size >= 8:
             q = finite.size // 4
             first, last = float(np.median(finite[:q])), float(np.median(finite[-q:]))
+            falling = last < FALLING * first
             if first > 0 and last > CLIMB * first:
                 out["loss_first_quarter"] = first
                 out["loss_last_quarter"] = last
@@ -137,7 +141,7 @@ def _too_large_steps(view: HealthView) -> dict[str, object]:
         zero = adapters.starts_at_zero
         keep = [name not in zero for name in view.layer_names]
         ratios = ratios[np.asarray(keep, dtype=bool)] if len(keep) == ratios.size else ratios
-    if ratios is not None and ratios.size:
+    if ratios is not None and ratios.size and not falling:
         finite_r = ratios[np.isfinite(ratios)]
         if finite_r.size and float(np.median(finite_r)) > UPDATE_RATIO_LARGE:
             out["update_ratio_median"] = float(np.median(finite_r))
@@ -162,7 +166,7 @@ class LossSumReduction(Base):
         "batch size, so an lr tuned for a mean is far too large",
         evidence="the loss node in the autograd graph saved `reduction=sum` and the batch has "
         "more than one sample, while the steps are too large (loss not finite or climbing, or "
-        "update ratios far above 1e-3)",
+        "update ratios far above 1e-3 while the loss does not fall)",
         fix='use `reduction="mean"` (or divide the lr by the batch size)',
         silent_on=("a summed loss that trains (Adam, or an lr scaled for it)",),
     )

@@ -341,6 +341,7 @@ class LrTooLow(Base):
         self._streak = 0
         self._lr_peak = 0.0
         self._found: tuple[int, float, float, float] | None = None
+        self._layers: list[str] = []  # the weight layers whose steps were that small
 
     def _follows_lr(self, view: HealthView, step: int, lr: float, ratios: FloatArray) -> bool:
         """Whether the update is at least FOLLOWS_LR of lr x ||g|| / ||w|| in the median
@@ -385,6 +386,10 @@ class LrTooLow(Base):
             done = self._streak >= t.sustain_steps and self._found is None
             if done and not loss_falling(view, step):
                 self._found = (step, middle, here, float(np.nanmin(ratios)))
+                rows = weight_rows(view.layer_names).tolist()
+                names = [n for n, w in zip(view.layer_names, rows, strict=True) if w]
+                small = zip(names, ratios.tolist(), strict=True)
+                self._layers = [n for n, r in small if 0 < r < TINY_STEP]
         if self._found is None:
             return clear(rule)
         step, middle, here, least = self._found
@@ -405,9 +410,9 @@ class LrTooLow(Base):
                         "step": step,
                     },
                     fix="raise the learning rate (Adam: 1e-4 to 1e-3 is usual; SGD: 1e-2 to 1e-1)",
+                    layers=self._layers,
                     step=step,
                     time=view.time_at(step),
-                    subject=subjects.RUN,
                 )
             ]
 

@@ -9,6 +9,9 @@ They read the step phases (``phase_<name>_s``, ``attach(phases=True)``, the defa
   interrupts. So a phase's share is read in the fastest quarter of the recent steps, those
   nothing interrupted: the share of their time spent in the phase. One slow batch, a garbage
   collection or a busy neighbour (on fewer than three steps in four) moves it little.
+- The monitor's own work is not the loop's: a step that overlapped one of the sampler's busy
+  spells (``HealthInput.monitor_busy``) waited for the interpreter wherever it ran Python (a
+  for-loop optimizer most), so the shares are read from the steps that ran apart from them.
 - A verdict must persist: it holds on every check over ``PERSIST_STEPS`` steps before it is
   said (a check that finds it clear starts the count again).
 - The optimizer rule speaks only when it has something to suggest that the run does not
@@ -27,12 +30,14 @@ from nbmonitor.health.doc import FINDING, RuleDoc
 from nbmonitor.health.rule import Base, Outcome, always, clear, nothing
 from nbmonitor.health.thresholds import Thresholds
 from nbmonitor.health.view import HealthView
-from nbmonitor.health.window import FloatArray
+from nbmonitor.health.window import BoolArray, FloatArray
 from nbmonitor.records import OptimizerRecord
 
-# Recent steps a share is judged over, and the fewest with a phase measured that it needs.
+# Recent steps a share is judged over, and the fewest with a phase measured that it needs;
+# they are the last steps that ran apart from the monitor's own work, within LOOK_BACK steps.
 RECENT_STEPS = 50
 MIN_STEPS = 10
+LOOK_BACK = 4 * RECENT_STEPS
 # The fastest fraction of the recent steps a share is read in (see above); the lower quartile
 # of the step times is also what a regression judges.
 QUANTILE = 0.25
@@ -70,18 +75,38 @@ def _quantile(values: FloatArray, q: float) -> float:
     return float(ordered[lo] + (ordered[hi] - ordered[lo]) * (at - lo))
 
 
+def _apart_from_monitor(view: HealthView, total: FloatArray) -> BoolArray:
+    """Which of the last ``total.size`` steps ran while the monitor's sampler was idle: a step
+    that overlapped one of its busy spells (``HealthInput.monitor_busy``) waited for the
+    interpreter in its Python-bound phases, the monitor's time and not the loop's."""
+    apart = np.ones(total.size, dtype=bool)
+    spells = view.inp.monitor_busy
+    ends = view.column("time")
+    if not spells or ends is None:
+        return apart
+    end = ends[ends.size - total.size :]
+    start = end - total
+    for lo, hi in spells:
+        apart &= ~((start < hi) & (end > lo))
+    return apart
+
+
 def _recent_share(view: HealthView, key: str) -> tuple[float, float, int] | None:
-    """The share of the step spent in ``key`` in the fastest quarter of the recent steps, the
-    mean time spent in it there, and the last step judged; None without enough steps."""
+    """The share of the step spent in ``key`` in the fastest quarter of the recent steps that
+    ran apart from the monitor's own work (up to ``RECENT_STEPS`` of them, in the last
+    ``LOOK_BACK`` steps), the mean time spent in it there, and the last step judged; None
+    without enough steps."""
     phase, total = view.column(key), view.column("step_time")
     if phase is None or total is None or not view.has_new_rows:
         return None
-    lo = max(0, phase.size - RECENT_STEPS)
+    lo = max(0, phase.size - LOOK_BACK)
     phase, total = phase[lo:], total[lo:]
     kept = np.isfinite(phase) & np.isfinite(total) & (total > 0)
-    if kept.sum() < MIN_STEPS:
+    kept &= _apart_from_monitor(view, total)
+    index = np.flatnonzero(kept)[-RECENT_STEPS:]
+    if index.size < MIN_STEPS:
         return None
-    phase, total = phase[kept], total[kept]
+    phase, total = phase[index], total[index]
     fast = total <= _quantile(total, QUANTILE)
     share = min(1.0, float(phase[fast].sum() / total[fast].sum()))
     return share, float(phase[fast].mean()), int(view.step_col[-1])
