@@ -16,17 +16,33 @@ def decimate(xs: FloatArray, ys: FloatArray, max_points: int) -> tuple[FloatArra
     keep = np.isfinite(ys) & np.isfinite(xs)
     if not keep.all():
         xs, ys = xs[keep], ys[keep]
-    # tsdownsample needs sorted x (ties are fine; checked with 0.1.5). Steps normally increase
-    # already; a restarted counter is sorted, stably, rather than drawn backwards.
-    if xs.size > 1 and bool((np.diff(xs) < 0).any()):
+    # tsdownsample needs sorted x. Steps normally increase already; a restarted counter is
+    # sorted, stably, rather than drawn backwards.
+    # (Compared, not subtracted: np.diff overflows on x spanning +-1e308.)
+    if xs.size > 1 and bool((xs[1:] < xs[:-1]).any()):
         order = np.argsort(xs, kind="stable")
         xs, ys = xs[order], ys[order]
     if xs.size > max_points:
-        sampler = MinMaxLTTBDownsampler()  # type: ignore[no-untyped-call]
-        idx = np.asarray(sampler.downsample(xs, ys, n_out=max_points), dtype=np.int64)
+        idx = np.asarray(_downsample(xs, ys, max_points), dtype=np.int64)
         idx = _with(idx, (int(np.argmin(ys)), int(np.argmax(ys))))
         xs, ys = xs[idx], ys[idx]
     return np.ascontiguousarray(xs, dtype=np.float64), np.ascontiguousarray(ys, dtype=np.float64)
+
+
+def _downsample(xs: FloatArray, ys: FloatArray, n: int) -> object:
+    """MinMax-LTTB's indices: binned by x where x strictly increases (a step axis), else by
+    position. Ties in x (system samples stamped with the step they fell in, thousands of them
+    while one long step runs; a received run's steps) make tsdownsample's bins run off its
+    arrays, a Rust panic raised as a BaseException no guard catches; position bins never do,
+    and system samples are regular in time."""
+    sampler = MinMaxLTTBDownsampler()  # type: ignore[no-untyped-call]
+    if bool((xs[1:] > xs[:-1]).all()):
+        try:
+            return sampler.downsample(xs, ys, n_out=n)
+        except BaseException as exc:  # a Rust panic is one; anything else goes on
+            if type(exc).__name__ != "PanicException":
+                raise
+    return sampler.downsample(ys, n_out=n)
 
 
 def _with(idx: npt.NDArray[np.int64], extra: tuple[int, ...]) -> npt.NDArray[np.int64]:

@@ -36,3 +36,24 @@ def test_a_long_line_keeps_its_biggest_spike_and_its_lowest_point():
     assert xs.size <= 2002 and bool((np.diff(xs) > 0).all())
     assert 12_345.0 in xs and 40_001.0 in xs
     assert ys.max() == 50.0 and ys.min() == -50.0
+
+
+@pytest.mark.parametrize(
+    "x",
+    [
+        np.zeros(3000),  # one step's system samples
+        np.r_[np.zeros(2999), 1.0],  # a long first step, then the next
+        np.r_[0.0, np.ones(2999)],
+        np.r_[np.zeros(2998), 1e-300, 1e-300],
+        np.r_[-np.logspace(308, 0, 1500), np.logspace(0, 308, 1500)],
+    ],
+    ids=["constant", "long-first-step", "long-second-step", "tiny-span", "huge-span"],
+)
+def test_degenerate_x_is_decimated_without_a_panic(x):
+    # tsdownsample binned these by x and panicked (a BaseException, past every guard).
+    y = np.sin(np.arange(x.size) / 50.0)
+    y[1234], y[2345] = 9.0, -9.0
+    with np.errstate(all="raise"):
+        xs, ys = decimate(x, y, 200)
+    assert 0 < xs.size <= 202 and bool((xs[1:] >= xs[:-1]).all())
+    assert ys.max() == 9.0 and ys.min() == -9.0
