@@ -94,3 +94,27 @@ def test_large_updates_while_the_loss_falls_are_not_too_high() -> None:
     flat.add(60, loss=1.0)
     inp = replace(flat.input(), update_steps=steps, update_series=series)
     assert only(Health().check(inp), "update_ratio_high").layers == ("fc3.weight",)
+
+
+def test_a_bias_before_a_norm_layer_is_not_low() -> None:
+    # Linear(bias=True) -> BatchNorm1d: the bias's gradient is rounding noise, its update ~0
+    # while its weight learns. Zero by construction, as for vanishing_gradients.
+    layers = ("fc.weight", "fc.bias", "bn.weight", "bn.bias", "head.weight", "head.bias")
+    run, health = Run(layers), Health()
+    run.add(30)
+    alerts: list[Alert] = []
+    for i in range(4):
+        ratios = np.full(len(layers), 1e-3 * (1 + i / 10))
+        ratios[layers.index("fc.bias")] = 1e-9
+        run.update_ratios = ratios
+        run.add(1)
+        alerts += health.check(run.input())
+    assert alerts == []
+    # The weight barely moving too: the module's updates are tiny, said.
+    for i in range(4):
+        ratios = np.full(len(layers), 1e-3 * (1 + i / 10))
+        ratios[layers.index("fc.bias")] = ratios[layers.index("fc.weight")] = 1e-9 * (1 + i)
+        run.update_ratios = ratios
+        run.add(1)
+        alerts += health.check(run.input())
+    assert only(alerts, "update_ratio_low").layers == ("fc.weight", "fc.bias")

@@ -508,7 +508,7 @@ class VanishingGradients(Base):
         if _dead_modules(view, t.dead_fraction):
             judged_mask &= ~zero  # dead units explain them: dead_units names the modules
         held_mask = judged_mask & (ratio < t.vanish_ratio).all(axis=1)
-        held_mask &= ~_cancelled(view.layer_names, held_mask, judged_mask)
+        held_mask &= ~cancelled_biases(view.layer_names, held_mask, judged_mask)
         held = [view.layer_names[i] for i in np.flatnonzero(held_mask)]
         step = float(view.layer_step_col[-1])
         worst = np.where(held_mask, ratio.max(axis=1, initial=-np.inf), np.nan)
@@ -624,9 +624,9 @@ def _vanishing_cause(
     )
 
 
-def _cancelled(names: Sequence[str], vanishing: BoolArray, judged: BoolArray) -> BoolArray:
-    """The biases whose gradient is nil while their module's weight learns: zero by
-    construction, not vanishing. A conv/linear bias right before a BatchNorm (the norm
+def cancelled_biases(names: Sequence[str], vanishing: BoolArray, judged: BoolArray) -> BoolArray:
+    """The biases whose gradient (or update) is nil while their module's weight learns: zero
+    by construction, not vanishing. A conv/linear bias right before a BatchNorm (the norm
     subtracts the batch mean, so the gradient reaching the bias sums to zero in every channel)
     is the common case; a module whose gradients vanish loses all its parameters' at once."""
     out = np.zeros(len(names), dtype=bool)
@@ -709,5 +709,6 @@ __all__ = [
     "ExplodingGradients",
     "GradientSpike",
     "VanishingGradients",
+    "cancelled_biases",
     "non_finite_gradients",
 ]

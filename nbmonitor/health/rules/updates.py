@@ -19,6 +19,7 @@ from nbmonitor.health import alert as subjects
 from nbmonitor.health.alert import Alert
 from nbmonitor.health.doc import SYMPTOM, RuleDoc
 from nbmonitor.health.rule import Base, Outcome, nothing
+from nbmonitor.health.rules.gradients import cancelled_biases
 from nbmonitor.health.thresholds import Thresholds
 from nbmonitor.health.view import HealthView
 from nbmonitor.health.window import BoolArray, FloatArray
@@ -230,7 +231,9 @@ class UpdateRatioLow(_UpdateRatio):
         if view.grads is not None and view.grads.shape[1]:
             latest = view.grads[:, -1]
             judged &= np.isfinite(latest) & (latest > 0)
-        return judged
+        # A bias right before a norm layer (its gradient sums to ~0 by construction) barely
+        # moves while its module's weight learns: nothing is wrong with it.
+        return judged & ~cancelled_biases(view.layer_names, judged & self._beyond(ratios), judged)
 
     def _beyond(self, ratios: FloatArray) -> BoolArray:
         return ratios < self.thresholds.update_ratio_low
