@@ -50,6 +50,7 @@ def fixed_frame(n: int = 1_000) -> Frame:
         "step_time_min": Series(x[::10], step[::10] - 0.006),
         "step_time_max": Series(x[::10], step[::10] + 0.02),
         "samples_per_s": Series(x, 128 / step),
+        "samples_per_s_smooth": Series(x[::10], 128 / step[::10]),
         "cpu_percent": Series(x, 60 + 10 * np.sin(x / 50)),
         "process_cpu_percent": Series(x, 150 + 20 * np.cos(x / 70)),
         "ram_used_bytes": Series(x, 7.5 * 2**30 + 2**28 * np.sin(x / 200)),
