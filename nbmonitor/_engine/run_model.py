@@ -366,12 +366,6 @@ class RunModel:
         return spells
 
 
-def ranks_health_input(columns: RankColumns, time: float) -> HealthInput:
-    """What the straggler rule reads of a job: every rank's step times, and nothing else."""
-    step = int(columns.steps[-1]) if columns.steps.size else 0
-    return HealthInput(step=step, time=time, steps={}, ranks=columns)
-
-
 def _rows_of(columns: Mapping[str, FloatArray]) -> list[dict[str, float]]:
     """Columns of equal length as rows (NaN where a row lacks a key, as a store reads)."""
     keys = list(columns)
@@ -397,5 +391,4 @@ __all__ = [
     "RATIO_PREFIX",
     "RunModel",
     "floats",
-    "ranks_health_input",
 ]
