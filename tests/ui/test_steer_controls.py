@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 import pytest
-from tests.ui.test_dashboard import Sent, make_frame, sent  # noqa: F401 - the fixture
+from tests.ui.test_dashboard import make_frame
 
 from nbmonitor.ui import Dashboard
 from nbmonitor.ui.steer_controls import (
@@ -72,7 +72,7 @@ def test_is_steer_message_reads_ipywidgets_custom_envelope() -> None:
     assert not is_steer_message(None)
 
 
-def test_a_click_is_handed_to_the_run(sent: Sent) -> None:
+def test_a_click_is_handed_to_the_run() -> None:
     run = Run()
     dash = Dashboard("test-run", "cpu", 1000, steer=run.hooks)
     assert dash.widget.steer == {"enabled": True, "state": "running", "step": 0}
@@ -83,7 +83,7 @@ def test_a_click_is_handed_to_the_run(sent: Sent) -> None:
     assert dash.steer_requests == 2
 
 
-def test_a_failing_run_side_never_raises_into_the_kernel(sent: Sent) -> None:
+def test_a_failing_run_side_never_raises_into_the_kernel() -> None:
     run = Run()
     run.fail = True
     dash = Dashboard("test-run", "cpu", 1000, steer=run.hooks)
@@ -91,7 +91,7 @@ def test_a_failing_run_side_never_raises_into_the_kernel(sent: Sent) -> None:
     assert dash.steer_requests == 0
 
 
-def test_the_bar_follows_the_run(sent: Sent) -> None:
+def test_the_bar_follows_the_run() -> None:
     run = Run()
     dash = Dashboard("test-run", "cpu", 1000, steer=run.hooks)
     run.state = SteerState(paused=True, stopping=False, step=41)
@@ -104,7 +104,7 @@ def test_the_bar_follows_the_run(sent: Sent) -> None:
     assert dash.widget.steer == {"enabled": False, "state": "stopped", "step": 42}
 
 
-def test_a_replay_has_no_controls(sent: Sent) -> None:
+def test_a_replay_has_no_controls() -> None:
     dash = Dashboard("test-run", "cpu", 1000)
     dash.publish(make_frame(5))
     assert dash.widget.steer["enabled"] is False
