@@ -152,7 +152,7 @@ def test_python_calls_per_step(tmp_path: Path) -> None:
 # sampler not draining): the step's one record and what it holds (the phases' tuple, the
 # norms' DeviceValue and the tensor of their 1-D part); temporaries do not count. Each one
 # left alive until the sampler's tick counts towards the collections the loop pays, and is
-# promoted by them (docs/performance.md: a full collection every ~15 s).
+# promoted by them (benchmarks/NOTES.md, "The garbage collector").
 OBJECTS_KEPT_PER_STEP = 4
 
 
