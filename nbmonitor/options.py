@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 ON_NAN = ("warn", "raise")
 BACKENDS = ("auto", "cpu", "mps", "cuda")
 # Parameter norms and update ratios are measured every this many steps by default: a copy of
-# the parameters across optimizer.step() is the costly part (see docs/performance.md).
+# the parameters across optimizer.step() is the costly part (benchmarks/NOTES.md,
+# "What the overhead is made of").
 DEFAULT_LAYER_EVERY = 100
 # A run folder is "<YYYYmmdd-HHMMSS>-<name>[-N]": 255 bytes (the usual file-name limit) less
 # the timestamp and a suffix.

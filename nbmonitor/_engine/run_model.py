@@ -274,12 +274,6 @@ class RunModel:
         return spells
 
 
-def ranks_health_input(columns: RankColumns, time: float) -> HealthInput:
-    """What the straggler rule reads of a job: every rank's step times, and nothing else."""
-    step = int(columns.steps[-1]) if columns.steps.size else 0
-    return HealthInput(step=step, time=time, steps={}, ranks=columns)
-
-
 def floats(row: Mapping[str, Any]) -> dict[str, float]:
     """A record read from disk as a row of floats (None is NaN; other values are left out)."""
     out: dict[str, float] = {}
@@ -291,4 +285,4 @@ def floats(row: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
-__all__ = ["MAX_ALERTS", "RunModel", "floats", "ranks_health_input"]
+__all__ = ["MAX_ALERTS", "RunModel", "floats"]
