@@ -27,7 +27,7 @@ from nbmonitor._engine.column_cap import ColumnCap
 from nbmonitor._engine.frame import Frame, FrameState, View
 from nbmonitor._engine.frame_builder import FrameBuilder
 from nbmonitor._engine.handover import HandOver
-from nbmonitor._engine.isolated import Hung, Sources, bound_waiting
+from nbmonitor._engine.isolated import Hung, Sources
 from nbmonitor._engine.pipeline_parts import PipelineParts, Training, device_name
 from nbmonitor._engine.published import Published
 from nbmonitor._engine.run_model import RunModel
@@ -36,7 +36,6 @@ from nbmonitor.health import non_finite_gradients
 from nbmonitor.health.alert import BACKEND, Alert
 from nbmonitor.health.view import RankColumns
 from nbmonitor.records import MemoryRecord
-from nbmonitor.sinks import Batch
 
 # About the most of one core that the health rules and the view may take on scheduled ticks
 # (see Stage): the rules cost ~1 ms for 50 layers and a dashboard frame 2-20 ms, which at
@@ -98,14 +97,9 @@ class Pipeline:
             clock=parts.clock,
             loop_watched=lambda: self.model.structure.seen("backward"),
         )
-        self._pending: dict[str, list[Mapping[str, object]]] = {
-            "steps": [],
-            "system": [],
-            "events": [],
-            "layers": [],
-            "spans": [],
-            "memory": [],
-        }
+        # The sinks get what the model took since the last tick (persist): its outbox.
+        model.outbox.open()
+        self._dropping = False  # rows are being dropped from the outbox (said once a spell)
         self._notes_seen = 0
         self._copy_skip_reported = False
         self._layer_row_step = -math.inf
@@ -166,6 +160,9 @@ class Pipeline:
             self.collect(wait=True, everything=True)
             # Unpaced, behind the health stage's own guard: a rule switched off stays off.
             self._health_stage()
+            steer = self.training.steer
+            if steer is not None:  # a stop's own event, applied as the run closed
+                self.add_alerts(steer.take())
             self.persist(final=True)
 
     # -- stages ------------------------------------------------------------------------------
@@ -192,7 +189,10 @@ class Pipeline:
             phase = current_phase()
             row["phase"] = math.nan if phase is None else float(phase)
         self.model.add_system_rows([row])
-        self._pending["system"].append(row)
+        steer = self.training.steer
+        if steer is not None:  # after the sampling call: the worker is free for the poll
+            self.add_alerts(steer.take())
+            self.sources.sample.submit(steer.poll)
 
     def collect(self, wait: bool = False, everything: bool = False, ended: bool = False) -> None:
         """Drain the records (``wait``: for device values too) and store the rows that are
@@ -203,10 +203,8 @@ class Pipeline:
             spans = span_rows(records)
             if spans:
                 self.model.add_span_rows(spans)
-                self._pending["spans"].extend(spans)
             memory = [r.breakdown for r in records if isinstance(r, MemoryRecord)]
             if memory:
-                self._pending["memory"].extend(b.to_record() for b in memory)
                 self.model.add_memory(memory)
             hand_over()
         added = assembler.take_groups_added()
@@ -215,8 +213,8 @@ class Pipeline:
         for part in assembler.take(everything=everything, ended=ended):
             # The rows are stored before anything else here can fail: they have left the
             # assembler and exist nowhere else.
-            self.model.add_step_rows(*self._cap_columns(part))
-            self._pending["steps"].extend(part.rows)
+            # The store keeps the capped keys; the sinks get every key logged.
+            self.model.add_step_rows(*self._cap_columns(part), logged=part.rows)
             hand_over()
         self._report_failures(assembler.take_failures())  # take() adds late values' too
         for step, kind, facts in assembler.take_structure():
@@ -228,7 +226,7 @@ class Pipeline:
         hand_over()
         self.flow.add(blocks, aux, step)
         self._report_copy_skip(step)
-        self._pending["layers"].extend(self.flow.take_rows())
+        self.model.add_layer_rows(self.flow.take_rows())
 
     def _cap_columns(
         self, part: StepRows
@@ -322,14 +320,15 @@ class Pipeline:
             self._layer_grad_keys = tuple(f"grad_norm/{name}" for name in layers.names)
         row: dict[str, float] = {"step": last}
         row.update(zip(self._layer_grad_keys, peak.tolist(), strict=True))
-        self._pending["layers"].append(row)
+        self.model.add_layer_rows([row])
 
     def persist(self, final: bool = False) -> None:
-        """Hand the rows of this tick to the run log's worker. A scheduled tick does not wait
-        for the writing (it would only wait for the worker's Python to get the GIL); ``flush``
-        and the final tick wait, for an earlier write too, so the rows are on disk when they
-        return. While the worker hangs the rows wait here (bounded); at the final tick they
-        are left to it, written once it answers."""
+        """Hand the rows the model took since the last time (``RunModel.take_batch``) to the
+        run log's worker. A scheduled tick does not wait for the writing (it would only wait
+        for the worker's Python to get the GIL); ``flush`` and the final tick wait, for an
+        earlier write too, so the rows are on disk when they return. While the worker hangs
+        the rows wait in the model's outbox (bounded: the oldest dropped, and said); at the
+        final tick they are left to it, written once it answers."""
         writer = self.sources.runlog
         scheduled = self.hand_over.on
         if not scheduled:
@@ -337,10 +336,10 @@ class Pipeline:
         busy = writer.busy
         if busy and not final:
             writer.note_hang()
-            bound_waiting(self._pending, self.parts.errors)
+            self._report_dropped(took=False)
             return
-        batch = Batch({k: v for k, v in self._pending.items() if v})
-        self._pending = {k: [] for k in self._pending}
+        batch = self.model.take_batch()
+        self._report_dropped(took=True, final=final)
         sinks = self.parts.sinks
 
         def write_and_flush() -> None:
@@ -356,6 +355,29 @@ class Pipeline:
                 writer.defer(write_and_flush)
         else:  # HUNG: the worker holds the rows and writes them when the file system answers
             writer.call(write_and_flush)
+
+    def _report_dropped(self, took: bool, final: bool = False) -> None:
+        """Say once a spell that rows are dropped while the sinks do not take them, and at
+        the final tick how many were in all."""
+        outbox, errors = self.model.outbox, self.parts.errors
+        new = outbox.take_dropped()
+        if new and not self._dropping:
+            what = ", ".join(f"{n} {stream}" for stream, n in new.items())
+            errors.add(
+                "runlog",
+                OverflowError(
+                    f"{what} rows dropped: the sinks did not take them (the run log hung) and "
+                    f"at most {outbox.limit} rows per stream wait for them; older ones are "
+                    "dropped until they do (the count in all is said at close)"
+                ),
+            )
+            self._dropping = True
+        if took:  # the spell is over: the next one is said again
+            self._dropping = False
+        if final and outbox.dropped:
+            what = ", ".join(f"{n} {stream}" for stream, n in outbox.dropped.items())
+            message = f"{what} rows dropped in all: the sinks did not take them in time"
+            errors.add("runlog", OverflowError(message))
 
     def publish(self) -> None:
         now = self.parts.monotonic()
@@ -382,7 +404,6 @@ class Pipeline:
         if not judged and added:
             self.parts.health.note(added)
         if added:
-            self._pending["events"].extend(a.to_record() for a in added)
             self.published = dataclasses.replace(self.published, alerts=self.model.alerts)
 
     def _publish_state(self, step: int, open_rows: tuple[dict[str, float], ...]) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from nbmonitor._engine.assemble.layers import LayerStats
 from nbmonitor._engine.frame import RunInfo
@@ -14,9 +15,20 @@ from nbmonitor._engine.run_model import RunModel
 from nbmonitor.backends.base import Backend
 from nbmonitor.errors import ErrorLog
 from nbmonitor.health import Health
+from nbmonitor.health.alert import Alert
 from nbmonitor.health.view import RankColumns
 from nbmonitor.records import Record
 from nbmonitor.sinks import FanOut
+
+
+class Steer(Protocol):
+    """A live run's steering as the sampler sees it (``live/steering.py``)."""
+
+    def poll(self) -> None:
+        """Read the run's control directory (file I/O: run on a source's worker)."""
+
+    def take(self) -> list[Alert]:
+        """The steering requests applied or refused since the last call, as alerts."""
 
 
 @dataclass(frozen=True)
@@ -35,6 +47,8 @@ class Training:
     # records.PHASES, None when unknown): written with each system sample (``phase``), so that
     # whoever reads the job sees where a rank that stopped making progress is.
     current_phase: Callable[[], int | None] | None = None
+    # A live run's steering: its events taken and its control directory polled each tick.
+    steer: Steer | None = None
 
 
 @dataclass(frozen=True)
@@ -67,4 +81,4 @@ def device_name(backend: Backend) -> str:
     return backend.name.upper()
 
 
-__all__ = ["PipelineParts", "Training", "device_name"]
+__all__ = ["PipelineParts", "Steer", "Training", "device_name"]

@@ -57,6 +57,8 @@ class Session:
         self._counts = counts
         self._stop = stop
         self.closed = False
+        # Stopped on request (steering): the run closes "stopped", not "closed".
+        self.stopped = False
         self.pipeline = Pipeline(parts, self.status)
         self.thread = SamplerThread(
             functools.partial(self.pipeline.tick, paced=True), parts.interval, flush=self._flush
@@ -229,7 +231,8 @@ class Session:
                         errors.add("view", exc)
 
             pipeline.sources.view.call(close_views, timeout=left(), wait_if_busy=True)
-            return self.final_meta("degraded" if len(self.error_log) else "closed")
+            ended = "stopped" if self.stopped else "degraded" if len(self.error_log) else "closed"
+            return self.final_meta(ended)
         finally:
             pipeline.lock.release()
 

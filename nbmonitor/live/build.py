@@ -16,7 +16,7 @@ from nbmonitor._capture.capture import Capture
 from nbmonitor._engine.assemble.layers import LayerStats
 from nbmonitor._engine.frame import RunInfo
 from nbmonitor._engine.pipeline import SINK_RETRY_S
-from nbmonitor._engine.pipeline_parts import PipelineParts, Training
+from nbmonitor._engine.pipeline_parts import PipelineParts, Steer, Training
 from nbmonitor._engine.session import Session
 from nbmonitor.backends.base import Backend
 from nbmonitor.errors import ErrorLog
@@ -41,6 +41,7 @@ def build_sampler(
     job: bool,
     clock: Callable[[], float],
     interval: float,
+    steer: Steer | None = None,
 ) -> Lifetime:
     """The sampler side of one run, its session not yet started. ``sinks`` get every tick's
     rows, the run log first."""
@@ -66,6 +67,7 @@ def build_sampler(
                 update_copy_skipped=copy_skipped,
                 ranks=ranks,
                 current_phase=count.phase if job else None,
+                steer=steer,
             ),
             clock=clock,
             interval=interval,

@@ -88,6 +88,15 @@ class Lifetime:
         return self.count.closed
 
     @property
+    def stopped(self) -> bool:
+        """A stop was asked for and applied: the run closes "stopped"."""
+        return self.session.stopped
+
+    @stopped.setter
+    def stopped(self, value: bool) -> None:
+        self.session.stopped = value
+
+    @property
     def on_close(self) -> list[Callable[[], None]]:
         """Called first when the run closes (a profile still running stops its profiler)."""
         return self.session.on_close
