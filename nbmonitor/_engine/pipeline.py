@@ -146,6 +146,8 @@ class Pipeline:
             self.collect(wait=True, everything=True)
             # Unpaced, behind the health stage's own guard: a rule switched off stays off.
             self._health_stage()
+            if self.parts.steer is not None:  # a stop's own event, applied as the run closed
+                self.add_alerts(self.parts.steer.take())
             self.persist(final=True)
 
     # -- stages ------------------------------------------------------------------------------
@@ -171,6 +173,10 @@ class Pipeline:
             phase = parts.current_phase()
             row["phase"] = math.nan if phase is None else float(phase)
         self.model.add_system_rows([row])
+        steer = parts.steer
+        if steer is not None:  # after the sampling call: the worker is free for the poll
+            self.add_alerts(steer.take())
+            self.sources.sample.submit(steer.poll)
 
     def collect(self, wait: bool = False, everything: bool = False, ended: bool = False) -> None:
         """Drain the records (``wait``: for device values too) and store the rows that are

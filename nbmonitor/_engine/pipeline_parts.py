@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from nbmonitor._engine.assemble.layer_flow import NonFiniteReport
 from nbmonitor._engine.assemble.layers import LayerStats
@@ -14,9 +15,20 @@ from nbmonitor._engine.run_model import RunModel
 from nbmonitor.backends.base import Backend
 from nbmonitor.errors import ErrorLog
 from nbmonitor.health import Health
+from nbmonitor.health.alert import Alert
 from nbmonitor.health.view import RankColumns
 from nbmonitor.records import Record
 from nbmonitor.sinks import FanOut
+
+
+class Steer(Protocol):
+    """A live run's steering as the sampler sees it (``live/steering.py``)."""
+
+    def poll(self) -> None:
+        """Read the run's control directory (file I/O: run on a source's worker)."""
+
+    def take(self) -> list[Alert]:
+        """The steering requests applied or refused since the last call, as alerts."""
 
 
 @dataclass
@@ -50,6 +62,8 @@ class PipelineParts:
     interval: float = 0.5
     # The run model the pipeline fills; None: a new one for ``layers`` and the backend's device.
     model: RunModel | None = None
+    # A live run's steering: its events taken and its control directory polled each tick.
+    steer: Steer | None = None
 
 
 def device_name(backend: Backend) -> str:
@@ -62,4 +76,4 @@ def device_name(backend: Backend) -> str:
     return backend.name.upper()
 
 
-__all__ = ["PipelineParts", "device_name"]
+__all__ = ["PipelineParts", "Steer", "device_name"]

@@ -18,7 +18,7 @@ from nbmonitor._capture.capture import Capture
 from nbmonitor._engine.assemble.layers import LayerStats
 from nbmonitor._engine.frame import RunInfo
 from nbmonitor._engine.pipeline import SINK_RETRY_S, Pipeline
-from nbmonitor._engine.pipeline_parts import PipelineParts
+from nbmonitor._engine.pipeline_parts import PipelineParts, Steer
 from nbmonitor._engine.sampler import SamplerThread
 from nbmonitor.backends.base import Backend
 from nbmonitor.errors import ErrorLog
@@ -53,6 +53,7 @@ def build_sampler(
     job: bool,
     clock: Callable[[], float],
     interval: float,
+    steer: Steer | None = None,
 ) -> SamplerSide:
     """The sampler side of one run. ``sinks`` get every tick's rows, the run log first."""
     # Weakly: the probe holds the parameters (and their copies), which go with the model.
@@ -81,6 +82,7 @@ def build_sampler(
             current_phase=count.phase if job else None,
             clock=clock,
             interval=interval,
+            steer=steer,
         )
     )
     thread = SamplerThread(

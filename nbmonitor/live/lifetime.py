@@ -99,6 +99,7 @@ class Lifetime:
         # Called first when the run closes (a profile still running stops its profiler).
         self.on_close: list[Callable[[], None]] = []
         self.profile: Any = None  # the latest mon.profile() (live/profile.py)
+        self.stopped = False  # a stop was asked for and applied: the run closes "stopped"
 
     @property
     def closed(self) -> bool:
@@ -201,7 +202,8 @@ class Lifetime:
                         errors.add("view", exc)
 
             pipeline.sources.view.call(close_views, timeout=left(), wait_if_busy=True)
-            return self.final_meta("degraded" if len(self.errors) else "closed")
+            ended = "stopped" if self.stopped else "degraded" if len(self.errors) else "closed"
+            return self.final_meta(ended)
         finally:
             pipeline.lock.release()
 

@@ -43,6 +43,7 @@ from nbmonitor.live.memory_history import MemoryHistory
 from nbmonitor.live.parts import layer_stats, run_meta
 from nbmonitor.live.run_memory import RunMemory
 from nbmonitor.live.setup_check import check_setup
+from nbmonitor.live.steering import SteerControls, build_steering, install_handler, on_stop
 from nbmonitor.options import (
     DEFAULT_LAYER_EVERY,
     AttachOptions,
@@ -63,7 +64,7 @@ CLOSE_WAIT_S = 5.0
 FLUSH_TIMEOUT_S = 5.0
 
 
-class Monitor:
+class Monitor(SteerControls):
     """A live monitor of one model's training. Create it with :func:`nbmonitor.attach`.
 
     The training thread only records; a background thread (``nbmonitor-sampler``) samples the
@@ -149,6 +150,15 @@ class Monitor:
         self._runlog, self.name = _ranks.create_runlog(
             opts, run_name, meta, self.rank, device, self.backend.device_index
         )
+        self._steering, steer_port = build_steering(
+            capture.clock,
+            model,
+            errors_log,
+            self._runlog.path,
+            scheduler=opts.scheduler,
+            on_checkpoint=opts.on_checkpoint,
+            control=True,
+        )
         cuda = self.backend.device_index is not None
         sampler = build_sampler(
             info=RunInfo(
@@ -171,6 +181,7 @@ class Monitor:
             job=self.rank is not None,
             clock=clock,
             interval=self.interval,
+            steer=steer_port,
         )
         self._pipeline, self._thread = sampler.pipeline, sampler.thread
         life = self._life = sampler.life
@@ -265,6 +276,8 @@ class Monitor:
             self.close()
             raise
         _registry.started(self)
+        self._steering.on_stop = on_stop(self)
+        install_handler()
         self._memory.start(watch=self.displays)
         clock = self._life.clock()
         if self._dashboard is not None and self._dashboard.route == "main" and clock is not None:
@@ -570,6 +583,9 @@ class Monitor:
         """
         self._finalizer.detach()
         closing = not self._life.closed
+        if self._steering.stop_requested:
+            self._life.stopped = True
+        self._steering.release()  # a paused loop goes on; the scheduler is let go
         self._memory.close()
         self._life.close(CLOSE_WAIT_S)
         if self._dashboard is not None:
