@@ -256,10 +256,16 @@ class Monitor(SteerControls):
             self._pipeline.views = (ConsoleView(logger),)
 
     def _make_dashboard(self) -> Any:
+        from nbmonitor.live.steer_link import DashboardSteering
         from nbmonitor.ui.dashboard import Dashboard
 
         if self._dashboard is None:
-            self._dashboard = Dashboard(self.name, self.backend.name, self.total_steps)
+            # Its buttons steer this run; their messages reach a cell busy running the loop.
+            link = DashboardSteering(self._steering)
+            self._dashboard = Dashboard(
+                self.name, self.backend.name, self.total_steps, steer=link.hooks
+            )
+            link.route(self._dashboard.widget)
         return self._dashboard
 
     def start(self) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 
 import pytest
 
@@ -102,3 +103,25 @@ def test_a_failing_request_is_one_line_not_a_crash() -> None:
         assert app.said == ["live: checkpoint not asked: control folder not writable"]
 
     drive(app, script)
+
+
+def test_steer_run_writes_the_request_the_run_reads(tmp_path: Path) -> None:
+    from nbmonitor.machine.top import steer_run
+    from nbmonitor.runs.control import ControlReader, ControlRequest, make_control_dir
+
+    make_control_dir(tmp_path)
+    reader = ControlReader(tmp_path)
+    assert (
+        steer_run(str(tmp_path), "pause")
+        == f"asked {tmp_path.name} to pause at the end of its next step"
+    )
+    got = reader.poll()
+    assert len(got) == 1 and isinstance(got[0], ControlRequest)
+    assert (got[0].kind, got[0].source) == ("pause", "tui")
+
+
+def test_steer_run_on_a_folder_without_control_says_so(tmp_path: Path) -> None:
+    from nbmonitor.machine.top import steer_run
+
+    with pytest.raises(OSError, match="takes no requests"):
+        steer_run(str(tmp_path), "stop")
