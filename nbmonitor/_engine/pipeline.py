@@ -380,12 +380,12 @@ class Pipeline:
 
     def status(self) -> str:
         """``running``; ``degraded`` once something failed, saying which source hangs and
-        for how long while one does; ``closed``."""
+        for how long while one does; ``closed``, or ``stopped`` (closed after a stop asked for)."""
         parts = self.parts
         if parts.status is not None:
             return parts.status()
         if parts.closed():
-            return "closed"
+            return "stopped" if parts.steer is not None and parts.steer.stopped() else "closed"
         hung = {**self.sources.hung(), **parts.sinks.hung()}
         if hung:
             what = "; ".join(f"{source} hung for {s:.0f} s" for source, s in hung.items())

@@ -30,6 +30,9 @@ class Steer(Protocol):
     def take(self) -> list[Alert]:
         """The steering requests applied or refused since the last call, as alerts."""
 
+    def stopped(self) -> bool:
+        """Whether a stop was asked for and applied (the run ends ``stopped``)."""
+
 
 @dataclass
 class PipelineParts:
