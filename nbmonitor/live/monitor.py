@@ -38,7 +38,7 @@ from nbmonitor.live import ranks as _ranks
 from nbmonitor.live import registry as _registry
 from nbmonitor.live.adapters import find_adapters
 from nbmonitor.live.build import build_sampler
-from nbmonitor.live.lifetime import StepCount, flush_tick
+from nbmonitor.live.lifetime import StepCount
 from nbmonitor.live.memory_history import MemoryHistory
 from nbmonitor.live.parts import layer_stats, run_meta
 from nbmonitor.live.run_memory import RunMemory
@@ -160,7 +160,7 @@ class Monitor(SteerControls):
             control=True,
         )
         cuda = self.backend.device_index is not None
-        sampler = build_sampler(
+        life = self._life = build_sampler(
             info=RunInfo(
                 self.name,
                 self.backend.name,
@@ -183,8 +183,8 @@ class Monitor(SteerControls):
             interval=self.interval,
             steer=steer_port,
         )
-        self._pipeline, self._thread = sampler.pipeline, sampler.thread
-        life = self._life = sampler.life
+        self._session = life.session
+        self._pipeline = life.session.pipeline
         # A model collected (dropped by the user) closes its run; see lifetime.py.
         self._model_ref = weakref.ref(model, life.release_soon)
         self._pipeline.add_alerts(
@@ -242,7 +242,7 @@ class Monitor(SteerControls):
         if not display:
             return  # nothing shown or printed, not even through a logging handler set up
         if in_notebook():
-            self._pipeline.views = (self._make_dashboard(),)
+            self._session.add_view(self._make_dashboard())
         else:
             # In a script the console line is the view.
             logger = console_logger(install_handler=True)
@@ -253,7 +253,7 @@ class Monitor(SteerControls):
                     why = entry.message.removeprefix("ExportError: ").removeprefix("nbmonitor: ")
                     target = entry.source.removeprefix("export:")
                     logger.warning("export to %s did not start: %s", target, why)
-            self._pipeline.views = (ConsoleView(logger),)
+            self._session.add_view(ConsoleView(logger))
 
     def _make_dashboard(self) -> Any:
         from nbmonitor.ui.dashboard import Dashboard
@@ -270,7 +270,7 @@ class Monitor(SteerControls):
         try:
             self._capture.clock.install()
             self._capture = None  # from now on the model holds it (see registry.LIVE)
-            self._thread.start()
+            self._session.start()
         except BaseException:
             # Nothing of a monitor that did not start stays in the user's model or torch.
             self.close()
@@ -293,7 +293,7 @@ class Monitor(SteerControls):
 
     def stop_signal(self) -> None:
         """Ask the sampler to stop without waiting (interpreter exit)."""
-        self._thread.signal()
+        self._session.thread.signal()
 
     # -- public API ----------------------------------------------------------------------------
 
@@ -418,15 +418,7 @@ class Monitor(SteerControls):
         ``FLUSH_TIMEOUT_S`` and then raises ``TimeoutError`` (a source is hung) rather than
         hang the caller.
         """
-        pipeline = self._pipeline
-        if not pipeline.lock.acquire(timeout=FLUSH_TIMEOUT_S):
-            raise TimeoutError(
-                "nbmonitor: the sampler is stuck in a source (see mon.errors); no frame now."
-            )
-        try:
-            return pipeline.frame(detail)
-        finally:
-            pipeline.lock.release()
+        return self._session.frame(detail, FLUSH_TIMEOUT_S)
 
     def log(self, **scalars: object) -> None:
         """Record values for the current step: numbers or 0-d/1-element tensors on any device.
@@ -538,16 +530,7 @@ class Monitor(SteerControls):
         clock = self._life.clock()
         if clock is not None:
             clock.release_losses()  # the last step's, kept while the loop might log its own
-        if self._thread.alive:
-            return self._thread.request(timeout)
-        # Not started (a Monitor built without attach) or stopping: nothing else ticks.
-        if not self._pipeline.lock.acquire(timeout=timeout):
-            return False
-        try:
-            flush_tick(self._pipeline)
-        finally:
-            self._pipeline.lock.release()
-        return True
+        return self._session.flush(timeout)
 
     def profile(self, steps: int = 3, wait: int = 1, warmup: int = 1) -> Profile:
         """Run ``torch.profiler`` over the next steps and show its table (``nbmonitor.Profile``).
@@ -609,17 +592,13 @@ class Monitor(SteerControls):
     @property
     def views(self) -> tuple[View, ...]:
         """What shows this monitor's frames (the dashboard, the console line, added views)."""
-        return self._pipeline.views
+        return self._session.views
 
     def add_view(self, view: View) -> None:
         """Show this monitor's frames in ``view`` too: anything with ``publish(frame)``,
         ``close(frame)`` and ``wants_detail``, called from the sampler thread (see
         ``nbmonitor.ui.view.View``)."""
-        pipeline = self._pipeline
-        if view not in pipeline.views:
-            pipeline.views = (*pipeline.views, view)
-            if self._life.closed:
-                view.close(self.frame())
+        self._session.add_view(view)
 
     def dashboard(self) -> Any:
         """The notebook dashboard of this monitor (created on first call); display it anywhere.

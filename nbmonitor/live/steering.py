@@ -61,10 +61,6 @@ class SteerPort:
                     f"control file {printable(got.file, limit=80)} {got.why}",
                 )
 
-    def stopped(self) -> bool:
-        steering = self._steering()
-        return steering is not None and steering.stop_requested
-
     def take(self) -> list[Alert]:
         steering = self._steering()
         if steering is None:
