@@ -322,8 +322,9 @@ class Monitor(SteerControls):
 
     @property
     def status(self) -> str:
-        """``"running"``, ``"degraded"`` (something failed; see ``errors``) or ``"closed"``;
-        while a source hangs, which and for how long: ``"degraded: run log writing hung for
+        """``"running"``, ``"degraded"`` (something failed; see ``errors``), ``"closed"`` or
+        ``"stopped"`` (closed by a stop: ``stop()``, the dashboard, ``nbmonitor ctl``); while a
+        source hangs, which and for how long: ``"degraded: run log writing hung for
         12 s"``."""
         return self._life.status()
 
