@@ -261,10 +261,16 @@ class Monitor(SteerControls):
             self._session.add_view(ConsoleView(logger))
 
     def _make_dashboard(self) -> Any:
+        from nbmonitor.live.steer_link import DashboardSteering
         from nbmonitor.ui.dashboard import Dashboard
 
         if self._dashboard is None:
-            self._dashboard = Dashboard(self.name, self.backend.name, self.total_steps)
+            # Its buttons steer this run; their messages reach a cell busy running the loop.
+            link = DashboardSteering(self._steering)
+            self._dashboard = Dashboard(
+                self.name, self.backend.name, self.total_steps, steer=link.hooks
+            )
+            link.route(self._dashboard.widget)
         return self._dashboard
 
     def start(self) -> None:
@@ -321,8 +327,9 @@ class Monitor(SteerControls):
 
     @property
     def status(self) -> str:
-        """``"running"``, ``"degraded"`` (something failed; see ``errors``) or ``"closed"``;
-        while a source hangs, which and for how long: ``"degraded: run log writing hung for
+        """``"running"``, ``"degraded"`` (something failed; see ``errors``), ``"closed"`` or
+        ``"stopped"`` (closed by a stop: ``stop()``, the dashboard, ``nbmonitor ctl``); while a
+        source hangs, which and for how long: ``"degraded: run log writing hung for
         12 s"``."""
         return self._life.status()
 
