@@ -184,14 +184,9 @@ def test_objects_kept_per_step(tmp_path: Path) -> None:
 
 def test_records_and_hooks_at_defaults(tmp_path: Path) -> None:
     step, mon = _loop(tmp_path, True)
-<<<<<<< HEAD
     clock = mon.internals.clock()
     clock.recorder.release()
     before = len(clock.recorder._queue)
-=======
-    clock = mon.internals.clock()
-    before = len(clock.recorder)
->>>>>>> main
     for _ in range(STEPS):
         step()
     clock.recorder.release()  # the last step's record, held for a loss logged after it
