@@ -256,7 +256,7 @@ def test_a_sink_is_fed_the_same_rows_live_and_from_disk(tmp_path: pathlib.Path) 
     mon = nbmonitor.attach(model, opt, run_dir=tmp_path, display=False, interval=0.05)
     live = RecordingSink()
     # The live pipeline's sinks: the run log, and whatever joins it (exporters).
-    sinks = mon._pipeline.parts.sinks
+    sinks = mon.internals.sinks
     sinks.sinks.append(live)
     sinks.guards.append(type(sinks.guards[0])("sink:recording", mon.errors_log))
     try:

@@ -14,11 +14,12 @@ import dataclasses
 import math
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from nbmonitor._engine.assemble.layer_flow import LayerFlow
+from nbmonitor._engine.assemble.layers import LayerStats
 from nbmonitor._engine.assemble.param_groups import groups_added_notes
 from nbmonitor._engine.assemble.spans import span_rows
 from nbmonitor._engine.assemble.steps import StepAssembler, StepRows
@@ -27,10 +28,11 @@ from nbmonitor._engine.frame import Frame, FrameState, View
 from nbmonitor._engine.frame_builder import FrameBuilder
 from nbmonitor._engine.handover import HandOver
 from nbmonitor._engine.isolated import Hung, Sources
-from nbmonitor._engine.pipeline_parts import PipelineParts, device_name
+from nbmonitor._engine.pipeline_parts import PipelineParts, Training, device_name
 from nbmonitor._engine.published import Published
 from nbmonitor._engine.run_model import RunModel
 from nbmonitor._engine.sampler import Stage
+from nbmonitor.health import non_finite_gradients
 from nbmonitor.health.alert import BACKEND, Alert
 from nbmonitor.health.view import RankColumns
 from nbmonitor.records import MemoryRecord
@@ -59,11 +61,23 @@ SINK_RETRY_S = 30.0
 SETTLE_S = 1.0
 
 
+def no_training(model: RunModel | None) -> Training:
+    """The training parts of a session with no training loop: no records, no layers."""
+    layers = model.layers if model is not None and model.layers is not None else LayerStats([])
+    return Training(drain=lambda wait: [], layers=layers, forward_checked=False)
+
+
 class Pipeline:
-    def __init__(self, parts: PipelineParts) -> None:
+    """One session's tick (``session.Session`` builds it, drives it and closes it).
+    ``status`` is the session's, for the frames."""
+
+    def __init__(self, parts: PipelineParts, status: Callable[[], str]) -> None:
         self.parts = parts
+        self.status = status
+        training = parts.training or no_training(parts.model)
+        self.training = training
         # Everything known about the run; frames, rules and sinks read only this.
-        model = parts.model or RunModel(parts.layers, parts.backend.device_index)
+        model = parts.model or RunModel(training.layers, parts.backend.device_index)
         self.model = model
         model.total_steps = parts.info.total_steps
         self.frames = FrameBuilder(parts.info, self.model)
@@ -76,10 +90,10 @@ class Pipeline:
         self.hand_over = HandOver()  # .on: in a scheduled tick, which nobody waits for
         self._columns = ColumnCap()
         self.flow = LayerFlow(
-            parts.layers,
+            training.layers,
             self.add_alerts,
-            parts.non_finite_report,
-            forward_checked=parts.forward_checked,
+            non_finite_gradients,
+            forward_checked=training.forward_checked,
             clock=parts.clock,
             loop_watched=lambda: self.model.structure.seen("backward"),
         )
@@ -91,9 +105,9 @@ class Pipeline:
         self._layer_row_step = -math.inf
         self._layer_grad_keys: tuple[str, ...] | None = None
         self._last_publish = -math.inf
-        self._start = parts.monotonic()
+        self._start = time.monotonic()
         errors = parts.errors
-        clock = parts.monotonic
+        clock = time.monotonic
         # Backend, sinks and views are called through workers: one that hangs holds up itself.
         self.sources = Sources(errors, parts.interval, clock)
         view_worker = self.sources.view
@@ -146,6 +160,9 @@ class Pipeline:
             self.collect(wait=True, everything=True)
             # Unpaced, behind the health stage's own guard: a rule switched off stays off.
             self._health_stage()
+            steer = self.training.steer
+            if steer is not None:  # a stop's own event, applied as the run closed
+                self.add_alerts(steer.take())
             self.persist(final=True)
 
     # -- stages ------------------------------------------------------------------------------
@@ -167,17 +184,22 @@ class Pipeline:
         row = {"time": parts.clock(), "step": float(parts.current_step()), **sample}
         # What nbmonitor's own stores hold: the leak rule does not count it as the user's.
         row["monitor_bytes"] = float(self.model.steps.nbytes + self.model.system.nbytes)
-        if parts.current_phase is not None:
-            phase = parts.current_phase()
+        current_phase = self.training.current_phase
+        if current_phase is not None:
+            phase = current_phase()
             row["phase"] = math.nan if phase is None else float(phase)
         self.model.add_system_rows([row])
+        steer = self.training.steer
+        if steer is not None:  # after the sampling call: the worker is free for the poll
+            self.add_alerts(steer.take())
+            self.sources.sample.submit(steer.poll)
 
     def collect(self, wait: bool = False, everything: bool = False, ended: bool = False) -> None:
         """Drain the records (``wait``: for device values too) and store the rows that are
         final (``StepAssembler.take``: ``ended`` for a flush, ``everything`` at close)."""
         assembler, hand_over = self._assembler, self.hand_over
         # In slices of records, in their order: a tick of a fast loop brings thousands.
-        for records in assembler.feed(self.parts.drain(wait)):
+        for records in assembler.feed(self.training.drain(wait)):
             spans = span_rows(records)
             if spans:
                 self.model.add_span_rows(spans)
@@ -235,7 +257,7 @@ class Pipeline:
                 self.parts.errors.add(source, exc)
 
     def _report_copy_skip(self, step: int) -> None:
-        limit = self.parts.update_copy_skipped()
+        limit = self.training.update_copy_skipped()
         if limit is None or self._copy_skip_reported:
             return
         self._copy_skip_reported = True
@@ -277,17 +299,18 @@ class Pipeline:
         self._write_layer_grads()
 
     def _ranks(self) -> RankColumns | None:
-        if self.parts.ranks is None:
+        ranks = self.training.ranks
+        if ranks is None:
             return None
         # After the rows the last tick handed to the same worker (not waited for there).
-        got = self.sources.runlog.call(self.parts.ranks, timeout=RANKS_TIMEOUT_S, wait_if_busy=True)
+        got = self.sources.runlog.call(ranks, timeout=RANKS_TIMEOUT_S, wait_if_busy=True)
         return None if isinstance(got, Hung) else got
 
     def _write_layer_grads(self) -> None:
         """One run-log row of per-layer gradient norms (the largest of each layer since the last
         such row), so that a replay draws the layer heatmap the live dashboard drew. Written
         at the health checks' pace: every step of every layer would be most of the log."""
-        layers = self.parts.layers
+        layers = self.training.layers
         got = layers.peak_since(self._layer_row_step)
         if got is None:
             return
@@ -357,7 +380,7 @@ class Pipeline:
             errors.add("runlog", OverflowError(message))
 
     def publish(self) -> None:
-        now = self.parts.monotonic()
+        now = time.monotonic()
         if not self.views or now - self._last_publish < PUBLISH_EVERY_S:
             return
         self._last_publish = now
@@ -371,20 +394,6 @@ class Pipeline:
                 view.publish(frame)
 
         self.sources.view.call(publish_all)
-
-    def status(self) -> str:
-        """``running``; ``degraded`` once something failed, saying which source hangs and
-        for how long while one does; ``closed``."""
-        parts = self.parts
-        if parts.status is not None:
-            return parts.status()
-        if parts.closed():
-            return "closed"
-        hung = {**self.sources.hung(), **parts.sinks.hung()}
-        if hung:
-            what = "; ".join(f"{source} hung for {s:.0f} s" for source, s in hung.items())
-            return f"degraded: {what}"
-        return "degraded" if len(parts.errors) else "running"
 
     # -- alerts and published state ------------------------------------------------------------
 
@@ -427,7 +436,7 @@ class Pipeline:
         state = FrameState(
             status=self.status(),
             step=parts.current_step(),
-            elapsed_s=parts.monotonic() - self._start,
+            elapsed_s=time.monotonic() - self._start,
             open_rows=self.published.open_rows,
             errors=[str(e) for e in parts.errors.entries()],
             devices=tuple(parts.backend.device_gauges(dict(model.last_sample))),

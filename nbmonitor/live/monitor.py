@@ -38,11 +38,12 @@ from nbmonitor.live import ranks as _ranks
 from nbmonitor.live import registry as _registry
 from nbmonitor.live.adapters import find_adapters
 from nbmonitor.live.build import build_sampler
-from nbmonitor.live.lifetime import StepCount, flush_tick
+from nbmonitor.live.lifetime import Lifetime, StepCount
 from nbmonitor.live.memory_history import MemoryHistory
 from nbmonitor.live.parts import layer_stats, run_meta
 from nbmonitor.live.run_memory import RunMemory
 from nbmonitor.live.setup_check import check_setup
+from nbmonitor.live.steering import SteerControls, build_steering, install_handler, on_stop
 from nbmonitor.options import (
     DEFAULT_LAYER_EVERY,
     AttachOptions,
@@ -53,8 +54,13 @@ from nbmonitor.options import (
 from nbmonitor.sinks import Sink
 
 if TYPE_CHECKING:
+    from nbmonitor._capture.clock import StepClock
+    from nbmonitor._capture.recorder import Recorder
+    from nbmonitor._engine.pipeline import Pipeline
     from nbmonitor.live.profile import Profile
     from nbmonitor.memory import Freed, OomReport
+    from nbmonitor.sinks.base import FanOut
+    from nbmonitor.sinks.runlog import RunLogSink
 
 # How long close() waits for a sampler tick in progress (a hung source) before it gives up on
 # the last interval rather than hang the notebook.
@@ -63,7 +69,7 @@ CLOSE_WAIT_S = 5.0
 FLUSH_TIMEOUT_S = 5.0
 
 
-class Monitor:
+class Monitor(SteerControls):
     """A live monitor of one model's training. Create it with :func:`nbmonitor.attach`.
 
     The training thread only records; a background thread (``nbmonitor-sampler``) samples the
@@ -149,8 +155,17 @@ class Monitor:
         self._runlog, self.name = _ranks.create_runlog(
             opts, run_name, meta, self.rank, device, self.backend.device_index
         )
+        self._steering, steer_port = build_steering(
+            capture.clock,
+            model,
+            errors_log,
+            self._runlog.path,
+            scheduler=opts.scheduler,
+            on_checkpoint=opts.on_checkpoint,
+            control=True,
+        )
         cuda = self.backend.device_index is not None
-        sampler = build_sampler(
+        life = self._life = build_sampler(
             info=RunInfo(
                 self.name,
                 self.backend.name,
@@ -171,9 +186,10 @@ class Monitor:
             job=self.rank is not None,
             clock=clock,
             interval=self.interval,
+            steer=steer_port,
         )
-        self._pipeline, self._thread = sampler.pipeline, sampler.thread
-        life = self._life = sampler.life
+        self._session = life.session
+        self._pipeline = life.session.pipeline
         # A model collected (dropped by the user) closes its run; see lifetime.py.
         self._model_ref = weakref.ref(model, life.release_soon)
         self._pipeline.add_alerts(
@@ -231,7 +247,7 @@ class Monitor:
         if not display:
             return  # nothing shown or printed, not even through a logging handler set up
         if in_notebook():
-            self._pipeline.views = (self._make_dashboard(),)
+            self._session.add_view(self._make_dashboard())
         else:
             # In a script the console line is the view.
             logger = console_logger(install_handler=True)
@@ -242,13 +258,19 @@ class Monitor:
                     why = entry.message.removeprefix("ExportError: ").removeprefix("nbmonitor: ")
                     target = entry.source.removeprefix("export:")
                     logger.warning("export to %s did not start: %s", target, why)
-            self._pipeline.views = (ConsoleView(logger),)
+            self._session.add_view(ConsoleView(logger))
 
     def _make_dashboard(self) -> Any:
+        from nbmonitor.live.steer_link import DashboardSteering
         from nbmonitor.ui.dashboard import Dashboard
 
         if self._dashboard is None:
-            self._dashboard = Dashboard(self.name, self.backend.name, self.total_steps)
+            # Its buttons steer this run; their messages reach a cell busy running the loop.
+            link = DashboardSteering(self._steering)
+            self._dashboard = Dashboard(
+                self.name, self.backend.name, self.total_steps, steer=link.hooks
+            )
+            link.route(self._dashboard.widget)
         return self._dashboard
 
     def start(self) -> None:
@@ -259,12 +281,14 @@ class Monitor:
         try:
             self._capture.clock.install()
             self._capture = None  # from now on the model holds it (see registry.LIVE)
-            self._thread.start()
+            self._session.start()
         except BaseException:
             # Nothing of a monitor that did not start stays in the user's model or torch.
             self.close()
             raise
         _registry.started(self)
+        self._steering.on_stop = on_stop(self)
+        install_handler()
         self._memory.start(watch=self.displays)
         clock = self._life.clock()
         if self._dashboard is not None and self._dashboard.route == "main" and clock is not None:
@@ -280,7 +304,7 @@ class Monitor:
 
     def stop_signal(self) -> None:
         """Ask the sampler to stop without waiting (interpreter exit)."""
-        self._thread.signal()
+        self._session.thread.signal()
 
     # -- public API ----------------------------------------------------------------------------
 
@@ -303,8 +327,9 @@ class Monitor:
 
     @property
     def status(self) -> str:
-        """``"running"``, ``"degraded"`` (something failed; see ``errors``) or ``"closed"``;
-        while a source hangs, which and for how long: ``"degraded: run log writing hung for
+        """``"running"``, ``"degraded"`` (something failed; see ``errors``), ``"closed"`` or
+        ``"stopped"`` (closed by a stop: ``stop()``, the dashboard, ``nbmonitor ctl``); while a
+        source hangs, which and for how long: ``"degraded: run log writing hung for
         12 s"``."""
         return self._life.status()
 
@@ -404,15 +429,7 @@ class Monitor:
         ``FLUSH_TIMEOUT_S`` and then raises ``TimeoutError`` (a source is hung) rather than
         hang the caller.
         """
-        pipeline = self._pipeline
-        if not pipeline.lock.acquire(timeout=FLUSH_TIMEOUT_S):
-            raise TimeoutError(
-                "nbmonitor: the sampler is stuck in a source (see mon.errors); no frame now."
-            )
-        try:
-            return pipeline.frame(detail)
-        finally:
-            pipeline.lock.release()
+        return self._session.frame(detail, FLUSH_TIMEOUT_S)
 
     def log(self, **scalars: object) -> None:
         """Record values for the current step: numbers or 0-d/1-element tensors on any device.
@@ -524,16 +541,7 @@ class Monitor:
         clock = self._life.clock()
         if clock is not None:
             clock.release_losses()  # the last step's, kept while the loop might log its own
-        if self._thread.alive:
-            return self._thread.request(timeout)
-        # Not started (a Monitor built without attach) or stopping: nothing else ticks.
-        if not self._pipeline.lock.acquire(timeout=timeout):
-            return False
-        try:
-            flush_tick(self._pipeline)
-        finally:
-            self._pipeline.lock.release()
-        return True
+        return self._session.flush(timeout)
 
     def profile(self, steps: int = 3, wait: int = 1, warmup: int = 1) -> Profile:
         """Run ``torch.profiler`` over the next steps and show its table (``nbmonitor.Profile``).
@@ -570,6 +578,9 @@ class Monitor:
         """
         self._finalizer.detach()
         closing = not self._life.closed
+        if self._steering.stop_requested:
+            self._life.stopped = True
+        self._steering.release()  # a paused loop goes on; the scheduler is let go
         self._memory.close()
         self._life.close(CLOSE_WAIT_S)
         if self._dashboard is not None:
@@ -590,19 +601,22 @@ class Monitor:
         self.close()
 
     @property
+    def internals(self) -> Internals:
+        """The parts this monitor is made of (``nbmonitor.live.monitor.Internals``: the
+        pipeline, the run log's sink, the recorder, the step clock), for tests and tools that
+        look inside a live run. Not a stable API: what it holds follows the implementation."""
+        return Internals(self._pipeline, self._runlog, self._recorder, self._life)
+
+    @property
     def views(self) -> tuple[View, ...]:
         """What shows this monitor's frames (the dashboard, the console line, added views)."""
-        return self._pipeline.views
+        return self._session.views
 
     def add_view(self, view: View) -> None:
         """Show this monitor's frames in ``view`` too: anything with ``publish(frame)``,
         ``close(frame)`` and ``wants_detail``, called from the sampler thread (see
         ``nbmonitor.ui.view.View``)."""
-        pipeline = self._pipeline
-        if view not in pipeline.views:
-            pipeline.views = (*pipeline.views, view)
-            if self._life.closed:
-                view.close(self.frame())
+        self._session.add_view(view)
 
     def dashboard(self) -> Any:
         """The notebook dashboard of this monitor (created on first call); display it anywhere.
@@ -626,6 +640,37 @@ class Monitor:
             f"<nbmonitor.Monitor {self.name!r} backend={self.backend.name!r} step={self.step} "
             f"status={self.status!r}>"
         )
+
+
+class Internals:
+    """``mon.internals``: the parts of a live monitor. For tests and tools that look inside;
+    not a stable API."""
+
+    def __init__(
+        self, pipeline: Pipeline, runlog: RunLogSink, recorder: Recorder, life: Lifetime
+    ) -> None:
+        self.pipeline = pipeline
+        """The sampler side: the run model, the health check, the sinks, the views."""
+        self.runlog = runlog
+        """This run's run log sink (its folder's files)."""
+        self.recorder = recorder
+        """Where the training thread puts its records for the sampler to drain."""
+        self._life = life
+
+    @property
+    def sinks(self) -> FanOut:
+        """What the pipeline writes to: the run log first, then the exporters."""
+        return self.pipeline.parts.sinks
+
+    @property
+    def closed(self) -> bool:
+        """Whether the run has closed (or begun to)."""
+        return self._life.closed
+
+    def clock(self) -> StepClock | None:
+        """The step clock the model's hooks hold (None once the model is collected or the run
+        closed)."""
+        return self._life.clock()
 
 
 def gpu_uuids(backend: str) -> list[str]:
