@@ -12,6 +12,7 @@ versions. The figure is the ratio of their median step times, the halves combine
     python benchmarks/versus.py HEAD~3                    # mlp20, 60 s
     python benchmarks/versus.py main --tasks tiny mlp20 --seconds 120
     python benchmarks/versus.py 826bf34 --tasks tiny mlp20 tiny mlp20   # tasks interleaved
+    python benchmarks/versus.py 826bf34 --threads 1   # one torch thread: a loaded machine
 
 Each line also says the machine's 1-minute load average before and after the task: on a shared
 machine the interval widens with it.
@@ -99,7 +100,15 @@ def main() -> int:
     ap.add_argument("--tasks", nargs="+", default=["mlp20"])
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--clip", type=float, help="clip_grad_norm_ to this norm every step")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        help="torch's intra-op threads (default: torch's own); 1 on a loaded machine, where "
+        "threads that wait on each other slow a step many times over",
+    )
     args = ap.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         ref = import_revision(args.rev, Path(tmp) / "src")
         for task in args.tasks:
