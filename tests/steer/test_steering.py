@@ -41,7 +41,7 @@ def _steer_events(run_dir: Path) -> list[dict[str, object]]:
 def test_an_unused_run_has_no_step_listener(tmp_path: Path) -> None:
     model, opt, data = _setup()
     with nbmonitor.attach(model, opt, run_dir=tmp_path, display=False) as mon:
-        clock = mon._life.clock()
+        clock = mon.internals.clock()
         assert clock is not None
         _step(model, opt, data[:8])
         assert mon.steering.at_boundary not in clock.step_listeners
@@ -270,7 +270,7 @@ def test_an_interrupt_while_paused_ends_the_pause(tmp_path: Path) -> None:
             _step(model, opt, data[:8])
         interrupter.join()
         assert not mon.steering.paused
-        clock = mon._life.clock()
+        clock = mon.internals.clock()
         assert clock is not None and mon.steering.at_boundary not in clock.step_listeners
         _step(model, opt, data[:8])  # goes on unpaused
         assert mon.step == 2
