@@ -246,7 +246,7 @@ def tail(run: str, interval: float, wait: float, tui: bool = False) -> int:
             return 0
     else:
         status = open_run(path).status
-    if status in ("closed", "degraded"):
+    if status in ("closed", "degraded", "stopped"):
         print(f"nbmonitor tail: {name}: {steps} steps, the run {status}")
     elif status == "killed":
         print(f"nbmonitor tail: {name}: {steps} steps; stopped following: the writer is gone "
