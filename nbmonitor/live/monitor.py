@@ -29,6 +29,7 @@ from nbmonitor._capture.heap import settle_heap
 from nbmonitor._capture.probes.spans import Span, SpanTimer, check_span_name
 from nbmonitor._engine.derive.memory_table import allocator_text
 from nbmonitor._engine.frame import Frame, RunInfo, View
+from nbmonitor._engine import published as _published
 from nbmonitor._engine.published import history
 from nbmonitor.errors import ErrorLog, Guard
 from nbmonitor.health import Alert, Health
@@ -196,7 +197,7 @@ class Monitor(SteerControls):
                 self.rank.rank,
                 self.interval,
                 count.step,
-                lambda: history(pipeline.model.steps, pipeline.published),
+                lambda: _published.history(pipeline.model.steps, pipeline.published),
             )
         # A model collected (dropped by the user) closes its run; see lifetime.py.
         self._model_ref = weakref.ref(model, life.release_soon)
