@@ -105,9 +105,9 @@ class Pipeline:
         self._layer_row_step = -math.inf
         self._layer_grad_keys: tuple[str, ...] | None = None
         self._last_publish = -math.inf
-        self._start = parts.monotonic()
+        self._start = time.monotonic()
         errors = parts.errors
-        clock = parts.monotonic
+        clock = time.monotonic
         # Backend, sinks and views are called through workers: one that hangs holds up itself.
         self.sources = Sources(errors, parts.interval, clock)
         view_worker = self.sources.view
@@ -380,7 +380,7 @@ class Pipeline:
             errors.add("runlog", OverflowError(message))
 
     def publish(self) -> None:
-        now = self.parts.monotonic()
+        now = time.monotonic()
         if not self.views or now - self._last_publish < PUBLISH_EVERY_S:
             return
         self._last_publish = now
@@ -436,7 +436,7 @@ class Pipeline:
         state = FrameState(
             status=self.status(),
             step=parts.current_step(),
-            elapsed_s=parts.monotonic() - self._start,
+            elapsed_s=time.monotonic() - self._start,
             open_rows=self.published.open_rows,
             errors=[str(e) for e in parts.errors.entries()],
             devices=tuple(parts.backend.device_gauges(dict(model.last_sample))),

@@ -65,7 +65,6 @@ class PipelineParts:
     # None: no training loop (a watch of the machine), so no records, layers or ranks.
     training: Training | None = None
     clock: Callable[[], float] = time.time
-    monotonic: Callable[[], float] = time.monotonic
     interval: float = 0.5
     # The run model the pipeline fills; None: a new one for the layers and the backend's device.
     model: RunModel | None = None

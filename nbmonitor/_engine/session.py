@@ -80,9 +80,10 @@ class Session:
 
     def status(self) -> str:
         """``running``; ``degraded`` once something failed, saying which source hangs and
-        for how long while one does; ``closed``."""
+        for how long while one does; ``closed``, or ``stopped`` (closed after a stop asked
+        for: steering)."""
         if self.closed:
-            return "closed"
+            return "stopped" if self.stopped else "closed"
         hung = {**self.pipeline.sources.hung(), **self.sinks.hung()}
         if hung:
             what = "; ".join(f"{source} hung for {s:.0f} s" for source, s in hung.items())

@@ -40,7 +40,7 @@ from nbmonitor.live import ranks as _ranks
 from nbmonitor.live import registry as _registry
 from nbmonitor.live.adapters import find_adapters
 from nbmonitor.live.build import build_sampler
-from nbmonitor.live.lifetime import StepCount
+from nbmonitor.live.lifetime import Lifetime, StepCount
 from nbmonitor.live.memory_history import MemoryHistory
 from nbmonitor.live.parts import layer_stats, run_meta
 from nbmonitor.live.run_memory import RunMemory
@@ -56,8 +56,13 @@ from nbmonitor.options import (
 from nbmonitor.sinks import Sink
 
 if TYPE_CHECKING:
+    from nbmonitor._capture.clock import StepClock
+    from nbmonitor._capture.recorder import Recorder
+    from nbmonitor._engine.pipeline import Pipeline
     from nbmonitor.live.profile import Profile
     from nbmonitor.memory import Freed, OomReport
+    from nbmonitor.sinks.base import FanOut
+    from nbmonitor.sinks.runlog import RunLogSink
 
 # How long close() waits for a sampler tick in progress (a hung source) before it gives up on
 # the last interval rather than hang the notebook.
@@ -270,10 +275,16 @@ class Monitor(SteerControls):
             self._session.add_view(ConsoleView(logger))
 
     def _make_dashboard(self) -> Any:
+        from nbmonitor.live.steer_link import DashboardSteering
         from nbmonitor.ui.dashboard import Dashboard
 
         if self._dashboard is None:
-            self._dashboard = Dashboard(self.name, self.backend.name, self.total_steps)
+            # Its buttons steer this run; their messages reach a cell busy running the loop.
+            link = DashboardSteering(self._steering)
+            self._dashboard = Dashboard(
+                self.name, self.backend.name, self.total_steps, steer=link.hooks
+            )
+            link.route(self._dashboard.widget)
         return self._dashboard
 
     def start(self) -> None:
@@ -330,8 +341,9 @@ class Monitor(SteerControls):
 
     @property
     def status(self) -> str:
-        """``"running"``, ``"degraded"`` (something failed; see ``errors``) or ``"closed"``;
-        while a source hangs, which and for how long: ``"degraded: run log writing hung for
+        """``"running"``, ``"degraded"`` (something failed; see ``errors``), ``"closed"`` or
+        ``"stopped"`` (closed by a stop: ``stop()``, the dashboard, ``nbmonitor ctl``); while a
+        source hangs, which and for how long: ``"degraded: run log writing hung for
         12 s"``."""
         return self._life.status()
 
@@ -603,6 +615,13 @@ class Monitor(SteerControls):
         self.close()
 
     @property
+    def internals(self) -> Internals:
+        """The parts this monitor is made of (``nbmonitor.live.monitor.Internals``: the
+        pipeline, the run log's sink, the recorder, the step clock), for tests and tools that
+        look inside a live run. Not a stable API: what it holds follows the implementation."""
+        return Internals(self._pipeline, self._runlog, self._recorder, self._life)
+
+    @property
     def views(self) -> tuple[View, ...]:
         """What shows this monitor's frames (the dashboard, the console line, added views)."""
         return self._session.views
@@ -635,6 +654,37 @@ class Monitor(SteerControls):
             f"<nbmonitor.Monitor {self.name!r} backend={self.backend.name!r} step={self.step} "
             f"status={self.status!r}>"
         )
+
+
+class Internals:
+    """``mon.internals``: the parts of a live monitor. For tests and tools that look inside;
+    not a stable API."""
+
+    def __init__(
+        self, pipeline: Pipeline, runlog: RunLogSink, recorder: Recorder, life: Lifetime
+    ) -> None:
+        self.pipeline = pipeline
+        """The sampler side: the run model, the health check, the sinks, the views."""
+        self.runlog = runlog
+        """This run's run log sink (its folder's files)."""
+        self.recorder = recorder
+        """Where the training thread puts its records for the sampler to drain."""
+        self._life = life
+
+    @property
+    def sinks(self) -> FanOut:
+        """What the pipeline writes to: the run log first, then the exporters."""
+        return self.pipeline.parts.sinks
+
+    @property
+    def closed(self) -> bool:
+        """Whether the run has closed (or begun to)."""
+        return self._life.closed
+
+    def clock(self) -> StepClock | None:
+        """The step clock the model's hooks hold (None once the model is collected or the run
+        closed)."""
+        return self._life.clock()
 
 
 def gpu_uuids(backend: str) -> list[str]:

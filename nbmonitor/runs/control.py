@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import stat
 import time
@@ -210,6 +211,85 @@ def parse_request(name: str, data: bytes) -> ControlRequest | Refused:
     return ControlRequest(kind, record.get("value"), source, record.get("at_step"), name)
 
 
+class ControlError(ValueError):
+    """A ``nbmonitor ctl`` request that cannot be sent; the message is one line."""
+
+    def __init__(self, message: str, status: int = 1) -> None:
+        super().__init__(message)
+        self.status = status  # the command's exit status
+
+
+def parse_verb(text: str) -> tuple[str, object]:
+    """``pause``, ``resume``, ``stop``, ``checkpoint``, ``checkpoint=PATH`` or ``lr=VALUE`` as
+    ``(kind, value)``; ``ControlError`` (exit status 2) for anything else."""
+    kind, sep, rest = text.partition("=")
+    if kind not in VERBS:
+        raise ControlError(
+            f"unknown request {text[:40]!r}; use pause, resume, stop, checkpoint[=PATH] or "
+            "lr=VALUE (e.g. lr=3e-4)",
+            2,
+        )
+    if kind == "lr":
+        try:
+            value = float(rest) if sep else math.nan
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value < 0:
+            raise ControlError(f"lr needs a finite number >= 0, got {rest[:40]!r}; e.g. lr=3e-4", 2)
+        return kind, value
+    if kind == "checkpoint" and sep:
+        if not rest:
+            raise ControlError("checkpoint= needs a path, e.g. checkpoint=/tmp/ckpt.pt", 2)
+        return kind, os.path.abspath(rest)  # the run's working folder may not be ours
+    if sep:
+        raise ControlError(f"{kind} takes no value, got {text[:40]!r}", 2)
+    return kind, None
+
+
+def send(
+    run_dir: str | os.PathLike[str],
+    verb: str,
+    *,
+    wait: float = 5.0,
+    poll: float = 0.05,
+) -> str:
+    """Send ``verb`` (``parse_verb``) to the live run at ``run_dir`` and wait up to ``wait``
+    seconds for it to take the request; what happened, in one line. ``ControlError`` (one
+    line, with the exit status) when the run is not running or cannot be steered."""
+    from nbmonitor.runs.reader import open_run
+
+    kind, value = parse_verb(verb)
+    path = Path(run_dir)
+    run = open_run(path)  # RunNotFoundError: not a run
+    name = path.name
+    status = run.status
+    if status != "running":
+        raise ControlError(f"the run {name} is not running ({status}); nothing to steer")
+    folder = control_dir(path)
+    if not folder.is_dir():
+        raise ControlError(
+            f"the run {name} takes no requests (no {CONTROL}/ folder: a job's folder, or "
+            "written by an older nbmonitor); pass the run's own folder"
+        )
+    try:
+        written = write_request(path, kind, value)
+    except PermissionError:
+        raise ControlError(
+            f"cannot write to {folder}: permission denied (only the user who runs it can "
+            "steer a run)"
+        ) from None
+    what = kind if value is None else f"{kind}={value:g}" if kind == "lr" else f"{kind} {value}"
+    deadline = time.monotonic() + wait
+    while os.path.lexists(written):
+        if time.monotonic() >= deadline:
+            return (
+                f"sent {what} to {name}; the run has not read it yet (it reads its requests "
+                "every sampling interval and acts at the end of the next step)"
+            )
+        time.sleep(poll)
+    return f"sent {what} to {name}; the run took it and acts at the end of the next step"
+
+
 def _remove(path: Path) -> None:
     with contextlib.suppress(OSError):
         os.unlink(path)
@@ -218,11 +298,14 @@ def _remove(path: Path) -> None:
 __all__ = [
     "CONTROL",
     "VERBS",
+    "ControlError",
     "ControlReader",
     "ControlRequest",
     "Refused",
     "control_dir",
     "make_control_dir",
     "parse_request",
+    "parse_verb",
+    "send",
     "write_request",
 ]

@@ -180,7 +180,7 @@ def test_objects_kept_per_step(tmp_path: Path) -> None:
 
 def test_records_and_hooks_at_defaults(tmp_path: Path) -> None:
     step, mon = _loop(tmp_path, True)
-    clock = mon._life.clock()
+    clock = mon.internals.clock()
     before = len(clock.recorder)
     for _ in range(STEPS):
         step()

@@ -41,7 +41,7 @@ def watched(
     mon = nbmonitor.attach(
         model, opt, run_dir=tmp_path, display=False, interval=3600, layer_every=50
     )
-    recorder = mon._life.clock().recorder
+    recorder = mon.internals.clock().recorder
     put = recorder.put
     seen: list[Record] = []
 
@@ -79,7 +79,7 @@ def test_sampled_probes_are_called_on_their_steps_only(
 ) -> None:
     mon, model, opt, seen = watched
     calls: dict[str, list[int]] = {"memory": [], "update_ratio": []}
-    clock = mon._life.clock()
+    clock = mon.internals.clock()
     for probe in clock.probes:
         if isinstance(probe, (MemoryProbe, UpdateRatioProbe)):
             original = probe.post_step
@@ -129,7 +129,7 @@ def test_the_backward_root_is_kept_as_it_is_unless_the_graph_is_kept(
     watched: Watched,
 ) -> None:
     mon, model, opt, _ = watched
-    loss_module = mon._life.clock()._loss
+    loss_module = mon.internals.clock()._loss
     loss = model(torch.ones(2, 4)).pow(2).mean()
     loss.backward()
     ((_, kept, _),) = loss_module.pending
@@ -165,7 +165,7 @@ def test_the_root_of_a_backward_that_raised_is_detached(watched: Watched) -> Non
     handle.remove()
     with pytest.raises(RuntimeError, match="a stand-in"):
         loss.backward()
-    ((_, kept, _),) = mon._life.clock()._loss.pending
+    ((_, kept, _),) = mon.internals.clock()._loss.pending
     assert kept is not loss and kept.grad_fn is None
     assert kept.item() == loss.item()  # the value is kept: only the graph is let go
     opt.zero_grad(set_to_none=True)
@@ -330,7 +330,7 @@ def test_a_logged_cpu_loss_is_what_make_log_record_makes(
     assert got.numbers.keys() == want.numbers.keys() == {"loss"}
     assert type(got.numbers["loss"]) is float
     assert got.numbers["loss"] == pytest.approx(want.numbers["loss"], nan_ok=True)
-    assert mon._life.clock()._loss.logged_step == 1
+    assert mon.internals.clock()._loss.logged_step == 1
 
 
 def test_a_root_of_several_values_is_never_read_as_a_loss(watched: Watched) -> None:

@@ -155,7 +155,7 @@ def test_stop_ends_the_loop_after_the_update_and_closes_the_run_stopped(tmp_path
     assert isinstance(info.value, StopTrainingExit) and info.value.code == 0
     assert before is not None  # the update of step 6 was applied before the stop
     assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
-    assert mon.status == "closed"
+    assert mon.status == "stopped"
     meta = json.loads((mon.run_dir / "meta.json").read_text())
     assert meta["status"] == "stopped"
     run = nbmonitor.open(mon.run_dir)
