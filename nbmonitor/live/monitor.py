@@ -27,9 +27,9 @@ from nbmonitor._capture.capture import build_capture
 from nbmonitor._capture.dist import RankInfo, rank_info
 from nbmonitor._capture.heap import settle_heap
 from nbmonitor._capture.probes.spans import Span, SpanTimer, check_span_name
+from nbmonitor._engine import published as _published
 from nbmonitor._engine.derive.memory_table import allocator_text
 from nbmonitor._engine.frame import Frame, RunInfo, View
-from nbmonitor._engine import published as _published
 from nbmonitor._engine.published import history
 from nbmonitor.errors import ErrorLog, Guard
 from nbmonitor.health import Alert, Health

@@ -35,7 +35,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from nbmonitor.runs.control import ControlReader, ControlRequest, Refused, write_request
+from nbmonitor.runs.control import (
+    CONTROL,
+    ControlError,
+    ControlReader,
+    ControlRequest,
+    Refused,
+    control_dir,
+    write_request,
+)
 
 # Sampler intervals every rank gets to read a request before the step it names (a rank's
 # sampler reads the folder once a tick; the asker's view of the step can be a tick old).
@@ -142,6 +150,45 @@ def write_job_request(
     return write_request(job_dir, kind, value, source=source, at_step=at_step)
 
 
+def send_job(job_dir: str | os.PathLike[str], kind: str, value: object = None) -> str:
+    """``nbmonitor ctl JOB ...``: write ``kind`` for every rank of the running job at
+    ``job_dir``, naming a step ahead from the ranks' files; what was asked, in one line.
+    ``ControlError`` (one line, with the exit status) when no rank runs or the job takes no
+    requests."""
+    from nbmonitor.runs.job import JobFiles, job_status
+
+    path = pathlib.Path(job_dir)
+    name = path.name
+    files = JobFiles(path)
+    status = job_status([run.status for run in files.ranks.values()], files.world_size)
+    if status != "running":
+        raise ControlError(f"the job {name} is not running ({status}); nothing to steer")
+    folder = control_dir(path)
+    if not folder.is_dir():
+        raise ControlError(
+            f"the job {name} takes no requests (no {CONTROL}/ folder: written by an older "
+            "nbmonitor); steer its ranks' own folders"
+        )
+    position, interval = job_position(path)
+    at_step = at_step_for(position, interval)
+    try:
+        write_job_request(path, kind, value, at_step=at_step, source="ctl")
+    except PermissionError:
+        raise ControlError(
+            f"cannot write to {folder}: permission denied (only the user who runs it can "
+            "steer a job)"
+        ) from None
+    what = kind if not isinstance(value, float) else f"{kind}={value:g}"
+    if kind == "checkpoint" and value is not None:
+        what = f"{kind} {value} (each rank's with -rank<r> before its suffix)"
+    if kind == "resume":
+        return f"sent {what} to every rank of {name}; a paused job resumes at once"
+    return (
+        f"sent {what} to every rank of {name}: each acts at the end of step {at_step} (the job "
+        f"was near step {position.step}; a paused job acts where it paused)"
+    )
+
+
 class JobReader:
     """One rank's reader of its job's requests (every rank reads every one; none removed).
 
@@ -203,6 +250,7 @@ __all__ = [
     "at_step_for",
     "job_position",
     "rate_of",
+    "send_job",
     "steps_ahead",
     "write_job_request",
 ]

@@ -46,7 +46,7 @@ def main() -> None:
                 mon.checkpoint()
             time.sleep(0.01)
     except nbmonitor.StopTraining as exc:
-        print(f"stopped {exc.step} after {step}", flush=True)
+        print(f"loop ended by the stop at {exc.step} after {step}", flush=True)
         dist.destroy_process_group()
         raise
     mon.close()

@@ -98,10 +98,10 @@ def test_a_job_is_checkpointed_and_stopped_at_the_same_step_on_every_rank(
 
     # The stop: the same step on both ranks, the step ctl named.
     said = [log.read_text() for log in logs]
-    stops = [int(text.split("stopped ")[1].split()[0]) for text in said]
+    stops = [int(text.split("loop ended by the stop at ")[1].split()[0]) for text in said]
     assert stops[0] == stops[1] > ckpt_step, said
     asked = ctl.stdout
-    assert f"at step {stops[0]}" in asked, asked
+    assert f"at the end of step {stops[0]} " in asked, asked
     for r in ranks:
         meta = json.loads((r / "meta.json").read_text())
         assert meta["status"] == "stopped" and meta["last_step"] == stops[0]
