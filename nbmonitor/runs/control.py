@@ -256,15 +256,10 @@ def send(
     """Send ``verb`` (``parse_verb``) to the live run at ``run_dir`` and wait up to ``wait``
     seconds for it to take the request; what happened, in one line. ``ControlError`` (one
     line, with the exit status) when the run is not running or cannot be steered."""
-    from nbmonitor.runs.layout import is_job
     from nbmonitor.runs.reader import open_run
 
     kind, value = parse_verb(verb)
     path = Path(run_dir)
-    if is_job(path):  # every rank, at one step named ahead (job_control.py)
-        from nbmonitor.runs.job_control import send_job
-
-        return send_job(path, kind, value)
     run = open_run(path)  # RunNotFoundError: not a run
     name = path.name
     status = run.status
@@ -273,7 +268,7 @@ def send(
     folder = control_dir(path)
     if not folder.is_dir():
         raise ControlError(
-            f"the run {name} takes no requests (no {CONTROL}/ folder: a job's folder, or "
+            f"the run {name} takes no requests (no {CONTROL}/ folder: "
             "written by an older nbmonitor); pass the run's own folder"
         )
     try:

@@ -42,6 +42,8 @@ from nbmonitor.runs.control import (
     ControlRequest,
     Refused,
     control_dir,
+    parse_verb,
+    send,
     write_request,
 )
 
@@ -58,8 +60,6 @@ UNKNOWN_RATE_AHEAD = 20
 # and a paused job takes any request at the step it paused at anyway).
 RATE_ROWS = 20
 MAX_CARRY_S = 30.0
-# The most request names a rank remembers (a job gets a handful).
-MAX_SEEN = 4096
 
 
 @dataclass(frozen=True)
@@ -148,6 +148,17 @@ def write_job_request(
     """Write a request for every rank of the job, to act on at the end of step ``at_step``
     (``FileNotFoundError`` when the job has no control folder: no rank of it is live)."""
     return write_request(job_dir, kind, value, source=source, at_step=at_step)
+
+
+def send_to(folder: str | os.PathLike[str], verb: str, *, wait: float = 5.0) -> str:
+    """``nbmonitor ctl FOLDER VERB``: to a job (``send_job``) or a single run
+    (``control.send``); what happened, in one line, or ``ControlError``."""
+    from nbmonitor.runs.layout import is_job
+
+    if is_job(folder):
+        kind, value = parse_verb(verb)
+        return send_job(folder, kind, value)
+    return send(folder, verb, wait=wait)
 
 
 def send_job(job_dir: str | os.PathLike[str], kind: str, value: object = None) -> str:
@@ -251,6 +262,7 @@ __all__ = [
     "job_position",
     "rate_of",
     "send_job",
+    "send_to",
     "steps_ahead",
     "write_job_request",
 ]
