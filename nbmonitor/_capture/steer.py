@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from nbmonitor._capture.clock import StepClock
 
 KINDS = ("pause", "resume", "stop", "checkpoint", "lr")
+_NEVER = 2**63
 # How often a paused training thread wakes to run ``pump`` and look at new requests.
 WAKE_S = 0.1
 # The most requests held and events kept for the sampler: a flood of requests from a control
@@ -118,6 +119,11 @@ class Steering:
         self._wall_clock = wall_clock
         self._lock = threading.Lock()
         self._pending: list[Request] = []
+        # The first step any pending request is due at (0: the next boundary): a boundary
+        # before it returns at once, without the lock (a torchrun request held for a step
+        # ahead). Read unlocked: a request queued while a boundary reads it is taken at the
+        # next boundary.
+        self._due_at = _NEVER
         self._events: collections.deque[SteerEvent] = collections.deque(maxlen=MAX_EVENTS)
         self._wake = threading.Event()
         self._listening = False
@@ -170,6 +176,7 @@ class Steering:
             else:
                 refused = False
                 self._pending.append(Request(kind, value, source, at_step, now))
+                self._due_at = min(self._due_at, 0 if at_step is None else at_step)
                 self._listen()
         if refused:
             self._event(
@@ -220,6 +227,7 @@ class Steering:
         with self._lock:
             self._released = True
             self._pending.clear()
+            self._due_at = _NEVER
             self._unlisten()
         self.paused = False
         self._wake.set()
@@ -256,6 +264,8 @@ class Steering:
         """The end of step ``step`` (a step listener): apply what is due; while paused, wait
         here. Raises only the requested stop."""
         self.last_step = step
+        if step < self._due_at and not self.paused:
+            return  # nothing due yet
         stop = self._apply_due(step)
         try:
             while self.paused and not stop and not self._released:
@@ -293,6 +303,9 @@ class Steering:
             if not due:
                 return False
             self._pending = [r for r in self._pending if r not in due]
+            self._due_at = min(
+                (r.at_step for r in self._pending if r.at_step is not None), default=_NEVER
+            )
         stop = False
         for request in due:
             try:

@@ -45,6 +45,12 @@ class FrameBuilder:
         self.model = model
         self._kept = _Kept()
 
+    @property
+    def parts_made(self) -> int:
+        """How many parts of frames this builder has made so far (a part whose inputs did not
+        change since the last frame is kept, not made again)."""
+        return self._kept.made
+
     def build(
         self, state: FrameState, detail: bool = True, hand_over: Callable[[], None] = _nothing
     ) -> Frame:

@@ -127,7 +127,9 @@ def test_a_scheduled_tick_handles_at_most_a_slice_of_records_between_hand_overs(
         # A record or more per step, most of them in alike runs: many slices' worth.
         assert total["records"] >= STEPS > 4 * handover.SLICE
         assert total["alike"] > total["records"] // 2
-        assert total["rows"] == STEPS - 1  # the last step's row stays open
+        # The last step's record is held for its loss (Recorder.hold), the row of the one
+        # before stays open.
+        assert total["rows"] == STEPS - 2
         assert 0 < most["records"] <= ALIKE_SLICE
         assert 0 < most["rows"] <= TAKE_ROWS < STEPS
         assert pauses[0] >= total["records"] // ALIKE_SLICE + total["rows"] // TAKE_ROWS

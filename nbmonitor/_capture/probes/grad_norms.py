@@ -151,13 +151,14 @@ class NormPass:
         if params and (params[0].dtype, params[0].device) != self._planned_for:
             self._replan()
         try:
-            return self._take()
+            return self._take(params)
         except (RuntimeError, NotImplementedError):
             self._replan()
-            return self._take()
+            return self._take(params)
 
-    def _take(self) -> tuple[DeviceValue | None, tuple[int, ...] | None, NormLayout | None]:
-        params = self.params
+    def _take(
+        self, params: list[torch.nn.Parameter]
+    ) -> tuple[DeviceValue | None, tuple[int, ...] | None, NormLayout | None]:
         grads = [g for p in params if (g := p.grad) is not None]
         if not grads:
             return None, None, None
@@ -172,7 +173,7 @@ class NormPass:
                 if self._flat is torch.Tensor.view:
                     # A non-contiguous gradient (channels_last): reshape from now on.
                     self._flat = torch.Tensor.reshape
-                    return self._take()
+                    return self._take(params)
                 # a sparse or odd gradient this step: the general path below
             else:
                 return value, plan.order, plan.layout
@@ -194,9 +195,8 @@ def _take_cpu(
     if plan.rest:
         norms = _foreach_norm([grads[i] for i in plan.rest], 2, dtype=plan.dtype)
         tail.insert(0, torch.stack(norms))
-    if not tail:
-        return DeviceValue.packed(head, None)
-    return DeviceValue.packed(head, torch.cat(tail))
+    # DeviceValue.packed(), without its call.
+    return DeviceValue(None, head, torch.cat(tail) if tail else None)
 
 
 class GradNormProbe(ProbeBase):
