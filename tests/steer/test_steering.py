@@ -41,7 +41,7 @@ def _steer_events(run_dir: Path) -> list[dict[str, object]]:
 def test_an_unused_run_has_no_step_listener(tmp_path: Path) -> None:
     model, opt, data = _setup()
     with nbmonitor.attach(model, opt, run_dir=tmp_path, display=False) as mon:
-        clock = mon._life.clock()
+        clock = mon.internals.clock()
         assert clock is not None
         _step(model, opt, data[:8])
         assert mon.steering.at_boundary not in clock.step_listeners
@@ -270,7 +270,7 @@ def test_an_interrupt_while_paused_ends_the_pause(tmp_path: Path) -> None:
             _step(model, opt, data[:8])
         interrupter.join()
         assert not mon.steering.paused
-        clock = mon._life.clock()
+        clock = mon.internals.clock()
         assert clock is not None and mon.steering.at_boundary not in clock.step_listeners
         _step(model, opt, data[:8])  # goes on unpaused
         assert mon.step == 2
@@ -308,3 +308,19 @@ def test_a_request_for_a_later_step_waits_for_its_boundary(tmp_path: Path) -> No
             lrs.append(opt.param_groups[0]["lr"])
         assert lrs == [0.01, 0.01, 0.5, 0.5, 0.5]  # after steps 2, 3, 4 (applied), 5, 6
         assert mon.steering.pending == 0
+
+
+def test_a_flood_of_requests_is_bounded(tmp_path: Path) -> None:
+    from nbmonitor._capture.steer import MAX_PENDING
+
+    model, opt, data = _setup()
+    with nbmonitor.attach(model, opt, run_dir=tmp_path, display=False) as mon:
+        for _ in range(MAX_PENDING + 10):
+            mon.steering.request("lr", 0.02, source="ctl")
+        assert mon.steering.pending == MAX_PENDING
+        _step(model, opt, data[:8])
+        assert mon.steering.pending == 0
+        assert opt.param_groups[0]["lr"] == 0.02
+    events = _steer_events(mon.run_dir)
+    assert sum(e["severity"] == "warning" for e in events) == 10
+    assert sum(e["severity"] == "info" for e in events) == MAX_PENDING
