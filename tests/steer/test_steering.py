@@ -324,3 +324,15 @@ def test_a_flood_of_requests_is_bounded(tmp_path: Path) -> None:
     events = _steer_events(mon.run_dir)
     assert sum(e["severity"] == "warning" for e in events) == 10
     assert sum(e["severity"] == "info" for e in events) == MAX_PENDING
+
+
+def test_set_lr_keeps_a_tensor_learning_rate_a_tensor(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    lr = torch.tensor(0.01)
+    opt = torch.optim.Adam(model.parameters(), lr=lr, foreach=False)
+    with nbmonitor.attach(model, opt, run_dir=tmp_path, display=False) as mon:
+        mon.set_lr(0.003)
+        _step(model, opt, torch.randn(8, 4))
+        assert opt.param_groups[0]["lr"] is lr  # changed in place, as the optimizer holds it
+        assert float(lr) == pytest.approx(0.003)
