@@ -22,7 +22,7 @@ from nbmonitor._capture import adopt, frameworks, inputs, intercept, optimizer_k
 from nbmonitor._capture.backward_end import BackwardEnd
 from nbmonitor._capture.backward_loss import BackwardLoss
 from nbmonitor._capture.closure import after_closure
-from nbmonitor._capture.device_value import DeviceValue
+from nbmonitor._capture.device_value import DeviceValue, RingElement, RingValue
 from nbmonitor._capture.inputs import (
     batch_size,
     batch_tokens,
@@ -200,6 +200,10 @@ class StepClock:
         self._lrs: tuple[float | DeviceValue, ...] = ()
         self._lrs_seen: tuple[object, ...] = ()
         self._step_depth = 0  # optimizer.step() calls under way (see _step_pre)
+        # The last step's loss tensor that crossed with its norms (CUDA, _cross): (step, the
+        # tensor, its version then, the crossing, where in it); mon.log of that tensor for that
+        # step is then folded in without a copy of its own.
+        self._crossed: tuple[int, torch.Tensor, int, RingValue, int] | None = None
 
     @property
     def step(self) -> int:
@@ -318,6 +322,17 @@ class StepClock:
             # way on the CPU; anything else takes the whole way below). Logged once the step
             # has ended, it goes into the step's record (Recorder.fold_loss).
             value = scalars.get("loss")
+            crossed = self._crossed
+            if crossed is not None and value is crossed[1] and not ctx.micro:
+                # The tensor the step's backward started from, crossed with its norms.
+                step, root, version, crossing, at = crossed
+                if (
+                    step == ctx.step
+                    and root._version == version  # noqa: SLF001
+                    and recorder.fold_loss(step, RingElement(crossing, at))
+                ):
+                    self._loss.logged_step = step
+                    return
             number: object = value
             if type(value) is torch.Tensor and value.is_cpu:
                 try:
@@ -452,6 +467,7 @@ class StepClock:
             # A micro-batch counts once its forward has run (a forward that raised is none).
             ctx = self.ctx
             self._forwarded = True
+            self._crossed = None  # values logged now belong to the step in progress
             self._backward_ended = False
             if self._held is not None:
                 self._held.forwarded = True
@@ -619,8 +635,10 @@ class StepClock:
             self._at = self._steady
         else:
             self._plan_step(ctx.step + 1)
-        norms, which, layout = ctx.norms
+        taken, which, layout = ctx.norms
         ctx.norms = NO_NORMS
+        # On the device and not crossed yet (CUDA): with the loss, now.
+        norms = self._cross(taken) if isinstance(taken, tuple) else taken
         clip_total = None if skipped else ctx.clip_total
         max_norm = ctx.max_norm
         ctx.clips, ctx.clip_total, ctx.max_norm = 0, None, math.nan
@@ -674,6 +692,20 @@ class StepClock:
         if self.step_listeners:
             for listener in tuple(self.step_listeners):
                 listener(ctx.step)
+
+    def _cross(self, norms: tuple[torch.Tensor, ...]) -> DeviceValue | RingValue:
+        """The step's deferred norms on their way to the host, in one copy with the loss its
+        backward started from (which a loop then logs: ``log`` folds it in)."""
+        ctx = self.ctx
+        cross = ctx.cross
+        assert cross is not None  # set with the deferred norms (GradNormProbe)
+        root = self._loss.sole_root(ctx.step)
+        value, crossed = cross(norms, root)
+        if crossed and root is not None:
+            self._crossed = (ctx.step, root, root._version, value, len(norms))  # noqa: SLF001
+        else:
+            self._crossed = None
+        return value  # type: ignore[no-any-return]
 
     def _learning_rates(
         self, optimizer: torch.optim.Optimizer | None

@@ -74,7 +74,7 @@ class EventIntervals:
     """The phases of one step on a CUDA device: timing events, and the phase of each interval
     between consecutive ones; a ``Pending`` whose values are the seconds per phase."""
 
-    __slots__ = ("_events", "_first", "_phases", "_spare", "_values")
+    __slots__ = ("_data", "_events", "_first", "_phases", "_spare", "_values")
 
     def __init__(
         self,
@@ -82,10 +82,14 @@ class EventIntervals:
         phases: Sequence[int],
         first: bool = False,
         spare: collections.deque[Any] | None = None,
+        data: float = 0.0,
     ) -> None:
         self._events = events
         self._phases = phases
         self._first = first  # the run's first step: no wait for data was seen
+        # The wait for data before the first event, on the host clock (the step's first
+        # event is recorded as its first forward starts: a step costs no event before).
+        self._data = data
         # Where the events go back once read, for the timer to record again (its pool).
         self._spare = spare
         self._values: list[float] | None = None
@@ -103,6 +107,7 @@ class EventIntervals:
             return list(self._values)
         sums = [0.0] * len(PHASES)
         events = self._events
+        sums[DATA] = self._data
         for i, phase in enumerate(self._phases):
             sums[phase] += events[i].elapsed_time(events[i + 1]) / 1000.0
         if self._first:
@@ -171,6 +176,7 @@ class PhaseTimer:
         self._sums = [0.0] * len(PHASES)
         self._events: list[Any] = []
         self._phases: list[int] = []
+        self._data = 0.0  # a step timed with events: its wait for data (host clock)
         # CUDA events the sampler has read, recorded again instead of making new ones (a new
         # event is a Python object and, at its first record, a cudaEventCreate): the sampler
         # appends, this thread pops.
@@ -277,7 +283,7 @@ class PhaseTimer:
             self._host = self.guard.on  # the next step on the host clock, from now
             self._t = now
             if len(events) > 1 and last >= 0 and self.guard.on:
-                out = EventIntervals(events, phases, not self._ended, self._spare)
+                out = EventIntervals(events, phases, not self._ended, self._spare, self._data)
                 self._ended = True
             # else: a mark failed to record (counted): no phases for this step
         elif last >= 0 and self.guard.on:
@@ -292,15 +298,11 @@ class PhaseTimer:
         return out
 
     def _start_device(self) -> None:
-        """Time the next step with events: the first one now, where its first interval starts
-        (if it fails, the next mark tries again; a step without two events has no phases)."""
+        """Time the next step with events, from its first mark on (a step without two events,
+        a mark having failed, has no phases)."""
         self._device = True
         self._host = False
         self._events, self._phases = [], []
-        try:
-            self._mark_event(END)
-        except Exception as exc:
-            self._failed(exc)
 
     def mark(self, kind: int, now: float | None = None) -> None:
         """The moment ``kind`` happens now (``now``: a clock reading the caller took)."""
@@ -389,6 +391,7 @@ class PhaseTimer:
         event = spare.pop() if spare else self._new_event()
         event.record()
         if not self._events:  # the step's first: where its first interval starts
+            self._data = self.clock() - self._t  # the wait before it, on the host clock
             self._events.append(event)
         elif len(self._events) < MAX_EVENTS:
             self._phases.append(_PHASE[self._last][kind] if self._last >= 0 else OTHER)

@@ -11,7 +11,14 @@ from collections.abc import Callable, Mapping
 import torch
 
 from nbmonitor._capture.device_value import DeviceValue, to_device_value
-from nbmonitor.records import MEASURED_KEYS, MEASURED_PREFIX, LogRecord, Record, StepRecord
+from nbmonitor.records import (
+    MEASURED_KEYS,
+    MEASURED_PREFIX,
+    LogRecord,
+    Pending,
+    Record,
+    StepRecord,
+)
 
 
 def make_log_record(step: int, scalars: Mapping[str, object]) -> LogRecord:
@@ -173,7 +180,7 @@ class Recorder:
         record = self._held.get(0)
         return -1 if record is None else record.step
 
-    def fold_loss(self, step: int, loss: float | DeviceValue) -> bool:
+    def fold_loss(self, step: int, loss: float | Pending) -> bool:
         """Fold ``loss`` (logged alone for ``step``) into that step's held record; False when
         it is not held or already has one (the caller then puts a LogRecord)."""
         held = self._held

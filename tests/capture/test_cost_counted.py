@@ -15,11 +15,13 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import nbmonitor
+from nbmonitor.records import PHASE_KEYS
 
 # Past the layer and memory sampling of the first 100 steps (probes/base.py: due), and short
 # of step 200, the next sampled one: the steady state.
@@ -217,3 +219,106 @@ def test_records_and_hooks_at_defaults(tmp_path: Path) -> None:
         "tensor": 0,
         "optimizer": 2,
     }
+
+
+# A CUDA step at defaults, on an unsampled step: the fused norm and its stack, the one copy of
+# the norms and the loss into a pinned ring row, and that row's event (phase events only on one
+# step in phases.DEVICE_EVERY). Counted on the CPU: the same path taken with plain memory and
+# counted events (_CountedEvent), the model's parameters taken for a CUDA device's.
+CUDA_OPS_PER_STEP = 3
+CUDA_COPIES_PER_STEP = 1
+CUDA_EVENTS_PER_STEP = 1
+# Device-to-host copies, as torch's dispatch sees them: copies, and a scalar read (item()).
+_COPIES = ("aten.copy_", "aten._to_copy", "aten._local_scalar_dense")
+
+
+class _CountedEvent:
+    """A CUDA event's interface on the CPU, counting its records."""
+
+    recorded = 0
+
+    def record(self) -> None:
+        type(self).recorded += 1
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        return None
+
+    def elapsed_time(self, end: _CountedEvent) -> float:
+        return 0.0
+
+
+def _as_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA path on the CPU: deferred norms crossed through a ring of plain memory with
+    counted events, and phases timed as on CUDA (events on one step in DEVICE_EVERY)."""
+    import functools
+
+    from nbmonitor._capture import phases
+    from nbmonitor._capture.device_value import PinnedRing
+    from nbmonitor._capture.probes import grad_norms
+
+    replan = grad_norms.NormPass._replan
+
+    def on_cuda(self: grad_norms.NormPass) -> None:
+        replan(self)
+        self.plan = None
+        self.deferred = self._defer
+
+    monkeypatch.setattr(grad_norms.NormPass, "_replan", on_cuda)
+    monkeypatch.setattr(
+        grad_norms, "PinnedRing", functools.partial(PinnedRing, pin=False, new_event=_CountedEvent)
+    )
+    init = phases.PhaseTimer.__init__
+
+    def timed_as_on_cuda(self: Any, guard: Any, clock: Any, **kwargs: Any) -> None:
+        init(self, guard, clock, cuda=True, new_event=_CountedEvent)
+
+    monkeypatch.setattr(phases.PhaseTimer, "__init__", timed_as_on_cuda)
+
+
+def _per_step(step: Callable[[], None], steps: int) -> list[tuple[collections.Counter[str], int]]:
+    out = []
+    for _ in range(steps):
+        events = _CountedEvent.recorded
+        with _Ops() as mode:
+            step()
+        out.append((mode.ops, _CountedEvent.recorded - events))
+    return out
+
+
+def test_a_cuda_step_costs_one_fused_norm_one_copy_and_one_event(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nbmonitor._capture.phases import DEVICE_EVERY
+
+    plain, _ = _loop(tmp_path / "plain", False)
+    plain_ops = _per_step(plain, 1)[0][0]
+    _as_on_cuda(monkeypatch)
+    step, mon = _loop(tmp_path / "cuda", True)
+    clock = mon.internals.clock()
+    try:
+        counted = _per_step(step, DEVICE_EVERY + 2)
+        first = clock.step - len(counted) + 1
+        mon.flush()
+        h = mon.history()
+    finally:
+        mon.close()
+    timed_on_device = 0
+    for n, (ops, events) in enumerate(counted, start=first):
+        added = ops - plain_ops
+        copies = sum(added[name] for name in _COPIES)
+        if n % DEVICE_EVERY == 0:  # the phases of this one timed with events
+            assert events == CUDA_EVENTS_PER_STEP + 5, (n, events)
+            timed_on_device += 1
+            continue
+        assert sum(added.values()) <= CUDA_OPS_PER_STEP, (n, dict(added))
+        assert copies <= CUDA_COPIES_PER_STEP, (n, dict(added))
+        assert events <= CUDA_EVENTS_PER_STEP, (n, events)
+        assert not +(collections.Counter() - added)  # nothing the plain loop does is missing
+    assert timed_on_device >= 1
+    # And the numbers crossed: the norms' total, and the loss folded in from the same copy.
+    assert np.isfinite(h["grad_norm"][-len(counted) :]).all()
+    assert np.isfinite(h["loss"][-len(counted) :]).all()
+    assert all(np.isfinite(h[key][-len(counted) :]).all() for key in PHASE_KEYS[1:])

@@ -249,7 +249,7 @@ def test_cuda_events_are_recorded_again_once_the_sampler_has_read_their_step() -
     _RecordedEvent.made = 0
     timer = PhaseTimer(
         Guard("probe:phases", ErrorLog()),
-        lambda: 0.0,
+        lambda: now[0] / 1000.0,  # the host clock (the wait for data before the first event)
         cuda=True,
         new_event=lambda: _RecordedEvent(now),
         device_every=1,
@@ -264,10 +264,53 @@ def test_cuda_events_are_recorded_again_once_the_sampler_has_read_their_step() -
         now[0] += 1
         timer.mark(OPTIMIZER_START)
         now[0] += 4
-        records.append(timer.step_end(step, 0.0))
+        records.append(timer.step_end(step, now[0] / 1000.0))
         values = _durations(records[-1])  # the sampler reads each step as it completes
         assert values[1:] == pytest.approx([0.002, 0.003, 0.001, 0.004])
         assert step == 1 or values[0] == pytest.approx(0.001)
     # Five marks a step and its first event: all recorded again once read.
     assert _RecordedEvent.made <= 12
     assert _durations(records[0]) == _durations(records[0])  # read once, kept
+
+
+def test_on_cuda_one_step_in_device_every_is_timed_with_events_the_others_on_the_host() -> None:
+    from nbmonitor._capture.phases import (
+        BACKWARD_END,
+        DEVICE_EVERY,
+        FORWARD_END,
+        FORWARD_START,
+        OPTIMIZER_START,
+        EventIntervals,
+        PhaseTimer,
+    )
+    from nbmonitor.errors import ErrorLog, Guard
+
+    now = [0.0]  # ms, one clock for the host and the fake device
+    _RecordedEvent.made = 0
+    timer = PhaseTimer(
+        Guard("probe:phases", ErrorLog()),
+        lambda: now[0] / 1000.0,
+        cuda=True,
+        new_event=lambda: _RecordedEvent(now),
+    )
+    kinds: list[type] = []
+    for step in range(1, 3 * DEVICE_EVERY + 1):
+        made = _RecordedEvent.made
+        for kind, ms in ((FORWARD_START, 1), (FORWARD_END, 2), (BACKWARD_END, 3)):
+            now[0] += ms
+            timer.mark(kind)
+        now[0] += 1
+        timer.mark(OPTIMIZER_START)
+        now[0] += 4
+        durations = timer.step_end(step, now[0] / 1000.0)
+        assert durations is not None
+        kinds.append(type(durations))
+        values = list(durations) if isinstance(durations, tuple) else durations.values()
+        assert values[1:] == pytest.approx([0.002, 0.003, 0.001, 0.004])
+        assert step == 1 or values[0] == pytest.approx(0.001)
+        on_device = step % DEVICE_EVERY == 0
+        # Events on the steps timed on the device only (five marks), recorded again after.
+        assert (_RecordedEvent.made > made) == (on_device and step == DEVICE_EVERY)
+    assert [k is EventIntervals for k in kinds] == [
+        s % DEVICE_EVERY == 0 for s in range(1, 3 * DEVICE_EVERY + 1)
+    ]

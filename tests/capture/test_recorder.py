@@ -153,3 +153,31 @@ def test_stack_alike_rows_are_each_values_parts() -> None:
         DeviceValue(torch.tensor([1.0, 2.0])).stack_alike([DeviceValue(torch.tensor([1.0, 2.0]))])
         is None
     )
+
+
+class _Event:
+    def record(self) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        return None
+
+
+def test_a_pinned_ring_row_is_used_again_once_read_and_a_full_ring_says_so() -> None:
+    from nbmonitor._capture.device_value import PinnedRing, RingElement
+
+    ring = PinnedRing(3, torch.float32, rows=2, pin=False, new_event=_Event)
+    a = ring.copy(torch.tensor([3.0, 4.0, 0.5]), norms=2)
+    b = ring.copy(torch.tensor([1.0, 2.0, 0.25]), norms=2)
+    assert a is not None and b is not None
+    assert ring.copy(torch.tensor([9.0, 9.0, 9.0]), norms=2) is None  # full: the caller copies
+    assert ring.copy(torch.tensor([1.0, 2.0]), norms=2) is None  # not a row's width
+    loss = RingElement(a, 2)
+    assert a.ready() and a.values() == [3.0, 4.0] and loss.values() == [0.5]
+    c = ring.copy(torch.tensor([5.0, 6.0, 0.125]), norms=2)  # a's row, free again
+    assert c is not None and c.values() == [5.0, 6.0]
+    assert a.values() == [3.0, 4.0] and loss.values() == [0.5]  # read once, kept
+    assert b.array().tolist() == [1.0, 2.0]
