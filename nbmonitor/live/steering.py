@@ -163,10 +163,30 @@ def stop_error(step: int) -> BaseException:
     if threading.current_thread() is not threading.main_thread():
         _quiet_threads()
         return StopTraining(message, step)
-    if _shell() is not None or hasattr(sys, "ps1"):  # IPython, or Python's own prompt
+    if _shell() is not None:
+        return StopTraining(message, step)
+    if hasattr(sys, "ps1"):  # Python's own prompt: one line there too
+        _quiet_prompt()
         return StopTraining(message, step)
     _log.warning("%s (as asked); exiting", message.removeprefix("nbmonitor: "))
     return StopTrainingExit(message, step)
+
+
+def _quiet_prompt() -> None:
+    """At Python's own prompt a stop prints one line, not a traceback: ``sys.excepthook``
+    wrapped, chained with the one set. Once, at the first stop raised there."""
+    previous = sys.excepthook
+    if getattr(previous, "nbmonitor_quiet", False):
+        return
+
+    def hook(etype: type[BaseException], value: BaseException, tb: Any) -> None:
+        if isinstance(value, StopTraining):
+            print(str(value), file=sys.stderr)
+            return
+        previous(etype, value, tb)
+
+    hook.nbmonitor_quiet = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
 
 
 def _quiet_threads() -> None:
