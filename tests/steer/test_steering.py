@@ -324,3 +324,44 @@ def test_a_flood_of_requests_is_bounded(tmp_path: Path) -> None:
     events = _steer_events(mon.run_dir)
     assert sum(e["severity"] == "warning" for e in events) == 10
     assert sum(e["severity"] == "info" for e in events) == MAX_PENDING
+
+
+def test_set_lr_keeps_a_tensor_learning_rate_a_tensor(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    lr = torch.tensor(0.01)
+    opt = torch.optim.Adam(model.parameters(), lr=lr, foreach=False)
+    with nbmonitor.attach(model, opt, run_dir=tmp_path, display=False) as mon:
+        mon.set_lr(0.003)
+        _step(model, opt, torch.randn(8, 4))
+        assert opt.param_groups[0]["lr"] is lr  # changed in place, as the optimizer holds it
+        assert float(lr) == pytest.approx(0.003)
+
+
+def test_at_pythons_own_prompt_a_stop_is_one_line(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, nbmonitor\n"
+        "m = torch.nn.Linear(2, 1); opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        f"mon = nbmonitor.attach(m, opt, run_dir={str(tmp_path)!r}, display=False)\n"
+        "for i in range(100):\n"
+        "    if i == 2: mon.stop()\n"
+        "    m(torch.randn(4, 2)).sum().backward(); opt.step(); opt.zero_grad()\n"
+        "\n"
+        "print('still here', mon.status, mon.step)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path.cwd()), *sys.path])}
+    done = subprocess.run(
+        [sys.executable, "-i", "-q"],
+        input=code,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert "Traceback" not in done.stderr
+    assert "nbmonitor: training stopped at step 3" in done.stderr
+    assert "still here stopped 3" in done.stdout
