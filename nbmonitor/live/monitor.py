@@ -27,6 +27,7 @@ from nbmonitor._capture.capture import build_capture
 from nbmonitor._capture.dist import RankInfo, rank_info
 from nbmonitor._capture.heap import settle_heap
 from nbmonitor._capture.probes.spans import Span, SpanTimer, check_span_name
+from nbmonitor._engine import published as _published
 from nbmonitor._engine.derive.memory_table import allocator_text
 from nbmonitor._engine.frame import Frame, RunInfo, View
 from nbmonitor._engine.published import history
@@ -34,6 +35,7 @@ from nbmonitor.errors import ErrorLog, Guard
 from nbmonitor.health import Alert, Health
 from nbmonitor.health.explain import Explanation, explain
 from nbmonitor.health.finetune import AdapterVerdict
+from nbmonitor.live import job_steering as _job_steering
 from nbmonitor.live import ranks as _ranks
 from nbmonitor.live import registry as _registry
 from nbmonitor.live.adapters import find_adapters
@@ -163,6 +165,9 @@ class Monitor(SteerControls):
             scheduler=opts.scheduler,
             on_checkpoint=opts.on_checkpoint,
             control=True,
+            job=_job_steering.job_reader(
+                self.rank, self._runlog.path.parent, count.step, errors_log
+            ),
         )
         cuda = self.backend.device_index is not None
         life = self._life = build_sampler(
@@ -190,6 +195,15 @@ class Monitor(SteerControls):
         )
         self._session = life.session
         self._pipeline = life.session.pipeline
+        if self.rank is not None:  # a request made on this rank goes to the whole job
+            pipeline = self._pipeline
+            self._steering.route = _job_steering.JobRoute(
+                self._runlog.path.parent,
+                self.rank.rank,
+                self.interval,
+                count.step,
+                lambda: _published.history(pipeline.model.steps, pipeline.published),
+            )
         # A model collected (dropped by the user) closes its run; see lifetime.py.
         self._model_ref = weakref.ref(model, life.release_soon)
         self._pipeline.add_alerts(
