@@ -107,7 +107,7 @@ class FrameBuilder:
             timeline = kept.get(
                 "timeline",
                 (*steps_now, spans, spans.version, open_s),
-                lambda: _timeline(steps, spans, open_s),
+                lambda: _timeline(steps, spans, open_s, self.info.phases_device_every),
             )
             hand_over()
             if model.layers is not None and model.layers.names:
@@ -179,11 +179,13 @@ def _same(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
     )
 
 
-def _timeline(steps: Store, spans: TimelineSource | None, open_s: float) -> TimelineFrame | None:
+def _timeline(
+    steps: Store, spans: TimelineSource | None, open_s: float, device_every: int = 0
+) -> TimelineFrame | None:
     stack = phase_stack(steps)
     gantt = spans.gantt() if spans is not None else ()
     summary = spans.summary(open_s) if spans is not None else ()
     if stack is None and not summary:
         return None
     names, x, seconds = stack if stack is not None else ((), np.zeros(0), np.zeros((0, 0)))
-    return TimelineFrame(names, x, seconds, gantt, summary)
+    return TimelineFrame(names, x, seconds, gantt, summary, device_every if stack else 0)

@@ -150,6 +150,8 @@ class Monitor(SteerControls):
         meta = run_meta(model, optimizer, opts, self.backend, self._start)
         # The tracked parameters, so that a replay's layer table says what each layer is.
         meta["params"] = [dataclasses.asdict(p) for p in layers.params]
+        device_every = capture.clock.phases.device_every  # (timed on the device: the panel)
+        meta["phases"] = {"device_every": device_every}
         if adapters is not None:
             meta["adapters"] = adapters.to_json()
         first = next(iter(model.parameters()), None)
@@ -177,6 +179,7 @@ class Monitor(SteerControls):
                 self.total_steps,
                 len(self.backend.devices),
                 allocator_text(meta["allocator"]) if cuda else "",
+                device_every,
             ),
             backend=self.backend,
             capture=capture,

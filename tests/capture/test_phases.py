@@ -314,3 +314,33 @@ def test_on_cuda_one_step_in_device_every_is_timed_with_events_the_others_on_the
     assert [k is EventIntervals for k in kinds] == [
         s % DEVICE_EVERY == 0 for s in range(1, 3 * DEVICE_EVERY + 1)
     ]
+
+
+def test_the_time_panel_says_which_steps_were_timed_on_the_device(tmp_path: Path) -> None:
+    import json
+
+    from nbmonitor._engine.frame_builder import _timeline
+    from nbmonitor._engine.run_state import run_info
+    from nbmonitor.ui.panels.timeline import timeline_state
+
+    # meta.json says it (a CPU run: on the host clock only), and a replay reads it back.
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with nbmonitor.attach(model, opt, run_dir=tmp_path, display=False, interval=60) as mon:
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+        run_dir = mon.run_dir
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["phases"] == {"device_every": 0}
+    assert run_info({"phases": {"device_every": 16}}, "r").phases_device_every == 16
+    for bad in (None, {"device_every": True}, {"device_every": -3}, {"device_every": "16"}, 7):
+        assert run_info({"phases": bad}, "r").phases_device_every == 0
+    # The frame's timeline carries it, and the panel's state hands it to the page.
+    from nbmonitor._engine.store import Store
+
+    steps = Store()
+    for s in range(1, 40):
+        steps.append({"step": float(s), **{k: 0.001 for k in PHASE_KEYS}})
+    timeline = _timeline(steps, None, 0.0, 16)
+    assert timeline is not None and timeline.device_every == 16
+    assert timeline_state(timeline)["device_every"] == 16
