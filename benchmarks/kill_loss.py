@@ -5,8 +5,9 @@ Run from the repo root: ``PYTHONPATH=. python benchmarks/kill_loss.py [--kills N
 Each trial starts a training loop (a small MLP, about a millisecond a step) attached with
 ``interval`` in a child process. After every optimizer step the child stores its step count and
 the wall time in a shared memory map (no system call). The parent kills it with SIGKILL at a
-random moment 1-3 s in, then opens the run directory and compares the last step on disk with
-the last step the loop finished. Reports the steps lost, and the seconds of training they
+random moment 1-3 s in, waits until the run's files stop growing (a busy run's writer process
+still writes the rows it was sent; at most 5 s), then opens the run directory and compares
+the last step on disk with the last step the loop finished. Reports the steps lost, and the seconds of training they
 cover, per kill: the promise is at most one interval.
 """
 
@@ -49,6 +50,20 @@ while True:
 """
 
 
+def _settle(run_dir: Path, quiet_s: float = 0.3, limit_s: float = 5.0) -> None:
+    """Wait until the run's record files have not grown for ``quiet_s`` (at most ``limit_s``):
+    the run log's writer process outlives a killed parent by the time it takes to write what
+    it was sent."""
+    deadline, last, since = time.monotonic() + limit_s, -1, time.monotonic()
+    while time.monotonic() < deadline:
+        size = sum(f.stat().st_size for f in run_dir.glob("*.jsonl"))
+        if size != last:
+            last, since = size, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return
+        time.sleep(0.05)
+
+
 def trial(interval: float, rng: random.Random) -> tuple[int, float, int]:
     with tempfile.TemporaryDirectory() as tmp:
         shared = Path(tmp) / "shared"
@@ -66,6 +81,7 @@ def trial(interval: float, rng: random.Random) -> tuple[int, float, int]:
         finally:
             proc.kill()
             proc.stdout.close()  # type: ignore[union-attr]
+        _settle(run_dir)
         with open(shared, "rb") as f:
             done, done_time = struct.unpack("<qd", mmap.mmap(f.fileno(), 16, prot=mmap.PROT_READ))
         history = nbmonitor.open(run_dir).history()
