@@ -1,5 +1,5 @@
 """The batch-size estimate ("a batch of about N would have fit", docs/memory.md) against a
-measured sweep (docs/performance.md, "Batch that fits").
+measured sweep (benchmarks/NOTES.md, "Batch that fits").
 
 Each batch size runs in a fresh subprocess: an MLP trained with Adam on the CPU for a few steps
 with a monitor attached, then the process's peak resident size (``VmHWM``: the kernel's

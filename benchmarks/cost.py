@@ -60,8 +60,7 @@ import nbmonitor
 from nbmonitor._capture import clock as _clock
 from nbmonitor._capture import intercept, phases
 from nbmonitor._capture.probes import grad_norms, memory, update_ratio
-from nbmonitor._engine import isolated, sampler
-from nbmonitor.live import lifetime
+from nbmonitor._engine import isolated, sampler, session
 from overhead import BOOTSTRAP_RESAMPLES, environment, make_task, train_step
 
 # What the training thread runs, as (owner, attribute, label); nested by call, outermost first.
@@ -571,8 +570,8 @@ def close_parts(mon: Any) -> dict[str, float]:
     parts: dict[str, float] = collections.defaultdict(float)
     patches = [
         (sampler.SamplerThread, "stop", "sampler thread stop"),
-        (lifetime.Lifetime, "_final_tick", "final tick"),
-        (lifetime.Lifetime, "_release", "sinks, backend and workers"),
+        (session.Session, "_final_tick", "final tick"),
+        (session.Session, "_release", "sinks, backend and workers"),
         (isolated.Sources, "close", "  workers joined"),
     ]
     saved = [(owner, name, owner.__dict__[name]) for owner, name, _ in patches]

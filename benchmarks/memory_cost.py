@@ -1,4 +1,4 @@
-"""What the memory breakdown costs the training thread (docs/performance.md, "Memory
+"""What the memory breakdown costs the training thread (benchmarks/NOTES.md, "Memory
 breakdown"): ``held()`` (parameters, buffers, gradients and optimizer state read from the
 tensors, at the end of each sampled step) and a sampled step's forward + backward with the
 saved-tensor hooks in place, against the same step unsampled.

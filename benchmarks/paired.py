@@ -176,8 +176,8 @@ def measure(
             spans += half_spans
             # Process-wide, attach and warm-up included (a small share over a minute or more).
             # Hundreds of page faults per step mean glibc is trimming the heap every step (both
-            # models alike in count, not always in time; docs/performance.md): a run to read
-            # with that in mind.
+            # models alike in count, not always in time; benchmarks/NOTES.md, "The heap"): a run to
+            # read with that in mind.
             faults_per_step.append(faults / max(1, len(half_spans)))
     finally:
         _pipeline.Pipeline.tick = original  # type: ignore[method-assign]

@@ -2,13 +2,13 @@
 
 Run from the repo root: ``PYTHONPATH=. python benchmarks/top_cpu.py [--seconds 60]``
 
-Starts ``python -m nbmonitor top --runs DIR --interval 1`` in a pseudo-terminal (120x40),
-as a user would over SSH, with a fake ``pynvml`` of ``--gpus`` GPUs (tests/fake_pynvml.py, so
-NVML's own driver time is not in it: see docs/performance.md for the calls' latency on a real
-GPU), while one writer process appends a step (and every 50 steps an alert) to each of
-``--runs`` runs ``--rate`` times a second. After ``--warmup`` seconds it reads the top
-process's CPU time (user + system, every thread) over ``--seconds`` seconds, in windows of
-``--window`` seconds, and prints the share of one core: median and range of the windows.
+Starts ``python -m nbmonitor top --runs DIR --interval 1`` in a pseudo-terminal (120x40), as a user
+would over SSH, with a fake ``pynvml`` of ``--gpus`` GPUs (tests/fake_pynvml.py, so NVML's own
+driver time is not in it: see benchmarks/NOTES.md ("GPU") for the calls' latency on a real GPU),
+while one writer process appends a step (and every 50 steps an alert) to each of ``--runs`` runs
+``--rate`` times a second. After ``--warmup`` seconds it reads the top process's CPU time (user +
+system, every thread) over ``--seconds`` seconds, in windows of ``--window`` seconds, and prints the
+share of one core: median and range of the windows.
 ``--once`` measures ``nbmonitor top --once`` (one shot) instead: its wall time.
 """
 

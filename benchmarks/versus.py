@@ -1,6 +1,6 @@
 """This checkout's nbmonitor against another revision's, by paired steps: is a change faster?
 
-Run to run, the overhead of nbmonitor on this VM moves by about a point (docs/performance.md),
+Run to run, the overhead of nbmonitor on this VM moves by about a point (benchmarks/NOTES.md),
 more than most changes are worth, so two versions measured one after the other cannot be told
 apart. Here both are attached at once: model A to this checkout's nbmonitor, model B (a
 bit-identical copy) to the revision's, imported under another package name, and the two are

@@ -18,7 +18,7 @@ from nbmonitor._version import __version__
 if TYPE_CHECKING:
     from nbmonitor import export
     from nbmonitor.debug import summary
-    from nbmonitor.errors import NonFiniteError, RunDirError
+    from nbmonitor.errors import NonFiniteError, RunDirError, StopTraining
     from nbmonitor.health import Thresholds
     from nbmonitor.live import Monitor, Profile, attach
     from nbmonitor.machine import DeviceWatch, devices
@@ -31,6 +31,7 @@ _WHERE = {
     "attach": "nbmonitor.live",
     "NonFiniteError": "nbmonitor.errors",
     "RunDirError": "nbmonitor.errors",
+    "StopTraining": "nbmonitor.errors",
     "Run": "nbmonitor.replay",
     "Job": "nbmonitor.replay",
     "open": "nbmonitor.replay",
@@ -68,6 +69,7 @@ __all__ = [
     "Profile",
     "Run",
     "RunDirError",
+    "StopTraining",
     "Thresholds",
     "__version__",
     "attach",

@@ -6,6 +6,8 @@
   nbmonitor export RUN --to tensorboard|wandb|mlflow|trackio|parquet|csv [--out DIR]
                           hand a run (or every rank of a job) on to another tool
   nbmonitor top           the machine's GPUs and the runs being written, full screen
+  nbmonitor ctl RUN pause|resume|stop|checkpoint|lr=VALUE
+                          steer a running run from a shell (docs/steering.md)
   nbmonitor --version     print the installed version
 
 Also runs as `python -m nbmonitor`. `nbmonitor COMMAND --help` describes each command.
@@ -246,7 +248,7 @@ def tail(run: str, interval: float, wait: float, tui: bool = False) -> int:
             return 0
     else:
         status = open_run(path).status
-    if status in ("closed", "degraded"):
+    if status in ("closed", "degraded", "stopped"):
         print(f"nbmonitor tail: {name}: {steps} steps, the run {status}")
     elif status == "killed":
         print(f"nbmonitor tail: {name}: {steps} steps; stopped following: the writer is gone "
@@ -489,6 +491,42 @@ def _add_top(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(run=run)
 
 
+def _add_ctl(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "ctl",
+        help="steer a running run: pause, resume, stop, checkpoint, lr=VALUE",
+        description=(
+            "Ask a run being trained (by you, on this machine or on a shared file system) to "
+            "pause, resume, stop, save a checkpoint (checkpoint or checkpoint=PATH) or set "
+            "its learning rate (lr=VALUE), at the end of its next step. The request is a "
+            "file written into the run's control/ folder, which the run reads every sampling "
+            "interval and accepts only from the user who runs it. A run that is not running "
+            "is said in one line (exit status 1); a bad request exits with status 2. See "
+            "docs/steering.md."
+        ),
+    )
+    p.add_argument("folder", metavar="RUN", help="the run's folder (mon.run_dir)")
+    p.add_argument("request", help="pause | resume | stop | checkpoint[=PATH] | lr=VALUE")
+    p.add_argument(
+        "--wait",
+        type=float,
+        default=5.0,
+        help="seconds to wait for the run to take the request (default: %(default)g)",
+    )
+
+    def run(args: argparse.Namespace) -> int:
+        from nbmonitor.runs.control import ControlError, send
+
+        try:
+            print(f"nbmonitor ctl: {send(args.folder, args.request, wait=max(0.0, args.wait))}")
+        except ControlError as exc:
+            _say(f"nbmonitor ctl: {exc}")
+            return exc.status
+        return 0
+
+    p.set_defaults(run=run)
+
+
 # One function per command: each adds its parser and sets `run` (args -> exit status).
 COMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = [
     _add_demo,
@@ -496,6 +534,7 @@ COMMANDS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], N
     _add_runs,
     _add_export,
     _add_top,
+    _add_ctl,
 ]
 
 

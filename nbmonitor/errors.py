@@ -25,6 +25,29 @@ class NonFiniteError(FloatingPointError):
     parameters, and with ``check_forward=True`` the first module)."""
 
 
+class StopTraining(BaseException):
+    """Raised into the training loop from ``optimizer.step()``, after the update, when a stop
+    was asked for (``mon.stop()``, the dashboard, ``nbmonitor ctl RUN stop``): it ends a plain
+    loop at a step boundary. A ``BaseException``, like ``KeyboardInterrupt``, so that the
+    loop's own ``except Exception`` does not swallow it. In a notebook the cell ends with one
+    line and no traceback; in a script (and in a thread) the one raised is a
+    ``StopTrainingExit``, also a ``SystemExit``: the script exits with status 0. ``step`` is
+    the last step taken. See docs/steering.md."""
+
+    def __init__(self, message: str = "training stopped", step: int = 0) -> None:
+        super().__init__(message)
+        self.step = step
+
+
+class StopTrainingExit(StopTraining, SystemExit):
+    """The ``StopTraining`` raised in a script or a thread: a ``SystemExit`` with code 0, so
+    that the script exits cleanly (status 0, no traceback) and a thread ends silently."""
+
+    def __init__(self, message: str = "training stopped", step: int = 0) -> None:
+        super().__init__(message, step)
+        self.code = 0
+
+
 class RunDirError(RuntimeError):
     """A run directory that cannot be created, written or read; the message says what to do.
 
@@ -138,4 +161,12 @@ class Guard:
         return True
 
 
-__all__ = ["ErrorEntry", "ErrorLog", "Guard", "NonFiniteError", "RunDirError"]
+__all__ = [
+    "ErrorEntry",
+    "ErrorLog",
+    "Guard",
+    "NonFiniteError",
+    "RunDirError",
+    "StopTraining",
+    "StopTrainingExit",
+]

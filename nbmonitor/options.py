@@ -11,7 +11,8 @@ import dataclasses
 import difflib
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 from nbmonitor._engine.assemble.layers import GROUPINGS
@@ -25,7 +26,8 @@ if TYPE_CHECKING:
 ON_NAN = ("warn", "raise")
 BACKENDS = ("auto", "cpu", "mps", "cuda")
 # Parameter norms and update ratios are measured every this many steps by default: a copy of
-# the parameters across optimizer.step() is the costly part (see docs/performance.md).
+# the parameters across optimizer.step() is the costly part (benchmarks/NOTES.md,
+# "What the overhead is made of").
 DEFAULT_LAYER_EVERY = 100
 # A run folder is "<YYYYmmdd-HHMMSS>-<name>[-N]": 255 bytes (the usual file-name limit) less
 # the timestamp and a suffix.
@@ -85,6 +87,12 @@ class AttachOptions(TypedDict, total=False):
         ``"mlflow"``, ``"trackio"``, ``"prometheus"``, ``"parquet"``, ``"csv"``, an exporter
         object with options (``nbmonitor.export.TensorBoard(log_dir=...)``), or a list of
         them. One that cannot start or fails is reported in ``errors``; the run goes on.
+    scheduler: the learning-rate scheduler the loop steps, if any: ``mon.checkpoint()``
+        saves its state too, and ``mon.set_lr()`` scales its ``base_lrs`` with the new
+        learning rate (docs/steering.md).
+    on_checkpoint: called as ``on_checkpoint(path, step)`` on the training thread, at the
+        end of a step, when a checkpoint is asked for (``mon.checkpoint()``, the dashboard,
+        ``nbmonitor ctl``), instead of nbmonitor's own save to ``path``.
 
     """
 
@@ -106,6 +114,8 @@ class AttachOptions(TypedDict, total=False):
     display_rank: int
     memory_history: bool
     export: str | Exporter | Sequence[str | Exporter] | None
+    scheduler: Any
+    on_checkpoint: Callable[[Path, int], object] | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +140,8 @@ class Options:
     display_rank: int = 0
     memory_history: bool = False
     export: tuple[Exporter, ...] = ()
+    scheduler: Any = None
+    on_checkpoint: Callable[[Path, int], object] | None = None
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any]) -> Options:
@@ -153,6 +165,8 @@ class Options:
         out["run_dir"] = str(self.run_dir)
         out["thresholds"] = dataclasses.asdict(self.thresholds)
         out["export"] = [e.name for e in self.export]  # their options may hold credentials
+        out["scheduler"] = type(self.scheduler).__name__ if self.scheduler is not None else None
+        out["on_checkpoint"] = self.on_checkpoint is not None
         return out
 
 
@@ -264,6 +278,28 @@ def check_options(options: Options) -> None:
         )
     if on_nan not in ON_NAN:
         raise ValueError(f"nbmonitor.attach: on_nan must be 'warn' or 'raise', got {on_nan!r}.")
+    check_steering(options.scheduler, options.on_checkpoint)
+
+
+def check_steering(scheduler: object, on_checkpoint: object) -> None:
+    """A scheduler with what steering uses of it, and a callable ``on_checkpoint``."""
+    if scheduler is not None:
+        missing = [
+            name
+            for name in ("state_dict", "base_lrs")
+            if not hasattr(scheduler, name)  # a torch LRScheduler has both
+        ]
+        if missing:
+            raise TypeError(
+                "nbmonitor.attach: scheduler must be an lr scheduler (e.g. "
+                f"torch.optim.lr_scheduler.CosineAnnealingLR), got {type(scheduler).__name__} "
+                f"without {' or '.join(missing)}."
+            )
+    if on_checkpoint is not None and not callable(on_checkpoint):
+        raise TypeError(
+            "nbmonitor.attach: on_checkpoint must be a callable on_checkpoint(path, step) or "
+            f"None, got {type(on_checkpoint).__name__}."
+        )
 
 
 def check_run_dir(run_dir: object) -> None:

@@ -59,12 +59,14 @@ INSTANCE = {
     "Profile": "prof",
     "DeviceWatch": "watch",
     "Thresholds": "thresholds",
+    "RunMemory": "mon.memory",
 }
 # Types the public calls return, documented with them: (module, name).
 RETURNED = (
     ("nbmonitor.health", "Alert"),
     ("nbmonitor.health.explain", "Explanation"),
     ("nbmonitor.health.finetune", "AdapterVerdict"),
+    ("nbmonitor.live.run_memory", "RunMemory"),
 )
 # The framework callbacks (each needs its framework's extra).
 INTEGRATIONS = (
@@ -396,7 +398,8 @@ def api_page() -> str:
         + ", ".join(f"`{n}`" for n in public_names())
         + ". `import nbmonitor` loads no torch: each name loads on first use. The same text "
         "is in Python: `help(nbmonitor.attach)`. Also here: the types the calls return "
-        "(alerts, explanations, the adapters' verdict) and the framework callbacks "
+        "(alerts, explanations, the adapters' verdict, `mon.memory`) and the framework "
+        "callbacks "
         "(Hugging Face, Lightning). The command line: [cli.md](cli.md).",
         "",
         f"Version {nbmonitor.__version__}.",

@@ -18,6 +18,7 @@ import {
   isNum,
 } from "./format.js";
 import { PANELS, panelNamed } from "./panels/index.js";
+import { SteerBar } from "./steer.js";
 
 /** Traits this view reads, and the section each one dirties (panel traits: see panelTrait). */
 export const SECTIONS = {
@@ -27,6 +28,7 @@ export const SECTIONS = {
   alerts: ["alerts"],
   errors: ["alerts"],
   panels: ["tabs"],
+  steer: ["steer"],
 };
 
 /** @param {string} name */
@@ -271,8 +273,8 @@ export function standing(alerts) {
 let views = 0;
 
 class Dashboard {
-  /** @param {HTMLElement} el */
-  constructor(el) {
+  /** @param {HTMLElement} el @param {(msg: Record<string, any>) => void} [send] */
+  constructor(el, send) {
     this.el = el;
     this.root = h("div", "nbm-root");
     el.append(this.root);
@@ -310,6 +312,9 @@ class Dashboard {
     this.elapsed = stat(stats, "elapsed", "elapsed");
     this.eta = stat(stats, "eta", "ETA");
     header.append(title, stats);
+    // A live run's controls (pause, stop, checkpoint, lr): hidden on replays.
+    this.steer = new SteerBar(send ?? (() => {}));
+    header.append(this.steer.root);
 
     this.gauges = h("div", "nbm-gauges");
     this.alerts = h("ul", "nbm-alerts");
@@ -472,8 +477,8 @@ class Dashboard {
  * @param {{ model: any, el: HTMLElement }} ctx
  */
 function render({ model, el }) {
-  const view = new Dashboard(el);
-  const dirty = new Set(["header", "gauges", "alerts", "tabs"]);
+  const view = new Dashboard(el, (msg) => model.send(msg));
+  const dirty = new Set(["header", "gauges", "alerts", "tabs", "steer"]);
   let frame = 0;
 
   const redraw = () => {
@@ -483,6 +488,7 @@ function render({ model, el }) {
       for (const name of view.panels.keys()) dirty.add(panelTrait(name));
     }
     if (dirty.has("header")) view.drawHeader(model.get("header") ?? {});
+    if (dirty.has("steer")) view.steer.draw(model.get("steer") ?? {});
     if (dirty.has("gauges")) view.drawGauges(model.get("system"), model.get("devices"));
     if (dirty.has("alerts")) view.drawAlerts(model.get("alerts"), model.get("errors"));
     for (const name of view.panels.keys()) {

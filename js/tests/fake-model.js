@@ -6,6 +6,11 @@ export class FakeModel {
     /** @type {Map<string, Set<Function>>} */
     this.listeners = new Map();
     this.saved = 0;
+    /** @type {any[]} custom messages the view sent */
+    this.sent = [];
+  }
+  send(msg) {
+    this.sent.push(msg);
   }
   get(key) {
     return this.state[key];

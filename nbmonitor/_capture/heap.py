@@ -8,7 +8,7 @@ tensors at the end of every step, so whether that memory stays mapped depends on
 other live allocation of the process happens to sit. The few small tensors a monitor makes per
 step are enough to tip it: on the 20-layer MLP of ``benchmarks/processes.py``, 11 of 12
 monitored processes took 40-450 page faults per step against 3 of 12 plain ones, and trimming
-costs that loop about 9 % of its step time (docs/performance.md, "The heap").
+costs that loop about 9 % of its step time (benchmarks/NOTES.md, "The heap").
 
 ``settle_heap`` frees one block just under that 32 MiB cap once per process, which raises both
 thresholds exactly as freeing any large tensor or array would: blocks below ~31 MiB then come

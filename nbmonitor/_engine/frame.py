@@ -114,7 +114,7 @@ class Frame:
 
     run: str
     backend: str
-    status: str  # "running" | "degraded" | "closed"
+    status: str  # "running" | "degraded" | "closed" | "stopped"
     step: int
     total_steps: int | None
     elapsed_s: float

@@ -9,7 +9,7 @@ then waits at most about one slice per op.
 
 The pause is a sleep, not ``time.sleep(0)``: that releases the GIL too, but the sampler often
 takes it back before the waiting thread has been scheduled, and the waiter then sits out
-another switch interval (measured in docs/performance.md, issue 29). The process-wide
+another switch interval (measured in benchmarks/NOTES.md, "The sampler in slices"). The process-wide
 ``sys.setswitchinterval`` is the user's setting and is left alone. The sleep lasts as long as
 the slice before it took (``Pause``): a loop step of a few torch ops would otherwise wait
 for one slice at each op, the sampler taking the GIL back at every release; leaving it free

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Final, TypeVar, cast
 
 from nbmonitor.errors import ErrorLog
@@ -243,23 +243,3 @@ class Sources:
     def close(self, timeout: float) -> None:
         for source in self.all():
             source.close(timeout / 3)
-
-
-# While the run log hangs, at most this many rows per stream wait for it; older ones are
-# dropped (and counted in the errors) rather than pile up without bound.
-MAX_WAITING_ROWS = 100_000
-
-
-def bound_waiting(pending: dict[str, list[Mapping[str, object]]], errors: ErrorLog) -> None:
-    """Drop the oldest rows of each stream past ``MAX_WAITING_ROWS``, saying how many."""
-    for stream, rows in pending.items():
-        if len(rows) > MAX_WAITING_ROWS:
-            dropped = len(rows) - MAX_WAITING_ROWS
-            del rows[:dropped]
-            errors.add(
-                "runlog",
-                OverflowError(
-                    f"{dropped} {stream} rows dropped: the run log is hung and at most "
-                    f"{MAX_WAITING_ROWS} rows per stream wait for it"
-                ),
-            )

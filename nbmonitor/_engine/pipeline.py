@@ -14,11 +14,12 @@ import dataclasses
 import math
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from nbmonitor._engine.assemble.layer_flow import LayerFlow
+from nbmonitor._engine.assemble.layers import LayerStats
 from nbmonitor._engine.assemble.param_groups import groups_added_notes
 from nbmonitor._engine.assemble.spans import span_rows
 from nbmonitor._engine.assemble.steps import StepAssembler, StepRows
@@ -26,15 +27,15 @@ from nbmonitor._engine.column_cap import ColumnCap
 from nbmonitor._engine.frame import Frame, FrameState, View
 from nbmonitor._engine.frame_builder import FrameBuilder
 from nbmonitor._engine.handover import HandOver
-from nbmonitor._engine.isolated import Hung, Sources, bound_waiting
-from nbmonitor._engine.pipeline_parts import PipelineParts, device_name
+from nbmonitor._engine.isolated import Hung, Sources
+from nbmonitor._engine.pipeline_parts import PipelineParts, Training, device_name
 from nbmonitor._engine.published import Published
 from nbmonitor._engine.run_model import RunModel
 from nbmonitor._engine.sampler import Stage
+from nbmonitor.health import non_finite_gradients
 from nbmonitor.health.alert import BACKEND, Alert
 from nbmonitor.health.view import RankColumns
 from nbmonitor.records import MemoryRecord
-from nbmonitor.sinks import Batch
 
 # About the most of one core that the health rules and the view may take on scheduled ticks
 # (see Stage): the rules cost ~1 ms for 50 layers and a dashboard frame 2-20 ms, which at
@@ -60,11 +61,23 @@ SINK_RETRY_S = 30.0
 SETTLE_S = 1.0
 
 
+def no_training(model: RunModel | None) -> Training:
+    """The training parts of a session with no training loop: no records, no layers."""
+    layers = model.layers if model is not None and model.layers is not None else LayerStats([])
+    return Training(drain=lambda wait: [], layers=layers, forward_checked=False)
+
+
 class Pipeline:
-    def __init__(self, parts: PipelineParts) -> None:
+    """One session's tick (``session.Session`` builds it, drives it and closes it).
+    ``status`` is the session's, for the frames."""
+
+    def __init__(self, parts: PipelineParts, status: Callable[[], str]) -> None:
         self.parts = parts
+        self.status = status
+        training = parts.training or no_training(parts.model)
+        self.training = training
         # Everything known about the run; frames, rules and sinks read only this.
-        model = parts.model or RunModel(parts.layers, parts.backend.device_index)
+        model = parts.model or RunModel(training.layers, parts.backend.device_index)
         self.model = model
         model.total_steps = parts.info.total_steps
         self.frames = FrameBuilder(parts.info, self.model)
@@ -77,29 +90,24 @@ class Pipeline:
         self.hand_over = HandOver()  # .on: in a scheduled tick, which nobody waits for
         self._columns = ColumnCap()
         self.flow = LayerFlow(
-            parts.layers,
+            training.layers,
             self.add_alerts,
-            parts.non_finite_report,
-            forward_checked=parts.forward_checked,
+            non_finite_gradients,
+            forward_checked=training.forward_checked,
             clock=parts.clock,
             loop_watched=lambda: self.model.structure.seen("backward"),
         )
-        self._pending: dict[str, list[Mapping[str, object]]] = {
-            "steps": [],
-            "system": [],
-            "events": [],
-            "layers": [],
-            "spans": [],
-            "memory": [],
-        }
+        # The sinks get what the model took since the last tick (persist): its outbox.
+        model.outbox.open()
+        self._dropping = False  # rows are being dropped from the outbox (said once a spell)
         self._notes_seen = 0
         self._copy_skip_reported = False
         self._layer_row_step = -math.inf
         self._layer_grad_keys: tuple[str, ...] | None = None
         self._last_publish = -math.inf
-        self._start = parts.monotonic()
+        self._start = time.monotonic()
         errors = parts.errors
-        clock = parts.monotonic
+        clock = time.monotonic
         # Backend, sinks and views are called through workers: one that hangs holds up itself.
         self.sources = Sources(errors, parts.interval, clock)
         view_worker = self.sources.view
@@ -152,6 +160,9 @@ class Pipeline:
             self.collect(wait=True, everything=True)
             # Unpaced, behind the health stage's own guard: a rule switched off stays off.
             self._health_stage()
+            steer = self.training.steer
+            if steer is not None:  # a stop's own event, applied as the run closed
+                self.add_alerts(steer.take())
             self.persist(final=True)
 
     # -- stages ------------------------------------------------------------------------------
@@ -173,25 +184,27 @@ class Pipeline:
         row = {"time": parts.clock(), "step": float(parts.current_step()), **sample}
         # What nbmonitor's own stores hold: the leak rule does not count it as the user's.
         row["monitor_bytes"] = float(self.model.steps.nbytes + self.model.system.nbytes)
-        if parts.current_phase is not None:
-            phase = parts.current_phase()
+        current_phase = self.training.current_phase
+        if current_phase is not None:
+            phase = current_phase()
             row["phase"] = math.nan if phase is None else float(phase)
         self.model.add_system_rows([row])
-        self._pending["system"].append(row)
+        steer = self.training.steer
+        if steer is not None:  # after the sampling call: the worker is free for the poll
+            self.add_alerts(steer.take())
+            self.sources.sample.submit(steer.poll)
 
     def collect(self, wait: bool = False, everything: bool = False, ended: bool = False) -> None:
         """Drain the records (``wait``: for device values too) and store the rows that are
         final (``StepAssembler.take``: ``ended`` for a flush, ``everything`` at close)."""
         assembler, hand_over = self._assembler, self.hand_over
         # In slices of records, in their order: a tick of a fast loop brings thousands.
-        for records in assembler.feed(self.parts.drain(wait)):
+        for records in assembler.feed(self.training.drain(wait)):
             spans = span_rows(records)
             if spans:
                 self.model.add_span_rows(spans)
-                self._pending["spans"].extend(spans)
             memory = [r.breakdown for r in records if isinstance(r, MemoryRecord)]
             if memory:
-                self._pending["memory"].extend(b.to_record() for b in memory)
                 self.model.add_memory(memory)
             hand_over()
         added = assembler.take_groups_added()
@@ -200,8 +213,8 @@ class Pipeline:
         for part in assembler.take(everything=everything, ended=ended):
             # The rows are stored before anything else here can fail: they have left the
             # assembler and exist nowhere else.
-            self.model.add_step_rows(*self._cap_columns(part))
-            self._pending["steps"].extend(part.rows)
+            # The store keeps the capped keys; the sinks get every key logged.
+            self.model.add_step_rows(*self._cap_columns(part), logged=part.rows)
             hand_over()
         self._report_failures(assembler.take_failures())  # take() adds late values' too
         for step, kind, facts in assembler.take_structure():
@@ -213,7 +226,7 @@ class Pipeline:
         hand_over()
         self.flow.add(blocks, aux, step)
         self._report_copy_skip(step)
-        self._pending["layers"].extend(self.flow.take_rows())
+        self.model.add_layer_rows(self.flow.take_rows())
 
     def _cap_columns(
         self, part: StepRows
@@ -244,7 +257,7 @@ class Pipeline:
                 self.parts.errors.add(source, exc)
 
     def _report_copy_skip(self, step: int) -> None:
-        limit = self.parts.update_copy_skipped()
+        limit = self.training.update_copy_skipped()
         if limit is None or self._copy_skip_reported:
             return
         self._copy_skip_reported = True
@@ -286,17 +299,18 @@ class Pipeline:
         self._write_layer_grads()
 
     def _ranks(self) -> RankColumns | None:
-        if self.parts.ranks is None:
+        ranks = self.training.ranks
+        if ranks is None:
             return None
         # After the rows the last tick handed to the same worker (not waited for there).
-        got = self.sources.runlog.call(self.parts.ranks, timeout=RANKS_TIMEOUT_S, wait_if_busy=True)
+        got = self.sources.runlog.call(ranks, timeout=RANKS_TIMEOUT_S, wait_if_busy=True)
         return None if isinstance(got, Hung) else got
 
     def _write_layer_grads(self) -> None:
         """One run-log row of per-layer gradient norms (the largest of each layer since the last
         such row), so that a replay draws the layer heatmap the live dashboard drew. Written
         at the health checks' pace: every step of every layer would be most of the log."""
-        layers = self.parts.layers
+        layers = self.training.layers
         got = layers.peak_since(self._layer_row_step)
         if got is None:
             return
@@ -306,14 +320,15 @@ class Pipeline:
             self._layer_grad_keys = tuple(f"grad_norm/{name}" for name in layers.names)
         row: dict[str, float] = {"step": last}
         row.update(zip(self._layer_grad_keys, peak.tolist(), strict=True))
-        self._pending["layers"].append(row)
+        self.model.add_layer_rows([row])
 
     def persist(self, final: bool = False) -> None:
-        """Hand the rows of this tick to the run log's worker. A scheduled tick does not wait
-        for the writing (it would only wait for the worker's Python to get the GIL); ``flush``
-        and the final tick wait, for an earlier write too, so the rows are on disk when they
-        return. While the worker hangs the rows wait here (bounded); at the final tick they
-        are left to it, written once it answers."""
+        """Hand the rows the model took since the last time (``RunModel.take_batch``) to the
+        run log's worker. A scheduled tick does not wait for the writing (it would only wait
+        for the worker's Python to get the GIL); ``flush`` and the final tick wait, for an
+        earlier write too, so the rows are on disk when they return. While the worker hangs
+        the rows wait in the model's outbox (bounded: the oldest dropped, and said); at the
+        final tick they are left to it, written once it answers."""
         writer = self.sources.runlog
         scheduled = self.hand_over.on
         if not scheduled:
@@ -321,10 +336,10 @@ class Pipeline:
         busy = writer.busy
         if busy and not final:
             writer.note_hang()
-            bound_waiting(self._pending, self.parts.errors)
+            self._report_dropped(took=False)
             return
-        batch = Batch({k: v for k, v in self._pending.items() if v})
-        self._pending = {k: [] for k in self._pending}
+        batch = self.model.take_batch()
+        self._report_dropped(took=True, final=final)
         sinks = self.parts.sinks
 
         def write_and_flush() -> None:
@@ -341,8 +356,31 @@ class Pipeline:
         else:  # HUNG: the worker holds the rows and writes them when the file system answers
             writer.call(write_and_flush)
 
+    def _report_dropped(self, took: bool, final: bool = False) -> None:
+        """Say once a spell that rows are dropped while the sinks do not take them, and at
+        the final tick how many were in all."""
+        outbox, errors = self.model.outbox, self.parts.errors
+        new = outbox.take_dropped()
+        if new and not self._dropping:
+            what = ", ".join(f"{n} {stream}" for stream, n in new.items())
+            errors.add(
+                "runlog",
+                OverflowError(
+                    f"{what} rows dropped: the sinks did not take them (the run log hung) and "
+                    f"at most {outbox.limit} rows per stream wait for them; older ones are "
+                    "dropped until they do (the count in all is said at close)"
+                ),
+            )
+            self._dropping = True
+        if took:  # the spell is over: the next one is said again
+            self._dropping = False
+        if final and outbox.dropped:
+            what = ", ".join(f"{n} {stream}" for stream, n in outbox.dropped.items())
+            message = f"{what} rows dropped in all: the sinks did not take them in time"
+            errors.add("runlog", OverflowError(message))
+
     def publish(self) -> None:
-        now = self.parts.monotonic()
+        now = time.monotonic()
         if not self.views or now - self._last_publish < PUBLISH_EVERY_S:
             return
         self._last_publish = now
@@ -357,20 +395,6 @@ class Pipeline:
 
         self.sources.view.call(publish_all)
 
-    def status(self) -> str:
-        """``running``; ``degraded`` once something failed, saying which source hangs and
-        for how long while one does; ``closed``."""
-        parts = self.parts
-        if parts.status is not None:
-            return parts.status()
-        if parts.closed():
-            return "closed"
-        hung = {**self.sources.hung(), **parts.sinks.hung()}
-        if hung:
-            what = "; ".join(f"{source} hung for {s:.0f} s" for source, s in hung.items())
-            return f"degraded: {what}"
-        return "degraded" if len(parts.errors) else "running"
-
     # -- alerts and published state ------------------------------------------------------------
 
     def add_alerts(self, alerts: Iterable[Alert], judged: bool = False) -> None:
@@ -380,7 +404,6 @@ class Pipeline:
         if not judged and added:
             self.parts.health.note(added)
         if added:
-            self._pending["events"].extend(a.to_record() for a in added)
             self.published = dataclasses.replace(self.published, alerts=self.model.alerts)
 
     def _publish_state(self, step: int, open_rows: tuple[dict[str, float], ...]) -> None:
@@ -413,7 +436,7 @@ class Pipeline:
         state = FrameState(
             status=self.status(),
             step=parts.current_step(),
-            elapsed_s=parts.monotonic() - self._start,
+            elapsed_s=time.monotonic() - self._start,
             open_rows=self.published.open_rows,
             errors=[str(e) for e in parts.errors.entries()],
             devices=tuple(parts.backend.device_gauges(dict(model.last_sample))),

@@ -5,13 +5,18 @@ it from its files, whole or record by record as another process writes them (``r
 Both put the same rows in the same places, and everything derived from them (best loss, energy
 per step and per sample, the clipping share, the health rules' input) is computed here once,
 so a live run, a replayed one and a tailed one cannot drift apart. numpy only.
+
+It is also the sinks' only ledger: every row it takes goes into its ``outbox``
+(``outbox.py``), once its reader opened it, and the sampler hands the sinks what
+``take_batch()`` gives: a row reaches the run log and the exporters because the model took
+it, not because a caller also listed it somewhere else.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -21,6 +26,7 @@ from nbmonitor._engine.assemble.spans import SpanLog
 from nbmonitor._engine.derive.clipping import clip_share
 from nbmonitor._engine.derive.energy import energy_rates
 from nbmonitor._engine.derive.headroom import headroom
+from nbmonitor._engine.outbox import Outbox
 from nbmonitor._engine.store import FloatArray, Store
 from nbmonitor.health import HealthInput
 from nbmonitor.health.alert import Alert
@@ -29,6 +35,7 @@ from nbmonitor.health.structure import StructureLog
 from nbmonitor.health.view import RankColumns
 from nbmonitor.memory import MemoryBreakdown
 from nbmonitor.records import PHASE_KEYS, OptimizerRecord
+from nbmonitor.sinks import Batch
 
 # The alerts a run keeps (the frame shows the newest few; the run log keeps every one).
 MAX_ALERTS = 200
@@ -39,6 +46,11 @@ HEALTH_SYSTEM_ROWS = 120
 # The sampler's busy spells kept for the time rules: more than the ticks over the steps they
 # judge (RECENT_STEPS and the look-back of health/rules/time.py).
 BUSY_KEPT = 64
+# The per-layer columns of the run log's layers stream: the largest gradient norm of each
+# layer since the previous row, and the newest parameter norm and update ratio.
+GRAD_PREFIX = "grad_norm/"
+PARAM_PREFIX = "param_norm/"
+RATIO_PREFIX = "update_ratio/"
 
 
 class RunModel:
@@ -85,6 +97,8 @@ class RunModel:
         # Is the fine-tune training: the adapters' running account and its newest verdict.
         self._adapter_watch: AdapterWatch | None = None
         self.adapter_verdict: AdapterVerdict | None = None
+        # What it took since its reader's last take_batch(): the sinks' rows (outbox.py).
+        self.outbox = Outbox()
 
     # -- input: the same for a live run and a run on disk ---------------------------------------
 
@@ -92,10 +106,15 @@ class RunModel:
         self,
         rows: Sequence[Mapping[str, float]],
         columns: Mapping[str, Sequence[float]] | None = None,
+        *,
+        logged: Sequence[Mapping[str, float]] | None = None,
     ) -> None:
         """Rows of consecutive steps; ``columns``, the same rows as columns when the caller
         has them (a run of alike steps: every row has every key, NaN where one lacks it),
-        spare a pass per key over the rows."""
+        spare a pass per key over the rows. ``logged``: the rows as they were logged when
+        ``rows`` keep only some of their keys (the live store's column cap): the sinks get
+        every key."""
+        self.outbox.put("steps", rows if logged is None else logged)
         if not rows:
             return
         if columns is not None:
@@ -115,22 +134,30 @@ class RunModel:
         """A whole steps stream read at once (a run opened from disk): columns, not rows."""
         if not columns or not len(next(iter(columns.values()))):
             return
+        if self.outbox.is_open:
+            self.outbox.put("steps", _rows_of(columns))
         self.steps.extend_columns(columns)
         self.spans.add_step_columns(columns)
         self._note_steps(columns.get("loss"), columns.get("time"))
 
     def add_system_rows(self, rows: Sequence[Mapping[str, float]]) -> None:
         if rows:
+            self.outbox.put("system", rows)
             self.system.extend(rows)
             self._last_sample = dict(rows[-1])
 
     def add_system_columns(self, columns: Mapping[str, FloatArray]) -> None:
         if columns and len(next(iter(columns.values()))):
+            if self.outbox.is_open:
+                self.outbox.put("system", _rows_of(columns))
             self.system.extend_columns(columns)
             self._last_sample = {k: float(v[-1]) for k, v in columns.items()}
 
-    def add_span_rows(self, rows: Iterable[Mapping[str, object]]) -> None:
-        self.spans.add_spans(rows)
+    def add_span_rows(self, rows: Sequence[Mapping[str, object]]) -> None:
+        """Span rows (``assemble/spans.py``), as the spans stream keeps them."""
+        if rows:
+            self.outbox.put("spans", rows)
+            self.spans.add_spans(rows)
 
     def add_alerts(self, alerts: Iterable[Alert]) -> list[Alert]:
         """Keep ``alerts`` (the newest ``MAX_ALERTS``) and the layers they name; the ones added."""
@@ -144,17 +171,77 @@ class RunModel:
                     named.append(alert.rule)
         self._alerts += added
         del self._alerts[:-MAX_ALERTS]
+        if added and self.outbox.is_open:  # every one: the run log keeps what the model drops
+            self.outbox.put("events", [a.to_record() for a in added])
         return added
 
     def add_memory(self, breakdowns: Sequence[MemoryBreakdown]) -> None:
-        """Breakdowns of sampled steps, oldest first: the newest is kept."""
+        """Breakdowns of sampled steps, oldest first: the newest is kept (the sinks get all)."""
         if breakdowns:
+            if self.outbox.is_open:
+                self.outbox.put("memory", [b.to_record() for b in breakdowns])
             self.memory = breakdowns[-1]
 
     def set_layers(self, layers: LayerStats) -> None:
         """The layers of a run on disk, once its first per-layer rows name them."""
         if self.layers is None:
             self.layers = layers
+
+    def add_layer_rows(self, rows: Sequence[Mapping[str, float]]) -> None:
+        """Per-layer rows of a live run, of values its ``layers`` already took (the layer
+        flow fills them record by record, at full resolution): for the sinks only."""
+        self.outbox.put("layers", rows)
+
+    def add_layer_columns(
+        self,
+        columns: Mapping[str, FloatArray],
+        new_layers: Callable[[Sequence[str]], LayerStats],
+    ) -> None:
+        """Per-layer columns as the layers stream keeps them (a run on disk, whole or the
+        records just written): ``step`` and ``grad_norm/<layer>`` (the largest gradient norm
+        since the previous row), ``param_norm/<layer>``, ``update_ratio/<layer>``.
+        ``new_layers`` makes the layer table from the layers the first such columns name
+        (a run on disk: from its meta.json); later columns of layers it lacks are left out."""
+        if not columns or not len(next(iter(columns.values()))):
+            return
+        if self.outbox.is_open:
+            self.outbox.put("layers", _rows_of(columns))
+        names = [k.removeprefix(GRAD_PREFIX) for k in columns if k.startswith(GRAD_PREFIX)]
+        names += [
+            k.split("/", 1)[1]
+            for k in columns
+            if k.startswith((PARAM_PREFIX, RATIO_PREFIX)) and k.split("/", 1)[1] not in names
+        ]
+        if self.layers is None:
+            if not names:
+                return
+            self.layers = new_layers(list(dict.fromkeys(names)))
+        layers = self.layers
+        steps = columns.get("step")
+        if steps is None:
+            return
+        known = {n: i for i, n in enumerate(layers.names)}
+        grads = [
+            (known[n], columns[GRAD_PREFIX + n])
+            for n in names
+            if n in known and GRAD_PREFIX + n in columns
+        ]
+        if grads:
+            rows = ~np.all([np.isnan(v) for _, v in grads], axis=0)
+            norms = np.full((int(rows.sum()), len(layers.names)), np.nan)
+            for i, values in grads:
+                if i < norms.shape[1]:
+                    norms[:, i] = values[rows]
+            layers.add_grad_norm_rows(steps[rows].astype(int).tolist(), norms, None)
+        newest: dict[str, dict[int, float]] = {"param_norm": {}, "update_ratio": {}}
+        for prefix, target in ((PARAM_PREFIX, "param_norm"), (RATIO_PREFIX, "update_ratio")):
+            for name, i in known.items():
+                column = columns.get(prefix + name)
+                if column is not None:
+                    finite = column[~np.isnan(column)]
+                    if finite.size:
+                        newest[target][i] = float(finite[-1])
+        layers.set_newest(newest["param_norm"], newest["update_ratio"])
 
     def _note_steps(self, loss: FloatArray | None, times: FloatArray | None) -> None:
         if loss is not None and len(loss):
@@ -170,6 +257,11 @@ class RunModel:
                 self._last_time = float(finite[-1])
 
     # -- output --------------------------------------------------------------------------------
+
+    def take_batch(self) -> Batch:
+        """Every row taken since the last call, per stream, oldest first: what the sinks get
+        (the reader opens ``outbox`` first; see ``outbox.py`` for its bound)."""
+        return self.outbox.take()
 
     @property
     def alerts(self) -> tuple[Alert, ...]:
@@ -274,10 +366,11 @@ class RunModel:
         return spells
 
 
-def ranks_health_input(columns: RankColumns, time: float) -> HealthInput:
-    """What the straggler rule reads of a job: every rank's step times, and nothing else."""
-    step = int(columns.steps[-1]) if columns.steps.size else 0
-    return HealthInput(step=step, time=time, steps={}, ranks=columns)
+def _rows_of(columns: Mapping[str, FloatArray]) -> list[dict[str, float]]:
+    """Columns of equal length as rows (NaN where a row lacks a key, as a store reads)."""
+    keys = list(columns)
+    values = [np.asarray(columns[k], dtype=np.float64).tolist() for k in keys]
+    return [dict(zip(keys, row, strict=True)) for row in zip(*values, strict=True)]
 
 
 def floats(row: Mapping[str, Any]) -> dict[str, float]:
@@ -291,4 +384,11 @@ def floats(row: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
-__all__ = ["MAX_ALERTS", "RunModel", "floats", "ranks_health_input"]
+__all__ = [
+    "GRAD_PREFIX",
+    "MAX_ALERTS",
+    "PARAM_PREFIX",
+    "RATIO_PREFIX",
+    "RunModel",
+    "floats",
+]

@@ -21,10 +21,6 @@ from nbmonitor.health.adapters import Adapters
 from nbmonitor.health.alert import Alert
 from nbmonitor.memory import MemoryBreakdown
 
-GRAD_PREFIX = "grad_norm/"
-PARAM_PREFIX = "param_norm/"
-RATIO_PREFIX = "update_ratio/"
-
 
 def run_info(meta: Mapping[str, Any], name: str) -> RunInfo:
     """What meta.json says of the run itself (its backend, planned steps, accelerators)."""
@@ -81,7 +77,7 @@ class RunState:
             self.model.add_step_columns(columns)
         elif stream == "system":
             self.model.add_system_columns(columns)
-        elif stream == "layers" and columns and len(next(iter(columns.values()))):
+        elif stream == "layers":
             self._add_layer_columns(columns)
 
     def add_rows(self, streams: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:
@@ -90,7 +86,7 @@ class RunState:
         self.model.add_step_rows([floats(r) for r in steps])
         self.model.add_system_rows([floats(r) for r in streams.get("system", ())])
         self.add_events(streams.get("events", ()))
-        self.model.add_span_rows(streams.get("spans", ()))
+        self.model.add_span_rows(list(streams.get("spans", ())))
         self.add_memory(streams.get("memory", ()))
         layers = [floats(r) for r in streams.get("layers", ())]
         if layers:
@@ -116,48 +112,14 @@ class RunState:
         self.model.add_alerts(alerts)
 
     def _add_layer_columns(self, columns: Mapping[str, np.ndarray[Any, Any]]) -> None:
-        names = [k.removeprefix(GRAD_PREFIX) for k in columns if k.startswith(GRAD_PREFIX)]
-        names += [
-            k.split("/", 1)[1]
-            for k in columns
-            if k.startswith((PARAM_PREFIX, RATIO_PREFIX)) and k.split("/", 1)[1] not in names
-        ]
-        if self.model.layers is None:
-            if not names:
-                return
-            infos = [self._layer_info(n) for n in dict.fromkeys(names)]
-            stats = LayerStats(infos, group_by="param")
-            # The adapters meta.json kept (untrusted: malformed reads as none).
-            stats.adapters = Adapters.from_json(self.meta.get("adapters"))
-            self.model.set_layers(stats)
-        layers = self.model.layers
-        assert layers is not None
-        known = {n: i for i, n in enumerate(layers.names)}
-        steps = columns.get("step")
-        if steps is None:
-            return
-        grads = [
-            (known[n], columns[GRAD_PREFIX + n])
-            for n in names
-            if n in known and GRAD_PREFIX + n in columns
-        ]
-        if grads:
-            rows = ~np.all([np.isnan(v) for _, v in grads], axis=0)
-            norms = np.full((int(rows.sum()), len(layers.names)), np.nan)
-            for i, values in grads:
-                if i < norms.shape[1]:
-                    norms[:, i] = values[rows]
-            layers.add_grad_norm_rows(steps[rows].astype(int).tolist(), norms, None)
-        for prefix, target in (
-            (PARAM_PREFIX, layers.param_norm),
-            (RATIO_PREFIX, layers.update_ratio),
-        ):
-            for name, i in known.items():
-                column = columns.get(prefix + name)
-                if column is not None:
-                    finite = column[~np.isnan(column)]
-                    if finite.size:
-                        target[i] = finite[-1]
+        self.model.add_layer_columns(columns, self._new_layers)
+
+    def _new_layers(self, names: Sequence[str]) -> LayerStats:
+        """The layer table of the layers the run's first per-layer rows name, from meta.json."""
+        stats = LayerStats([self._layer_info(n) for n in names], group_by="param")
+        # The adapters meta.json kept (untrusted: malformed reads as none).
+        stats.adapters = Adapters.from_json(self.meta.get("adapters"))
+        return stats
 
     def _layer_info(self, layer: str) -> ParamInfo:
         """What meta.json says of the parameters of ``layer`` (a parameter, or a module when

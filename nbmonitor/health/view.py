@@ -38,7 +38,7 @@ class RankProgress:
     @property
     def ended(self) -> tuple[bool, ...]:
         """Whether each rank closed its run (a process killed before closing has not)."""
-        return tuple(s in ("closed", "degraded") for s in self.status)
+        return tuple(s in ("closed", "degraded", "stopped") for s in self.status)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The sampler side of a live run, built complete (part of the live entrance, ``monitor.py``):
-the sinks, the pipeline that holds them as its one ``Sink``, the sampler thread that drives
-it, and the ``Lifetime`` that ends them; each constructed with everything it needs, nothing
-assigned to it afterwards.
+the sinks as one ``Sink``, the training parts, the session (``_engine/session.py``: the
+pipeline and the sampler thread that drives it) and the ``Lifetime`` that ends it; each
+constructed with everything it needs, nothing assigned to it afterwards.
 
 Nothing built here holds the Monitor or the model: the sampler thread would keep them alive
 (lifetime.py says who owns what).
@@ -9,33 +9,21 @@ Nothing built here holds the Monitor or the model: the sampler thread would keep
 
 from __future__ import annotations
 
-import functools
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from nbmonitor._capture.capture import Capture
 from nbmonitor._engine.assemble.layers import LayerStats
 from nbmonitor._engine.frame import RunInfo
-from nbmonitor._engine.pipeline import SINK_RETRY_S, Pipeline
-from nbmonitor._engine.pipeline_parts import PipelineParts
-from nbmonitor._engine.sampler import SamplerThread
+from nbmonitor._engine.pipeline import SINK_RETRY_S
+from nbmonitor._engine.pipeline_parts import PipelineParts, Steer, Training
+from nbmonitor._engine.session import Session
 from nbmonitor.backends.base import Backend
 from nbmonitor.errors import ErrorLog
-from nbmonitor.health import Health, non_finite_gradients
+from nbmonitor.health import Health
 from nbmonitor.health.view import RankColumns
-from nbmonitor.live.lifetime import Lifetime, StepCount, flush_tick
+from nbmonitor.live.lifetime import Lifetime, StepCount
 from nbmonitor.sinks import FanOut, Sink
-
-
-@dataclass(frozen=True)
-class SamplerSide:
-    """What ``build_sampler`` built: the pipeline, its (not yet started) thread, and the
-    Lifetime that ends both."""
-
-    pipeline: Pipeline
-    thread: SamplerThread
-    life: Lifetime
 
 
 def build_sampler(
@@ -53,8 +41,10 @@ def build_sampler(
     job: bool,
     clock: Callable[[], float],
     interval: float,
-) -> SamplerSide:
-    """The sampler side of one run. ``sinks`` get every tick's rows, the run log first."""
+    steer: Steer | None = None,
+) -> Lifetime:
+    """The sampler side of one run, its session not yet started. ``sinks`` get every tick's
+    rows, the run log first."""
     # Weakly: the probe holds the parameters (and their copies), which go with the model.
     update_ref = weakref.ref(capture.update_ratio) if capture.update_ratio else None
 
@@ -62,33 +52,27 @@ def build_sampler(
         update = update_ref() if update_ref is not None else None
         return update.copy_max_bytes if update is not None and update.copy_skipped else None
 
-    fan_out = FanOut(sinks, errors, retry_after=SINK_RETRY_S)
-    pipeline = Pipeline(
+    session = Session(
         PipelineParts(
             info=info,
             backend=backend,
-            drain=capture.recorder.drain,
             current_step=count.step,
-            layers=layers,
             health=health,
-            non_finite_report=non_finite_gradients,
-            forward_checked=forward_checked,
-            sinks=fan_out,
+            sinks=FanOut(sinks, errors, retry_after=SINK_RETRY_S),
             errors=errors,
-            closed=count.is_closed,
-            update_copy_skipped=copy_skipped,
-            ranks=ranks,
-            current_phase=count.phase if job else None,
+            training=Training(
+                drain=capture.recorder.drain,
+                layers=layers,
+                forward_checked=forward_checked,
+                update_copy_skipped=copy_skipped,
+                ranks=ranks,
+                current_phase=count.phase if job else None,
+                steer=steer,
+            ),
             clock=clock,
             interval=interval,
-        )
+        ),
+        counts=count.counts,
+        stop=count.remove_hooks,
     )
-    thread = SamplerThread(
-        functools.partial(pipeline.tick, paced=True),
-        interval,
-        flush=functools.partial(flush_tick, pipeline),
-    )
-    life = Lifetime(
-        count, errors, clock, pipeline=pipeline, thread=thread, sinks=fan_out, backend=backend
-    )
-    return SamplerSide(pipeline, thread, life)
+    return Lifetime(count, session)

@@ -13,23 +13,14 @@ can be the sampler itself, which cannot join itself.
 
 from __future__ import annotations
 
-import datetime as _dt
 import sys
 import threading
-import time
 import weakref
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from nbmonitor._capture.clock import StepClock
-from nbmonitor._engine.isolated import Hung
-from nbmonitor._engine.pipeline import Pipeline
-from nbmonitor._engine.sampler import SamplerThread
-from nbmonitor.backends.base import Backend
-from nbmonitor.errors import ErrorLog
-from nbmonitor.sinks import FanOut
+from nbmonitor._engine.session import Session
 
 
 class StepCount:
@@ -64,45 +55,51 @@ class StepCount:
         clock = self.clock()
         return clock.phases.current() if clock is not None else None
 
-    def is_closed(self) -> bool:
-        return self.closed
+    def remove_hooks(self) -> None:
+        """Take the run's hooks out of the model and torch (the session's first step of
+        closing)."""
+        clock = self.clock()
+        if clock is not None:
+            clock.remove()
+        for handle in self.handles:
+            handle.remove()
+
+    def counts(self) -> dict[str, object]:
+        """What the final meta.json says of the steps."""
+        step = self.step()
+        # This run's steps: a resumed run (start_step) holds only those it took.
+        return {"steps": step - self.start, "last_step": step}
 
 
 class Lifetime:
-    """The parts a run's ending needs, none of them the model or the Monitor; built complete
-    by ``build.py`` once the pipeline, its sampler thread and its sinks exist."""
+    """How a live run ends: its step count and its session (``_engine/session.py``, which
+    holds the pipeline, the sampler thread, the sinks and the backend), none of them the model
+    or the Monitor; built complete by ``build.py``. The session closes the run; this says only
+    what a live run adds: the step count closes first (the loop's records stop), and a run
+    whose model went closes itself from a thread of its own."""
 
-    def __init__(
-        self,
-        count: StepCount,
-        errors: ErrorLog,
-        wall_clock: Callable[[], float],
-        *,
-        pipeline: Pipeline,
-        thread: SamplerThread,
-        sinks: FanOut,
-        backend: Backend,
-    ) -> None:
+    def __init__(self, count: StepCount, session: Session) -> None:
         self.count = count
-        self.errors = errors
-        self._wall_clock = wall_clock
-        self.pipeline = pipeline
-        self.thread = thread
-        self.sinks = sinks
-        self.backend = backend
-        self._lock = threading.Lock()
-        self._closing = threading.Lock()
-        # The parts of closing done so far ("hooks", "thread", "final", "sinks", ...), and the
-        # final meta the final tick made: a close() interrupted goes on from there.
-        self._closed_parts: set[str] = set()
-        self._final: dict[str, object] | None = None
-        # Called first when the run closes (a profile still running stops its profiler).
-        self.on_close: list[Callable[[], None]] = []
+        self.session = session
         self.profile: Any = None  # the latest mon.profile() (live/profile.py)
 
     @property
     def closed(self) -> bool:
         return self.count.closed
+
+    @property
+    def stopped(self) -> bool:
+        """A stop was asked for and applied: the run closes "stopped"."""
+        return self.session.stopped
+
+    @stopped.setter
+    def stopped(self, value: bool) -> None:
+        self.session.stopped = value
+
+    @property
+    def on_close(self) -> list[Callable[[], None]]:
+        """Called first when the run closes (a profile still running stops its profiler)."""
+        return self.session.on_close
 
     def step(self) -> int:
         return self.count.step()
@@ -111,7 +108,7 @@ class Lifetime:
         return self.count.clock()
 
     def status(self) -> str:
-        return self.pipeline.status()
+        return self.session.status()
 
     def release_soon(self, *_: Any) -> None:
         """Close from a thread of its own (a weakref callback or a finaliser: any thread)."""
@@ -121,151 +118,10 @@ class Lifetime:
         thread.start()
 
     def close(self, wait: float = 5.0) -> None:
-        """Remove the hooks, stop the sampler, take and write the last records, close the
-        views, sinks and backend. Idempotent, never raises; returns within ``wait`` seconds
-        whatever hangs (one deadline for all its waits).
-
-        Called on one of the sampler's workers (a view's ``publish`` that closes the run: the
-        sampler is then waiting for that very call), the closing is handed to a short-lived
-        thread and this returns at once; the run closes as soon as the call returns.
-
-        Interruptible: a KeyboardInterrupt while it waits leaves the parts not yet done for the
-        next ``close()``, which goes on from there, so the run is still finalised.
-        """
-        with self._lock:
-            self.count.closed = True
-        if self.pipeline.sources.on_worker():
-            thread = threading.Thread(
-                target=self.close, args=(wait,), name="nbmonitor-release", daemon=True
-            )
-            thread.start()
-            return
-        deadline = time.monotonic() + wait
-
-        def left() -> float:
-            return max(0.0, deadline - time.monotonic())
-
-        # One closer at a time; another thread closing (the model went) is waited for.
-        if not self._closing.acquire(timeout=wait):
-            return
-        try:
-            self._close_parts(left)
-        finally:
-            self._closing.release()
-
-    def _close_parts(self, left: Callable[[], float]) -> None:
-        done = self._closed_parts
-        try:
-            if "profile" not in done:
-                done.add("profile")  # a profile still running stops its profiler, once
-                for stop in tuple(self.on_close):
-                    try:
-                        stop()
-                    except Exception as exc:
-                        self.errors.add("close", exc)
-            if "hooks" not in done:
-                clock = self.count.clock()
-                if clock is not None:
-                    clock.remove()
-                for handle in self.count.handles:
-                    handle.remove()
-                done.add("hooks")
-            if "thread" not in done:
-                self.thread.stop(left())
-                done.add("thread")
-            if "final" not in done:
-                self._final = self._final_tick(self.pipeline, left)
-                done.add("final")
-        except Exception as exc:
-            self.errors.add("close", exc)
-            done.update(("hooks", "thread", "final"))  # what failed is reported, not retried
-        # A KeyboardInterrupt above skips this: the files stay open for the next close().
-        self._release(self._final, left)
-
-    def _final_tick(self, pipeline: Pipeline, left: Callable[[], float]) -> dict[str, object]:
-        if not pipeline.lock.acquire(timeout=left()):
-            raise TimeoutError(
-                "the sampler is stuck in a source; the last interval was not written"
-            )
-        try:
-            pipeline.final_tick()
-            pipeline.refresh_layers()
-            frame = pipeline.frame()
-            views, errors = pipeline.views, self.errors
-
-            def close_views() -> None:
-                for view in views:
-                    try:
-                        view.close(frame)
-                    except Exception as exc:
-                        errors.add("view", exc)
-
-            pipeline.sources.view.call(close_views, timeout=left(), wait_if_busy=True)
-            return self.final_meta("degraded" if len(self.errors) else "closed")
-        finally:
-            pipeline.lock.release()
-
-    def final_meta(self, status: str) -> dict[str, object]:
-        return {
-            "end_time": _dt.datetime.fromtimestamp(self._wall_clock(), _dt.UTC).isoformat(),
-            # This run's steps: a resumed run (start_step) holds only those it took.
-            "steps": self.step() - self.count.start,
-            "last_step": self.step(),
-            "status": status,
-            "errors": [str(e) for e in self.errors.entries()],
-        }
-
-    def _release(self, final: dict[str, object] | None, left: Callable[[], float]) -> None:
-        # After the final tick; a close that gave up on a hung tick still closes the files,
-        # with status "degraded" and what failed. Sinks and backend are closed on their
-        # workers, within what is left of close()'s wait; a backend whose sampling hangs is
-        # closed once that call returns (its worker's deferred work), not waited for.
-        sinks, backend, done = self.sinks, self.backend, self._closed_parts
-        sources = self.pipeline.sources
-        if "sinks" not in done:
-            done.add("sinks")  # handed over: a close interrupted while it runs is not redone
-            meta = final or self.final_meta("degraded")
-            if sources.runlog.busy:
-                self.errors.add(
-                    "close",
-                    TimeoutError(
-                        "the run log is hung: its last rows and meta.json are written when "
-                        "the file system answers"
-                    ),
-                )
-                hung_meta = {**meta, "status": "degraded", "errors": self.final_meta("")["errors"]}
-                sources.runlog.defer(lambda: sinks.close(hung_meta))
-            elif isinstance(
-                sources.runlog.call(
-                    lambda: sinks.close(meta), timeout=max(left(), 0.5), wait_if_busy=True
-                ),
-                Hung,
-            ):
-                self.errors.add(
-                    "close",
-                    TimeoutError("the run log hung while closing; meta.json may not be final"),
-                )
-        if "backend" not in done:
-            done.add("backend")
-            try:
-                if sources.sample.busy:
-                    sources.sample.defer(backend.close)
-                else:
-                    sources.sample.call(backend.close, timeout=left(), wait_if_busy=True)
-            except Exception as exc:
-                self.errors.add("close", exc)
-        sources.close(left())
-
-
-def flush_tick(pipeline: Pipeline) -> None:
-    """A full tick that takes every record now (flush, and the sampler serving a flush)."""
-    # np.errstate: as in Pipeline.tick, no numpy warning reaches the user's output.
-    with pipeline.lock, np.errstate(all="ignore"):
-        # Every step that has ended, the last one too: values the loop logs for it later
-        # are reported, not written (StepAssembler.take).
-        pipeline.collect(wait=True, ended=True)
-        pipeline.tick(paced=False)
-        pipeline.refresh_layers()
+        """No more records from the loop, then the session's close (``Session.close``:
+        idempotent, never raises, within ``wait`` seconds, interruptible)."""
+        self.count.closed = True
+        self.session.close(wait)
 
 
 def current_cell() -> tuple[str, int] | None:

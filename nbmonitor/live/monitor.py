@@ -38,10 +38,12 @@ from nbmonitor.live import ranks as _ranks
 from nbmonitor.live import registry as _registry
 from nbmonitor.live.adapters import find_adapters
 from nbmonitor.live.build import build_sampler
-from nbmonitor.live.lifetime import StepCount, flush_tick
+from nbmonitor.live.lifetime import StepCount
 from nbmonitor.live.memory_history import MemoryHistory
 from nbmonitor.live.parts import layer_stats, run_meta
+from nbmonitor.live.run_memory import RunMemory
 from nbmonitor.live.setup_check import check_setup
+from nbmonitor.live.steering import SteerControls, build_steering, install_handler, on_stop
 from nbmonitor.options import (
     DEFAULT_LAYER_EVERY,
     AttachOptions,
@@ -53,7 +55,7 @@ from nbmonitor.sinks import Sink
 
 if TYPE_CHECKING:
     from nbmonitor.live.profile import Profile
-    from nbmonitor.memory import Freed, MemoryBreakdown, OomReport
+    from nbmonitor.memory import Freed, OomReport
 
 # How long close() waits for a sampler tick in progress (a hung source) before it gives up on
 # the last interval rather than hang the notebook.
@@ -62,7 +64,7 @@ CLOSE_WAIT_S = 5.0
 FLUSH_TIMEOUT_S = 5.0
 
 
-class Monitor:
+class Monitor(SteerControls):
     """A live monitor of one model's training. Create it with :func:`nbmonitor.attach`.
 
     The training thread only records; a background thread (``nbmonitor-sampler``) samples the
@@ -102,7 +104,8 @@ class Monitor:
         _ranks.check_display_rank(self.rank, opts.display_rank)
 
         self.backend = _backends.select(model, opts.backend)
-        self._history = MemoryHistory(self.backend.name) if opts.memory_history else None
+        # Built first: memory_history=True off CUDA raises here, before anything starts.
+        history = MemoryHistory(self.backend.name) if opts.memory_history else None
         capture = build_capture(
             model,
             optimizer,
@@ -127,7 +130,6 @@ class Monitor:
         self._spans = SpanTimer(
             capture.clock.ctx, Guard("probe:spans", errors_log), count, timer, clock
         )
-        self._memory_probe = weakref.ref(capture.memory)
         layers = layer_stats(capture.params, capture.param_names, optimizer, opts.layer_group)
         layers.module_kinds = {n: type(m).__name__ for n, m in model.named_modules() if n}
         # The adapters of a fine-tune (LoRA, peft's methods, a small trainable part); a model
@@ -148,8 +150,17 @@ class Monitor:
         self._runlog, self.name = _ranks.create_runlog(
             opts, run_name, meta, self.rank, device, self.backend.device_index
         )
+        self._steering, steer_port = build_steering(
+            capture.clock,
+            model,
+            errors_log,
+            self._runlog.path,
+            scheduler=opts.scheduler,
+            on_checkpoint=opts.on_checkpoint,
+            control=True,
+        )
         cuda = self.backend.device_index is not None
-        sampler = build_sampler(
+        life = self._life = build_sampler(
             info=RunInfo(
                 self.name,
                 self.backend.name,
@@ -170,13 +181,26 @@ class Monitor:
             job=self.rank is not None,
             clock=clock,
             interval=self.interval,
+            steer=steer_port,
         )
-        self._pipeline, self._thread = sampler.pipeline, sampler.thread
-        life = self._life = sampler.life
+        self._session = life.session
+        self._pipeline = life.session.pipeline
         # A model collected (dropped by the user) closes its run; see lifetime.py.
         self._model_ref = weakref.ref(model, life.release_soon)
         self._pipeline.add_alerts(
             check_setup(model, optimizer, step=opts.start_step, time=self._start, adapters=adapters)
+        )
+        self._memory = RunMemory(
+            probe=capture.memory,
+            model=model,
+            run=self._pipeline.model,
+            history=history,
+            errors=errors_log,
+            step=life.step,
+            optimizer=lambda: getattr(life.clock(), "optimizer", None),
+            run_dir=self.run_dir,
+            backend=self.backend.name,
+            device_index=self.backend.device_index,
         )
         self._finalizer = weakref.finalize(self, life.release_soon)
         self._finalizer.atexit = False  # at exit registry._close_all closes it
@@ -218,7 +242,7 @@ class Monitor:
         if not display:
             return  # nothing shown or printed, not even through a logging handler set up
         if in_notebook():
-            self._pipeline.views = (self._make_dashboard(),)
+            self._session.add_view(self._make_dashboard())
         else:
             # In a script the console line is the view.
             logger = console_logger(install_handler=True)
@@ -229,7 +253,7 @@ class Monitor:
                     why = entry.message.removeprefix("ExportError: ").removeprefix("nbmonitor: ")
                     target = entry.source.removeprefix("export:")
                     logger.warning("export to %s did not start: %s", target, why)
-            self._pipeline.views = (ConsoleView(logger),)
+            self._session.add_view(ConsoleView(logger))
 
     def _make_dashboard(self) -> Any:
         from nbmonitor.ui.dashboard import Dashboard
@@ -246,18 +270,15 @@ class Monitor:
         try:
             self._capture.clock.install()
             self._capture = None  # from now on the model holds it (see registry.LIVE)
-            self._thread.start()
+            self._session.start()
         except BaseException:
             # Nothing of a monitor that did not start stays in the user's model or torch.
             self.close()
             raise
         _registry.started(self)
-        if self._history is not None:
-            try:
-                self._history.start()
-            except Exception as exc:  # recording off: the run goes on without snapshots
-                self.errors_log.add("memory_history", exc)
-        self._watch_oom()
+        self._steering.on_stop = on_stop(self)
+        install_handler()
+        self._memory.start(watch=self.displays)
         clock = self._life.clock()
         if self._dashboard is not None and self._dashboard.route == "main" and clock is not None:
             # Colab renders only main-thread sends: the loop sends the newest frame at a step end.
@@ -272,7 +293,7 @@ class Monitor:
 
     def stop_signal(self) -> None:
         """Ask the sampler to stop without waiting (interpreter exit)."""
-        self._thread.signal()
+        self._session.thread.signal()
 
     # -- public API ----------------------------------------------------------------------------
 
@@ -295,8 +316,9 @@ class Monitor:
 
     @property
     def status(self) -> str:
-        """``"running"``, ``"degraded"`` (something failed; see ``errors``) or ``"closed"``;
-        while a source hangs, which and for how long: ``"degraded: run log writing hung for
+        """``"running"``, ``"degraded"`` (something failed; see ``errors``), ``"closed"`` or
+        ``"stopped"`` (closed by a stop: ``stop()``, the dashboard, ``nbmonitor ctl``); while a
+        source hangs, which and for how long: ``"degraded: run log writing hung for
         12 s"``."""
         return self._life.status()
 
@@ -396,15 +418,7 @@ class Monitor:
         ``FLUSH_TIMEOUT_S`` and then raises ``TimeoutError`` (a source is hung) rather than
         hang the caller.
         """
-        pipeline = self._pipeline
-        if not pipeline.lock.acquire(timeout=FLUSH_TIMEOUT_S):
-            raise TimeoutError(
-                "nbmonitor: the sampler is stuck in a source (see mon.errors); no frame now."
-            )
-        try:
-            return pipeline.frame(detail)
-        finally:
-            pipeline.lock.release()
+        return self._session.frame(detail, FLUSH_TIMEOUT_S)
 
     def log(self, **scalars: object) -> None:
         """Record values for the current step: numbers or 0-d/1-element tensors on any device.
@@ -433,96 +447,48 @@ class Monitor:
             return
         clock.log(scalars)  # TypeError for a non-numeric value: a user bug
 
-    def memory(self) -> MemoryBreakdown:
-        """What holds memory now: parameters, buffers, gradients and optimizer state by
-        category, top-level module and dtype (exact, from the tensors), and the activations
-        saved for backward on the newest sampled step. See ``nbmonitor.memory``."""
-        from nbmonitor.live.memory_reads import live_memory
+    # -- memory and OOM: ``mon.memory`` (run_memory.py); the three methods after it are thin
+    # delegations to it, kept as they were ---------------------------------------------------
 
-        return live_memory(self._memory_probe(), self._pipeline.model.memory, self.step)
+    @property
+    def memory(self) -> RunMemory:
+        """This run's memory and its out-of-memory errors (``nbmonitor.live.run_memory.RunMemory``).
+
+        Called, what holds memory now: ``mon.memory()`` returns a ``MemoryBreakdown``
+        (parameters, buffers, gradients and optimizer state by category, top-level module and
+        dtype, exact, from the tensors, and the activations saved for backward on the newest
+        sampled step; see ``nbmonitor.memory``). Its members: ``mon.memory.free_oom()``,
+        ``mon.memory.snapshot(path)``, ``mon.memory.oom_report(exc)``, ``mon.memory.recording``.
+
+        >>> mon.memory()  # doctest: +SKIP
+        """
+        return self._memory
 
     def free_oom(self) -> Freed:
         """After an out-of-memory error in a notebook: drop what the stored error still holds
         (``sys.last_traceback`` and friends, IPython's last result and output history, the
         error's frames), collect, empty the allocator's cache, and say how much came back, so
-        that the next cell runs without restarting the kernel. See docs/memory.md."""
-        from nbmonitor.live import oom
-
-        shell = _ipython()
-        index = self.backend.device_index if self.backend.name == "cuda" else None
-        return oom.free_oom(shell, index)
+        that the next cell runs without restarting the kernel. The same as
+        ``mon.memory.free_oom()``. See docs/memory.md."""
+        return self._memory.free_oom()
 
     def memory_snapshot(self, path: str | Path) -> Path:
         """With ``attach(..., memory_history=True)`` on CUDA: write the allocator's history
         (segments, and the recent allocations with their stacks) to ``path``, a pickle that
-        https://pytorch.org/memory_viz opens. RuntimeError without the history on."""
-        if self._history is None:
-            raise RuntimeError(
-                "nbmonitor: memory_snapshot() needs attach(..., memory_history=True) on CUDA."
-            )
-        return self._history.dump(path)
+        https://pytorch.org/memory_viz opens. RuntimeError without the history on. The same as
+        ``mon.memory.snapshot(path)``."""
+        return self._memory.snapshot(path)
 
     def oom_report(self, exc: BaseException) -> OomReport:
         """The report the card under a cell shows, for an out-of-memory error caught in a
         script: what was being allocated and where, what held memory, what to change
-        (``nbmonitor.memory.OomReport``). ValueError for an error that is not one.
+        (``nbmonitor.memory.OomReport``). ValueError for an error that is not one. The same as
+        ``mon.memory.oom_report(exc)``.
 
         >>> try: step()  # doctest: +SKIP
         ... except torch.OutOfMemoryError as exc: report = mon.oom_report(exc)
         """
-        from nbmonitor.live import oom
-
-        kind = oom.oom_kind(exc)
-        if kind is None:
-            raise ValueError(
-                f"nbmonitor: oom_report() takes an out-of-memory error, got {type(exc).__name__}"
-            )
-        clock = self._life.clock()
-        snapshot = None
-        if self._history is not None and self._history.on and kind == "cuda":
-            try:  # taken at the failure: the allocations that led to it are in it
-                snapshot = str(self._history.dump(self.run_dir / f"oom-step{self.step + 1}.pickle"))
-            except Exception as failure:
-                self.errors_log.add("memory_history", failure)
-        report = oom.build_report(
-            exc,
-            kind,
-            model=self._model_ref(),
-            optimizer=clock.optimizer if clock is not None else None,
-            run=self._pipeline.model,
-            breakdown=self.memory(),
-            step=self.step,
-            device_index=self.backend.device_index,
-        )
-        return dataclasses.replace(report, snapshot=snapshot)
-
-    def _watch_oom(self) -> None:
-        """In a kernel, a card under any cell that ends in an out-of-memory error."""
-        shell = _ipython()
-        if shell is None or not self.displays:
-            return
-        from nbmonitor.live import oom
-        from nbmonitor.ui.oom_card import show_card
-
-        ref = weakref.ref(self)  # the kernel's callback must not keep this monitor alive
-
-        def report(exc: BaseException) -> OomReport | None:
-            mon = ref()
-            return mon.oom_report(exc) if mon is not None else None
-
-        def free() -> object:
-            mon = ref()
-            return mon.free_oom() if mon is not None else oom.free_oom(_ipython(), None)
-
-        def failed(exc: Exception) -> None:
-            mon = ref()
-            if mon is not None:
-                mon.errors_log.add("oom_card", exc)
-
-        try:
-            oom.watch(report, lambda card: show_card(card, free), failed, shell)
-        except Exception as exc:  # a shell without events: no card, training goes on
-            self.errors_log.add("oom_card", exc)
+        return self._memory.oom_report(exc)
 
     def span(self, name: str) -> Span:
         """A named span of time: ``with mon.span("data"): ...`` or ``@mon.span("eval")``.
@@ -564,16 +530,7 @@ class Monitor:
         clock = self._life.clock()
         if clock is not None:
             clock.release_losses()  # the last step's, kept while the loop might log its own
-        if self._thread.alive:
-            return self._thread.request(timeout)
-        # Not started (a Monitor built without attach) or stopping: nothing else ticks.
-        if not self._pipeline.lock.acquire(timeout=timeout):
-            return False
-        try:
-            flush_tick(self._pipeline)
-        finally:
-            self._pipeline.lock.release()
-        return True
+        return self._session.flush(timeout)
 
     def profile(self, steps: int = 3, wait: int = 1, warmup: int = 1) -> Profile:
         """Run ``torch.profiler`` over the next steps and show its table (``nbmonitor.Profile``).
@@ -610,11 +567,10 @@ class Monitor:
         """
         self._finalizer.detach()
         closing = not self._life.closed
-        if self._history is not None:
-            try:
-                self._history.stop()
-            except Exception as exc:  # close never raises
-                self.errors_log.add("memory_history", exc)
+        if self._steering.stop_requested:
+            self._life.stopped = True
+        self._steering.release()  # a paused loop goes on; the scheduler is let go
+        self._memory.close()
         self._life.close(CLOSE_WAIT_S)
         if self._dashboard is not None:
             self._dashboard.pump()  # the final frame, where it waits for the main thread
@@ -636,17 +592,13 @@ class Monitor:
     @property
     def views(self) -> tuple[View, ...]:
         """What shows this monitor's frames (the dashboard, the console line, added views)."""
-        return self._pipeline.views
+        return self._session.views
 
     def add_view(self, view: View) -> None:
         """Show this monitor's frames in ``view`` too: anything with ``publish(frame)``,
         ``close(frame)`` and ``wants_detail``, called from the sampler thread (see
         ``nbmonitor.ui.view.View``)."""
-        pipeline = self._pipeline
-        if view not in pipeline.views:
-            pipeline.views = (*pipeline.views, view)
-            if self._life.closed:
-                view.close(self.frame())
+        self._session.add_view(view)
 
     def dashboard(self) -> Any:
         """The notebook dashboard of this monitor (created on first call); display it anywhere.
@@ -725,14 +677,3 @@ def attach(
 
 if attach.__doc__ is not None and AttachOptions.__doc__ is not None:
     attach.__doc__ += "\n    Options:\n" + AttachOptions.__doc__.split("\n", 1)[1]
-
-
-def _ipython() -> Any:
-    """The kernel's shell when this runs in a notebook, else None."""
-    from nbmonitor.ui.notebook import in_notebook
-
-    if not in_notebook():
-        return None
-    from IPython.core.getipython import get_ipython
-
-    return get_ipython()  # type: ignore[no-untyped-call, unused-ignore]

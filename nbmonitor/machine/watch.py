@@ -1,7 +1,8 @@
 """``nbmonitor.devices()``: watch the machine without a model. The composition root of a
-device watch: the machine backend, sampled by a run's sampler thread and pipeline, judged by
-a run's device rules, optionally written to a run folder by a run's run log, shown by views
-of ``DevicesFrame`` (the notebook panel, ``nbmonitor top``).
+device watch: the machine backend, sampled by a run's session (``_engine/session.py``: its
+pipeline with no training parts, its sampler thread, its bounded close), judged by a run's
+device rules, optionally written to a run folder by a run's run log, shown by views of
+``DevicesFrame`` (the notebook panel, ``nbmonitor top``).
 
 No torch: ``nbmonitor top`` builds the same watch in a terminal. One watch per kernel from
 ``devices()``: calling it again closes the earlier one (each notebook's kernel has its own).
@@ -24,18 +25,16 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
-from nbmonitor._engine.assemble.layers import LayerStats
 from nbmonitor._engine.frame import DevicesFrame, Frame, RunInfo
-from nbmonitor._engine.isolated import Hung
-from nbmonitor._engine.pipeline import SINK_RETRY_S, Pipeline
+from nbmonitor._engine.pipeline import SINK_RETRY_S
 from nbmonitor._engine.pipeline_parts import PipelineParts
 from nbmonitor._engine.run_model import RunModel
-from nbmonitor._engine.sampler import SamplerThread
+from nbmonitor._engine.session import Session
 from nbmonitor._engine.store import FloatArray, Store
 from nbmonitor._version import __version__
 from nbmonitor.backends.base import Backend
 from nbmonitor.errors import ErrorLog
-from nbmonitor.health import Health, Thresholds, non_finite_gradients
+from nbmonitor.health import Health, Thresholds
 from nbmonitor.health.rules.devices import DEVICE_RULES
 from nbmonitor.sinks import FanOut, RunLogSink
 
@@ -118,50 +117,38 @@ class DeviceWatch:
         self.backend = backend
         self.errors_log = ErrorLog()
         self.views: tuple[DevicesView, ...] = ()
-        self.closed = False
-        self._clock = clock
         self._start = clock()
-        self._close_lock = threading.Lock()
         health = Health(thresholds, rules=DEVICE_RULES)
         self.thresholds = health.thresholds
         self._runlog: RunLogSink | None = None
         if run_dir is not None:
             self._runlog = RunLogSink.create(run_dir, name, self._meta())
         self.name = self._runlog.path.name if self._runlog is not None else name
-        self.sinks = FanOut(
+        sinks = FanOut(
             [self._runlog] if self._runlog is not None else [],
             self.errors_log,
             retry_after=SINK_RETRY_S,
         )
         # A watch can stay open for days: a store sized for it rather than for a run.
         system = Store(recent=RECENT_SAMPLES, buckets=4096)
-        layers = LayerStats([])
-        self._pipeline = pipeline = Pipeline(
+        self._session = session = Session(
             PipelineParts(
                 info=RunInfo(self.name, backend.name, None, len(backend.devices)),
                 backend=backend,
-                drain=lambda wait: [],
                 # A watch has no training steps: its "step" counts the samples taken, so that
                 # an alert that cleared can fire again (rearm_steps samples later).
                 current_step=lambda: len(system),
-                layers=layers,
                 health=health,
-                non_finite_report=non_finite_gradients,
-                forward_checked=False,
-                sinks=self.sinks,
+                sinks=sinks,
                 errors=self.errors_log,
-                status=self._status,
                 clock=clock,
                 interval=self.interval,
-                model=RunModel(layers, system=system),
-            )
+                model=RunModel(system=system),
+            ),
+            counts=lambda: {"steps": 0, "samples": len(system)},
         )
-        pipeline.views = (_Feed(self),)
-        self._thread = SamplerThread(
-            lambda: pipeline.tick(paced=True),
-            self.interval,
-            flush=lambda: pipeline.tick(paced=False),  # every stage now, the rules included
-        )
+        self._pipeline = session.pipeline
+        session.add_view(_Feed(self))
 
     def _meta(self) -> dict[str, object]:
         backend = self.backend
@@ -179,56 +166,17 @@ class DeviceWatch:
 
     def start(self) -> DeviceWatch:
         """Start sampling (``devices()`` does this)."""
-        self._thread.start()
+        self._session.start()
         return self
 
-    def _status(self) -> str:
-        if self.closed:
-            return "closed"
-        hung = self._pipeline.sources.hung()
-        if hung:
-            what = "; ".join(f"{source} hung for {s:.0f} s" for source, s in hung.items())
-            return f"degraded: {what}"
-        return "degraded" if len(self.errors_log) else "running"
+    @property
+    def closed(self) -> bool:
+        return self._session.closed
 
     def close(self) -> None:
         """Stop sampling, write the last samples, close the run folder and the views.
         Idempotent; never raises; waits at most a few seconds on a source that hangs."""
-        with self._close_lock:
-            if self.closed:
-                return
-            self.closed = True
-            pipeline, errors, wait = self._pipeline, self.errors_log, CLOSE_WAIT_S
-            self._thread.stop(wait)
-            final: dict[str, object] = {"status": "degraded"}
-            if pipeline.lock.acquire(timeout=wait):
-                try:
-                    pipeline.final_tick()
-                    frame = pipeline.frame(detail=False)
-                    feed = _Feed(self)
-                    pipeline.sources.view.call(
-                        lambda: feed.close(frame), timeout=wait, wait_if_busy=True
-                    )
-                    final["status"] = "degraded" if len(errors) else "closed"
-                except Exception as exc:
-                    errors.add("close", exc)
-                finally:
-                    pipeline.lock.release()
-            final.update(
-                end_time=_dt.datetime.fromtimestamp(self._clock(), _dt.UTC).isoformat(),
-                steps=0,
-                samples=len(pipeline.model.system),
-                errors=[str(e) for e in errors.entries()],
-            )
-            sources, sinks, backend = pipeline.sources, self.sinks, self.backend
-            for what, call, source in (
-                ("run log", lambda: sinks.close(final), sources.runlog),
-                ("backend", backend.close, sources.sample),
-            ):
-                got = source.call(call, timeout=wait, wait_if_busy=True)
-                if isinstance(got, Hung):
-                    errors.add("close", TimeoutError(f"the {what} hung while closing"))
-            sources.close(wait)
+        self._session.close(CLOSE_WAIT_S)
 
     def __enter__(self) -> DeviceWatch:
         return self
@@ -246,12 +194,12 @@ class DeviceWatch:
     @property
     def status(self) -> str:
         """``"running"``, ``"degraded"`` (see ``errors``) or ``"closed"``."""
-        return self._status()
+        return self._session.status()
 
     @property
     def errors(self) -> list[str]:
         """What failed inside nbmonitor, newest last."""
-        return [str(e) for e in self.errors_log.entries()]
+        return self._session.errors
 
     @property
     def run_dir(self) -> Path | None:
@@ -260,17 +208,7 @@ class DeviceWatch:
 
     def flush(self, timeout: float = 5.0) -> bool:
         """Take a sample, judge it and write it now; False if that did not finish in time."""
-        if self.closed:
-            return True
-        if self._thread.alive:
-            return self._thread.request(timeout)
-        if not self._pipeline.lock.acquire(timeout=timeout):
-            return False
-        try:
-            self._pipeline.tick(paced=False)
-        finally:
-            self._pipeline.lock.release()
-        return True
+        return self._session.flush(timeout)
 
     def history(self) -> dict[str, FloatArray]:
         """Every sample kept in memory, by key (``time``, ``cpu_percent``,
@@ -278,9 +216,8 @@ class DeviceWatch:
         return self._pipeline.model.system.history()
 
     def frame(self) -> DevicesFrame:
-        """What the views show now."""
-        with self._pipeline.lock:
-            return self.devices_frame(self._pipeline.frame(detail=False))
+        """What the views show now (``TimeoutError`` while a hung source holds the sampler)."""
+        return self.devices_frame(self._session.frame(detail=False))
 
     def devices_frame(self, frame: Frame) -> DevicesFrame:
         """What the devices panel shows, built from ``frame`` (``watch.frame()``)."""

@@ -51,7 +51,7 @@ class Run(RunFiles):
         state.add_columns("system", self.system())
         state.add_columns("layers", self.layers())
         state.add_events(self.records("events"))
-        state.spans.add_spans(self.records("spans"))
+        state.model.add_span_rows(self.records("spans"))
         state.add_memory(self.records("memory"))
         return state
 

@@ -3,7 +3,7 @@ the reader, the tail, the catalog and the writer's sidecar.
 
 Every line is parsed on its own (a block parse that joins lines with commas would accept two
 half-lines as one record): orjson first, about ten times faster than the stdlib
-(docs/performance.md, "Reading runs"); it rejects the ``NaN`` / ``Infinity`` tokens the format
+(benchmarks/NOTES.md, "Reading runs"); it rejects the ``NaN`` / ``Infinity`` tokens the format
 allows, so such a line goes to the stdlib, which reads them exactly. The reading contract's
 checks live here: UTF-8, nesting at most MAX_DEPTH, one object per line, the fields a reader
 relies on typed (``CHECKS``); a line that fails is reported with its number and what is wrong,

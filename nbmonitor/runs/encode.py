@@ -16,7 +16,7 @@ json module's text, a key that is not a ``str``) goes to the json encoder, as be
 
 What it costs is nearly all the floats' repr (``float.__repr__``, the shortest text that reads
 back bit for bit): about 0.1 us for a short value and 0.4-0.6 us for 17 digits on a 2-core VM,
-over 90 % of a step row's encoding (docs/performance.md, issue 29's fourth session).
+over 90 % of a step row's encoding (benchmarks/NOTES.md, "The run log's worker per row").
 
 The sidecar's columns come from the value tuples the templates already took, one numpy call
 per key set instead of one list per key: bit for bit what :func:`~nbmonitor.runs.decode.

@@ -80,7 +80,8 @@ META_FIELDS: dict[str, str] = {
     "start_timestamp": "Unix seconds, when the run started",
     "end_time": "ISO 8601 UTC, written at close",
     "steps": "optimizer steps completed, written at close",
-    "status": '"closed" or "degraded" (something failed; see errors), written at close',
+    "status": '"closed", "degraded" (something failed; see errors) or "stopped" (a stop was '
+    "asked for), written at close",
     "errors": "what failed inside nbmonitor, written at close",
     "backend": '{"name": ..., "devices": [...]}',
 }

@@ -30,7 +30,7 @@ def job_status(statuses: list[str], world_size: int) -> str:
     runs or has not started yet."""
     if not statuses:
         return "unknown"
-    for status in ("running", "killed", "unknown", "degraded"):
+    for status in ("running", "killed", "unknown", "degraded", "stopped"):
         if status in statuses:
             return status
     return "running" if len(statuses) < world_size else "closed"

@@ -40,7 +40,7 @@ from nbmonitor.runs.format import RunDirError
 
 # A chunk is cut once the buffer holds this many values (rows x keys), so the JSON Lines a
 # reader must parse past the last chunk stay small whatever the stream's width; see
-# docs/performance.md ("Reading runs") for what that costs.
+# benchmarks/NOTES.md ("Reading runs") for what that costs.
 CHUNK_VALUES = 1 << 18
 # The reading contract's bound on a chunk: its arrays may hold at most this many bytes per
 # byte of the JSON Lines it indexes (an honest chunk holds 8 bytes per dense value, 16 per
@@ -321,8 +321,8 @@ def write_chunk(
     of them as bytes, none of the whole file in memory; blocks that all hold the same keys,
     none sparse (a stream whose keys do not change), fill one ``(keys, rows)`` matrix without
     being concatenated per key first. A chunk is ~2 MiB cut in one tick on the writer's thread, and
-    every copy of it held the GIL the training thread needs (docs/performance.md, issue 29's
-    fourth session)."""
+    every copy of it held the GIL the training thread needs (benchmarks/NOTES.md, "The run
+    log's worker per row")."""
     folder.mkdir(parents=True, exist_ok=True)
     first = blocks[0] if blocks else Columns(0)
     dense: list[np.ndarray]

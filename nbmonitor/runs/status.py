@@ -1,6 +1,7 @@
 """Whether a run is still being written: from meta.json, the writer's pid, and the last write.
 
-``closed`` / ``degraded`` come from meta.json (written at close). A run without them is either
+``closed`` / ``degraded`` / ``stopped`` (a stop asked for: ``mon.stop()``, the dashboard,
+``nbmonitor ctl``) come from meta.json (written at close). A run without them is either
 running or its writer died without closing (SIGKILL, OOM, a lost node). On the writer's own
 host the pid tells: alive (and started no later than the run) is ``running``, gone is
 ``killed``. From another host (a cluster job on a shared filesystem) only the files tell: a
@@ -19,7 +20,9 @@ from collections.abc import Iterable, Mapping
 # its files far more often than this.
 STALE_S = 120.0
 
-STATUSES = ("running", "closed", "degraded", "killed", "unknown")
+STATUSES = ("running", "closed", "degraded", "stopped", "killed", "unknown")
+# The statuses meta.json holds once its run closed.
+CLOSED_STATUSES = ("closed", "degraded", "stopped")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -52,7 +55,7 @@ def _started_after(pid: int, timestamp: float) -> bool:
 def run_status(meta: Mapping[str, object], files: Iterable[pathlib.Path]) -> str:
     """One of :data:`STATUSES` for a run with this meta.json and these record files."""
     status = meta.get("status")
-    if status in ("closed", "degraded"):
+    if status in CLOSED_STATUSES:
         return str(status)
     if meta.get("end_time"):
         return "closed"

@@ -52,7 +52,7 @@ from nbmonitor.runs.format import (
     RunNotFoundError,
     stream_file,
 )
-from nbmonitor.runs.status import STALE_S, run_status
+from nbmonitor.runs.status import CLOSED_STATUSES, STALE_S, run_status
 
 # The most one poll reads of one file: a tail started at byte 0 of a long run catches up over
 # several polls instead of holding the whole file (and all its records) at once.
@@ -135,7 +135,7 @@ class Tail:
     @property
     def closed(self) -> bool:
         """True once meta.json says the run was closed (its last records are then on disk)."""
-        return self.meta.get("status") in ("closed", "degraded") or bool(self.meta.get("end_time"))
+        return self.meta.get("status") in CLOSED_STATUSES or bool(self.meta.get("end_time"))
 
     @property
     def ended(self) -> str | None:

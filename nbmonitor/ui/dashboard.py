@@ -23,6 +23,7 @@ from nbmonitor.ui.delivery import MainThreadRoute, Route, choose_route
 from nbmonitor.ui.panels import PANELS
 from nbmonitor.ui.panels.layers import jsonable
 from nbmonitor.ui.static import charts_svg
+from nbmonitor.ui.steer_controls import SteerHooks, bar_state, read_request
 from nbmonitor.ui.widget import DashboardWidget, set_panel
 
 _HEADER_KEYS = (
@@ -91,7 +92,12 @@ class Dashboard:
     wants_detail = True  # curves and the per-layer panel
 
     def __init__(
-        self, run: str, backend: str, total_steps: int | None, route: Route | None = None
+        self,
+        run: str,
+        backend: str,
+        total_steps: int | None,
+        route: Route | None = None,
+        steer: SteerHooks | None = None,
     ) -> None:
         self.run = run
         self.backend = backend
@@ -115,7 +121,14 @@ class Dashboard:
                 "total_steps": total_steps,
             },
             panels=[p.name for p in self._panels],
+            steer=bar_state(None, "running"),
         )
+        # A live run's dashboard steers it: the buttons' messages go to ``steer.request``.
+        self._steer = steer
+        self.steer_requests = 0  # requests handed on, for tests
+        if steer is not None:
+            self._widget.steer = bar_state(_steer_state(steer), "running")
+            self._widget.on_msg(self._on_message)
 
     # -- View -----------------------------------------------------------------------------------
 
@@ -172,6 +185,23 @@ class Dashboard:
             self._apply(frame)
             self._closed = True
         self._refresh_displays()
+
+    def _on_message(self, _widget: Any, content: Any, _buffers: Any) -> None:
+        """A custom message from the front end (a steering button). Runs on whichever thread
+        the kernel hands the comm message to; never raises (the kernel would only log it)."""
+        steer = self._steer
+        request = read_request(content)
+        if steer is None or request is None:
+            return
+        try:
+            steer.request(*request)
+            self.steer_requests += 1
+        except Exception:  # the run's side never breaks the kernel's comm handling
+            return
+        with self._lock:
+            if not self._closed:
+                status = self._last.status if self._last is not None else "running"
+                self._widget.steer = bar_state(_steer_state(steer), status)
 
     def _display_(self) -> Any:
         """marimo shows what this returns: the anywidget itself (marimo renders anywidgets, not
@@ -284,10 +314,20 @@ class Dashboard:
         header["adapters"] = frame.adapters  # is the fine-tune training, "" without adapters
         # A trait set to an equal value sends nothing.
         w.header = header
+        if self._steer is not None:
+            w.steer = bar_state(_steer_state(self._steer), frame.status)
         w.system = {key: _num(latest.get(key)) for key in _SYSTEM_KEYS}
         w.devices = [jsonable(d) for d in frame.devices]
         w.alerts = [_alert(a) for a in frame.alerts]
         w.errors = [str(e) for e in frame.errors]
+
+
+def _steer_state(steer: SteerHooks) -> Any:
+    """The run's steering state, or None where reading it failed (no bar then)."""
+    try:
+        return steer.state()
+    except Exception:
+        return None
 
 
 def _charted(latest: Mapping[str, float], key: str) -> float:

@@ -45,6 +45,8 @@ class _Widget(anywidget.AnyWidget):
     alerts: traitlets.List[dict[str, object]] = traitlets.List().tag(sync=True)
     errors: traitlets.List[str] = traitlets.List().tag(sync=True)
     panels: traitlets.List[str] = traitlets.List().tag(sync=True)
+    # The steering bar (steer_controls.bar_state): shown on a live run's dashboard only.
+    steer = traitlets.Dict().tag(sync=True)
 
 
 # One Dict trait per panel, named from the registry: adding a panel adds its trait.

@@ -149,7 +149,7 @@ def test_python_calls_per_step(tmp_path: Path) -> None:
 # sampler not draining): the step's three records and what they hold (the phases' tuple, the
 # norms' DeviceValue and the tensor of their 1-D part, the log record's list); temporaries do
 # not count. Each one left alive until the sampler's tick counts towards the collections the
-# loop pays, and is promoted by them (docs/performance.md: a full collection every ~15 s).
+# loop pays, and is promoted by them (benchmarks/NOTES.md, "The garbage collector").
 OBJECTS_KEPT_PER_STEP = 7
 
 

@@ -7,6 +7,7 @@ import json
 import math
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -164,6 +165,34 @@ def test_close_is_idempotent_and_frees_nvml(nvml: FakeNvml) -> None:
     watch.close()
     watch.close()
     assert nvml.initialised == 0
+
+
+def test_close_does_not_wait_for_a_hung_device(tmp_path: Path, nvml: FakeNvml) -> None:
+    # The watch runs the session core (_engine/session.py): a sample that hangs (a GPU whose
+    # driver stopped answering) is named in the status, and close() returns while it still
+    # hangs, the run folder closed and saying so; the backend is closed once the call returns.
+    release = threading.Event()
+    watch = DeviceWatch(interval=0.05, run_dir=tmp_path)
+    sample = watch.backend.sample
+
+    def hung() -> dict[str, float]:
+        release.wait(300.0)
+        return sample()
+
+    watch.backend.sample = hung  # type: ignore[method-assign]
+    try:
+        watch.start()
+        wait_for(lambda: watch.status.startswith("degraded: system sampling hung for"))
+        watch.close()
+        assert not release.is_set() and watch.status == "closed"
+        assert watch.run_dir is not None
+        meta = json.loads((watch.run_dir / "meta.json").read_text())
+        assert meta["status"] == "degraded" and meta["steps"] == 0
+        assert any("sample: TimeoutError" in e for e in meta["errors"])
+        assert nvml.initialised == 1  # not closed under a call in progress
+    finally:
+        release.set()
+    wait_for(lambda: nvml.initialised == 0)
 
 
 def test_panel_state_is_json_with_grades(gpus: list[FakeGpu]) -> None:

@@ -113,10 +113,10 @@ def test_a_scheduled_tick_handles_at_most_a_slice_of_records_between_hand_overs(
                 total["alike"] += len(records)
             return got
 
-        def counted_rows(self: RunModel, rows: Any, columns: Any = None) -> None:
+        def counted_rows(self: RunModel, rows: Any, columns: Any = None, **kw: Any) -> None:
             work["rows"] += len(rows)
             total["rows"] += len(rows)
-            add_rows(self, rows, columns)
+            add_rows(self, rows, columns, **kw)
 
         monkeypatch.setattr(StepAssembler, "add", counted_add)
         monkeypatch.setattr(alike, "read", counted_read)

@@ -9,7 +9,7 @@ A deterministic case: a Linear and 32 Tanh, whose saved outputs cost memory and 
 time (large batches in seconds); glibc's mmap threshold pinned, so that the resident size
 follows the tensors (unpinned, the same batch's peak moves by tens of MiB from run to run); the
 true peak rather than the monitor's sampled one. The fixed part is what
-``headroom.fixed_bytes`` takes from the run's breakdown. docs/performance.md ("Batch that
+``headroom.fixed_bytes`` takes from the run's breakdown. benchmarks/NOTES.md ("Batch that
 fits") has the sweep of an MLP with the default allocator behind the tolerance.
 """
 

@@ -148,6 +148,33 @@ def test_the_run_folder_keeps_the_breakdown(tmp_path) -> None:
     assert "optimizer_state" in str(got) and "<table>" in got._repr_html_()
 
 
+def test_mon_memory_is_one_object_called_for_the_breakdown(tmp_path) -> None:
+    """``mon.memory`` is one object: called it reads the breakdown now, as ``breakdown()``
+    does; once the model is gone it is the newest breakdown the run published."""
+    import gc
+
+    model = model3()
+    opt = torch.optim.Adam(model.parameters())
+    mon = nbmonitor.attach(model, opt, run_dir=tmp_path, display=False, interval=60)
+    try:
+        one_step(model, opt)
+        assert mon.memory is mon.memory
+        called, named = mon.memory(), mon.memory.breakdown()
+        assert called.rows == named.rows and called.step == named.step == 1
+        assert called.by_category()["optimizer_state"] == (N0 + N2) * 4 * 2 + 4 * 4
+        assert mon.memory.recording is False  # memory_history off
+        with pytest.raises(RuntimeError, match="needs attach"):
+            mon.memory.snapshot(tmp_path / "x.pickle")
+        assert mon.flush()
+        memory = mon.memory
+        del model, opt
+        gc.collect()
+        published = memory()  # the model collected: its run's newest published breakdown
+        assert published.by_category() == called.by_category()
+    finally:
+        mon.close()
+
+
 def test_a_bad_memory_record_is_a_one_line_error(tmp_path) -> None:
     model = model3()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

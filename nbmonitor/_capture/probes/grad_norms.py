@@ -1,10 +1,10 @@
 """Per-tensor gradient norms for one step, taken on the training thread with the fewest calls.
 
-On an accelerator this is one fused ``_foreach_norm``; the values cross to the host later
-without a synchronisation (``DeviceValue``). On the CPU this pass over every gradient is most of
-what nbmonitor costs (docs/performance.md), and right after ``backward()`` every torch call costs
-microseconds of its own, so the parameters are sorted once, at attach, by what reads them in the
-fewest calls:
+On an accelerator this is one fused ``_foreach_norm``; the values cross to the host later without a
+synchronisation (``DeviceValue``). On the CPU this pass over every gradient is most of what
+nbmonitor costs (benchmarks/NOTES.md, "What the overhead is made of"), and right after
+``backward()`` every torch call costs microseconds of its own, so the parameters are sorted once, at
+attach, by what reads them in the fewest calls:
 
 - large float tensors: a BLAS dot product each (about twice as fast as torch's norm kernel),
   read at once as a float (cheaper than the tensor ``stack`` would make of each), and then the

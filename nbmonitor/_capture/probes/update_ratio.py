@@ -1,11 +1,11 @@
 """Parameter norms and update norms (||dw|| / ||w||) every ``layer_every`` steps, and early in
 the run more often (``base.due``: every one of the first 8 steps, then 4 a doubling of the step count up to 100).
 
-A copy of the optimizer's parameters is taken before ``optimizer.step()`` and subtracted from
-them after it; the copy is the costly part, hence the sampling (docs/performance.md). Only the
-tensors that can move are copied: a frozen one (``requires_grad=False``, a fine-tune's base held
-by ``AdamW(model.parameters())``) is not stepped, so its update is not measured (NaN) and its
-bytes neither cost a copy nor count towards the copy's cap.
+A copy of the optimizer's parameters is taken before ``optimizer.step()`` and subtracted from them
+after it; the copy is the costly part, hence the sampling (benchmarks/NOTES.md, "What the overhead
+is made of"). Only the tensors that can move are copied: a frozen one (``requires_grad=False``, a
+fine-tune's base held by ``AdamW(model.parameters())``) is not stepped, so its update is not
+measured (NaN) and its bytes neither cost a copy nor count towards the copy's cap.
 """
 
 from __future__ import annotations

@@ -239,6 +239,16 @@ class LayerStats:
         """Parameter norms of every tracked parameter (taken once at attach)."""
         self.param_norm = self._group_norms(np.asarray(values, dtype=np.float64))
 
+    def set_newest(
+        self, param_norm: Mapping[int, float], update_ratio: Mapping[int, float]
+    ) -> None:
+        """The newest parameter norm and update ratio of some layers, by layer index (a run
+        read from disk: its layer rows' last finite values); the others keep theirs."""
+        for index, value in param_norm.items():
+            self.param_norm[index] = value
+        for index, value in update_ratio.items():
+            self.update_ratio[index] = value
+
     def add_update(self, values: Sequence[float], step: int | None = None) -> None:
         """Parameter norms then update norms of the optimizer's parameters (one sampled step,
         ``step`` when known)."""

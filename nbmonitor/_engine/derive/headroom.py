@@ -17,7 +17,7 @@ processes use.
 On the CPU the resident size holds much more than tensors (the interpreter, libraries, threads'
 arenas, the allocator's caches; on a small model most of the peak), and much of it appears after
 attach whatever the batch, so ``peak - fixed`` would take all of it as growing with the batch:
-an estimate 10-20 times too small (benchmarks/batch_fit.py, docs/performance.md). What grows
+an estimate 10-20 times too small (benchmarks/batch_fit.py, benchmarks/NOTES.md). What grows
 with the batch there is taken as at most ``CPU_ACTIVATION_FACTOR`` times the activations the
 breakdown saw saved for backward (the backward's temporaries on top of them).
 """

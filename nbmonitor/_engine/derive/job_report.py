@@ -22,13 +22,13 @@ from nbmonitor._engine.derive.ranks import (
     rank_metrics,
     ranks_summary,
 )
-from nbmonitor._engine.run_model import ranks_health_input
-from nbmonitor.health import Alert, Health, Thresholds
+from nbmonitor.health import Alert, Health, HealthInput, Thresholds
 from nbmonitor.health.rule import RuleFactory
 from nbmonitor.health.rules.replicas import SameBatches
 from nbmonitor.health.rules.stalls import RankStalled
 from nbmonitor.health.rules.stragglers import MIN_STEPS, WINDOW, Stragglers
 from nbmonitor.health.rules.sync import RankDivergence
+from nbmonitor.health.view import RankColumns
 
 # The rules judged over a job's aligned steps, and the one judged on where its ranks are now.
 STEP_RULES: tuple[RuleFactory, ...] = (Stragglers, SameBatches, RankDivergence)
@@ -36,6 +36,12 @@ NOW_RULES: tuple[RuleFactory, ...] = (RankStalled,)
 
 # A finished job is judged at most this many times (evenly spaced), however long it ran.
 MAX_CHECKS = 500
+
+
+def ranks_health_input(columns: RankColumns, time: float) -> HealthInput:
+    """What the job rules read of a job: every rank's step times, and nothing else."""
+    step = int(columns.steps[-1]) if columns.steps.size else 0
+    return HealthInput(step=step, time=time, steps={}, ranks=columns)
 
 
 def newest_time(state: RankState) -> float:

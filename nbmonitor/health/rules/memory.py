@@ -37,13 +37,13 @@ RISING_BLOCKS = 4
 GROWTH_MIN_BYTES = 8 * 2**20
 # Samples before this step are warm-up (first allocations, the optimizer's state).
 WARMUP_STEPS = 5
-# On the CPU the leak is judged from the process's resident size, which also holds what
-# nbmonitor itself keeps: its stores (``monitor_bytes`` in the system samples, subtracted) and
-# what the allocator retains of its own work on the sampler thread, which no store counts
-# (the quickstart's resident size grows about 3 KiB a step with the monitor, none without:
-# docs/performance.md). A leak there must also grow by this much a step: a tensor kept per step
-# (an output, a loss with its graph) is larger, and a leak smaller than this takes over
-# 100,000 steps to reach a few GiB.
+# On the CPU the leak is judged from the process's resident size, which also holds what nbmonitor
+# itself keeps: its stores (``monitor_bytes`` in the system samples, subtracted) and what the
+# allocator retains of its own work on the sampler thread, which no store counts (the quickstart's
+# resident size grows about 3 KiB a step with the monitor, none without: benchmarks/NOTES.md, "The
+# quickstart's alerts"). A leak there must also grow by this much a step: a tensor kept per step (an
+# output, a loss with its graph) is larger, and a leak smaller than this takes over 100,000 steps to
+# reach a few GiB.
 RSS_LEAK_PER_STEP = 64 * 2**10
 
 

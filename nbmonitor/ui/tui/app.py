@@ -46,7 +46,7 @@ STYLES = {"ok": "", "warn": "yellow", "alert": "bold red", "none": "dim", "dim":
 NARROW = 120
 # The statuses of a run that has ended (runs/status.py): ``tail --tui`` ends with it. A writer
 # on another host that fell silent ("unknown") may come back: followed on.
-ENDED = frozenset({"closed", "degraded", "killed"})
+ENDED = frozenset({"closed", "degraded", "stopped", "killed"})
 NARROW_DROP = frozenset({"name", "SM MHz", "procs"})
 VERY_NARROW = 90
 VERY_NARROW_DROP = NARROW_DROP | {"power"}

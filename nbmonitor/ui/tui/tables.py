@@ -200,9 +200,13 @@ def duration(seconds: float) -> str:
 
 
 def _status_grade(status: str) -> str:
-    return {"running": "ok", "closed": "dim", "degraded": "warn", "killed": "alert"}.get(
-        status, "warn"
-    )
+    return {
+        "running": "ok",
+        "closed": "dim",
+        "stopped": "dim",
+        "degraded": "warn",
+        "killed": "alert",
+    }.get(status, "warn")
 
 
 def runs_table(rows: Sequence[RunRowLike], needle: str = "") -> Table:

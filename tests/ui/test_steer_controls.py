@@ -1,0 +1,119 @@
+"""The dashboard's steering controls, Python side: what a button's message becomes, and what
+the bar says (no kernel: the widget's custom message is handed to it directly)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from tests.ui.test_dashboard import make_frame
+
+from nbmonitor.ui import Dashboard
+from nbmonitor.ui.steer_controls import (
+    SteerHooks,
+    SteerState,
+    bar_state,
+    is_steer_message,
+    read_request,
+)
+
+
+class Run:
+    """A stand-in for the run's steering: what the hooks were asked, and its state."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, float | None]] = []
+        self.state = SteerState(paused=False, stopping=False, step=0)
+        self.fail = False
+
+    def request(self, kind: str, value: float | None) -> None:
+        if self.fail:
+            raise RuntimeError("the run's side failed")
+        self.asked.append((kind, value))
+
+    @property
+    def hooks(self) -> SteerHooks:
+        return SteerHooks(request=self.request, state=lambda: self.state)
+
+
+def click(dash: Dashboard, content: Any) -> None:
+    """What ipywidgets does with a front end's custom message: call the on_msg callbacks."""
+    dash.widget._handle_custom_msg(content, [])
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ({"type": "steer", "kind": "pause"}, ("pause", None)),
+        ({"type": "steer", "kind": "resume", "value": 3}, ("resume", None)),
+        ({"type": "steer", "kind": "lr", "value": 0.001}, ("lr", 0.001)),
+        ({"type": "steer", "kind": "lr", "value": "3e-4"}, ("lr", 3e-4)),
+        ({"type": "steer", "kind": "lr", "value": 0}, None),
+        ({"type": "steer", "kind": "lr", "value": "nan"}, None),
+        ({"type": "steer", "kind": "lr", "value": math.inf}, None),
+        ({"type": "steer", "kind": "lr", "value": True}, None),
+        ({"type": "steer", "kind": "lr", "value": [1]}, None),
+        ({"type": "steer", "kind": "lr"}, None),
+        ({"type": "steer", "kind": "format_disk"}, None),
+        ({"type": "other", "kind": "pause"}, None),
+        ("pause", None),
+        (None, None),
+    ],
+)
+def test_read_request_accepts_only_well_formed_requests(content: Any, expected: Any) -> None:
+    assert read_request(content) == expected
+
+
+def test_is_steer_message_reads_ipywidgets_custom_envelope() -> None:
+    assert is_steer_message({"method": "custom", "content": {"type": "steer", "kind": "stop"}})
+    assert not is_steer_message({"method": "update", "state": {"type": "steer"}})
+    assert not is_steer_message({"method": "custom", "content": "steer"})
+    assert not is_steer_message(None)
+
+
+def test_a_click_is_handed_to_the_run() -> None:
+    run = Run()
+    dash = Dashboard("test-run", "cpu", 1000, steer=run.hooks)
+    assert dash.widget.steer == {"enabled": True, "state": "running", "step": 0}
+    click(dash, {"type": "steer", "kind": "pause"})
+    click(dash, {"type": "steer", "kind": "lr", "value": 0.01})
+    click(dash, {"type": "steer", "kind": "nonsense"})
+    assert run.asked == [("pause", None), ("lr", 0.01)]
+    assert dash.steer_requests == 2
+
+
+def test_a_failing_run_side_never_raises_into_the_kernel() -> None:
+    run = Run()
+    run.fail = True
+    dash = Dashboard("test-run", "cpu", 1000, steer=run.hooks)
+    click(dash, {"type": "steer", "kind": "stop"})  # no exception
+    assert dash.steer_requests == 0
+
+
+def test_the_bar_follows_the_run() -> None:
+    run = Run()
+    dash = Dashboard("test-run", "cpu", 1000, steer=run.hooks)
+    run.state = SteerState(paused=True, stopping=False, step=41)
+    dash.publish(make_frame(41))
+    assert dash.widget.steer == {"enabled": True, "state": "paused", "step": 41}
+    run.state = SteerState(paused=False, stopping=True, step=42)
+    dash.publish(make_frame(42))
+    assert dash.widget.steer["state"] == "stopping"
+    dash.close(make_frame(42))
+    assert dash.widget.steer == {"enabled": False, "state": "stopped", "step": 42}
+
+
+def test_a_replay_has_no_controls() -> None:
+    dash = Dashboard("test-run", "cpu", 1000)
+    dash.publish(make_frame(5))
+    assert dash.widget.steer["enabled"] is False
+    click(dash, {"type": "steer", "kind": "pause"})  # ignored: nothing to steer
+    assert dash.steer_requests == 0
+
+
+def test_bar_state_words() -> None:
+    state = SteerState(paused=False, stopping=False, step=3)
+    assert bar_state(state, "closed") == {"enabled": False, "state": "closed", "step": 3}
+    assert bar_state(state, "stopped")["state"] == "stopped"
+    assert bar_state(None, "running") == {"enabled": False, "state": "", "step": None}
