@@ -31,7 +31,9 @@ The first write of at least ``OFFLOAD_VALUES`` values starts it; once it is read
 written here meanwhile) this process pickles each batch's rows to it, and the child encodes
 and writes them with an in-process ``RunLogSink`` of its own (the same bytes, sidecar chunks
 and disk-full handling), so a busy run's float text no longer holds the training process's
-GIL. What the child has not confirmed on disk (``flush`` waits for its answer) is kept here; a
+GIL. A scheduled tick's ``flush`` asks the child to flush without waiting for its answer;
+``settle`` (``mon.flush()``, through ``FanOut.settle``) waits for it, and ``close`` for the
+child's end. What the child has not confirmed on disk is kept here; a
 child that dies, or takes or answers nothing within ``WRITER_TIMEOUT_S``, is stopped and this
 process writes from the first byte the files lack, in process from then on, and says so once.
 Without a sidecar after that (the readers parse the text past its last chunk).
@@ -47,6 +49,7 @@ import os
 import pathlib
 import socket
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import IO
 
@@ -66,7 +69,7 @@ from nbmonitor.runs.format import (
 from nbmonitor.runs.layout import claim_rank_dir, job_meta, write_job_meta
 from nbmonitor.runs.sidecar import ChunkBuffer, write_chunk
 from nbmonitor.sinks.base import Batch, Rows
-from nbmonitor.sinks.writer import WriterGone, WriterProcess
+from nbmonitor.sinks.writer import AVAILABLE, WriterGone, WriterProcess
 
 # Rows that could not be written yet wait in memory up to this many bytes (a few minutes of a
 # busy run at ~100 kB per tick: long enough for a cleanup, bounded for a disk that stays full).
@@ -163,11 +166,16 @@ class RunLogSink:
             buf.seq = seqs[name] if seqs is not None else 0
         # The writer process (None: encoding here), what was sent to it since it last said all
         # of it was on disk, and the files' sizes then (None: unknown).
-        self._offload = offload
+        self._offload = offload and AVAILABLE
         self._writer: WriterProcess | None = None
         self._starting: WriterProcess | None = None  # started, not ready yet
-        self._sent: collections.deque[Batch] = collections.deque()
+        # Batches sent (their number, rows, pickled size) the child has not confirmed on disk,
+        # and for each flush it has not answered yet, the number of batches sent before it.
+        self._sent: collections.deque[tuple[int, Batch, int]] = collections.deque()
+        self._sent_count = 0
         self._sent_bytes = 0
+        self._marks: collections.deque[int] = collections.deque()
+        self._took_over = False  # what it left unsaid is said at the next flush too
         self._confirmed: dict[str, int] | None = None
         # Numeric streams' rows are encoded by key-set templates (their keys recur every row);
         # free-form streams (events, spans, memory) by the json encoder.
@@ -474,31 +482,78 @@ class RunLogSink:
             except WriterGone as exc:
                 self._take_over(exc)
                 return False
-            self._sent.append(batch)
+            self._sent_count += 1
+            self._sent.append((self._sent_count, batch, size))
             self._sent_bytes += size
-            if self._sent_bytes > BACKLOG_BYTES:  # a child that never confirms: bounded
-                self._sent.popleft()
+            while self._sent_bytes > BACKLOG_BYTES:  # a child that never confirms: bounded
+                self._sent_bytes -= self._sent.popleft()[2]
                 self._confirmed = None
             return True
 
     def _flush_writer(self, writer: WriterProcess) -> None:
-        """Under the lock: the child flushes; what it confirmed is let go."""
+        """Under the lock: the answers that came are taken, and the child is asked to flush;
+        a scheduled tick does not wait for it (``settle`` does)."""
         try:
-            writer.send(("flush", 0), WRITER_TIMEOUT_S)
-            answer = writer.answer(WRITER_TIMEOUT_S)
+            self._answers(writer, None)
+            writer.send(("flush", self._sent_count), WRITER_TIMEOUT_S)
+            self._marks.append(self._sent_count)
         except WriterGone as exc:
             self._take_over(exc)
-            return self._flush_here()
-        _, _, ends, clean, said = answer
-        if clean:
-            self._sent.clear()
-            self._sent_bytes = 0
-            self._confirmed = ends  # type: ignore[assignment]
-        assert isinstance(said, list)
-        problems = [*self._unsaid, *said]
-        if problems:
+            self._flush_here()
+        if self._unsaid:
+            problems, self._unsaid = self._unsaid, []
             self._unsaid = problems[1:UNSAID_MAX]
             raise problems[0]
+
+    def _answers(self, writer: WriterProcess, timeout: float | None) -> None:
+        """Under the lock: take the child's answers to flushes, those that came (``timeout``
+        None) or until all have come, ``timeout`` seconds at most. What a clean answer
+        confirms is let go. WriterGone if it died or does not answer in time."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._marks:
+            if deadline is None:
+                answer = writer.poll()
+                if answer is None:
+                    return
+            else:
+                answer = writer.answer(max(0.0, deadline - time.monotonic()))
+            if answer[0] != "ack":
+                raise WriterGone(f"it answered {answer[0]!r} to a flush")
+            _, mark, ends, clean, said = answer
+            assert isinstance(mark, int) and isinstance(said, list)
+            self._marks.popleft()
+            if clean:
+                while self._sent and self._sent[0][0] <= mark:
+                    self._sent_bytes -= self._sent.popleft()[2]
+                self._confirmed = ends  # type: ignore[assignment]
+            self._unsaid.extend(said)
+
+    @property
+    def what(self) -> str:
+        return "run log writing"
+
+    def begin_close(self, final_meta: Mapping[str, object]) -> None:
+        """Part of ``Background``: the run log closes in ``close``."""
+
+    def hung_for(self) -> float | None:
+        """Part of ``Background``: a run log that hangs is its worker's (``_engine/isolated``)."""
+        return None
+
+    def settle(self, timeout: float) -> bool:
+        """Wait, ``timeout`` seconds at most, until the writer process has answered every
+        flush (``mon.flush()``: the rows on disk when it returns); True when nothing waits.
+        A child that died meanwhile is replaced here (said at the next write). Never raises."""
+        with self._lock:
+            writer = self._writer
+            if writer is None or self._closed:
+                return True
+            try:
+                self._answers(writer, timeout)
+            except WriterGone as exc:
+                self._take_over(exc)
+            except Exception as exc:
+                self._unsaid.append(exc)
+            return not self._marks
 
     def _take_over(self, why: WriterGone) -> None:
         """Under the lock: stop the writer process and write what it did not confirm, from
@@ -507,7 +562,11 @@ class RunLogSink:
         writer, self._writer = self._writer, None
         assert writer is not None
         code = writer.kill()
-        batches, self._sent, self._sent_bytes = list(self._sent), collections.deque(), 0
+        self._took_over = True
+        batches = [b for _, b, _ in self._sent]
+        self._sent.clear()
+        self._marks.clear()
+        self._sent_bytes = 0
         self._unsaid.append(
             RuntimeError(
                 f"nbmonitor: the run log's writer process (pid {writer.pid}) stopped "
@@ -550,6 +609,12 @@ class RunLogSink:
             if self._writer is not None:
                 return self._flush_writer(self._writer)
             self._flush_here()
+            if self._took_over:  # the writer process's end, seen in settle(): said here
+                self._took_over = False
+                problems, self._unsaid = self._unsaid, []
+                self._unsaid = problems[1:UNSAID_MAX]
+                if problems:
+                    raise problems[0]
 
     def _flush_here(self) -> None:
         """Under the lock: ``flush`` in this process."""
@@ -623,16 +688,21 @@ class RunLogSink:
         not is stopped and its rows are written here."""
         try:
             writer.send(("close",), WRITER_TIMEOUT_S)
-            _, _, _, problems, lost = writer.answer(WRITER_TIMEOUT_S)
+            self._answers(writer, WRITER_TIMEOUT_S)  # the flushes' first
+            answer = writer.answer(WRITER_TIMEOUT_S)
+            if answer[0] != "closed":
+                raise WriterGone(f"it answered {answer[0]!r} to close")
         except WriterGone as exc:
             self._take_over(exc)
             self.close_errors.extend(self._unsaid)
             self._unsaid = []
             return
+        _, _, _, problems, lost = answer
         self._writer = None
         self._sent.clear()
         assert isinstance(problems, list) and isinstance(lost, int)
-        self.close_errors.extend(problems)
+        self.close_errors.extend([*self._unsaid, *problems])
+        self._unsaid = []
         self.lost_rows += lost
         writer.wait(WRITER_TIMEOUT_S)
 

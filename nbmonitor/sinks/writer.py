@@ -14,7 +14,7 @@ the parent sends::
 
     ("open", path, meta, seqs)     # once: the run folder, its meta, each sidecar's next chunk
     ("write", {stream: rows})      # a Batch's streams
-    ("flush", n)                   # answered ("ack", n, ends, clean, errors)
+    ("flush", n)                   # answered ("ack", n, ends, clean, errors); n: batches before
     ("close",)                     # answered ("closed", ends, clean, errors, lost_rows), then exit
 
 ``ends`` are the record files' sizes after the flush and ``clean`` says that nothing waits in
@@ -30,7 +30,7 @@ a session of its own; it imports numpy and ``nbmonitor.runs``, never torch.
 from __future__ import annotations
 
 import contextlib
-import fcntl
+import io
 import os
 import pathlib
 import pickle
@@ -41,10 +41,66 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
+from typing import Any
 
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None  # type: ignore[assignment]
+
+# Pipes that select() can wait on, and a child that reads its stdin as a file descriptor:
+# POSIX. Elsewhere the run log encodes in its own process.
+AVAILABLE = os.name == "posix"
 HEADER = struct.Struct("<Q")
 # The largest message either side accepts (a tick's rows are a few MB at most).
 MAX_MESSAGE = 1 << 30
+
+
+class _Pickler(pickle.Pickler):
+    """Rows and meta as the child may read them: a subclass of str, float, int, list, tuple
+    or dict (``torch.torch_version.TorchVersion``, ``torch.Size``, ``numpy.float64``) goes
+    as its base type, whose JSON text is the same (the json module writes a subclass by its
+    base's value); so the child never imports what made them (torch). Exact builtins are
+    pickled by C without a call here."""
+
+    def reducer_override(self, obj: object) -> Any:
+        if isinstance(obj, str):
+            return str, (str.__str__(obj),)
+        if isinstance(obj, float):
+            return float, (float.__float__(obj),)
+        if isinstance(obj, int) and not isinstance(obj, bool):
+            return int, (int.__int__(obj),)
+        if isinstance(obj, (list, tuple)):
+            return list if isinstance(obj, list) else tuple, (list(obj),)
+        if isinstance(obj, dict):
+            return dict, (dict(obj),)
+        return NotImplemented
+
+
+def dumps(obj: object) -> bytes:
+    """``obj`` pickled for the other side (``_Pickler``)."""
+    out = io.BytesIO()
+    _Pickler(out, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return out.getvalue()
+
+
+class _Unpickler(pickle.Unpickler):
+    """Builtins, numpy and nbmonitor's errors only: a message that would import anything
+    else (torch) is refused rather than loading it into the writer."""
+
+    def find_class(self, module: str, name: str) -> object:
+        if (
+            module in ("builtins", "copyreg", "_codecs", "nbmonitor.errors")
+            or module.startswith(("numpy.", "nbmonitor.runs."))
+            or module == "numpy"
+        ):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"the run log's writer does not load {module}.{name}")
+
+
+def loads(data: bytes) -> object:
+    """A message from the other side (``_Unpickler``)."""
+    return _Unpickler(io.BytesIO(data)).load()
 
 
 class WriterGone(Exception):
@@ -54,7 +110,7 @@ class WriterGone(Exception):
 def _problem(exc: BaseException) -> BaseException:
     """``exc`` as it can cross the pipe (pickled), else a RuntimeError with its text."""
     try:
-        pickle.loads(pickle.dumps(exc))
+        loads(dumps(exc))
     except Exception:
         return RuntimeError(f"{type(exc).__name__}: {exc}")
     return exc
@@ -88,20 +144,27 @@ class WriterProcess:
         self._out = self._proc.stdin.fileno()
         self._in = self._proc.stdout.fileno()
         os.set_blocking(self._out, False)
-        if hasattr(fcntl, "F_SETPIPE_SZ"):
+        if fcntl is not None and hasattr(fcntl, "F_SETPIPE_SZ"):
             with contextlib.suppress(OSError):
                 fcntl.fcntl(self._out, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
         self._buffer = bytearray()
 
-    def ready(self) -> bool:
-        """Whether the child has said it is ready (without waiting); WriterGone if it died."""
+    def poll(self) -> tuple[object, ...] | None:
+        """The child's next answer if it has come (without waiting); WriterGone if it died."""
+        message = self._message()
+        if message is not None:
+            return message
         readable, _, _ = select.select([self._in], [], [], 0)
         if readable:
             chunk = os.read(self._in, 1 << 16)
             if not chunk:
-                raise WriterGone("it exited before it was ready")
+                raise WriterGone("its output ended")
             self._buffer.extend(chunk)
-        message = self._message()
+        return self._message()
+
+    def ready(self) -> bool:
+        """Whether the child has said it is ready (without waiting); WriterGone if it died."""
+        message = self.poll()
         if message is None:
             return False
         if message != ("ready",):
@@ -120,7 +183,7 @@ class WriterProcess:
         """Pickle ``message`` and write it to the child; its size in bytes. Pickling errors
         are raised as they are; WriterGone when the child is gone or takes nothing for
         ``timeout`` seconds."""
-        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        data = dumps(message)
         self._write(HEADER.pack(len(data)), timeout)
         self._write(data, timeout)
         return len(data)
@@ -171,7 +234,7 @@ class WriterProcess:
             return None
         data = bytes(buf[HEADER.size : HEADER.size + size])
         del buf[: HEADER.size + size]
-        got = pickle.loads(data)
+        got = loads(data)
         if not isinstance(got, tuple):
             raise WriterGone(f"it answered {type(got).__name__}")
         return got
@@ -230,12 +293,15 @@ def _read(fd: int) -> tuple[object, ...] | None:
     data = _read_exactly(fd, size)
     if data is None:
         return None
-    message = pickle.loads(data)
+    try:
+        message = loads(data)
+    except Exception as exc:  # refused (a class it does not load): said to the parent
+        return ("refused", _problem(exc))
     return message if isinstance(message, tuple) else None
 
 
 def _send(fd: int, message: object) -> None:
-    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    data = dumps(message)
     view = memoryview(HEADER.pack(len(data)) + data)
     while view:
         view = view[os.write(fd, view) :]
@@ -262,7 +328,10 @@ def main() -> None:
             sink.close()
             return
         kind = message[0]
-        if kind == "write":
+        if kind == "refused":
+            assert isinstance(message[1], BaseException)
+            problems.append(message[1])
+        elif kind == "write":
             streams = message[1]
             assert isinstance(streams, dict)
             try:
@@ -289,4 +358,4 @@ if __name__ == "__main__":
     main()
 
 
-__all__ = ["WriterGone", "WriterProcess"]
+__all__ = ["AVAILABLE", "WriterGone", "WriterProcess"]

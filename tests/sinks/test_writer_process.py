@@ -28,6 +28,14 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL")
 
 
+class Version(str):
+    """Like ``torch.torch_version.TorchVersion``: a str subclass the writer must not import."""
+
+
+class Shape(tuple[int, ...]):
+    """Like ``torch.Size``."""
+
+
 def _batches(n: int, rows: int = 120, seed: int = 0) -> list[Batch]:
     """Ticks with every kind of row a run writes: steps of floats (NaN, infinities, -0.0,
     17 digits), a key set that changes, wide layer rows, events with strings and ints."""
@@ -48,7 +56,10 @@ def _batches(n: int, rows: int = 120, seed: int = 0) -> list[Batch]:
         layers = [
             {"step": float(step), **{f"grad_norm/l{i}.weight": rng.random() for i in range(40)}}
         ]
-        events = [{"kind": "alert", "step": step, "message": f'tick {tick} – é "q"'}]
+        events = [
+            {"kind": "alert", "step": step, "message": f'tick {tick} – é "q"'},
+            {"kind": "x", "version": Version("2.1"), "shape": Shape((2, 3)), "v": np.float64(0.1)},
+        ]
         out.append(Batch({"steps": steps, "layers": layers, "events": events}))
     return out
 
@@ -74,7 +85,8 @@ def _same_run(a: pathlib.Path, b: pathlib.Path) -> None:
 @pytest.fixture
 def offloaded(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[RunLogSink]:
     monkeypatch.setattr(runlog, "OFFLOAD_VALUES", 1)  # the first write starts the child
-    log = RunLogSink.create(tmp_path, "offloaded", {}, offload=True)
+    meta = {"versions": {"torch": Version("2.1")}}  # the child never imports this module
+    log = RunLogSink.create(tmp_path, "offloaded", meta, offload=True)
     yield log
     log.close()
 
@@ -105,12 +117,17 @@ def test_the_child_writes_the_same_bytes_and_sidecar(
         offloaded.flush()
         assert offloaded._writer is not None
     pid = offloaded._writer.pid
+    reference = _reference(tmp_path / "ref", batches)
+    # A flush does not wait for the child; settle (mon.flush()) does: the rows are on disk.
+    assert offloaded.settle(60)
+    for name in ("steps.jsonl", "layers.jsonl", "events.jsonl"):
+        assert (offloaded.path / name).read_bytes() == (reference / name).read_bytes()
     offloaded.close({"status": "finished"})
     assert offloaded.close_errors == []
     assert offloaded.meta["status"] == "finished"
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # it exited at close (and was reaped)
-    _same_run(offloaded.path, _reference(tmp_path / "ref", batches))
+    _same_run(offloaded.path, reference)
     chunks = sorted(os.listdir(offloaded.path / "columns" / "steps"))
     assert len(chunks) >= 2  # the parent's first chunk, then the child's, numbered on
 
@@ -168,6 +185,9 @@ def test_a_child_killed_loses_and_doubles_nothing(
             if when == "after_flush":
                 continue
         said_once(offloaded.flush)
+    # A flush does not wait for the child: its death is seen at a later flush or here.
+    assert offloaded.settle(30)
+    said_once(offloaded.flush)
     assert len(said) == 1 and "writer process" in said[0], said
     assert offloaded._writer is None
     offloaded.close({"status": "finished"})
@@ -194,6 +214,11 @@ def test_a_child_that_stops_answering_is_replaced_within_the_timeout(
                 offloaded.flush()
             except RuntimeError as exc:
                 said.append(str(exc))
+        assert offloaded.settle(1.0)
+        try:
+            offloaded.flush()
+        except RuntimeError as exc:
+            said.append(str(exc))
         assert time.monotonic() - t0 < 30
         assert len(said) == 1 and "writer process" in said[0]
     finally:
