@@ -95,3 +95,19 @@ describe("parseLr and steerText", () => {
     expect(steerText({ state: "paused", step: 7 }, "resume")).toBe("resuming\u2026");
   });
 });
+
+describe("lr marks", () => {
+  it("marks the learning rates asked on the lr chart", async () => {
+    const { panelNamed } = await import("../src/panels/index.js");
+    const { curve } = await import("./fake-model.js");
+    const panel = panelNamed("training").create(el, { sync: "t" });
+    const state = { series: { lr: curve([0, 1, 2, 3], [0.1, 0.1, 0.01, 0.01]) }, notes: {} };
+    panel.update({ ...state, marks: { lr: [[2, 0.01]] } });
+    const chart = el.querySelector('[data-chart="lr"]');
+    expect(chart.dataset.marks).toBe("1");
+    expect(chart.querySelector(".nbm-chart-title").title).toContain("set to 0.01 at step 2");
+    panel.update(state);
+    expect(chart.dataset.marks).toBe("0");
+    panel.destroy();
+  });
+});

@@ -183,6 +183,21 @@ def _interactive(out: TextIO) -> bool:
         return False
 
 
+def steer_run(path: str, kind: str) -> str:
+    """The TUI's steering keys: the request ``nbmonitor ctl`` writes into the run's control
+    folder (``runs/control.py``), read by the run within a sampling interval and acted on at
+    the end of its next step; what was done, in one line. ``OSError`` when it cannot be
+    written (no control folder: not a live run's own folder)."""
+    from nbmonitor.runs.control import write_request
+
+    name = Path(path).name
+    try:
+        write_request(path, kind, source="tui")
+    except FileNotFoundError:
+        raise OSError(f"{name} takes no requests (no control/ folder)") from None
+    return f"asked {name} to {kind} at the end of its next step"
+
+
 def top(
     runs_dir: str,
     interval: float,
@@ -213,7 +228,7 @@ def top(
         return 2
     feed = TopFeed(runs, interval, devices=devices, pcie=pcie)
     try:
-        TopApp(feed, save_dir=save_dir).run()
+        TopApp(feed, save_dir=save_dir, steer=steer_run).run()
     finally:
         feed.stop()
     return 0
@@ -232,7 +247,7 @@ def tail_tui(run: str, interval: float, save_dir: str = ".", headless: bool = Fa
         print(f"nbmonitor tail --tui needs Textual ({exc}); {TUI_HINT}.", file=sys.stderr)
         return 2
     feed = TopFeed(RunsWatch(path, only=True), interval, devices=False)
-    app = TopApp(feed, run_path=str(path), save_dir=save_dir)
+    app = TopApp(feed, run_path=str(path), save_dir=save_dir, steer=steer_run)
     app.run(headless=headless)
     if app.ended is not None and app.detail is not None:  # the run ended, and so did the app
         row = app.detail.row
@@ -240,4 +255,4 @@ def tail_tui(run: str, interval: float, save_dir: str = ".", headless: bool = Fa
     return 0
 
 
-__all__ = ["TopFeed", "once_text", "tail_tui", "top"]
+__all__ = ["TopFeed", "once_text", "steer_run", "tail_tui", "top"]

@@ -117,3 +117,24 @@ def test_bar_state_words() -> None:
     assert bar_state(state, "closed") == {"enabled": False, "state": "closed", "step": 3}
     assert bar_state(state, "stopped")["state"] == "stopped"
     assert bar_state(None, "running") == {"enabled": False, "state": "", "step": None}
+
+
+def test_the_training_panel_keeps_the_lr_marks_it_saw_bounded() -> None:
+    from nbmonitor.health.alert import Alert
+    from nbmonitor.ui.panels.training import MAX_MARKS, TrainingPanel
+
+    def lr_alert(step: int, value: float, ok: bool = True) -> Alert:
+        evidence = {"action": "lr", "value": value, "source": "dashboard", "ok": ok}
+        return Alert("steer", "info", "lr", step, 0.0, evidence=evidence)
+
+    panel = TrainingPanel()
+    first = panel.state(make_frame(10, alerts=(lr_alert(3, 0.1), lr_alert(5, 0.2, ok=False))))
+    assert first is not None and first["marks"] == {"lr": [[3, 0.1]]}
+    # A later frame no longer carries the old alert: the mark stays.
+    later = panel.state(make_frame(11, alerts=(lr_alert(9, 0.05),)))
+    assert later is not None and later["marks"]["lr"] == [[3, 0.1], [9, 0.05]]
+    many = tuple(lr_alert(100 + i, 0.01) for i in range(MAX_MARKS + 5))
+    state = panel.state(make_frame(300, alerts=many))
+    assert state is not None and len(state["marks"]["lr"]) == MAX_MARKS
+    assert state["marks"]["lr"][0][0] == 105
+    assert "marks" not in (TrainingPanel().state(make_frame(10)) or {})

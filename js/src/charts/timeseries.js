@@ -14,7 +14,7 @@ export const HEIGHT = 140;
  * @typedef {{key: string, label: string, color: string, width?: number, dash?: number[]}} LineSpec
  * @typedef {{lo: string, hi: string, label: string, color: string}} BandSpec
  * @typedef {{id: string, title: string, unit?: string, log?: boolean, toggleLog?: boolean,
- *            lines: LineSpec[], band?: BandSpec, sync?: string}} ChartSpec
+ *            lines: LineSpec[], band?: BandSpec, sync?: string, markColor?: string}} ChartSpec
  * @typedef {{x: ArrayLike<number>, y: ArrayLike<number>}} Curve
  */
 
@@ -90,6 +90,8 @@ export class TimeSeriesChart {
     parent.append(this.root);
     /** @type {Record<string, Curve>} */
     this.curves = {};
+    /** @type {[number, number][]} marks: [step, value] (a learning rate asked at that step) */
+    this.marks = [];
     this.plot = null;
     this.fmt = formatter(spec.unit ?? "");
     this.observer =
@@ -121,6 +123,50 @@ export class TimeSeriesChart {
   keys() {
     const band = this.spec.band ? [this.spec.band.hi, this.spec.band.lo] : [];
     return [...band, ...this.spec.lines.map((l) => l.key)];
+  }
+
+  /**
+   * Vertical marks at steps where something was changed (the lr asked from the dashboard):
+   * drawn over the plot, listed in the title's tooltip and counted in `data-marks`.
+   * @param {[number, number][]} marks
+   */
+  setMarks(marks) {
+    const next = Array.isArray(marks) ? marks.filter((m) => Array.isArray(m) && isFinite(m[0])) : [];
+    const same = next.length === this.marks.length && next.every((m, i) => m[0] === this.marks[i][0] && m[1] === this.marks[i][1]);
+    if (same) return;
+    this.marks = next;
+    this.root.dataset.marks = String(next.length);
+    const said = next.map((m) => `set to ${this.fmt(m[1])} at step ${si(m[0], 6)}`);
+    this.title.title = ["drag to zoom, double-click to reset", ...said].join("\n");
+    this.plot?.redraw(false, false);
+  }
+
+  /** @param {any} u */
+  drawMarks(u) {
+    if (!this.marks.length) return;
+    const ctx = u.ctx;
+    const { left, top, width, height } = u.bbox;
+    const color = this.spec.markColor ?? "#888";
+    ctx.save();
+    ctx.strokeStyle = color;
+    ctx.fillStyle = color;
+    ctx.lineWidth = Math.max(1, devicePixelRatio || 1);
+    ctx.setLineDash([4, 3]);
+    for (const [step, value] of this.marks) {
+      const x = u.valToPos(step, "x", true);
+      if (!(x >= left && x <= left + width)) continue;
+      ctx.beginPath();
+      ctx.moveTo(x, top);
+      ctx.lineTo(x, top + height);
+      ctx.stroke();
+      const y = u.valToPos(value, "y", true);
+      if (y >= top && y <= top + height) {
+        ctx.beginPath();
+        ctx.arc(x, y, 3 * (devicePixelRatio || 1), 0, 2 * Math.PI);
+        ctx.fill();
+      }
+    }
+    ctx.restore();
   }
 
   /** @param {Record<string, Curve>} curves @returns {boolean} whether there is anything to draw */
@@ -202,6 +248,7 @@ export class TimeSeriesChart {
       series,
       bands,
       legend: { show: true, live: true },
+      hooks: { draw: [(/** @type {any} */ u) => this.drawMarks(u)] },
       cursor: { sync: spec.sync ? { key: spec.sync } : undefined, drag: { x: true, y: false } },
       scales: {
         x: { time: false },

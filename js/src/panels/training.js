@@ -15,7 +15,8 @@ export const CHARTS = [
       { key: "loss_smooth", label: "smoothed", color: COLORS.blue, width: 2 },
     ],
   },
-  { id: "lr", title: "Learning rate", lines: [{ key: "lr", label: "lr", color: COLORS.green }] },
+  // Marked: the learning rates asked while the run went (the steering bar, mon.set_lr, ctl).
+  { id: "lr", title: "Learning rate", markColor: COLORS.orange, lines: [{ key: "lr", label: "lr", color: COLORS.green }] },
   {
     id: "grad_norm",
     title: "Gradient norm",
@@ -66,6 +67,7 @@ export default {
         }
         const clip = state?.notes?.grad_norm;
         grid.charts.get("grad_norm")?.setTitle(clip ? `Gradient norm: ${clip}` : "Gradient norm");
+        grid.charts.get("lr")?.setMarks(state?.marks?.lr ?? []);
         return grid.update(curves) > 0;
       },
       destroy: () => grid.destroy(),

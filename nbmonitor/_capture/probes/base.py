@@ -10,6 +10,7 @@ returns. An exception from a probe is counted by its Guard and never reaches the
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -22,8 +23,12 @@ if TYPE_CHECKING:
     from nbmonitor.errors import Guard
     from nbmonitor.records import NormLayout
 
-# A step's gradient norms until the step ends: values, parameter index, layout (NormPass.take).
-PendingNorms = tuple["DeviceValue | None", "tuple[int, ...] | None", "NormLayout | None"]
+# A step's gradient norms until the step ends: values, parameter index, layout (NormPass.take);
+# on CUDA the values are the tuple of one _foreach_norm's results, crossed at the step's end
+# (StepContext.cross).
+PendingNorms = tuple[
+    "DeviceValue | tuple[torch.Tensor, ...] | None", "tuple[int, ...] | None", "NormLayout | None"
+]
 NO_NORMS: PendingNorms = (None, None, None)
 
 # Sampled per-layer measurements (update ratios, activations, memory) are also taken on every
@@ -93,6 +98,8 @@ class StepContext:
     # A probe whose work is done for the run (the FLOPs count) puts itself here; the clock
     # then stops calling it (three Python calls a step less for that one).
     retired: list[Probe] = field(default_factory=list)
+    # How deferred norms cross at the step's end (NormPass.cross), set with them.
+    cross: Callable[..., Any] | None = None
 
     def clip_ended(self, total: torch.Tensor, max_norm: object) -> None:
         """After a clip of the step's parameters; ``total`` is what it returned."""

@@ -69,6 +69,10 @@ class CurvesPanel:
     def notes(self, frame: Frame) -> dict[str, Any]:
         return {}
 
+    def extra(self, frame: Frame) -> dict[str, Any]:
+        """More of the panel's state, beside its series and notes (JSON)."""
+        return {}
+
     def state(self, frame: Frame) -> dict[str, Any] | None:
         curves: dict[str, Any] = {}
         for key, transform in self.keys(frame):
@@ -77,4 +81,5 @@ class CurvesPanel:
                 continue
             y = None if transform is None else transform(s.y, frame.latest)
             curves[key] = series_state(s, y)
-        return self._unchanged.filter({"series": curves, "notes": self.notes(frame)})
+        state = {"series": curves, "notes": self.notes(frame), **self.extra(frame)}
+        return self._unchanged.filter(state)

@@ -4,8 +4,13 @@ step, loss, throughput, ETA, status and alerts; the selected run's curves and al
 
 Keys: ``q`` quit, ``s`` save a snapshot of what is shown (text and samples CSV), ``r`` reset
 the history the sparklines show, ``/`` filter runs and processes, arrows move, ``enter``
-opens a run, ``escape`` goes back. It reads a :class:`TopSource` once per interval on its
-event loop: the source does the sampling and the reading (``nbmonitor/machine/top.py``).
+opens a run, ``escape`` goes back. Steering a running run (the one open, else the one
+selected): ``p`` pause, ``u`` resume, ``c`` checkpoint, ``x`` stop (then ``y`` to confirm);
+each is a request in the run's control folder, as ``nbmonitor ctl`` writes it (the ``steer``
+callable the composition root gives), acted on at the run's next step boundary.
+
+It reads a :class:`TopSource` once per interval on its event loop: the source does the
+sampling and the reading (``nbmonitor/machine/top.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
+from textual.css.query import NoMatches
 from textual.widgets import Footer, Input, Static
 
 from nbmonitor._atomic import write_atomic
@@ -114,6 +120,11 @@ class TopApp(App[None]):
         Binding("up", "move(-1)", "", show=False),
         Binding("down", "move(1)", "", show=False),
         Binding("enter", "open", "open run"),
+        Binding("p", "steer('pause')", "pause"),
+        Binding("u", "steer('resume')", "resume"),
+        Binding("c", "steer('checkpoint')", "checkpoint"),
+        Binding("x", "ask_stop", "stop"),
+        Binding("y", "confirm_stop", "", show=False),
     ]
 
     def __init__(
@@ -123,8 +134,14 @@ class TopApp(App[None]):
         run_path: str | None = None,
         save_dir: str | Path = ".",
         clock: Callable[[], float] = time.time,
+        steer: Callable[[str, str], str] | None = None,
     ) -> None:
         super().__init__()
+        # Asks a run (its path) for "pause", "resume", "checkpoint" or "stop"; says what it did
+        # in one line. None: no steering keys act (a source that is not a live folder).
+        self.steer = steer
+        self.stop_asked: str | None = None  # the run a stop waits for "y" on
+        self.said: list[str] = []  # what the steering keys said, newest last
         self.source = source
         self.save_dir = Path(save_dir)
         self.clock = clock
@@ -170,7 +187,12 @@ class TopApp(App[None]):
         if self.selected is not None:
             self.detail = self.source.detail(self.selected)
         self.refreshes += 1
-        self._draw()
+        try:
+            self._draw()
+        except NoMatches:
+            # The timer can fire once more while the app exits and its screen's widgets are
+            # already gone (seen under load); there is nothing left to draw on.
+            return
         if self.only_run and self.detail is not None and self.detail.row.status in ENDED:
             self.ended = self.detail.row.status  # drawn once more, then the app ends
             self.exit()
@@ -284,6 +306,50 @@ class TopApp(App[None]):
         self.selected, self.detail = None, None
         self._show_detail(False)
         self._draw()
+
+    def steered_run(self) -> RunRowLike | None:
+        """The run the steering keys act on: the one open, else the one selected."""
+        if self.query_one("#detail", Static).display or self.only_run:
+            return self.detail.row if self.detail is not None else None
+        shown = self.shown_runs()
+        return shown[min(self.cursor, len(shown) - 1)] if shown else None
+
+    def _say(self, line: str, error: bool = False) -> None:
+        self.said.append(line)
+        self.notify(line, severity="error" if error else "information")
+
+    def action_steer(self, kind: str) -> None:
+        """Ask the run for ``kind`` at its next step boundary."""
+        self.stop_asked = None
+        run = self.steered_run()
+        if run is None:
+            self._say("no run selected", error=True)
+            return
+        if self.steer is None:
+            self._say("steering is not available here", error=True)
+            return
+        if run.status != "running":
+            self._say(f"{run.name} is not running ({run.status})", error=True)
+            return
+        try:
+            self._say(self.steer(run.path, kind))
+        except Exception as exc:  # the app never dies of a key
+            self._say(f"{run.name}: {kind} not asked: {exc}", error=True)
+
+    def action_ask_stop(self) -> None:
+        run = self.steered_run()
+        if run is None or run.status != "running":
+            self.action_steer("stop")  # says why not
+            return
+        self.stop_asked = run.path
+        self._say(f"stop {run.name} after its current step? press y to confirm")
+
+    def action_confirm_stop(self) -> None:
+        run = self.steered_run()
+        if self.stop_asked is None or run is None or run.path != self.stop_asked:
+            self.stop_asked = None
+            return
+        self.action_steer("stop")
 
     def action_reset(self) -> None:
         self.since = self.clock()
