@@ -49,8 +49,9 @@ class AttachOptions(TypedDict, total=False):
         line every few seconds. False shows and prints nothing, not even a closing line
         (call ``mon.dashboard()`` later).
     layer_every: measure parameter norms and update ratios (||dw|| / ||w||) every this
-        many steps, and early on more often: each of the first 30 steps and every 10th up
-        to step 100 (0: never). Per-layer gradient norms are measured every step.
+        many steps, and early on more often: each of the first 8 steps, then 4 times each
+        time the step count doubles up to step 100 (10, 12, 14, 16, 20, 24, ..., 96; 0:
+        never). Per-layer gradient norms are measured every step.
     layer_group: a layer is a parameter (``"param"``) or a module (``"module"``).
     activations: record activation statistics of leaf modules on the ``layer_every``
         schedule (mean, std, max |x|, fraction of zeros) and report dead units.

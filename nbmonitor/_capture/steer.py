@@ -162,7 +162,7 @@ class Steering:
         if kind == "lr":
             value = float(value)  # type: ignore[arg-type]
         route = self.route
-        if route is not None and at_step is None:
+        if route is not None and at_step is None and not self._released:
             try:
                 if route(kind, value, source):
                     return
@@ -234,6 +234,7 @@ class Steering:
         self.scheduler = None
         self.on_checkpoint = None
         self.pump = None
+        self.route = None  # a closed rank no longer speaks for its job
         hook = self._stop_hook
         if hook is not None:
             self._stop_hook = None

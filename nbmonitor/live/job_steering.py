@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from nbmonitor._capture.dist import RankInfo
+from nbmonitor._capture.steer import Steering
 from nbmonitor.errors import ErrorLog
 from nbmonitor.runs.control import make_control_dir
 from nbmonitor.runs.job_control import (
@@ -26,28 +27,44 @@ from nbmonitor.runs.job_control import (
 
 def job_reader(
     rank: RankInfo | None, job_dir: Path, step: Callable[[], int], errors: ErrorLog
-) -> JobReader | None:
-    """Every rank's reader of the job's control folder (made here by whichever rank comes
-    first, mode 0700); None for a single-process run, or when the folder cannot be made (the
-    rank is then steered alone, and says so in its errors)."""
+) -> Callable[[Steering], JobReader | None] | None:
+    """What makes every rank's reader of the job's control folder (``build_steering`` calls
+    it with the rank's steering); None for a single-process run."""
     if rank is None:
         return None
+
+    def make(steering: Steering) -> JobReader | None:
+        return _job_reader(rank, job_dir, step, errors, steering)
+
+    return make
+
+
+def _job_reader(
+    rank: RankInfo, job_dir: Path, step: Callable[[], int], errors: ErrorLog, steering: Steering
+) -> JobReader | None:
+    """The reader, with the control folder made (by whichever rank comes first, mode 0700);
+    None when it cannot be made (the rank is then steered alone, and says so in its errors)."""
     try:
         make_control_dir(job_dir)
     except OSError as exc:
         errors.add("steer", exc)
         return None
 
+    def next_boundary() -> int:
+        # The step whose end this rank acts at next: a paused rank sits at its step's end.
+        done = step()
+        return done if steering.paused else done + 1
+
     def late(file: str, named: int, at: int) -> None:
         errors.add(
             "steer",
             RuntimeError(
-                f"the job's request {file} named step {named} but reached rank {rank.rank} at "
-                f"step {at}: this rank acts at its next step, the others at {named}"
+                f"the job's request {file} named step {named} but reached rank {rank.rank} "
+                f"later: this rank acts at the end of step {at}, the others at {named}"
             ),
         )
 
-    return JobReader(job_dir, rank.rank, step, late=late)
+    return JobReader(job_dir, rank.rank, next_boundary, late=late)
 
 
 class JobRoute:

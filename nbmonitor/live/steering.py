@@ -113,10 +113,11 @@ def build_steering(
     scheduler: Any,
     on_checkpoint: Callable[[Path, int], object] | None,
     control: bool,
-    job: JobReader | None = None,
+    job: Callable[[Steering], JobReader | None] | None = None,
 ) -> tuple[Steering, SteerPort]:
     """The steering of a run and its sampler's port; ``control``: read ``run_dir/control/``
-    (made here); ``job``: a rank's reader of its job's requests (``job_steering.py``)."""
+    (made here); ``job``: makes a rank's reader of its job's requests for the steering
+    (``job_steering.py``)."""
     steering = Steering(
         clock,
         errors,
@@ -133,7 +134,8 @@ def build_steering(
             reader = ControlReader(run_dir)
         except OSError as exc:  # steered from Python and the dashboard only
             errors.add("steer", exc)
-    return steering, SteerPort(steering, reader, errors, job)
+    job_reader = job(steering) if job is not None else None
+    return steering, SteerPort(steering, reader, errors, job_reader)
 
 
 class _Closes(Protocol):

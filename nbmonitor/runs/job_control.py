@@ -204,21 +204,22 @@ class JobReader:
     """One rank's reader of its job's requests (every rank reads every one; none removed).
 
     ``rank``: the reading rank (a checkpoint path given in a request gets ``-rank<r>`` before
-    its suffix, so that the ranks do not write one file). ``current_step``: the rank's step
-    now; ``late(file, named, at)`` is called for a request read after the step it names."""
+    its suffix, so that the ranks do not write one file). ``next_boundary``: the step whose
+    end the rank acts at next; ``late(file, named, at)`` is called for a request that names
+    an earlier step (read too late: the rank acts at ``at`` instead)."""
 
     def __init__(
         self,
         job_dir: str | os.PathLike[str],
         rank: int,
-        current_step: Callable[[], int],
+        next_boundary: Callable[[], int],
         *,
         late: Callable[[str, int, int], None] | None = None,
         uid: int | None = None,
     ) -> None:
         self.reader = ControlReader(job_dir, uid=uid, keep=True)
         self.rank = rank
-        self._current_step = current_step
+        self._next_boundary = next_boundary
         self._late = late
         self._last_pause = 0
 
@@ -241,7 +242,7 @@ class JobReader:
             at_step = max(at_step if named else 0, self._last_pause)  # type: ignore[call-overload]
         elif not named:
             return got  # refused by the steering, with its reason
-        now = self._current_step()
+        now = self._next_boundary()
         if at_step < now and got.kind != "resume" and self._late is not None:  # type: ignore[operator]
             self._late(got.file, int(at_step), now)  # type: ignore[call-overload]
         value = got.value

@@ -1,6 +1,6 @@
 """A two-rank data-parallel job steered while it runs, for tests/dist/test_steer_job.py, which
 starts the ranks itself (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT in the environment).
-Arguments: run_dir, ask_at.
+Arguments: run_dir, ask_at (0: nothing asked from a rank).
 
 Each rank trains until a stop ends its loop (``nbmonitor.StopTraining`` out of
 ``optimizer.step()``), at most ``MAX_STEPS``. Rank 1 asks its own monitor for a checkpoint at
@@ -42,7 +42,7 @@ def main() -> None:
             loss.backward()
             opt.step()
             step += 1
-            if rank == 1 and step == ask_at:
+            if rank == 1 and ask_at and step == ask_at:
                 mon.checkpoint()
             time.sleep(0.01)
     except nbmonitor.StopTraining as exc:

@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def start(
-    tmp: pathlib.Path,
+    tmp: pathlib.Path, ask_at: int = ASK_AT
 ) -> tuple[pathlib.Path, list[subprocess.Popen[bytes]], list[pathlib.Path]]:
     job_id = f"s{uuid.uuid4().hex[:8]}"
     runs = tmp / "runs"
@@ -51,9 +51,33 @@ def start(
         for key in ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID"):
             env.pop(key, None)
         with logs[rank].open("wb") as out:
-            args = [sys.executable, str(SCRIPT), str(runs), str(ASK_AT)]
+            args = [sys.executable, str(SCRIPT), str(runs), str(ask_at)]
             procs.append(subprocess.Popen(args, env=env, stdout=out, stderr=out))
     return runs / f"{job_id}-DistributedDataParallel", procs, logs
+
+
+def ctl(job_dir: pathlib.Path, request: str) -> str:
+    """``nbmonitor ctl JOB request`` from a shell; what it printed."""
+    done = subprocess.run(
+        [sys.executable, "-m", "nbmonitor", "ctl", str(job_dir), request],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def steer_events(run_dir: pathlib.Path) -> list[tuple[int, str]]:
+    path = run_dir / "events.jsonl"
+    found = []
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            event = json.loads(line)
+        except ValueError:  # the line being written
+            continue
+        if event.get("rule") == "steer":
+            found.append((event["step"], event["evidence"]["action"]))
+    return found
 
 
 def last_step(run_dir: pathlib.Path) -> int:
@@ -110,3 +134,34 @@ def test_a_job_is_checkpointed_and_stopped_at_the_same_step_on_every_rank(
         steer = [(e["step"], e["evidence"]["action"]) for e in events if e.get("rule") == "steer"]
         assert steer == [(ckpt_step, "checkpoint"), (stops[0], "stop")], steer
     assert nbmonitor.open(job_dir).status == "stopped"
+
+
+def test_a_paused_job_takes_a_learning_rate_and_a_stop_at_the_step_it_paused_at(
+    tmp_path: pathlib.Path,
+) -> None:
+    # While the job is paused every rank sits at the same step's end; what is asked then (a
+    # learning rate, then a stop, each naming a step ahead that no rank reaches) applies there
+    # on every rank.
+    job_dir, procs, logs = start(tmp_path, ask_at=0)
+    ranks = [job_dir / "rank0", job_dir / "rank1"]
+    try:
+        assert wait_for(lambda: all(last_step(r) >= 20 for r in ranks))
+        ctl(job_dir, "pause")
+        assert wait_for(lambda: all(steer_events(r) for r in ranks))
+        paused = {steer_events(r)[0] for r in ranks}
+        assert len(paused) == 1, paused  # the same step on both ranks
+        [(step, action)] = paused
+        assert action == "pause" and all(p.poll() is None for p in procs)
+        ctl(job_dir, "lr=0.5")
+        ctl(job_dir, "stop")
+        for proc, log in zip(procs, logs, strict=True):
+            assert proc.wait(120) == 0, log.read_text()[-3000:]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(30)
+    for r, log in zip(ranks, logs, strict=True):
+        assert f"loop ended by the stop at {step} " in log.read_text()
+        assert steer_events(r) == [(step, "pause"), (step, "lr"), (step, "stop")]
+        assert json.loads((r / "meta.json").read_text())["last_step"] == step == last_step(r)

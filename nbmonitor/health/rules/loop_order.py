@@ -21,7 +21,7 @@ from nbmonitor.health.wording import num
 
 # Sampled steps a verdict rests on: each is an observation of the loop's order, which does not
 # change from one iteration to the next; two in a row rule out a one-off (a step taken by
-# hand between epochs), and the first 30 steps are all sampled.
+# hand between epochs), and the first 8 steps are all sampled.
 LEAST = 3
 RECENT = 4
 # The symptoms a wrong order produces, which the cause explains when it holds.
