@@ -5,9 +5,10 @@ Run from the repo root: ``PYTHONPATH=. python benchmarks/kill_loss.py [--kills N
 Each trial starts a training loop (a small MLP, about a millisecond a step) attached with
 ``interval`` in a child process. After every optimizer step the child stores its step count and
 the wall time in a shared memory map (no system call). The parent kills it with SIGKILL at a
-random moment 1-3 s in, then opens the run directory and compares the last step on disk with
-the last step the loop finished. Reports the steps lost, and the seconds of training they
-cover, per kill: the promise is at most one interval.
+random moment 1-3 s in, waits until no process holds the run's files open (a busy run's
+writer process still writes the rows it was sent; at most 10 s), then opens the run directory
+and compares the last step on disk with the last step the loop finished. Reports the steps
+lost, and the seconds of training they cover, per kill: the promise is at most one interval.
 """
 
 from __future__ import annotations
@@ -49,6 +50,28 @@ while True:
 """
 
 
+def _writing(run_dir: Path) -> bool:
+    """Whether a process still holds a file of ``run_dir`` open (Linux's /proc; elsewhere
+    False)."""
+    prefix = str(run_dir.resolve())
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        try:
+            for fd in fd_dir.iterdir():
+                if os.readlink(fd).startswith(prefix):
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+def _settle(run_dir: Path, limit_s: float = 10.0) -> None:
+    """Wait until no process writes the run (at most ``limit_s``): the run log's writer
+    process outlives a killed parent by the time it takes to write what it was sent."""
+    deadline = time.monotonic() + limit_s
+    while _writing(run_dir) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def trial(interval: float, rng: random.Random) -> tuple[int, float, int]:
     with tempfile.TemporaryDirectory() as tmp:
         shared = Path(tmp) / "shared"
@@ -66,6 +89,7 @@ def trial(interval: float, rng: random.Random) -> tuple[int, float, int]:
         finally:
             proc.kill()
             proc.stdout.close()  # type: ignore[union-attr]
+        _settle(run_dir)
         with open(shared, "rb") as f:
             done, done_time = struct.unpack("<qd", mmap.mmap(f.fileno(), 16, prot=mmap.PROT_READ))
         history = nbmonitor.open(run_dir).history()

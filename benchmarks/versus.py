@@ -11,6 +11,11 @@ versions. The figure is the ratio of their median step times, the halves combine
 
     python benchmarks/versus.py HEAD~3                    # mlp20, 60 s
     python benchmarks/versus.py main --tasks tiny mlp20 --seconds 120
+    python benchmarks/versus.py 826bf34 --tasks tiny mlp20 tiny mlp20   # tasks interleaved
+    python benchmarks/versus.py 826bf34 --threads 1   # one torch thread: a loaded machine
+
+Each line also says the machine's 1-minute load average before and after the task: on a shared
+machine the interval widens with it.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import io
+import os
 import re
 import statistics
 import subprocess
@@ -65,6 +71,7 @@ def measure(
     models = {"A": make_task(task), "B": make_task(task)}  # same seed: same weights and data
     opts = {k: torch.optim.AdamW(m.parameters(), lr=1e-4) for k, (m, _) in models.items()}
     halves: list[tuple[list[float], list[float]]] = []
+    load_before = os.getloadavg()[0]  # the machine's load says how far to trust the interval
     # Halfway the models swap versions: twins do not run alike (paired.swapped_ratio).
     for this, other in (("A", "B"), ("B", "A")):
         mons = {
@@ -83,6 +90,7 @@ def measure(
         "added_us": (statistics.median(this_times) - statistics.median(ref_times)) * 1e6,
         "percent": percent * 100,
         "percent_ci95": [lo * 100, hi * 100],
+        "load": [load_before, os.getloadavg()[0]],
     }
 
 
@@ -92,7 +100,15 @@ def main() -> int:
     ap.add_argument("--tasks", nargs="+", default=["mlp20"])
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--clip", type=float, help="clip_grad_norm_ to this norm every step")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        help="torch's intra-op threads (default: torch's own); 1 on a loaded machine, where "
+        "threads that wait on each other slow a step many times over",
+    )
     args = ap.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         ref = import_revision(args.rev, Path(tmp) / "src")
         for task in args.tasks:
@@ -101,7 +117,8 @@ def main() -> int:
             print(
                 f"{task:10s} {r['pairs']} pairs: this checkout {r['step_ms_this']:.3f} ms, "
                 f"{args.rev} {r['step_ms_ref']:.3f} ms: {r['percent']:+.2f} % "
-                f"(95 % CI {lo:+.2f}..{hi:+.2f}), {r['added_us']:+.1f} us per step"
+                f"(95 % CI {lo:+.2f}..{hi:+.2f}), {r['added_us']:+.1f} us per step; "
+                f"load average {r['load'][0]:.1f} -> {r['load'][1]:.1f}"
             )
     return 0
 

@@ -501,11 +501,14 @@ def _add_ctl(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "its learning rate (lr=VALUE), at the end of its next step. The request is a "
             "file written into the run's control/ folder, which the run reads every sampling "
             "interval and accepts only from the user who runs it. A run that is not running "
-            "is said in one line (exit status 1); a bad request exits with status 2. See "
-            "docs/steering.md."
+            "is said in one line (exit status 1); a bad request exits with status 2. A "
+            "torchrun job's folder steers every rank at one step, named ahead and printed. "
+            "See docs/steering.md."
         ),
     )
-    p.add_argument("folder", metavar="RUN", help="the run's folder (mon.run_dir)")
+    p.add_argument(
+        "folder", metavar="RUN", help="the run's folder (mon.run_dir), or a job's (mon.job_dir)"
+    )
     p.add_argument("request", help="pause | resume | stop | checkpoint[=PATH] | lr=VALUE")
     p.add_argument(
         "--wait",
@@ -515,10 +518,12 @@ def _add_ctl(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
 
     def run(args: argparse.Namespace) -> int:
-        from nbmonitor.runs.control import ControlError, send
+        from nbmonitor.runs.control import ControlError
+        from nbmonitor.runs.job_control import send_to
 
         try:
-            print(f"nbmonitor ctl: {send(args.folder, args.request, wait=max(0.0, args.wait))}")
+            said = send_to(args.folder, args.request, wait=max(0.0, args.wait))
+            print(f"nbmonitor ctl: {said}")
         except ControlError as exc:
             _say(f"nbmonitor ctl: {exc}")
             return exc.status

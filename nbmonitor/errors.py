@@ -30,9 +30,9 @@ class StopTraining(BaseException):
     was asked for (``mon.stop()``, the dashboard, ``nbmonitor ctl RUN stop``): it ends a plain
     loop at a step boundary. A ``BaseException``, like ``KeyboardInterrupt``, so that the
     loop's own ``except Exception`` does not swallow it. In a notebook the cell ends with one
-    line and no traceback; in a script (and in a thread) the one raised is a
-    ``StopTrainingExit``, also a ``SystemExit``: the script exits with status 0. ``step`` is
-    the last step taken. See docs/steering.md."""
+    line and no traceback; in a thread, the thread ends without one; in a script's main
+    thread the one raised is a ``StopTrainingExit``, also a ``SystemExit``: the script exits
+    with status 0. ``step`` is the last step taken. See docs/steering.md."""
 
     def __init__(self, message: str = "training stopped", step: int = 0) -> None:
         super().__init__(message)
@@ -40,8 +40,8 @@ class StopTraining(BaseException):
 
 
 class StopTrainingExit(StopTraining, SystemExit):
-    """The ``StopTraining`` raised in a script or a thread: a ``SystemExit`` with code 0, so
-    that the script exits cleanly (status 0, no traceback) and a thread ends silently."""
+    """The ``StopTraining`` raised in a script's main thread: a ``SystemExit`` with code 0, so
+    that the script exits cleanly (status 0, no traceback)."""
 
     def __init__(self, message: str = "training stopped", step: int = 0) -> None:
         super().__init__(message, step)

@@ -49,8 +49,9 @@ class AttachOptions(TypedDict, total=False):
         line every few seconds. False shows and prints nothing, not even a closing line
         (call ``mon.dashboard()`` later).
     layer_every: measure parameter norms and update ratios (||dw|| / ||w||) every this
-        many steps, and early on more often: each of the first 30 steps and every 10th up
-        to step 100 (0: never). Per-layer gradient norms are measured every step.
+        many steps, and early on more often: each of the first 8 steps, then 4 times each
+        time the step count doubles up to step 100 (10, 12, 14, 16, 20, 24, ..., 96; 0:
+        never). Per-layer gradient norms are measured every step.
     layer_group: a layer is a parameter (``"param"``) or a module (``"module"``).
     activations: record activation statistics of leaf modules on the ``layer_every``
         schedule (mean, std, max |x|, fraction of zeros) and report dead units.
@@ -68,8 +69,10 @@ class AttachOptions(TypedDict, total=False):
         previous step's end, or a micro-batch's backward, to the next forward),
         ``phase_forward_s``, ``phase_backward_s``, ``phase_other_s`` (between backward and
         the optimizer: clipping, unscaling) and ``phase_optimizer_s``; they sum to
-        ``step_time``. CUDA events on a GPU (the device's time, read later, never a sync),
-        the host clock elsewhere.
+        ``step_time``. On a GPU one step in 16 (steps 16, 32, ...) is timed with CUDA events
+        (the device's time, read later, never a sync) and the others on the host clock (the
+        time their work took to queue), so that a step pays no event; elsewhere the host
+        clock.
     flops: count the model's FLOPs once, in the first training forward
         (``torch.utils.flop_counter.FlopCounterMode``; that one forward runs slower), for
         TFLOP/s and MFU (docs/throughput.md).

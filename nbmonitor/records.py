@@ -127,11 +127,23 @@ class StepRecord:
     groups_added: tuple[tuple[int, int, int], ...] = ()
     # Token ids the grad-enabled forwards of this step were given (``input_ids``); 0: none.
     tokens: int = 0
+    # How long each of ``PHASES`` took, in seconds: read already (the host clock), or on its
+    # way from the device (CUDA events, on the steps timed there); None: phases off.
+    phases: tuple[float, ...] | Pending | None = None
+    # ``mon.log(loss=...)`` for this step, when the loop logged it alone once the step had
+    # ended (most loops): folded in here instead of a LogRecord of its own (source LOGGED).
+    loss: float | Pending | None = None
 
     def ready(self) -> bool:
         if self.norms is not None and not self.norms.ready():
             return False
         if self.clip_norm is not None and not self.clip_norm.ready():
+            return False
+        phases = self.phases
+        if phases is not None and not isinstance(phases, tuple) and not phases.ready():
+            return False
+        loss = self.loss
+        if loss is not None and not isinstance(loss, float) and not loss.ready():
             return False
         # A loop, not all() over a generator (~0.4 us more each): the sampler asks this of
         # every step's records.
@@ -148,6 +160,26 @@ class StepRecord:
         for lr in self.lrs:
             if not isinstance(lr, float):
                 lr.wait()
+        if self.phases is not None and not isinstance(self.phases, tuple):
+            self.phases.wait()
+        if self.loss is not None and not isinstance(self.loss, float):
+            self.loss.wait()
+
+    def phase_values(self) -> list[float] | None:
+        """The phases' seconds in ``PHASES`` order (None: not timed); raises if they cannot
+        be read."""
+        phases = self.phases
+        if phases is None:
+            return None
+        return list(phases) if isinstance(phases, tuple) else phases.values()
+
+    def loss_value(self) -> float | None:
+        """The loss folded in (``loss``) as a float, None without one; raises if it cannot be
+        read."""
+        loss = self.loss
+        if loss is None or isinstance(loss, float):
+            return loss
+        return loss.values()[0]
 
 
 # The columns of a step's row that nbmonitor measures (assemble/steps.py writes them), and
@@ -247,26 +279,6 @@ class AuxRecord:
 
     def wait(self) -> None:
         self.value.wait()
-
-
-@dataclass(slots=True)
-class PhaseRecord:
-    """How long each of ``PHASES`` took in one step, in seconds: read already (the host
-    clock), or on its way from the device (CUDA events, read once the last has completed)."""
-
-    step: int
-    durations: tuple[float, ...] | Pending
-
-    def ready(self) -> bool:
-        return isinstance(self.durations, tuple) or self.durations.ready()
-
-    def wait(self) -> None:
-        if not isinstance(self.durations, tuple):
-            self.durations.wait()
-
-    def values(self) -> list[float]:
-        durations = self.durations
-        return list(durations) if isinstance(durations, tuple) else durations.values()
 
 
 @dataclass(slots=True)
@@ -402,7 +414,6 @@ Record = (
     | LogRecord
     | AuxRecord
     | FlopsRecord
-    | PhaseRecord
     | SpanRecord
     | MemoryRecord
     | OptimizerRecord

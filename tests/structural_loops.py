@@ -55,7 +55,7 @@ def run(
     try:
         loop(model, opt, steps)
         mon.flush()
-        structure = mon._pipeline.model.structure.snapshot() or Structure()
+        structure = mon.internals.pipeline.model.structure.snapshot() or Structure()
         return list(mon.events()), structure
     finally:
         torch.set_num_threads(threads)

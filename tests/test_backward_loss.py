@@ -193,7 +193,7 @@ def _backward_records(mon: nbmonitor.Monitor) -> list[int]:
     is paused by a long interval)."""
     from nbmonitor.records import FROM_BACKWARD, LogRecord
 
-    clock = mon._life.clock()
+    clock = mon.internals.clock()
     assert clock is not None
     queue = clock.recorder._queue
     return [r.step for r in queue if isinstance(r, LogRecord) and r.source == FROM_BACKWARD]

@@ -159,7 +159,7 @@ def test_a_plain_attach_in_the_module_gives_the_callbacks_numbers(tmp_path: Path
     # attach(self, self.optimizers()) inside the LightningModule, no callback: training_step
     # never calls the module itself, and still its batches, samples and logged values count as
     # with the callback.
-    _, reference, plain = fit(tmp_path / "plain", 2, 0.5, plain=True)
+    trainer, reference, plain = fit(tmp_path / "plain", 2, 0.5, plain=True)
     _, _, callback = fit(tmp_path / "callback", 2, 0.5)
     assert plain.status == "closed" and not plain.errors
     p, c = plain.history(), callback.history()
@@ -172,7 +172,7 @@ def test_a_plain_attach_in_the_module_gives_the_callbacks_numbers(tmp_path: Path
     # mon.log inside training_step belongs to the step in progress.
     assert p["step_seen"].tolist() == p["step"].tolist()
     # Put back at close: the module's training_step is its class's again.
-    assert "training_step" not in plain._model_ref().__dict__
+    assert "training_step" not in trainer.lightning_module.__dict__
 
 
 @pytest.mark.timeout(300)

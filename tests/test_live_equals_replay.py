@@ -27,6 +27,7 @@ import nbmonitor.backends.selection as selection
 from nbmonitor._engine.frame import Frame, LayerFrame
 from nbmonitor.backends.cpu import CpuBackend
 from nbmonitor.replay import Follow, Job
+from nbmonitor.runs.format import STREAMS
 
 NOT_OF_THE_RUN = {"elapsed_s", "errors", "devices", "notes"}
 
@@ -255,14 +256,23 @@ def test_a_sink_is_fed_the_same_rows_live_and_from_disk(tmp_path: pathlib.Path) 
     mon = nbmonitor.attach(model, opt, run_dir=tmp_path, display=False, interval=0.05)
     live = RecordingSink()
     # The live pipeline's sinks: the run log, and whatever joins it (exporters).
-    sinks = mon._pipeline.parts.sinks
+    sinks = mon.internals.sinks
     sinks.sinks.append(live)
     sinks.guards.append(type(sinks.guards[0])("sink:recording", mon.errors_log))
     try:
         with mon.span("work"):
-            train(model, opt, mon, steps=12)
+            train(model, opt, mon, steps=6)
+            mon.flush()  # system samples between the steps
+            loss = model(torch.randn(4, 8)).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            mon.log(loss=math.nan)  # an alert: events too
+            train(model, opt, mon, steps=5)
     finally:
         mon.close()
+    # Every stream the run model takes (its outbox) reached the sink.
+    assert live.rows.keys() == set(STREAMS), sorted(live.rows)
     disk = RecordingSink()
     run = nbmonitor.open(mon.run_dir)
     run.feed(disk, rows_per_batch=5)

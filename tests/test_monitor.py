@@ -574,7 +574,7 @@ def test_energy_per_step_and_sample_from_gpu_counter(model, tmp_path):
             return {**sample(), "gpu0_energy_j": next(energy)}
 
         mon.backend.device_index = 0  # type: ignore[attr-defined]
-        mon._pipeline.model.device_index = 0  # the run model reads the training GPU's counter
+        mon.internals.pipeline.model.device_index = 0  # the run model reads the GPU's counter
         mon.backend.sample = with_energy  # type: ignore[method-assign]
         for _ in range(3):
             train(model, opt, mon, 2, batch=5)
@@ -667,7 +667,7 @@ def test_a_health_check_that_left_slices_runs_again_on_the_next_tick(model, tmp_
     monkeypatch.setattr("nbmonitor._engine.pipeline.HEALTH_SHARE", 1e-9)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     with attach(model, opt, tmp_path) as mon:
-        pipeline = mon._pipeline
+        pipeline = mon.internals.pipeline
         health = pipeline.parts.health
         train(model, opt, mon, 200)
         checks: list[float | None] = []  # the step judged after each check

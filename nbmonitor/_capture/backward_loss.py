@@ -55,6 +55,20 @@ class BackwardLoss:
         # the clock's log(), an attribute: no call at each step).
         self.logged_step = -1
 
+    def sole_root(self, step: int) -> torch.Tensor | None:
+        """The one root ``step``'s backward started from, if it had one and it is a real
+        scalar unchanged since (what a loop logs as its loss: the clock crosses it with the
+        step's norms); None otherwise. Reads only the tensor's metadata."""
+        pending = self.pending
+        if len(pending) != 1:
+            return None
+        at, root, version = pending[0]
+        if at != step or root.numel() != 1 or root._version != version:  # noqa: SLF001
+            return None
+        if root.is_meta or root.is_complex() or not root.is_floating_point():
+            return None
+        return root
+
     def scaled(self, scaled: torch.Tensor, loss: torch.Tensor) -> None:
         """``GradScaler.scale(loss)`` returned ``scaled``."""
         if loss.numel() == 1:

@@ -22,7 +22,7 @@ from nbmonitor._capture import adopt, frameworks, inputs, intercept, optimizer_k
 from nbmonitor._capture.backward_end import BackwardEnd
 from nbmonitor._capture.backward_loss import BackwardLoss
 from nbmonitor._capture.closure import after_closure
-from nbmonitor._capture.device_value import DeviceValue
+from nbmonitor._capture.device_value import DeviceValue, RingElement, RingValue
 from nbmonitor._capture.inputs import (
     batch_size,
     batch_tokens,
@@ -31,20 +31,12 @@ from nbmonitor._capture.inputs import (
     learning_rates,
     output_loss,
 )
-from nbmonitor._capture.phases import (
-    END,
-    FORWARD_END,
-    FORWARD_START,
-    INTO,
-    OPTIMIZER_START,
-    PHASE_ZEROS,
-    PhaseTimer,
-)
+from nbmonitor._capture.phases import PhaseTimer
 from nbmonitor._capture.probes.base import NO_NORMS, Probe, StepContext, next_due
 from nbmonitor._capture.probes.structure import StructureProbe, optimizer_facts
 from nbmonitor._capture.recorder import LogValueError, Recorder, make_log_record
 from nbmonitor.errors import ErrorLog, Guard, NonFiniteError
-from nbmonitor.records import LogRecord, PhaseRecord, StepRecord
+from nbmonitor.records import LogRecord, StepRecord
 
 # A hook that torch.compile runs as it is, untraced (torch.compiler.disable, typed here).
 _eager: Callable[[Callable[..., None]], Callable[..., None]] = torch.compiler.disable
@@ -60,12 +52,6 @@ _dynamo_frames: Callable[[], object] = getattr(
     lambda: True,
 )
 _grad_enabled = torch.is_grad_enabled
-
-# The phase of the time up to each mark the hooks write out (phases.INTO), by the last mark.
-_INTO_FORWARD_START = INTO[FORWARD_START]
-_INTO_FORWARD_END = INTO[FORWARD_END]
-_INTO_OPTIMIZER_START = INTO[OPTIMIZER_START]
-_INTO_END = INTO[END]
 
 
 # What a probe is called with at each moment, in order: (its guard, its bound method).
@@ -214,6 +200,10 @@ class StepClock:
         self._lrs: tuple[float | DeviceValue, ...] = ()
         self._lrs_seen: tuple[object, ...] = ()
         self._step_depth = 0  # optimizer.step() calls under way (see _step_pre)
+        # The last step's loss tensor that crossed with its norms (CUDA, _cross): (step, the
+        # tensor, its version then, the crossing, where in it); mon.log of that tensor for that
+        # step is then folded in without a copy of its own.
+        self._crossed: tuple[int, torch.Tensor, int, RingValue, int] | None = None
 
     @property
     def step(self) -> int:
@@ -325,21 +315,38 @@ class StepClock:
         if not guard.on:
             return
         ctx = self.ctx
+        recorder = self.recorder
         if len(scalars) == 1:
-            # mon.log(loss=loss) of a float CPU tensor, most loops' only call: what
+            # mon.log(loss=loss) of a float CPU tensor or a float, most loops' only call: what
             # make_log_record does for it, written out (item() reads it at once, DeviceValue's
-            # way on the CPU; anything else takes the whole way below).
+            # way on the CPU; anything else takes the whole way below). Logged once the step
+            # has ended, it goes into the step's record (Recorder.fold_loss).
             value = scalars.get("loss")
+            crossed = self._crossed
+            if crossed is not None and value is crossed[1] and not ctx.micro:
+                # The tensor the step's backward started from, crossed with its norms.
+                step, root, version, crossing, at = crossed
+                if (
+                    step == ctx.step
+                    and root._version == version  # noqa: SLF001
+                    and recorder.fold_loss(step, RingElement(crossing, at))
+                ):
+                    self._loss.logged_step = step
+                    return
+            number: object = value
             if type(value) is torch.Tensor and value.is_cpu:
                 try:
                     number = value.item()
                 except RuntimeError:
                     number = None  # several values: refused below, with its message
-                if type(number) is float:
-                    step = ctx.step + 1 if ctx.micro else ctx.step
-                    self.recorder.put(LogRecord(step, {"loss": number}))
-                    self._loss.logged_step = step  # its roots are not needed
-                    return
+            if type(number) is float:
+                step = ctx.step + 1 if ctx.micro else ctx.step
+                if ctx.micro or not recorder.fold_loss(step, number):
+                    if step == recorder.held_step():
+                        recorder.release()  # in the order logged (see Recorder.hold)
+                    recorder.put(LogRecord(step, {"loss": number}))
+                self._loss.logged_step = step  # its roots are not needed
+                return
         try:
             record = make_log_record(ctx.step + 1 if ctx.micro else ctx.step, scalars)
         except (TypeError, LogValueError):
@@ -347,7 +354,9 @@ class StepClock:
         except Exception as exc:
             guard.failed(exc)
             return
-        self.recorder.put(record)
+        if record.step == recorder.held_step():
+            recorder.release()  # its values after the step's own, in the order logged
+        recorder.put(record)
         if "loss" in scalars:
             self._loss.logged_step = record.step  # its roots are not needed
 
@@ -356,6 +365,7 @@ class StepClock:
         ``flush()`` and ``close()``; never raises."""
         guard = self._guards["loss"]
         try:
+            self.recorder.release()  # the last step's record, then its roots' loss
             self._loss.release()
         except Exception as exc:
             guard.failed(exc)
@@ -425,16 +435,7 @@ class StepClock:
         try:
             if self._held is not None and self._held.reset():
                 self._release(backward_only=True)
-            phases = self.phases
-            if phases.host:  # phases.mark(FORWARD_START), written out: at every forward
-                t = phases.clock()
-                last = phases.last
-                if last >= 0:
-                    phases.sums[_INTO_FORWARD_START[last]] += t - phases.t
-                phases.t = t
-                phases.last = FORWARD_START
-            else:
-                phases.mark(FORWARD_START)
+            self.phases.forward_start()
             if self._step_start is None:
                 self._step_start = self._clock()
             calls = self._at["forward_pre"]
@@ -461,20 +462,12 @@ class StepClock:
         if not guard.on or not _grad_enabled():
             return None
         try:
-            phases = self.phases
-            if phases.host and phases.learned:  # phases.forward_ended(), its usual case inline
-                t = phases.clock()
-                last = phases.last
-                if last >= 0:
-                    phases.sums[_INTO_FORWARD_END[last]] += t - phases.t
-                phases.t = t
-                phases.last = FORWARD_END
-            else:
-                # Without an optimizer the step ends with the backward: _backward marks it.
-                phases.forward_ended(output, self.optimizer is not None)
+            # Without an optimizer the step ends with the backward: _backward marks it.
+            self.phases.forward_ended(output, self.optimizer is not None)
             # A micro-batch counts once its forward has run (a forward that raised is none).
             ctx = self.ctx
             self._forwarded = True
+            self._crossed = None  # values logged now belong to the step in progress
             self._backward_ended = False
             if self._held is not None:
                 self._held.forwarded = True
@@ -570,7 +563,10 @@ class StepClock:
             if self._absorb:
                 return None
             # step(closure) (Lightning, LBFGS): gradients are final once the closure returns.
-            wrapped = after_closure(args, kwargs, self._pre_step)
+            # (args holds the optimizer itself: a closure makes it longer, or is a keyword.)
+            wrapped = (
+                after_closure(args, kwargs, self._pre_step) if kwargs or len(args) > 1 else None
+            )
         except Exception as exc:  # never into the loop; the step is then measured as usual
             self._guards["optimizer_pre_step"].failed(exc)
             wrapped = None
@@ -595,17 +591,8 @@ class StepClock:
             except Exception as exc:
                 self.ctx.norms = NO_NORMS
                 guard.failed(exc)
-        # After the probes: their work is "other". phases.mark(OPTIMIZER_START), written out.
-        phases = self.phases
-        if phases.host:
-            t = phases.clock()
-            last = phases.last
-            if last >= 0:
-                phases.sums[_INTO_OPTIMIZER_START[last]] += t - phases.t
-            phases.t = t
-            phases.last = OPTIMIZER_START
-        else:
-            phases.mark(OPTIMIZER_START)
+        # After the probes: their work is "other".
+        self.phases.optimizer_start()
 
     def _step_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._step_depth -= 1
@@ -648,24 +635,14 @@ class StepClock:
             self._at = self._steady
         else:
             self._plan_step(ctx.step + 1)
-        norms, which, layout = ctx.norms
+        taken, which, layout = ctx.norms
         ctx.norms = NO_NORMS
+        # On the device and not crossed yet (CUDA): with the loss, now.
+        norms = self._cross(taken) if isinstance(taken, tuple) else taken
         clip_total = None if skipped else ctx.clip_total
         max_norm = ctx.max_norm
         ctx.clips, ctx.clip_total, ctx.max_norm = 0, None, math.nan
-        put = self.recorder.put
-        phases = self.phases
-        last = phases.last
-        if phases.host and phases.ended and last >= 0 and phases.guard.on:
-            # phases.step_end() on the host clock, its usual case written out.
-            sums = phases.sums
-            sums[_INTO_END[last]] += now - phases.t
-            phases.t = now
-            phases.last = END
-            put(PhaseRecord(ctx.step, tuple(sums)))
-            sums[:] = PHASE_ZEROS
-        else:
-            phases.step_end(ctx.step, now, put)
+        durations = self.phases.step_end(ctx.step, now)
         optimizer = self.optimizer
         if optimizer is None:
             added: tuple[tuple[int, int, int], ...] = ()
@@ -682,8 +659,10 @@ class StepClock:
                 lrs = self._lrs  # _learning_rates(), its usual case written out
             else:
                 lrs = self._learning_rates(optimizer)
-        # Positional, in the fields' order: a call with fourteen keywords costs more.
-        put(
+        # The step's one record, held until the next step ends (Recorder.hold: a loss logged
+        # after step() is folded in; the one held before is put now). Positional, in the
+        # fields' order: a call with sixteen keywords costs more.
+        self.recorder.hold(
             StepRecord(
                 ctx.step,
                 self._wall_clock() if wall is None else wall,
@@ -699,6 +678,7 @@ class StepClock:
                 skipped,
                 added,
                 self._tokens,
+                durations,
             )
         )
         self._last_end = now
@@ -712,6 +692,20 @@ class StepClock:
         if self.step_listeners:
             for listener in tuple(self.step_listeners):
                 listener(ctx.step)
+
+    def _cross(self, norms: tuple[torch.Tensor, ...]) -> DeviceValue | RingValue:
+        """The step's deferred norms on their way to the host, in one copy with the loss its
+        backward started from (which a loop then logs: ``log`` folds it in)."""
+        ctx = self.ctx
+        cross = ctx.cross
+        assert cross is not None  # set with the deferred norms (GradNormProbe)
+        root = self._loss.sole_root(ctx.step)
+        value, crossed = cross(norms, root)
+        if crossed and root is not None:
+            self._crossed = (ctx.step, root, root._version, value, len(norms))  # noqa: SLF001
+        else:
+            self._crossed = None
+        return value  # type: ignore[no-any-return]
 
     def _learning_rates(
         self, optimizer: torch.optim.Optimizer | None

@@ -171,3 +171,147 @@ def to_device_value(values: list[torch.Tensor]) -> DeviceValue:
     if len(values) == 1:
         return DeviceValue(values[0].detach().reshape(1))
     return DeviceValue(torch.stack([v.detach().reshape(()).to(torch.float32) for v in values]))
+
+
+# A PinnedRing's most rows, and its most bytes of pinned memory (a model of many tensors gets
+# fewer rows: its steps are slower).
+RING_ROWS = 1024
+RING_BYTES = 8 << 20
+
+
+class PinnedRing:
+    """Rows of pinned host memory a step's device values are copied into, each with a CUDA
+    event of its own, made once and used again: a step's crossing costs one non-blocking copy
+    and one event record, with no host tensor, event or pinned block made for it.
+
+    ``copy`` takes the first free row (one the sampler has read, ``RingValue.values``); with
+    none free (a sampler far behind) it says so (None) and the caller copies the usual way.
+    ``new_event`` and ``pin`` let a test run the same path on the CPU.
+    """
+
+    def __init__(
+        self,
+        width: int,
+        dtype: torch.dtype,
+        rows: int = 0,
+        *,
+        new_event: Any = None,
+        pin: bool = True,
+    ) -> None:
+        self.width = width
+        self.dtype = dtype
+        # Enough rows for the steps of a few ticks of a fast loop, within RING_BYTES.
+        size = torch.empty((), dtype=dtype).element_size()
+        rows = rows or max(16, min(RING_ROWS, RING_BYTES // max(1, width * size)))
+        self._host = torch.empty((rows, width), dtype=dtype, pin_memory=pin)
+        # The row views, made once (a slice made per step would be a torch call more).
+        self._rows = list(self._host.unbind(0))
+        self._events: list[Any] = [None] * rows
+        # The sampler sets a row free (False) once it has read it; this thread sets it busy.
+        self._busy = [False] * rows
+        self._next = 0
+        self._new_event = new_event or _plain_event
+
+    def copy(self, tensor: torch.Tensor, norms: int) -> RingValue | None:
+        """``tensor`` (1-D, this ring's dtype, at most ``width`` values) on its way into the
+        next free row: ``norms`` gradient norms, then the values crossing with them."""
+        row = self._next
+        if self._busy[row] or tensor.dtype != self.dtype or len(tensor) != self.width:
+            return None
+        self._rows[row].copy_(tensor, non_blocking=True)
+        event = self._events[row]
+        if event is None:
+            event = self._events[row] = self._new_event()
+        event.record()
+        self._busy[row] = True
+        self._next = row + 1 if row + 1 < len(self._busy) else 0
+        return RingValue(self, row, norms)
+
+    def event(self, row: int) -> Any:
+        """The event recorded behind row ``row``'s copy."""
+        return self._events[row]
+
+    def read(self, row: int) -> list[float]:
+        """Row ``row``'s values (its copy has landed), the row then free again."""
+        values: list[float] = self._rows[row].tolist()
+        self._busy[row] = False
+        return values
+
+
+class RingValue:
+    """The gradient norms of one step in a ``PinnedRing`` row, and the values that crossed
+    with them (the step's loss: ``element``); a ``records.Pending`` of the norms."""
+
+    __slots__ = ("_norms", "_ring", "_row", "_values")
+
+    def __init__(self, ring: PinnedRing, row: int, norms: int) -> None:
+        self._ring = ring
+        self._row = row
+        self._norms = norms
+        self._values: list[float] | None = None
+
+    def ready(self) -> bool:
+        return self._values is not None or bool(self._ring.event(self._row).query())
+
+    def wait(self) -> None:
+        if self._values is None:
+            self._ring.event(self._row).synchronize()
+
+    def _all(self) -> list[float]:
+        values = self._values
+        if values is None:  # read once, and the row is free for the training thread again
+            values = self._values = self._ring.read(self._row)
+        return values
+
+    def values(self) -> list[float]:
+        return self._all()[: self._norms]
+
+    def element(self, at: int) -> float:
+        """Value ``at`` of the row (past the norms: what crossed with them)."""
+        return self._all()[at]
+
+    def floats(self) -> npt.NDArray[np.floating[Any]]:
+        return self.array()
+
+    def array(self) -> npt.NDArray[np.float64]:
+        return np.array(self.values(), dtype=np.float64)
+
+    def stack_alike(
+        self, values: Sequence[Pending]
+    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.floating[Any]] | None] | None:
+        return None
+
+
+class RingElement:
+    """One value that crossed with a step's norms (``RingValue.element``): the loss logged
+    for the step when it is the tensor its backward started from."""
+
+    __slots__ = ("_at", "_value")
+
+    def __init__(self, value: RingValue, at: int) -> None:
+        self._value = value
+        self._at = at
+
+    def ready(self) -> bool:
+        return self._value.ready()
+
+    def wait(self) -> None:
+        self._value.wait()
+
+    def values(self) -> list[float]:
+        return [self._value.element(self._at)]
+
+    def floats(self) -> npt.NDArray[np.floating[Any]]:
+        return self.array()
+
+    def array(self) -> npt.NDArray[np.float64]:
+        return np.array(self.values(), dtype=np.float64)
+
+    def stack_alike(
+        self, values: Sequence[Pending]
+    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.floating[Any]] | None] | None:
+        return None
+
+
+def _plain_event() -> Any:
+    return torch.cuda.Event()  # type: ignore[no-untyped-call]

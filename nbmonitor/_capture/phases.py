@@ -1,13 +1,19 @@
 """Step phases: where each step's time went (data wait, forward, backward, other, optimizer),
 from the moments the step clock already sees.
 
-The clock calls ``PhaseTimer.mark`` at each moment (a forward starts, a forward ends, the
+The clock calls the ``PhaseTimer`` at each moment (a forward starts, a forward ends, the
 backward pass ends, the optimizer starts, the step ends); the time between two marks goes to
-the phase the pair of moments says (``_PHASE``), and at the step's end the sums go out as one
-``PhaseRecord``. On the host (CPU, MPS) a mark reads the clock; on CUDA it records a timing
-event on the current stream, and the sampler reads the intervals once the step's last event
-has completed (``EventIntervals``): no synchronisation on the training thread, and the phases
-are the device's time, not the time it took to queue the work.
+the phase the pair of moments says (``_PHASE``), and at the step's end the sums go into the
+step's record (``StepRecord.phases``). On the host (CPU, MPS) a mark reads the clock. On CUDA,
+one step in ``DEVICE_EVERY`` is timed on the device: each mark records a timing event on the
+current stream, and the sampler reads the intervals once the step's last event has completed
+(``EventIntervals``): no synchronisation on the training thread, and those phases are the
+device's time, not the time it took to queue the work. The other steps are timed on the host
+clock (what queueing them took), so that a step costs no event: the time panel says which
+steps were timed on the device.
+
+The timer owns its state: the clock calls one method a mark, and each method's usual case (the
+host clock, the guard on) is written out in it.
 """
 
 from __future__ import annotations
@@ -26,12 +32,15 @@ from torch.utils.hooks import RemovableHandle
 from nbmonitor._capture.backward_end import BackwardEnd
 from nbmonitor._capture.inputs import first_tensor, output_loss
 from nbmonitor.errors import Guard
-from nbmonitor.records import PHASES, Pending, PhaseRecord
+from nbmonitor.records import PHASES, Pending
 
 DATA, FORWARD, BACKWARD, OTHER, OPTIMIZER = range(len(PHASES))
 
 # The most CUDA events one step keeps (a step has about five per micro-batch).
 MAX_EVENTS = 1024
+# On CUDA, the steps whose phases are timed with events (the device's time): every this many
+# (steps 16, 32, ...); the others on the host clock, with no event (docs/time.md).
+DEVICE_EVERY = 16
 
 PHASE_ZEROS = (0.0,) * len(PHASES)
 
@@ -65,7 +74,7 @@ class EventIntervals:
     """The phases of one step on a CUDA device: timing events, and the phase of each interval
     between consecutive ones; a ``Pending`` whose values are the seconds per phase."""
 
-    __slots__ = ("_events", "_first", "_phases", "_spare", "_values")
+    __slots__ = ("_data", "_events", "_first", "_phases", "_spare", "_values")
 
     def __init__(
         self,
@@ -73,35 +82,42 @@ class EventIntervals:
         phases: Sequence[int],
         first: bool = False,
         spare: collections.deque[Any] | None = None,
+        data: float = 0.0,
     ) -> None:
         self._events = events
         self._phases = phases
         self._first = first  # the run's first step: no wait for data was seen
+        # The wait for data before the first event, on the host clock (the step's first
+        # event is recorded as its first forward starts: a step costs no event before).
+        self._data = data
         # Where the events go back once read, for the timer to record again (its pool).
         self._spare = spare
         self._values: list[float] | None = None
 
     def ready(self) -> bool:
-        return bool(self._events[-1].query())
+        events = self._events
+        return not events or bool(events[-1].query())  # (none: read, and handed back)
 
     def wait(self) -> None:
-        self._events[-1].synchronize()
+        if self._events:
+            self._events[-1].synchronize()
 
     def values(self) -> list[float]:
         if self._values is not None:
             return list(self._values)
         sums = [0.0] * len(PHASES)
         events = self._events
+        sums[DATA] = self._data
         for i, phase in enumerate(self._phases):
             sums[phase] += events[i].elapsed_time(events[i + 1]) / 1000.0
         if self._first:
             sums[DATA] = math.nan
         self._values = sums
         if self._spare is not None:
-            # Read once: the events inside the step are this record's alone (its first and
-            # last are shared with the steps around it) and go back to be recorded again.
-            self._spare.extend(events[1:-1])
-            self._events = (events[0], events[-1])
+            # Read once: the step's events are this record's alone (a step timed on the
+            # device starts with an event of its own) and go back to be recorded again.
+            self._spare.extend(events)
+            self._events = ()
         return list(sums)
 
     def floats(self) -> npt.NDArray[np.floating[Any]]:
@@ -131,7 +147,7 @@ class PhaseTimer:
     """Sums the time between the marks of one step by phase (training thread only).
 
     Behind its own Guard (``probe:phases``): a failure here stops the phases, never the step
-    clock. ``cuda`` times with CUDA events instead of ``clock``.
+    clock. ``cuda`` times one step in ``device_every`` with CUDA events instead of ``clock``.
     """
 
     def __init__(
@@ -141,27 +157,33 @@ class PhaseTimer:
         cuda: bool = False,
         enabled: bool = True,
         new_event: Callable[[], Any] | None = None,
+        device_every: int = DEVICE_EVERY,
     ) -> None:
         self.guard = guard
         self.enabled = enabled  # off: every call returns at once (attach(phases=False))
         self.clock = clock
         self._cuda = cuda
-        # Marks on the host clock, and the timer on: the step clock's hooks then mark in
-        # place (``last``, ``t``, ``sums``), without a call to mark(); false once the guard
-        # is off (seen at the next step's end at the latest).
-        self.host = enabled and not cuda
-        self.last = -1  # the previous mark; -1 before the first forward
-        self.t = 0.0  # when it was made (host clock)
-        self.sums = [0.0] * len(PHASES)
+        # On CUDA, every device_every-th step is timed with events (0: on the host only).
+        self.device_every = device_every if cuda and enabled else 0
+        # The step in progress is timed with events (the first one too when every step is).
+        self._device = self.device_every == 1
+        # This step's marks are on the host clock and the timer is on: each method's usual
+        # case then works in place (``_last``, ``_t``, ``_sums``); false on a step timed with
+        # events, and once the guard is off (seen at the next step's end at the latest).
+        self._host = enabled and not self._device
+        self._last = -1  # the previous mark; -1 before the first forward
+        self._t = 0.0  # when it was made (host clock)
+        self._sums = [0.0] * len(PHASES)
         self._events: list[Any] = []
         self._phases: list[int] = []
+        self._data = 0.0  # a step timed with events: its wait for data (host clock)
         # CUDA events the sampler has read, recorded again instead of making new ones (a new
         # event is a Python object and, at its first record, a cudaEventCreate): the sampler
         # appends, this thread pops.
         self._spare: collections.deque[Any] = collections.deque()
         self._new_event = new_event or _timing_event
         self._backward = BackwardEnd(self._backward_end, guard)
-        self.ended = False  # a step has ended (before, the first step's data wait is unknown)
+        self._ended = False  # a step has ended (before, the first step's data wait is unknown)
         # The backward's end: until one full backward has been seen, a hook on each forward's
         # output queues a callback for the end of the pass (~8 us a step); meanwhile every
         # trainable parameter says when its gradient lands, and the one that lands last takes
@@ -174,34 +196,139 @@ class PhaseTimer:
         self._learning: list[RemovableHandle] = []
         self._handles: list[RemovableHandle] = []
         # The parameter that marks the backward's end is known: a forward's end is then only a
-        # mark (the step clock writes it out).
-        self.learned = False
+        # mark.
+        self._learned = False
+
+    @property
+    def on_device(self) -> bool:
+        """The step in progress is timed with CUDA events."""
+        return self._device
+
+    # -- the marks, one method each (the clock's hooks call them at every step) ---------------
+
+    def forward_start(self) -> None:
+        if self._host:
+            t = self.clock()
+            last = self._last
+            if last >= 0:
+                self._sums[_INTO_FORWARD_START[last]] += t - self._t
+            self._t = t
+            self._last = FORWARD_START
+        else:
+            self.mark(FORWARD_START)
+
+    def forward_ended(self, output: Any, watch: bool) -> None:
+        """Mark a forward's end; with ``watch``, watch its output for the backward's end (until
+        the parameter that marks it is known)."""
+        if self._host and self._learned:
+            t = self.clock()
+            last = self._last
+            if last >= 0:
+                self._sums[_INTO_FORWARD_END[last]] += t - self._t
+            self._t = t
+            self._last = FORWARD_END
+            return
+        self.mark(FORWARD_END)
+        if watch and self.enabled and not self._learned and self.guard.on:
+            try:
+                loss = output_loss(output)
+                self._backward.watch(loss if loss is not None else first_tensor(output))
+            except Exception as exc:
+                self._failed(exc)
+
+    def optimizer_start(self) -> None:
+        if self._host:
+            t = self.clock()
+            last = self._last
+            if last >= 0:
+                self._sums[_INTO_OPTIMIZER_START[last]] += t - self._t
+            self._t = t
+            self._last = OPTIMIZER_START
+        else:
+            self.mark(OPTIMIZER_START)
+
+    def step_end(self, step: int, now: float) -> tuple[float, ...] | EventIntervals | None:
+        """Mark the end of ``step`` (at ``now``, the clock's reading) and return its phases, for
+        its record: seconds per phase, events the sampler reads, or None (none measured: the
+        timer off, or no forward seen yet)."""
+        last = self._last
+        if self._host and self._ended and last >= 0 and self.guard.on:
+            sums = self._sums
+            sums[_INTO_END[last]] += now - self._t
+            self._t = now
+            self._last = END
+            out = tuple(sums)
+            sums[:] = PHASE_ZEROS
+            if self.device_every and (step + 1) % self.device_every == 0:
+                self._start_device()
+            return out
+        return self._step_end(step, now)
+
+    def _step_end(self, step: int, now: float) -> tuple[float, ...] | EventIntervals | None:
+        """``step_end`` off its usual case: the first step, a step timed with events, a step
+        after the guard went off."""
+        if not self.enabled:
+            return None
+        if not self.guard.on:
+            # (a failure the marks did not see: BackwardEnd counts on this guard too)
+            self._host = False
+            return None
+        last = self._last
+        self.mark(END, now)
+        out: tuple[float, ...] | EventIntervals | None = None
+        if self._device:
+            events, phases = self._events, self._phases
+            self._events, self._phases = [], []
+            self._device = False
+            self._host = self.guard.on  # the next step on the host clock, from now
+            self._t = now
+            if len(events) > 1 and last >= 0 and self.guard.on:
+                out = EventIntervals(events, phases, not self._ended, self._spare, self._data)
+                self._ended = True
+            # else: a mark failed to record (counted): no phases for this step
+        elif last >= 0 and self.guard.on:
+            first, self._ended = not self._ended, True
+            sums = self._sums
+            self._sums = [0.0] * len(PHASES)
+            if first:  # the first step starts at its forward: what it waited for is unknown
+                sums[DATA] = math.nan
+            out = tuple(sums)
+        if self.device_every and (step + 1) % self.device_every == 0 and self.guard.on:
+            self._start_device()
+        return out
+
+    def _start_device(self) -> None:
+        """Time the next step with events, from its first mark on (a step without two events,
+        a mark having failed, has no phases)."""
+        self._device = True
+        self._host = False
+        self._events, self._phases = [], []
 
     def mark(self, kind: int, now: float | None = None) -> None:
         """The moment ``kind`` happens now (``now``: a clock reading the caller took)."""
         if not self.enabled or not self.guard.on:
             return
         try:
-            if self._cuda:
+            if self._device:
                 self._mark_event(kind)
             else:
                 t = self.clock() if now is None else now
-                if self.last >= 0:
-                    self.sums[_PHASE[self.last][kind]] += t - self.t
-                self.t = t
-            self.last = kind
+                if self._last >= 0:
+                    self._sums[_PHASE[self._last][kind]] += t - self._t
+                self._t = t
+            self._last = kind
         except Exception as exc:
             self._failed(exc)
 
     def _failed(self, exc: Exception) -> None:
         self.guard.failed(exc)
-        self.host = self.host and self.guard.on
+        self._host = self._host and self.guard.on
 
     def current(self) -> int | None:
         """The phase (index into ``PHASES``) the training thread is in now, as its last mark
         says; None before the first forward or with the phases off. Read from the sampler
         thread: one attribute read, nothing done on the training thread for it."""
-        last = self.last
+        last = self._last
         return _AFTER[last] if self.enabled and self.guard.on and last >= 0 else None
 
     def install(self, model: torch.nn.Module | None) -> list[RemovableHandle]:
@@ -228,43 +355,32 @@ class PhaseTimer:
     def _learn(self) -> None:
         # After the first full backward: the parameter whose gradient landed last marks the
         # backward's end from now on.
-        self.learned = True
+        self._learned = True
         for h in self._learning:
             h.remove()
         self._learning.clear()
         last = self._params.get(self._last_param) if self._last_param is not None else None
         self._params.clear()
         if last is None:  # no gradient landed: keep watching each forward's output
-            self.learned = False
+            self._learned = False
             return
         hook = last.register_post_accumulate_grad_hook(self._param_landed)  # type: ignore[no-untyped-call]
         self._handles.append(hook)
 
     def _param_landed(self, param: torch.Tensor) -> None:
-        if self.host:  # mark(BACKWARD_END), written out: at every step
+        if self._host:  # mark(BACKWARD_END), written out: at every step
             t = self.clock()
-            last = self.last
+            last = self._last
             if last >= 0:
-                self.sums[_INTO_BACKWARD_END[last]] += t - self.t
-            self.t = t
-            self.last = BACKWARD_END
+                self._sums[_INTO_BACKWARD_END[last]] += t - self._t
+            self._t = t
+            self._last = BACKWARD_END
         else:
             self.mark(BACKWARD_END)
 
-    def forward_ended(self, output: Any, watch: bool) -> None:
-        """Mark a forward's end; with ``watch``, watch its output for the backward's end (until
-        the parameter that marks it is known)."""
-        self.mark(FORWARD_END)
-        if watch and self.enabled and not self.learned and self.guard.on:
-            try:
-                loss = output_loss(output)
-                self._backward.watch(loss if loss is not None else first_tensor(output))
-            except Exception as exc:
-                self._failed(exc)
-
     def _backward_end(self) -> None:
         self.mark(BACKWARD_END)
-        if not self.learned:
+        if not self._learned:
             try:
                 self._learn()
             except Exception as exc:
@@ -274,50 +390,22 @@ class PhaseTimer:
         spare = self._spare
         event = spare.pop() if spare else self._new_event()
         event.record()
-        if self.last < 0:
+        if not self._events:  # the step's first: where its first interval starts
+            self._data = self.clock() - self._t  # the wait before it, on the host clock
             self._events.append(event)
         elif len(self._events) < MAX_EVENTS:
-            self._phases.append(_PHASE[self.last][kind])
+            self._phases.append(_PHASE[self._last][kind] if self._last >= 0 else OTHER)
             self._events.append(event)
         else:  # forwards without a step (grad-enabled evaluation): bounded, the rest "other"
             self._phases[-1] = OTHER
             self._events[-1] = event
 
-    def step_end(self, step: int, now: float, put: Callable[[PhaseRecord], None]) -> None:
-        """Mark the step's end and ``put`` the record of its phases (none before a forward)."""
-        last = self.last
-        if last < 0 or self._cuda or not self.ended:
-            self.mark(END, now)
-            if last >= 0 and self.enabled and self.guard.on:
-                put(self._record(step))
-            return
-        if not self.host or not self.guard.on:
-            # (a failure the hooks' marks did not see: BackwardEnd counts on this guard too)
-            self.host = False
-            return
-        # mark(END) and _record() on the host clock, written out: at every step's end.
-        sums = self.sums
-        sums[INTO[END][last]] += now - self.t
-        self.t = now
-        self.last = END
-        put(PhaseRecord(step, tuple(sums)))
-        sums[:] = PHASE_ZEROS
 
-    def _record(self, step: int) -> PhaseRecord:
-        first, self.ended = not self.ended, True
-        if self._cuda:
-            events, phases = self._events, self._phases
-            # The step's last event is where the next step's first interval starts.
-            self._events, self._phases = events[-1:], []
-            return PhaseRecord(step, EventIntervals(events, phases, first, self._spare))
-        sums = self.sums
-        self.sums = [0.0] * len(PHASES)
-        if first:  # the first step starts at its forward: what it waited for is unknown
-            sums[DATA] = math.nan
-        return PhaseRecord(step, tuple(sums))
-
-
+_INTO_FORWARD_START = INTO[FORWARD_START]
+_INTO_FORWARD_END = INTO[FORWARD_END]
 _INTO_BACKWARD_END = INTO[BACKWARD_END]
+_INTO_OPTIMIZER_START = INTO[OPTIMIZER_START]
+_INTO_END = INTO[END]
 
 
 def _timing_event() -> Any:
@@ -326,6 +414,7 @@ def _timing_event() -> Any:
 
 __all__ = [
     "BACKWARD_END",
+    "DEVICE_EVERY",
     "END",
     "FORWARD_END",
     "FORWARD_START",

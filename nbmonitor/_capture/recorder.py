@@ -11,7 +11,14 @@ from collections.abc import Callable, Mapping
 import torch
 
 from nbmonitor._capture.device_value import DeviceValue, to_device_value
-from nbmonitor.records import MEASURED_KEYS, MEASURED_PREFIX, LogRecord, Record
+from nbmonitor.records import (
+    MEASURED_KEYS,
+    MEASURED_PREFIX,
+    LogRecord,
+    Pending,
+    Record,
+    StepRecord,
+)
 
 
 def make_log_record(step: int, scalars: Mapping[str, object]) -> LogRecord:
@@ -132,22 +139,74 @@ class Recorder:
 
     ``collections.deque`` appends and pops are atomic under the GIL, so the training thread
     takes no lock.
+
+    The newest step's record is **held** (``hold``) rather than put: the loop's
+    ``mon.log(loss=...)`` after ``optimizer.step()`` belongs to it and is folded into it
+    (``fold_loss``), so that a step is one record. It is put when the next one is held (a
+    step later: no call of its own a step), when the training thread hands it on
+    (``release``: a value of its step that cannot be folded, a flush, close), or by the
+    sampler once it has stayed held through a whole drain (a loop that stopped, or a step
+    longer than a tick). Whoever pops it from ``_held`` (one atomic ``dict.pop``) owns
+    it: the other side then finds nothing to fold into or to put.
     """
 
     def __init__(self) -> None:
         self._queue: collections.deque[Record] = collections.deque()
-        # The deque's own append: a record is put in one C call, no Python frame (the
-        # training thread puts three records a step).
+        # The deque's own append: a record is put in one C call, no Python frame.
         self.put: Callable[[Record], None] = self._queue.append
+        self._held: dict[int, StepRecord] = {}
+        # What the last drain found held: still held at the next, it is handed on there.
+        self._seen: StepRecord | None = None
 
     def __len__(self) -> int:
-        return len(self._queue)
+        return len(self._queue) + len(self._held)
+
+    def hold(self, record: StepRecord) -> None:
+        """Hold ``record`` (a step that just ended), putting the one held before it."""
+        held = self._held
+        previous = held.pop(0, None)
+        if previous is not None:
+            self._queue.append(previous)
+        held[0] = record
+
+    def release(self) -> None:
+        """Put the record held, if any (its step can get no more values from the loop)."""
+        record = self._held.pop(0, None)
+        if record is not None:
+            self._queue.append(record)
+
+    def held_step(self) -> int:
+        """The step of the record held (-1: none)."""
+        record = self._held.get(0)
+        return -1 if record is None else record.step
+
+    def fold_loss(self, step: int, loss: float | Pending) -> bool:
+        """Fold ``loss`` (logged alone for ``step``) into that step's held record; False when
+        it is not held or already has one (the caller then puts a LogRecord)."""
+        held = self._held
+        record = held.pop(0, None)
+        if record is None:
+            return False
+        if record.step != step or record.loss is not None:
+            held[0] = record
+            return False
+        record.loss = loss
+        held[0] = record
+        return True
 
     def drain(self, wait: bool = False) -> list[Record]:
         """Records whose device values have landed, in order; stops at the first that has not.
 
-        With ``wait=True`` (used by close()) it waits for every record instead.
+        With ``wait=True`` (used by close()) it waits for every record instead, the held one
+        included.
         """
+        held = self._held.get(0)
+        if held is not None and (wait or held is self._seen):
+            taken = self._held.pop(0, None)  # None: the training thread took it meanwhile
+            if taken is not None:
+                self._queue.append(taken)
+            held = None
+        self._seen = held
         out: list[Record] = []
         queue = self._queue
         while queue:

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from nbmonitor._capture.clock import StepClock
 
 KINDS = ("pause", "resume", "stop", "checkpoint", "lr")
+_NEVER = 2**63
 # How often a paused training thread wakes to run ``pump`` and look at new requests.
 WAKE_S = 0.1
 # The most requests held and events kept for the sampler: a flood of requests from a control
@@ -107,9 +108,22 @@ class Steering:
         self.on_checkpoint = on_checkpoint
         self.checkpoint_dir = checkpoint_dir
         self.stop_mode = stop_mode
+        # "clock": applied at the step clock's end of step (a listener while something is
+        # pending); "caller": a framework's callback calls ``at_boundary`` at its own step end
+        # (after its scheduler stepped and its step counted), ``use_framework``.
+        self.boundary = "clock"
+        # A distributed job's rank: a request with no step named goes to the whole job
+        # (written to its folder with a step ahead, read back by every rank's sampler) when
+        # ``route(kind, value, source)`` takes it (returns True).
+        self.route: Callable[[str, object, str], bool] | None = None
         self._wall_clock = wall_clock
         self._lock = threading.Lock()
         self._pending: list[Request] = []
+        # The first step any pending request is due at (0: the next boundary): a boundary
+        # before it returns at once, without the lock (a torchrun request held for a step
+        # ahead). Read unlocked: a request queued while a boundary reads it is taken at the
+        # next boundary.
+        self._due_at = _NEVER
         self._events: collections.deque[SteerEvent] = collections.deque(maxlen=MAX_EVENTS)
         self._wake = threading.Event()
         self._listening = False
@@ -147,6 +161,13 @@ class Steering:
             return
         if kind == "lr":
             value = float(value)  # type: ignore[arg-type]
+        route = self.route
+        if route is not None and at_step is None and not self._released:
+            try:
+                if route(kind, value, source):
+                    return
+            except Exception as exc:  # acted on here alone, and said
+                self._errors.add("steer", exc)
         with self._lock:
             if self._released:
                 return
@@ -155,6 +176,7 @@ class Steering:
             else:
                 refused = False
                 self._pending.append(Request(kind, value, source, at_step, now))
+                self._due_at = min(self._due_at, 0 if at_step is None else at_step)
                 self._listen()
         if refused:
             self._event(
@@ -166,6 +188,21 @@ class Steering:
     def refuse(self, action: str, message: str, *, source: str = "ctl") -> None:
         """Report a request that could not even be read (a control file refused)."""
         self._event(action, None, source, ok=False, message=message)
+
+    def use_framework(self) -> None:
+        """A framework's callback steers: it calls ``at_boundary`` at the framework's step end
+        when ``waiting``, and reads ``stop_requested`` to set the framework's own stop flag
+        (nothing is raised)."""
+        with self._lock:
+            self.stop_mode = "flag"
+            self.boundary = "caller"
+            self._unlisten()
+
+    @property
+    def waiting(self) -> bool:
+        """Whether a request waits for a step's end or the run is paused (no lock: a
+        framework's callback reads it at every step)."""
+        return bool(self._pending) or self.paused
 
     @property
     def pending(self) -> int:
@@ -190,12 +227,14 @@ class Steering:
         with self._lock:
             self._released = True
             self._pending.clear()
+            self._due_at = _NEVER
             self._unlisten()
         self.paused = False
         self._wake.set()
         self.scheduler = None
         self.on_checkpoint = None
         self.pump = None
+        self.route = None  # a closed rank no longer speaks for its job
         hook = self._stop_hook
         if hook is not None:
             self._stop_hook = None
@@ -206,7 +245,7 @@ class Steering:
     def _listen(self) -> None:
         # Under self._lock. The clock iterates a copy of its list: appending from another
         # thread is safe.
-        if not self._listening:
+        if not self._listening and self.boundary == "clock":
             clock = self._clock()
             if clock is None:
                 return
@@ -226,6 +265,8 @@ class Steering:
         """The end of step ``step`` (a step listener): apply what is due; while paused, wait
         here. Raises only the requested stop."""
         self.last_step = step
+        if step < self._due_at and not self.paused:
+            return  # nothing due yet
         stop = self._apply_due(step)
         try:
             while self.paused and not stop and not self._released:
@@ -256,10 +297,16 @@ class Steering:
         with self._lock:
             if not self._pending:
                 return False
-            due = [r for r in self._pending if r.at_step is None or r.at_step <= step]
+            # While paused every request is due at the step paused at: the ranks of a job
+            # paused at one step act there together, whatever step a request named.
+            paused = self.paused
+            due = [r for r in self._pending if paused or r.at_step is None or r.at_step <= step]
             if not due:
                 return False
-            self._pending = [r for r in self._pending if r.at_step is not None and r.at_step > step]
+            self._pending = [r for r in self._pending if r not in due]
+            self._due_at = min(
+                (r.at_step for r in self._pending if r.at_step is not None), default=_NEVER
+            )
         stop = False
         for request in due:
             try:
@@ -350,8 +397,9 @@ class Steering:
             raise RuntimeError("no checkpoint folder (the run has none) and no path given")
         on_checkpoint = self.on_checkpoint
         if on_checkpoint is not None:
-            on_checkpoint(path, step)
-            return path
+            # A framework's callback saves where the framework does, and says where.
+            saved = on_checkpoint(path, step)
+            return Path(saved) if isinstance(saved, (str, os.PathLike)) else path
         clock = self._clock()
         model = self._model() if self._model is not None else None
         if model is None:

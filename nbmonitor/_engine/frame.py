@@ -79,6 +79,9 @@ class TimelineFrame:
     seconds: FloatArray = field(default_factory=lambda: np.zeros((0, 0)))
     gantt: tuple[GanttBar, ...] = ()
     summary: tuple[dict[str, object], ...] = ()
+    # The phases of every this many steps (those divisible by it) were timed on the device
+    # (CUDA events), the others on the host clock; 0: every step on the host clock.
+    device_every: int = 0
 
 
 class TimelineSource(Protocol):
@@ -170,6 +173,8 @@ class RunInfo:
     total_steps: int | None
     devices: int = 0  # accelerators whose series are drawn (gpu0_..., gpu1_...)
     allocator: str = ""  # derive.memory_table.allocator_text, on CUDA runs
+    # Phases timed on the device on every this many steps (meta.json "phases"); 0: none.
+    phases_device_every: int = 0
 
 
 @dataclass

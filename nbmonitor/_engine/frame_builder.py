@@ -45,6 +45,12 @@ class FrameBuilder:
         self.model = model
         self._kept = _Kept()
 
+    @property
+    def parts_made(self) -> int:
+        """How many parts of frames this builder has made so far (a part whose inputs did not
+        change since the last frame is kept, not made again)."""
+        return self._kept.made
+
     def build(
         self, state: FrameState, detail: bool = True, hand_over: Callable[[], None] = _nothing
     ) -> Frame:
@@ -101,7 +107,7 @@ class FrameBuilder:
             timeline = kept.get(
                 "timeline",
                 (*steps_now, spans, spans.version, open_s),
-                lambda: _timeline(steps, spans, open_s),
+                lambda: _timeline(steps, spans, open_s, self.info.phases_device_every),
             )
             hand_over()
             if model.layers is not None and model.layers.names:
@@ -173,11 +179,13 @@ def _same(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
     )
 
 
-def _timeline(steps: Store, spans: TimelineSource | None, open_s: float) -> TimelineFrame | None:
+def _timeline(
+    steps: Store, spans: TimelineSource | None, open_s: float, device_every: int = 0
+) -> TimelineFrame | None:
     stack = phase_stack(steps)
     gantt = spans.gantt() if spans is not None else ()
     summary = spans.summary(open_s) if spans is not None else ()
     if stack is None and not summary:
         return None
     names, x, seconds = stack if stack is not None else ((), np.zeros(0), np.zeros((0, 0)))
-    return TimelineFrame(names, x, seconds, gantt, summary)
+    return TimelineFrame(names, x, seconds, gantt, summary, device_every if stack else 0)

@@ -177,6 +177,10 @@ class Pipeline:
             self.add_alerts(
                 Alert("backend", "info", str(n), step, now, subject=BACKEND) for n in new
             )
+        if self.training.steer is not None:
+            # The worker may still read the control directory (the last tick's steering poll):
+            # the sample waits for it, but not past the moment that call counts as hung.
+            self.sources.sample.wait_idle()
         sampled = self.sources.sample.call(parts.backend.sample)
         sample = (
             dict.fromkeys(parts.backend.keys, math.nan) if isinstance(sampled, Hung) else sampled

@@ -29,12 +29,15 @@ def run_info(meta: Mapping[str, Any], name: str) -> RunInfo:
     attach = meta.get("attach") or {}
     total = attach.get("total_steps") if isinstance(attach, Mapping) else None
     cuda = device_index(meta) is not None
+    phases = meta.get("phases")
+    every = phases.get("device_every") if isinstance(phases, Mapping) else None
     return RunInfo(
         name,
         str(backend.get("name", "?")) if isinstance(backend, Mapping) else "?",
         total if isinstance(total, int) else None,
         len(devices) if isinstance(devices, list) else 0,
         allocator_text(meta.get("allocator")) if cuda else "",
+        every if isinstance(every, int) and not isinstance(every, bool) and every > 0 else 0,
     )
 
 

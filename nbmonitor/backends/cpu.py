@@ -50,6 +50,12 @@ class CpuBackend:
         psutil.cpu_percent(None)
 
     @property
+    def source(self) -> str:
+        """Where the counters are read from: ``"/proc"`` (descriptors held open, Linux) or
+        ``"psutil"`` (elsewhere, or where ``/proc`` cannot be used or stopped reading)."""
+        return "/proc" if self._proc is not None else "psutil"
+
+    @property
     def keys(self) -> tuple[str, ...]:
         return CPU_KEYS
 

@@ -14,8 +14,9 @@ graph; whether the gradients were reset since the last step; whether a forward r
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 # The observations kept per kind: enough for the rules' streaks, bounded whatever the run's
 # length.
@@ -128,6 +129,47 @@ def structure_of(view_inp: object) -> Structure | None:
     return structure if isinstance(structure, Structure) and structure else None
 
 
+class Checked(Protocol):
+    """What a structural rule reads of a check (``health.view.HealthView``)."""
+
+    @property
+    def inp(self) -> object: ...
+
+    @property
+    def has_new_rows(self) -> bool: ...
+
+
+def to_judge(view: Checked) -> Structure | None:
+    """What a structural rule judges at a check: the run's structural facts, or None when there
+    is nothing to judge (none read yet, or no new rows since the last check)."""
+    structure = structure_of(view.inp)
+    return structure if structure is not None and view.has_new_rows else None
+
+
+def observed(
+    view: Checked,
+    kind: str,
+    n: int,
+    least: int,
+    *,
+    key: str | None = None,
+    keep: Callable[[Observation], object] | None = None,
+) -> tuple[Structure, tuple[Observation, ...]] | None:
+    """The start every structural rule shares: the run's structure and the newest ``n``
+    observations of ``kind`` (those where ``key`` is known, and that ``keep`` accepts, when
+    given; oldest first), or None when there is nothing to judge: no structure read, no new
+    rows since the last check, or fewer than ``least`` such observations."""
+    structure = to_judge(view)
+    if structure is None:
+        return None
+    obs = structure.recent(kind, n, key)
+    if keep is not None:
+        obs = tuple(o for o in obs if keep(o))
+    if len(obs) < least:
+        return None
+    return structure, obs
+
+
 def steady(observations: tuple[Observation, ...], least: int, holds: object) -> bool:
     """Whether at least ``least`` observations exist and ``holds`` (a predicate) is true of
     every one: a structural fact seen on consecutive sampled steps, not once by chance."""
@@ -138,11 +180,14 @@ def steady(observations: tuple[Observation, ...], least: int, holds: object) -> 
 
 __all__ = [
     "KEEP",
+    "Checked",
     "Facts",
     "Observation",
     "Structure",
     "StructureLog",
+    "observed",
     "steady",
     "streak_step",
     "structure_of",
+    "to_judge",
 ]

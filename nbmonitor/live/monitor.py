@@ -27,6 +27,7 @@ from nbmonitor._capture.capture import build_capture
 from nbmonitor._capture.dist import RankInfo, rank_info
 from nbmonitor._capture.heap import settle_heap
 from nbmonitor._capture.probes.spans import Span, SpanTimer, check_span_name
+from nbmonitor._engine import published as _published
 from nbmonitor._engine.derive.memory_table import allocator_text
 from nbmonitor._engine.frame import Frame, RunInfo, View
 from nbmonitor._engine.published import history
@@ -34,11 +35,12 @@ from nbmonitor.errors import ErrorLog, Guard
 from nbmonitor.health import Alert, Health
 from nbmonitor.health.explain import Explanation, explain
 from nbmonitor.health.finetune import AdapterVerdict
+from nbmonitor.live import job_steering as _job_steering
 from nbmonitor.live import ranks as _ranks
 from nbmonitor.live import registry as _registry
 from nbmonitor.live.adapters import find_adapters
 from nbmonitor.live.build import build_sampler
-from nbmonitor.live.lifetime import StepCount
+from nbmonitor.live.lifetime import Lifetime, StepCount
 from nbmonitor.live.memory_history import MemoryHistory
 from nbmonitor.live.parts import layer_stats, run_meta
 from nbmonitor.live.run_memory import RunMemory
@@ -54,8 +56,13 @@ from nbmonitor.options import (
 from nbmonitor.sinks import Sink
 
 if TYPE_CHECKING:
+    from nbmonitor._capture.clock import StepClock
+    from nbmonitor._capture.recorder import Recorder
+    from nbmonitor._engine.pipeline import Pipeline
     from nbmonitor.live.profile import Profile
     from nbmonitor.memory import Freed, OomReport
+    from nbmonitor.sinks.base import FanOut
+    from nbmonitor.sinks.runlog import RunLogSink
 
 # How long close() waits for a sampler tick in progress (a hung source) before it gives up on
 # the last interval rather than hang the notebook.
@@ -143,6 +150,8 @@ class Monitor(SteerControls):
         meta = run_meta(model, optimizer, opts, self.backend, self._start)
         # The tracked parameters, so that a replay's layer table says what each layer is.
         meta["params"] = [dataclasses.asdict(p) for p in layers.params]
+        device_every = capture.clock.phases.device_every  # (timed on the device: the panel)
+        meta["phases"] = {"device_every": device_every}
         if adapters is not None:
             meta["adapters"] = adapters.to_json()
         first = next(iter(model.parameters()), None)
@@ -158,6 +167,9 @@ class Monitor(SteerControls):
             scheduler=opts.scheduler,
             on_checkpoint=opts.on_checkpoint,
             control=True,
+            job=_job_steering.job_reader(
+                self.rank, self._runlog.path.parent, count.step, errors_log
+            ),
         )
         cuda = self.backend.device_index is not None
         life = self._life = build_sampler(
@@ -167,6 +179,7 @@ class Monitor(SteerControls):
                 self.total_steps,
                 len(self.backend.devices),
                 allocator_text(meta["allocator"]) if cuda else "",
+                device_every,
             ),
             backend=self.backend,
             capture=capture,
@@ -185,6 +198,15 @@ class Monitor(SteerControls):
         )
         self._session = life.session
         self._pipeline = life.session.pipeline
+        if self.rank is not None:  # a request made on this rank goes to the whole job
+            pipeline = self._pipeline
+            self._steering.route = _job_steering.JobRoute(
+                self._runlog.path.parent,
+                self.rank.rank,
+                self.interval,
+                count.step,
+                lambda: _published.history(pipeline.model.steps, pipeline.published),
+            )
         # A model collected (dropped by the user) closes its run; see lifetime.py.
         self._model_ref = weakref.ref(model, life.release_soon)
         self._pipeline.add_alerts(
@@ -596,6 +618,13 @@ class Monitor(SteerControls):
         self.close()
 
     @property
+    def internals(self) -> Internals:
+        """The parts this monitor is made of (``nbmonitor.live.monitor.Internals``: the
+        pipeline, the run log's sink, the recorder, the step clock), for tests and tools that
+        look inside a live run. Not a stable API: what it holds follows the implementation."""
+        return Internals(self._pipeline, self._runlog, self._recorder, self._life)
+
+    @property
     def views(self) -> tuple[View, ...]:
         """What shows this monitor's frames (the dashboard, the console line, added views)."""
         return self._session.views
@@ -628,6 +657,37 @@ class Monitor(SteerControls):
             f"<nbmonitor.Monitor {self.name!r} backend={self.backend.name!r} step={self.step} "
             f"status={self.status!r}>"
         )
+
+
+class Internals:
+    """``mon.internals``: the parts of a live monitor. For tests and tools that look inside;
+    not a stable API."""
+
+    def __init__(
+        self, pipeline: Pipeline, runlog: RunLogSink, recorder: Recorder, life: Lifetime
+    ) -> None:
+        self.pipeline = pipeline
+        """The sampler side: the run model, the health check, the sinks, the views."""
+        self.runlog = runlog
+        """This run's run log sink (its folder's files)."""
+        self.recorder = recorder
+        """Where the training thread puts its records for the sampler to drain."""
+        self._life = life
+
+    @property
+    def sinks(self) -> FanOut:
+        """What the pipeline writes to: the run log first, then the exporters."""
+        return self.pipeline.parts.sinks
+
+    @property
+    def closed(self) -> bool:
+        """Whether the run has closed (or begun to)."""
+        return self._life.closed
+
+    def clock(self) -> StepClock | None:
+        """The step clock the model's hooks hold (None once the model is collected or the run
+        closed)."""
+        return self._life.clock()
 
 
 def gpu_uuids(backend: str) -> list[str]:

@@ -102,7 +102,9 @@ def where(
     return module, phase, held
 
 
-def _labels(model: torch.nn.Module | None, optimizer: Any) -> dict[Any, str]:
+def storage_labels(model: torch.nn.Module | None, optimizer: Any) -> dict[Any, str]:
+    """What holds each storage of the model's: ``"parameter 0.weight"``, ``"gradient of ..."``,
+    ``"optimizer exp_avg of ..."``, ``"buffer ..."`` (by ``storage_of`` key)."""
     labels: dict[Any, str] = {}
     if model is None:
         return labels
@@ -240,7 +242,7 @@ def build_report(
         breakdown=breakdown,
         peaks=peaks,
         peak_key=peak_key,
-        tensors=largest_tensors(held, _labels(model, optimizer), scan=scan),
+        tensors=largest_tensors(held, storage_labels(model, optimizer), scan=scan),
         advice=advice(kind, phase, breakdown, figures, expandable),
         figures=figures,
     )

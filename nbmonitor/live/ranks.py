@@ -44,15 +44,16 @@ def create_runlog(
 ) -> tuple[RunLogSink, str]:
     """The run log and the run's name: ``<stamp>-<name>`` alone, or a rank's
     ``<job>-<name>/rank<r>`` with its place in the job in meta.json. It encodes its rows in
-    slices, handing the GIL over between two (``_engine/handover.py``)."""
+    slices, handing the GIL over between two (``_engine/handover.py``), until a tick brings
+    enough of them for its writer process to take them (``sinks/writer.py``)."""
     pause = Pause()  # the run log's worker's own
     if rank is None:
-        log = RunLogSink.create(opts.run_dir, run_name, meta, pause=pause)
+        log = RunLogSink.create(opts.run_dir, run_name, meta, pause=pause, offload=True)
         return log, log.path.name
     meta.update(rank.as_meta(), device=device, device_index=device_index)
     log = RunLogSink.create(
         opts.run_dir, run_name, meta, job_id=rank.job_id, rank=rank.rank,
-        world_size=rank.world_size, pause=pause,
+        world_size=rank.world_size, pause=pause, offload=True,
     )  # fmt: skip
     return log, f"{log.path.parent.name}/{log.path.name}"
 

@@ -34,7 +34,8 @@ class RunMemory:
     Called, it is the breakdown now: ``mon.memory()`` (see :meth:`breakdown`). Its other
     members: ``free_oom()``, ``snapshot(path)``, ``oom_report(exc)`` and ``recording``
     (``mon.free_oom()``, ``mon.memory_snapshot(path)`` and ``mon.oom_report(exc)`` are the
-    same calls). See docs/memory.md.
+    same calls). The monitor builds it, starts it and closes it; reach it as ``mon.memory``.
+    See docs/memory.md.
     """
 
     def __init__(

@@ -23,6 +23,7 @@ from nbmonitor._capture.steer import Steering, check_request
 from nbmonitor.errors import ErrorLog, StopTraining, StopTrainingExit
 from nbmonitor.health.alert import Alert
 from nbmonitor.runs.control import ControlReader, ControlRequest, make_control_dir
+from nbmonitor.runs.job_control import JobReader
 from nbmonitor.runs.text import printable
 
 # The rule name of a steering event in the run's events (events.jsonl, ``mon.events()``, the
@@ -37,15 +38,28 @@ class SteerPort:
     directory (on a source's worker: file I/O), ``take`` turns the steering events into
     alerts. Holds the Steering weakly: the sampler must not keep the user's scheduler."""
 
-    def __init__(self, steering: Steering, reader: ControlReader | None, errors: ErrorLog) -> None:
+    def __init__(
+        self,
+        steering: Steering,
+        reader: ControlReader | None,
+        errors: ErrorLog,
+        job: JobReader | None = None,
+    ) -> None:
         self._steering = weakref.ref(steering)
-        self._reader = reader
+        # The run's own control folder, then (a rank of a job) the job's (job_control.py).
+        self._readers: tuple[ControlReader | JobReader, ...] = tuple(
+            r for r in (reader, job) if r is not None
+        )
         self._errors = errors
 
     def poll(self) -> None:
-        reader, steering = self._reader, self._steering()
-        if reader is None or steering is None:
+        steering = self._steering()
+        if steering is None:
             return
+        for reader in self._readers:
+            self._poll(reader, steering)
+
+    def _poll(self, reader: ControlReader | JobReader, steering: Steering) -> None:
         for got in reader.poll():
             if isinstance(got, ControlRequest):
                 at_step = got.at_step if got.at_step is not None else None
@@ -99,9 +113,11 @@ def build_steering(
     scheduler: Any,
     on_checkpoint: Callable[[Path, int], object] | None,
     control: bool,
+    job: Callable[[Steering], JobReader | None] | None = None,
 ) -> tuple[Steering, SteerPort]:
     """The steering of a run and its sampler's port; ``control``: read ``run_dir/control/``
-    (made here)."""
+    (made here); ``job``: makes a rank's reader of its job's requests for the steering
+    (``job_steering.py``)."""
     steering = Steering(
         clock,
         errors,
@@ -118,7 +134,8 @@ def build_steering(
             reader = ControlReader(run_dir)
         except OSError as exc:  # steered from Python and the dashboard only
             errors.add("steer", exc)
-    return steering, SteerPort(steering, reader, errors)
+    job_reader = job(steering) if job is not None else None
+    return steering, SteerPort(steering, reader, errors, job_reader)
 
 
 class _Closes(Protocol):
@@ -148,10 +165,30 @@ def stop_error(step: int) -> BaseException:
     if threading.current_thread() is not threading.main_thread():
         _quiet_threads()
         return StopTraining(message, step)
-    if _shell() is not None or hasattr(sys, "ps1"):  # IPython, or Python's own prompt
+    if _shell() is not None:
+        return StopTraining(message, step)
+    if hasattr(sys, "ps1"):  # Python's own prompt: one line there too
+        _quiet_prompt()
         return StopTraining(message, step)
     _log.warning("%s (as asked); exiting", message.removeprefix("nbmonitor: "))
     return StopTrainingExit(message, step)
+
+
+def _quiet_prompt() -> None:
+    """At Python's own prompt a stop prints one line, not a traceback: ``sys.excepthook``
+    wrapped, chained with the one set. Once, at the first stop raised there."""
+    previous = sys.excepthook
+    if getattr(previous, "nbmonitor_quiet", False):
+        return
+
+    def hook(etype: type[BaseException], value: BaseException, tb: Any) -> None:
+        if isinstance(value, StopTraining):
+            print(str(value), file=sys.stderr)
+            return
+        previous(etype, value, tb)
+
+    hook.nbmonitor_quiet = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
 
 
 def _quiet_threads() -> None:

@@ -171,6 +171,7 @@ class DeviceWatch:
 
     @property
     def closed(self) -> bool:
+        """Whether the watch was closed (``close()``, or ``devices()`` called again)."""
         return self._session.closed
 
     def close(self) -> None:

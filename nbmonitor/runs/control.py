@@ -103,11 +103,17 @@ def write_request(
 class ControlReader:
     """The live run's reader of its own control directory (made with ``make_control_dir``).
 
-    ``uid`` is the run's owner (this process's user)."""
+    ``uid`` is the run's owner (this process's user). ``keep``: leave the files read in
+    place and remember their names (a job's folder, read by every rank: ``job_control.py``).
+    """
 
-    def __init__(self, run_dir: str | os.PathLike[str], uid: int | None = None) -> None:
+    def __init__(
+        self, run_dir: str | os.PathLike[str], uid: int | None = None, *, keep: bool = False
+    ) -> None:
         self.path = control_dir(run_dir)
         self.uid = os.getuid() if uid is None else uid
+        self.keep = keep
+        self._seen: set[str] = set()
         self._mtime: int | None = None
         self._refused_dir = False
 
@@ -129,9 +135,13 @@ class ControlReader:
             self._refused_dir = True
             return [Refused(CONTROL, why)]
         try:
-            names = sorted(n for n in os.listdir(self.path) if not n.startswith("."))
+            names = sorted(
+                n for n in os.listdir(self.path) if not n.startswith(".") and n not in self._seen
+            )
         except OSError:
             return []
+        if self.keep:
+            self._seen.update(names[:MAX_PER_POLL])
         out: list[ControlRequest | Refused] = []
         for name in names[:MAX_PER_POLL]:
             out.append(self._read(name))
@@ -153,7 +163,8 @@ class ControlReader:
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError as exc:
-            _remove(path)
+            if not self.keep:
+                _remove(path)
             return Refused(name, f"cannot be opened ({exc.strerror or exc})")
         try:
             st = os.fstat(fd)
@@ -163,7 +174,8 @@ class ControlReader:
             why = f"cannot be read ({exc.strerror or exc})"
         finally:
             os.close(fd)
-            _remove(path)
+            if not self.keep:
+                _remove(path)
         if why is not None:
             return Refused(name, why)
         if len(data) > MAX_REQUEST_BYTES:
@@ -256,7 +268,7 @@ def send(
     folder = control_dir(path)
     if not folder.is_dir():
         raise ControlError(
-            f"the run {name} takes no requests (no {CONTROL}/ folder: a job's folder, or "
+            f"the run {name} takes no requests (no {CONTROL}/ folder: "
             "written by an older nbmonitor); pass the run's own folder"
         )
     try:

@@ -84,6 +84,8 @@ META_FIELDS: dict[str, str] = {
     "asked for), written at close",
     "errors": "what failed inside nbmonitor, written at close",
     "backend": '{"name": ..., "devices": [...]}',
+    "phases": '{"device_every": n}: the phases of the steps divisible by n were timed on the '
+    "device (CUDA events), the others on the host clock; 0 or absent: all on the host clock",
 }
 
 # The reading contract's bounds besides the streams' own (docs/file-format.md, "Reading a run

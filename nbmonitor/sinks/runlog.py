@@ -25,17 +25,31 @@ again; a write cut short is completed, never repeated, so no line is torn or dou
 would take the backlog past its bound are dropped and counted (``lost_rows``). The first
 failure of a spell, and the first loss, raise (the caller reports them); the ticks between
 retry quietly.
+
+**The text is made in a writer process** (``offload=True``, a live run's: ``sinks/writer.py``).
+The first write of at least ``OFFLOAD_VALUES`` values starts it; once it is ready (the rows are
+written here meanwhile) this process pickles each batch's rows to it, and the child encodes
+and writes them with an in-process ``RunLogSink`` of its own (the same bytes, sidecar chunks
+and disk-full handling), so a busy run's float text no longer holds the training process's
+GIL. A scheduled tick's ``flush`` asks the child to flush without waiting for its answer;
+``settle`` (``mon.flush()``, through ``FanOut.settle``) waits for it, and ``close`` for the
+child's end. What the child has not confirmed on disk is kept here; a
+child that dies, or takes or answers nothing within ``WRITER_TIMEOUT_S``, is stopped and this
+process writes from the first byte the files lack, in process from then on, and says so once.
+Without a sidecar after that (the readers parse the text past its last chunk).
 """
 
 from __future__ import annotations
 
 import collections
+import collections.abc
 import contextlib
 import errno
 import os
 import pathlib
 import socket
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import IO
 
@@ -55,6 +69,7 @@ from nbmonitor.runs.format import (
 from nbmonitor.runs.layout import claim_rank_dir, job_meta, write_job_meta
 from nbmonitor.runs.sidecar import ChunkBuffer, write_chunk
 from nbmonitor.sinks.base import Batch, Rows
+from nbmonitor.sinks.writer import AVAILABLE, WriterGone, WriterProcess
 
 # Rows that could not be written yet wait in memory up to this many bytes (a few minutes of a
 # busy run at ~100 kB per tick: long enough for a cleanup, bounded for a disk that stays full).
@@ -63,6 +78,19 @@ BACKLOG_BYTES = 64 * 2**20
 UNSAID_MAX = 4
 # Rows encoded between two pauses (when the run log has one: a live run's).
 SLICE_ROWS = 32
+# A write of at least this many values (rows x keys, summed over streams) starts the writer
+# process of a run log made with ``offload=True`` (below it the text costs under a millisecond a
+# tick, less than the process's start).
+OFFLOAD_VALUES = 1024
+# The writer process must take a message, or answer a flush or the close, within this long, or
+# it is stopped and this process writes in its place.
+WRITER_TIMEOUT_S = 10.0
+
+
+def _values(streams: object) -> int:
+    """Values (rows x keys of each stream's first row) in a batch's streams."""
+    assert isinstance(streams, collections.abc.Iterable)
+    return sum(len(rows) * len(rows[0]) for rows in streams if rows)
 
 
 def _dir_id(path: pathlib.Path) -> tuple[int, int]:
@@ -100,10 +128,16 @@ class RunLogSink:
         path: pathlib.Path,
         meta: dict[str, object],
         pause: Callable[[], None] | None = None,
+        *,
+        offload: bool = False,
+        seqs: Mapping[str, int] | None = None,
     ) -> None:
         """Open the record files of an already-made run directory for append. ``pause`` is
         called between two slices of ``SLICE_ROWS`` rows being encoded (the live sampler lets
-        the training thread take the GIL there)."""
+        the training thread take the GIL there). ``offload``: encode in a writer process once
+        the rows are many (module docstring). ``seqs``: the streams whose sidecar goes on,
+        each with its next chunk's number (the writer process's; default: every sidecar
+        stream from chunk 0)."""
         self._path = path
         self._meta = meta
         self._pause = pause
@@ -126,8 +160,23 @@ class RunLogSink:
         self._chunks = {
             name: ChunkBuffer(self._files[name].tell())
             for name, s in STREAMS.items()
-            if s.sidecar and meta.get("sidecar") == SIDECAR
+            if s.sidecar and meta.get("sidecar") == SIDECAR and (seqs is None or name in seqs)
         }
+        for name, buf in self._chunks.items():
+            buf.seq = seqs[name] if seqs is not None else 0
+        # The writer process (None: encoding here), what was sent to it since it last said all
+        # of it was on disk, and the files' sizes then (None: unknown).
+        self._offload = offload and AVAILABLE
+        self._writer: WriterProcess | None = None
+        self._starting: WriterProcess | None = None  # started, not ready yet
+        # Batches sent (their number, rows, pickled size) the child has not confirmed on disk,
+        # and for each flush it has not answered yet, the number of batches sent before it.
+        self._sent: collections.deque[tuple[int, Batch, int]] = collections.deque()
+        self._sent_count = 0
+        self._sent_bytes = 0
+        self._marks: collections.deque[int] = collections.deque()
+        self._took_over = False  # what it left unsaid is said at the next flush too
+        self._confirmed: dict[str, int] | None = None
         # Numeric streams' rows are encoded by key-set templates (their keys recur every row);
         # free-form streams (events, spans, memory) by the json encoder.
         self._encoders = {name: LineEncoder() for name, s in STREAMS.items() if s.sidecar}
@@ -190,13 +239,15 @@ class RunLogSink:
         rank: int = 0,
         world_size: int = 1,
         pause: Callable[[], None] | None = None,
+        offload: bool = False,
     ) -> RunLogSink:
         """Make ``run_dir/<YYYYmmdd-HHMMSS>-<name>/`` (``-2``, ``-3``... if taken), write
         meta.json and open the record files for append.
 
         With ``job_id`` (one rank of a distributed job) the run is ``rank<rank>/`` inside the
         job folder all ranks share (``nbmonitor/runs/layout.py``: no race for names).
-        Raises RunDirError with a one-line hint if any of that fails.
+        Raises RunDirError with a one-line hint if any of that fails. ``offload``: encode in
+        a writer process once the rows are many (module docstring).
         """
         root = pathlib.Path(run_dir)
         stem = run_stem(name)
@@ -211,7 +262,7 @@ class RunLogSink:
             full.update(meta)
             full.update(format_version=FORMAT_VERSION, files=dict(FILES), sidecar=SIDECAR)
             write_json_atomic(path / META, full)
-            return cls(path, full, pause)
+            return cls(path, full, pause, offload=offload)
         except OSError as exc:
             raise _error(run_dir, exc) from None
 
@@ -233,6 +284,20 @@ class RunLogSink:
         unknown = [s for s in batch.streams if s not in self._files]
         if unknown:
             raise ValueError(f"nbmonitor: run log has no stream(s) {unknown}")
+        if self._starting is not None:
+            self._hand_over(self._starting)
+        if self._writer is not None and self._send(batch):
+            return
+        if self._offload and _values(batch.streams.values()) >= OFFLOAD_VALUES:
+            self._offload = False  # tried once
+            try:
+                self._write_here(batch)  # the problems of this batch are said first
+            finally:
+                self._start_writer()
+            return
+        self._write_here(batch)
+
+    def _write_here(self, batch: Batch) -> None:
         # Problems not yet said (one is raised per write) come first.
         problems, self._unsaid = self._unsaid, []
         for stream, rows in batch.streams.items():
@@ -346,19 +411,220 @@ class RunLogSink:
             f"memory (up to {BACKLOG_BYTES >> 20} MiB) and are written once it works again",
         ) from exc
 
+    # -- the writer process ----------------------------------------------------------------
+
+    def _start_writer(self) -> None:
+        """Start the writer process; it takes over once ready (``_hand_over``). If it cannot
+        start, this process goes on writing (said once)."""
+        with self._lock:
+            if self._closed:
+                return
+            try:
+                self._starting = WriterProcess()
+            except OSError as exc:
+                raise OSError(
+                    f"nbmonitor: the run log's writer process cannot start ({exc}); the run "
+                    "log is written in this process"
+                ) from None
+
+    def _hand_over(self, writer: WriterProcess) -> None:
+        """Once the child is ready: cut the sidecar chunks here (the child's start where these
+        end) and hand it the run folder. A child that died before is said once."""
+        with self._lock:
+            if self._closed or self._backlog:
+                return  # a disk that fails: the backlog is retried here
+            try:
+                if not writer.ready():
+                    return
+                for f in self._files.values():
+                    f.flush()
+                for stream in [s for s, b in self._chunks.items() if b.rows]:
+                    self._cut(stream)
+                writer.open(self._path, self._meta, {s: b.seq for s, b in self._chunks.items()})
+            except WriterGone as exc:
+                self._starting = None
+                code = writer.kill()
+                raise OSError(
+                    f"nbmonitor: the run log's writer process did not start ({exc}; exit code "
+                    f"{code}); the run log is written in this process"
+                ) from None
+            self._starting = None
+            self._writer, self._confirmed = writer, self._sizes()
+            self._chunks.clear()  # the child's from now on
+
+    def _sizes(self) -> dict[str, int]:
+        """The record files' sizes now (-1: unreadable)."""
+        sizes = {}
+        for stream, fname in FILES.items():
+            try:
+                sizes[stream] = os.stat(self._path / fname).st_size
+            except OSError:
+                sizes[stream] = -1
+        return sizes
+
+    def written(self) -> tuple[dict[str, int], bool]:
+        """The record files' sizes, and whether nothing waits in the backlog (the writer
+        process's answer to a flush)."""
+        with self._lock:
+            return self._sizes(), not self._backlog
+
+    def _send(self, batch: Batch) -> bool:
+        """Hand ``batch`` to the writer process; False when there is none any more (the rows
+        are then written here)."""
+        with self._lock:
+            if self._closed:
+                raise ValueError(f"nbmonitor: run log {self._path} is closed")
+            writer = self._writer
+            if writer is None:
+                return False
+            try:
+                size = writer.send(("write", dict(batch.streams)), WRITER_TIMEOUT_S)
+            except WriterGone as exc:
+                self._take_over(exc)
+                return False
+            self._sent_count += 1
+            self._sent.append((self._sent_count, batch, size))
+            self._sent_bytes += size
+            while self._sent_bytes > BACKLOG_BYTES:  # a child that never confirms: bounded
+                self._sent_bytes -= self._sent.popleft()[2]
+                self._confirmed = None
+            return True
+
+    def _flush_writer(self, writer: WriterProcess) -> None:
+        """Under the lock: the answers that came are taken, and the child is asked to flush;
+        a scheduled tick does not wait for it (``settle`` does)."""
+        try:
+            self._answers(writer, None)
+            writer.send(("flush", self._sent_count), WRITER_TIMEOUT_S)
+            self._marks.append(self._sent_count)
+        except WriterGone as exc:
+            self._take_over(exc)
+            self._flush_here()
+        if self._unsaid:
+            problems, self._unsaid = self._unsaid, []
+            self._unsaid = problems[1:UNSAID_MAX]
+            raise problems[0]
+
+    def _answers(self, writer: WriterProcess, timeout: float | None) -> None:
+        """Under the lock: take the child's answers to flushes, those that came (``timeout``
+        None) or until all have come, ``timeout`` seconds at most. What a clean answer
+        confirms is let go. WriterGone if it died or does not answer in time."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._marks:
+            if deadline is None:
+                answer = writer.poll()
+                if answer is None:
+                    return
+            else:
+                answer = writer.answer(max(0.0, deadline - time.monotonic()))
+            if answer[0] != "ack":
+                raise WriterGone(f"it answered {answer[0]!r} to a flush")
+            _, mark, ends, clean, said = answer
+            assert isinstance(mark, int) and isinstance(said, list)
+            self._marks.popleft()
+            if clean:
+                while self._sent and self._sent[0][0] <= mark:
+                    self._sent_bytes -= self._sent.popleft()[2]
+                self._confirmed = ends  # type: ignore[assignment]
+            self._unsaid.extend(said)
+
+    @property
+    def what(self) -> str:
+        return "run log writing"
+
+    def begin_close(self, final_meta: Mapping[str, object]) -> None:
+        """Part of ``Background``: the run log closes in ``close``."""
+
+    def hung_for(self) -> float | None:
+        """Part of ``Background``: a run log that hangs is its worker's (``_engine/isolated``)."""
+        return None
+
+    def settle(self, timeout: float) -> bool:
+        """Wait, ``timeout`` seconds at most, until the writer process has answered every
+        flush (``mon.flush()``: the rows on disk when it returns); True when nothing waits.
+        A child that died meanwhile is replaced here (said at the next write). Never raises."""
+        with self._lock:
+            writer = self._writer
+            if writer is None or self._closed:
+                return True
+            try:
+                self._answers(writer, timeout)
+            except WriterGone as exc:
+                self._take_over(exc)
+            except Exception as exc:
+                self._unsaid.append(exc)
+            return not self._marks
+
+    def _take_over(self, why: WriterGone) -> None:
+        """Under the lock: stop the writer process and write what it did not confirm, from
+        the first byte the files lack (its encoding gives the same bytes), then encode here.
+        The problem is said at the next write or flush."""
+        writer, self._writer = self._writer, None
+        assert writer is not None
+        code = writer.kill()
+        self._took_over = True
+        batches = [b for _, b, _ in self._sent]
+        self._sent.clear()
+        self._marks.clear()
+        self._sent_bytes = 0
+        self._unsaid.append(
+            RuntimeError(
+                f"nbmonitor: the run log's writer process (pid {writer.pid}) stopped "
+                f"({why}; exit code {code}); the run log is written in this process from now on"
+            )
+        )
+        confirmed, self._confirmed = self._confirmed, None
+        try:
+            self._check_dir()
+        except RunDirError as exc:  # made again: what it held is gone
+            self._unsaid.append(exc)
+            confirmed = None
+        sizes = self._sizes()
+        for stream in FILES:
+            rows = [b.streams[stream] for b in batches if b.streams.get(stream)]
+            # Bytes of these rows the child wrote before it stopped.
+            done = 0
+            if confirmed is not None and confirmed.get(stream, -1) >= 0 and sizes[stream] >= 0:
+                done = max(0, sizes[stream] - confirmed[stream])
+            for part in rows:
+                try:
+                    data, _ = self._encode(stream, part)
+                except Exception as exc:  # the child failed on these rows too
+                    self._unsaid.append(exc)
+                    continue
+                if done >= len(data):
+                    done -= len(data)
+                    continue
+                if not self._write(stream, data[done:]):
+                    self._failing = True
+                    self._unsaid.append(self._last_error)
+                done = 0
+
     def flush(self) -> None:
         """Hand buffered records to the OS (once per sampler tick; no fsync, see the module
         docstring), and cut the sidecar chunks that are due."""
         with self._lock:
             if self._closed:
                 return
-            self._check_dir()
-            if self._backlog and not self._retry():
-                return self._failed()
-            for f in self._files.values():
-                f.flush()
-            for stream in [s for s, b in self._chunks.items() if b.due]:
-                self._cut(stream)
+            if self._writer is not None:
+                return self._flush_writer(self._writer)
+            self._flush_here()
+            if self._took_over:  # the writer process's end, seen in settle(): said here
+                self._took_over = False
+                problems, self._unsaid = self._unsaid, []
+                self._unsaid = problems[1:UNSAID_MAX]
+                if problems:
+                    raise problems[0]
+
+    def _flush_here(self) -> None:
+        """Under the lock: ``flush`` in this process."""
+        self._check_dir()
+        if self._backlog and not self._retry():
+            return self._failed()
+        for f in self._files.values():
+            f.flush()
+        for stream in [s for s, b in self._chunks.items() if b.due]:
+            self._cut(stream)
 
     def _cut(self, stream: str) -> None:
         """Write the buffered rows of ``stream`` as its next chunk (files already flushed)."""
@@ -380,6 +646,11 @@ class RunLogSink:
         with self._lock:
             if not self._closed:
                 self._closed = True
+                if self._starting is not None:  # never handed the run: its input ends
+                    self._starting.wait(WRITER_TIMEOUT_S)
+                    self._starting = None
+                if self._writer is not None:
+                    self._close_writer(self._writer)
                 if self._backlog and not self._retry():
                     self.close_errors.append(
                         OSError(
@@ -411,6 +682,29 @@ class RunLogSink:
                 self.update_meta(**final_meta)
             except Exception as exc:
                 self.close_errors.append(exc)
+
+    def _close_writer(self, writer: WriterProcess) -> None:
+        """Under the lock: the child writes its last rows and chunks and exits; one that does
+        not is stopped and its rows are written here."""
+        try:
+            writer.send(("close",), WRITER_TIMEOUT_S)
+            self._answers(writer, WRITER_TIMEOUT_S)  # the flushes' first
+            answer = writer.answer(WRITER_TIMEOUT_S)
+            if answer[0] != "closed":
+                raise WriterGone(f"it answered {answer[0]!r} to close")
+        except WriterGone as exc:
+            self._take_over(exc)
+            self.close_errors.extend(self._unsaid)
+            self._unsaid = []
+            return
+        _, _, _, problems, lost = answer
+        self._writer = None
+        self._sent.clear()
+        assert isinstance(problems, list) and isinstance(lost, int)
+        self.close_errors.extend([*self._unsaid, *problems])
+        self._unsaid = []
+        self.lost_rows += lost
+        writer.wait(WRITER_TIMEOUT_S)
 
     def update_meta(self, **fields: object) -> None:
         """Merge ``fields`` into meta.json, rewritten atomically. Allowed after close:

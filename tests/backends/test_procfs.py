@@ -106,7 +106,7 @@ def test_without_proc_psutil_is_used(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(_procfs.os, "open", refuse)
     backend = CpuBackend()
-    assert backend._proc is None
+    assert backend.source == "psutil"
     sample = backend.sample()
     assert sample["process_rss_bytes"] > 0
     assert sample["ram_total_bytes"] == psutil.virtual_memory().total
@@ -121,7 +121,7 @@ def test_a_kernel_without_memavailable_falls_back_to_psutil(
     before = open_fds()
     monkeypatch.setattr(ProcCounters, "memory", lambda self: (1.0, math.nan))
     backend = CpuBackend()
-    assert backend._proc is None
+    assert backend.source == "psutil"
     assert open_fds() == before  # what it had opened is closed again
     assert backend.sample()["ram_total_bytes"] == psutil.virtual_memory().total
 
@@ -134,16 +134,16 @@ def test_a_late_sample_after_close_reads_nothing() -> None:
 
 @linux
 def test_proc_that_cannot_be_read_switches_to_psutil(monkeypatch: pytest.MonkeyPatch) -> None:
+    before = open_fds()
     backend = CpuBackend()
-    proc = backend._proc
-    assert proc is not None
+    assert backend.source == "/proc" and open_fds() > before
 
     def unreadable(self: ProcCounters) -> float:
         raise OSError(5, "Input/output error")
 
     monkeypatch.setattr(ProcCounters, "rss_bytes", unreadable)
     first = backend.sample()  # the sampler's source must not fail: psutil takes over
-    assert backend._proc is None and proc._fds == []
+    assert backend.source == "psutil" and open_fds() == before  # its descriptors closed
     assert math.isnan(first["cpu_percent"]) and math.isnan(first["process_cpu_percent"])
     assert first["process_rss_bytes"] > 0 and first["ram_total_bytes"] > 0
     spin_cpu(0.2)  # some CPU time to read, however busy the machine
@@ -158,7 +158,7 @@ def test_not_linux_uses_psutil(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(OSError, match="no Linux /proc"):
         ProcCounters()
     backend = CpuBackend()
-    assert backend._proc is None
+    assert backend.source == "psutil"
     assert backend.sample()["process_rss_bytes"] > 0
     backend.close()
 
@@ -176,5 +176,5 @@ def test_proc_that_does_not_parse_is_refused_with_nothing_left_open(
         ProcCounters()
     assert open_fds() == before
     backend = CpuBackend()
-    assert backend._proc is None and open_fds() == before
+    assert backend.source == "psutil" and open_fds() == before
     assert backend.sample()["ram_total_bytes"] > 0

@@ -51,7 +51,7 @@ def test_a_failure_in_the_pre_step_hook_never_reaches_the_loop(tmp_path, monkeyp
     with nbmonitor.attach(model, opt, run_dir=tmp_path, display=False, interval=60) as mon:
         for _ in range(3):
             model(torch.randn(2, 4)).pow(2).mean().backward()
-            opt.step()  # must not raise
+            opt.step(lambda: None)  # must not raise
             opt.zero_grad()
         mon.flush()
         assert mon.step == 3

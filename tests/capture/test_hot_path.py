@@ -35,13 +35,14 @@ def _model() -> torch.nn.Module:
 def watched(
     tmp_path: Path,
 ) -> Iterator[Watched]:
-    """A monitor (no ticks) and every record its training thread puts, in order."""
+    """A monitor (no ticks) and every record its training thread puts (or holds: a step's
+    record, Recorder.hold), in order."""
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     mon = nbmonitor.attach(
         model, opt, run_dir=tmp_path, display=False, interval=3600, layer_every=50
     )
-    recorder = mon._life.clock().recorder
+    recorder = mon.internals.clock().recorder
     put = recorder.put
     seen: list[Record] = []
 
@@ -49,7 +50,14 @@ def watched(
         seen.append(record)
         put(record)
 
+    hold = recorder.hold
+
+    def held(record: StepRecord) -> None:
+        seen.append(record)
+        hold(record)
+
     recorder.put = keep
+    recorder.hold = held
     try:
         yield mon, model, opt, seen
     finally:
@@ -79,7 +87,7 @@ def test_sampled_probes_are_called_on_their_steps_only(
 ) -> None:
     mon, model, opt, seen = watched
     calls: dict[str, list[int]] = {"memory": [], "update_ratio": []}
-    clock = mon._life.clock()
+    clock = mon.internals.clock()
     for probe in clock.probes:
         if isinstance(probe, (MemoryProbe, UpdateRatioProbe)):
             original = probe.post_step
@@ -93,7 +101,8 @@ def test_sampled_probes_are_called_on_their_steps_only(
     for _ in range(260):
         _step(model, opt)
     sampled = [s for s in range(1, 261) if due(s, 50)]
-    assert sampled[-4:] == [100, 150, 200, 250]
+    # The early samples thin out (4 a doubling of the step count, up to step 100), then every 50.
+    assert sampled[-10:] == [48, 50, 56, 64, 80, 96, 100, 150, 200, 250]
     # Called on the sampled steps and no other; and still measured on each of them.
     assert calls == {"memory": sampled, "update_ratio": sampled}
     assert [r.step for r in seen if isinstance(r, AuxRecord) and r.kind == "update"] == sampled
@@ -129,7 +138,7 @@ def test_the_backward_root_is_kept_as_it_is_unless_the_graph_is_kept(
     watched: Watched,
 ) -> None:
     mon, model, opt, _ = watched
-    loss_module = mon._life.clock()._loss
+    loss_module = mon.internals.clock()._loss
     loss = model(torch.ones(2, 4)).pow(2).mean()
     loss.backward()
     ((_, kept, _),) = loss_module.pending
@@ -165,7 +174,7 @@ def test_the_root_of_a_backward_that_raised_is_detached(watched: Watched) -> Non
     handle.remove()
     with pytest.raises(RuntimeError, match="a stand-in"):
         loss.backward()
-    ((_, kept, _),) = mon._life.clock()._loss.pending
+    ((_, kept, _),) = mon.internals.clock()._loss.pending
     assert kept is not loss and kept.grad_fn is None
     assert kept.item() == loss.item()  # the value is kept: only the graph is let go
     opt.zero_grad(set_to_none=True)
@@ -325,12 +334,18 @@ def test_a_logged_cpu_loss_is_what_make_log_record_makes(
         return
     mon.log(loss=value)
     got = seen[-1]
-    assert isinstance(got, LogRecord)
-    assert (got.step, got.source, got.tensors, got.dropped) == (1, LOGGED, [], ())
-    assert got.numbers.keys() == want.numbers.keys() == {"loss"}
-    assert type(got.numbers["loss"]) is float
-    assert got.numbers["loss"] == pytest.approx(want.numbers["loss"], nan_ok=True)
-    assert mon._life.clock()._loss.logged_step == 1
+    if isinstance(got, StepRecord):  # a float, folded into the step's record
+        assert got.step == 1 and type(got.loss) is float
+        assert want.numbers.keys() == {"loss"}
+        assert got.loss == pytest.approx(want.numbers["loss"], nan_ok=True)
+        assert value.dtype.is_floating_point
+    else:
+        assert isinstance(got, LogRecord)
+        assert (got.step, got.source, got.tensors, got.dropped) == (1, LOGGED, [], ())
+        assert got.numbers.keys() == want.numbers.keys() == {"loss"}
+        assert type(got.numbers["loss"]) is float
+        assert got.numbers["loss"] == pytest.approx(want.numbers["loss"], nan_ok=True)
+    assert mon.internals.clock()._loss.logged_step == 1
 
 
 def test_a_root_of_several_values_is_never_read_as_a_loss(watched: Watched) -> None:

@@ -155,7 +155,7 @@ def _init_cuda(init: Any) -> Any:
     def patched(
         self: Any, guard: Any, clock: Any, cuda: bool = False, enabled: bool = True
     ) -> None:
-        init(self, guard, clock, cuda=True, enabled=enabled)
+        init(self, guard, clock, cuda=True, enabled=enabled, device_every=1)
 
     return patched
 
@@ -209,9 +209,8 @@ def test_cuda_intervals_sum_by_phase_once_the_last_event_completed() -> None:
     assert math.isnan(first.values()[0]) and first.values()[1] == pytest.approx(0.010)
 
 
-def _durations(record: Any) -> list[float]:
-    durations = record.durations
-    assert not isinstance(durations, tuple)
+def _durations(durations: Any) -> list[float]:
+    assert durations is not None and not isinstance(durations, tuple)
     values: list[float] = durations.values()
     return values
 
@@ -245,17 +244,17 @@ def test_cuda_events_are_recorded_again_once_the_sampler_has_read_their_step() -
         PhaseTimer,
     )
     from nbmonitor.errors import ErrorLog, Guard
-    from nbmonitor.records import PhaseRecord
 
     now = [0.0]
     _RecordedEvent.made = 0
     timer = PhaseTimer(
         Guard("probe:phases", ErrorLog()),
-        lambda: 0.0,
+        lambda: now[0] / 1000.0,  # the host clock (the wait for data before the first event)
         cuda=True,
         new_event=lambda: _RecordedEvent(now),
+        device_every=1,
     )
-    records: list[PhaseRecord] = []
+    records: list[Any] = []
     steps = 50
     for step in range(1, steps + 1):
         # data 1 ms, forward 2, backward 3, other 1 (the marks' order), optimizer 4
@@ -265,10 +264,83 @@ def test_cuda_events_are_recorded_again_once_the_sampler_has_read_their_step() -
         now[0] += 1
         timer.mark(OPTIMIZER_START)
         now[0] += 4
-        timer.step_end(step, 0.0, records.append)
+        records.append(timer.step_end(step, now[0] / 1000.0))
         values = _durations(records[-1])  # the sampler reads each step as it completes
         assert values[1:] == pytest.approx([0.002, 0.003, 0.001, 0.004])
         assert step == 1 or values[0] == pytest.approx(0.001)
-    # Five marks a step; all but the step's end are recorded again once read.
-    assert _RecordedEvent.made <= steps + 5
+    # Five marks a step and its first event: all recorded again once read.
+    assert _RecordedEvent.made <= 12
     assert _durations(records[0]) == _durations(records[0])  # read once, kept
+
+
+def test_on_cuda_one_step_in_device_every_is_timed_with_events_the_others_on_the_host() -> None:
+    from nbmonitor._capture.phases import (
+        BACKWARD_END,
+        DEVICE_EVERY,
+        FORWARD_END,
+        FORWARD_START,
+        OPTIMIZER_START,
+        EventIntervals,
+        PhaseTimer,
+    )
+    from nbmonitor.errors import ErrorLog, Guard
+
+    now = [0.0]  # ms, one clock for the host and the fake device
+    _RecordedEvent.made = 0
+    timer = PhaseTimer(
+        Guard("probe:phases", ErrorLog()),
+        lambda: now[0] / 1000.0,
+        cuda=True,
+        new_event=lambda: _RecordedEvent(now),
+    )
+    kinds: list[type] = []
+    for step in range(1, 3 * DEVICE_EVERY + 1):
+        made = _RecordedEvent.made
+        for kind, ms in ((FORWARD_START, 1), (FORWARD_END, 2), (BACKWARD_END, 3)):
+            now[0] += ms
+            timer.mark(kind)
+        now[0] += 1
+        timer.mark(OPTIMIZER_START)
+        now[0] += 4
+        durations = timer.step_end(step, now[0] / 1000.0)
+        assert durations is not None
+        kinds.append(type(durations))
+        values = list(durations) if isinstance(durations, tuple) else durations.values()
+        assert values[1:] == pytest.approx([0.002, 0.003, 0.001, 0.004])
+        assert step == 1 or values[0] == pytest.approx(0.001)
+        on_device = step % DEVICE_EVERY == 0
+        # Events on the steps timed on the device only (five marks), recorded again after.
+        assert (_RecordedEvent.made > made) == (on_device and step == DEVICE_EVERY)
+    assert [k is EventIntervals for k in kinds] == [
+        s % DEVICE_EVERY == 0 for s in range(1, 3 * DEVICE_EVERY + 1)
+    ]
+
+
+def test_the_time_panel_says_which_steps_were_timed_on_the_device(tmp_path: Path) -> None:
+    import json
+
+    from nbmonitor._engine.frame_builder import _timeline
+    from nbmonitor._engine.run_state import run_info
+    from nbmonitor.ui.panels.timeline import timeline_state
+
+    # meta.json says it (a CPU run: on the host clock only), and a replay reads it back.
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with nbmonitor.attach(model, opt, run_dir=tmp_path, display=False, interval=60) as mon:
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+        run_dir = mon.run_dir
+    meta = json.loads((run_dir / "meta.json").read_text())
+    assert meta["phases"] == {"device_every": 0}
+    assert run_info({"phases": {"device_every": 16}}, "r").phases_device_every == 16
+    for bad in (None, {"device_every": True}, {"device_every": -3}, {"device_every": "16"}, 7):
+        assert run_info({"phases": bad}, "r").phases_device_every == 0
+    # The frame's timeline carries it, and the panel's state hands it to the page.
+    from nbmonitor._engine.store import Store
+
+    steps = Store()
+    for s in range(1, 40):
+        steps.append({"step": float(s), **{k: 0.001 for k in PHASE_KEYS}})
+    timeline = _timeline(steps, None, 0.0, 16)
+    assert timeline is not None and timeline.device_every == 16
+    assert timeline_state(timeline)["device_every"] == 16

@@ -57,6 +57,41 @@ def test_drain_with_wait_takes_everything() -> None:
     assert len(out) == 1 and pending.waited and len(rec) == 0
 
 
+def test_a_held_step_takes_its_loss_and_is_put_when_the_next_is_held() -> None:
+    rec = Recorder()
+    rec.hold(step(1))
+    assert rec.fold_loss(1, 0.5)
+    assert not rec.fold_loss(1, 0.25)  # one loss folded: the next is a LogRecord of its own
+    assert not rec.fold_loss(2, 0.25)  # not the step held
+    assert rec.held_step() == 1 and len(rec) == 1
+    rec.hold(step(2))  # the next step ends: the one before is put
+    first = rec.drain()
+    assert [(type(r), r.step) for r in first] == [(StepRecord, 1)]
+    assert first[0].loss == 0.5  # type: ignore[union-attr]
+    assert rec.held_step() == 2
+
+
+def test_a_step_held_through_a_whole_drain_is_handed_on_by_the_sampler() -> None:
+    # A loop that stopped (or a step longer than a tick): the sampler takes the held record at
+    # its second drain, so that the last step shows without a flush.
+    rec = Recorder()
+    rec.hold(step(1))
+    assert rec.drain() == []
+    assert [r.step for r in rec.drain()] == [1]
+    assert rec.held_step() == -1 and not rec.fold_loss(1, 0.5)  # a late loss: a LogRecord
+    rec.hold(step(2))
+    assert rec.drain(wait=True)[0].step == 2  # close: everything, the held one too
+
+
+def test_release_puts_the_held_step_before_what_follows() -> None:
+    rec = Recorder()
+    rec.hold(step(1))
+    rec.release()
+    rec.put(make_log_record(1, {"acc": 1.0}))
+    rec.release()  # nothing held: nothing happens
+    assert [type(r) for r in rec.drain()] == [StepRecord, LogRecord]
+
+
 def test_log_record_reads_cpu_tensors_at_once() -> None:
     x = torch.tensor([2.0], requires_grad=True)
     record = make_log_record(3, {"a": torch.tensor(1.0), "b": x * 1, "c": 5, "d": torch.tensor(7)})
@@ -118,3 +153,31 @@ def test_stack_alike_rows_are_each_values_parts() -> None:
         DeviceValue(torch.tensor([1.0, 2.0])).stack_alike([DeviceValue(torch.tensor([1.0, 2.0]))])
         is None
     )
+
+
+class _Event:
+    def record(self) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        return None
+
+
+def test_a_pinned_ring_row_is_used_again_once_read_and_a_full_ring_says_so() -> None:
+    from nbmonitor._capture.device_value import PinnedRing, RingElement
+
+    ring = PinnedRing(3, torch.float32, rows=2, pin=False, new_event=_Event)
+    a = ring.copy(torch.tensor([3.0, 4.0, 0.5]), norms=2)
+    b = ring.copy(torch.tensor([1.0, 2.0, 0.25]), norms=2)
+    assert a is not None and b is not None
+    assert ring.copy(torch.tensor([9.0, 9.0, 9.0]), norms=2) is None  # full: the caller copies
+    assert ring.copy(torch.tensor([1.0, 2.0]), norms=2) is None  # not a row's width
+    loss = RingElement(a, 2)
+    assert a.ready() and a.values() == [3.0, 4.0] and loss.values() == [0.5]
+    c = ring.copy(torch.tensor([5.0, 6.0, 0.125]), norms=2)  # a's row, free again
+    assert c is not None and c.values() == [5.0, 6.0]
+    assert a.values() == [3.0, 4.0] and loss.values() == [0.5]  # read once, kept
+    assert b.array().tolist() == [1.0, 2.0]

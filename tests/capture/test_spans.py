@@ -134,7 +134,7 @@ def test_spans_after_close_record_nothing(tmp_path: Path) -> None:
     mon, _model, _opt = monitor(tmp_path, clock)  # the model kept: a dropped one closes its run
     span = mon.span("late")
     mon.close()
-    recorder = mon._recorder
+    recorder = mon.internals.recorder
     before = len(recorder)
     with span, mon.span("later"):
         pass

@@ -28,7 +28,7 @@ def test_a_healthy_loop_reads_as_healthy(tmp_path: Path) -> None:
         ("3", "Dropout", True),
     ]
     backward = s.of("backward")
-    # Every one of the first 30 steps is sampled (base.due), then every 10th.
+    # Every one of the first 8 steps is sampled (base.due), then fewer.
     assert [o.step for o in backward][:5] == [1, 2, 3, 4, 5]
     assert all(o.get("root") == "NllLossBackward0" for o in backward)
     assert all(
@@ -133,11 +133,12 @@ def test_a_frozen_part_in_eval_is_not_read(tmp_path: Path) -> None:
 
 def test_steps_between_samples_cost_nothing(tmp_path: Path) -> None:
     """The watch is armed at attach and by each sampled step (base.due: every one of the first
-    30, every 10th up to 100, then every layer_every) for the step that follows it."""
+    8, then 4 a doubling of the step count up to 100 while that is denser than layer_every,
+    then every layer_every) for the step that follows it."""
     _, s = loops.run(tmp_path, loops.healthy, steps=160, layer_every=50)
     steps = [o.step for o in s.of("backward")]
-    assert steps[:31] == list(range(1, 32))
-    assert steps[31:] == [41, 51, 61, 71, 81, 91, 101, 151]
+    assert steps[:9] == list(range(1, 10))
+    assert steps[9:] == [11, 13, 15, 17, 21, 25, 29, 33, 41, 49, 51, 57, 65, 81, 97, 101, 151]
 
 
 @pytest.mark.parametrize("kind", ["forward", "backward"])

@@ -72,7 +72,12 @@ def test_torchrun_two_ranks(tmp_path: pathlib.Path) -> None:
 
     # One job folder, a run per rank, each meta.json saying which rank wrote it.
     assert sorted(p.name for p in runs.iterdir()) == [job_dir.name]
-    assert sorted(p.name for p in job_dir.iterdir() if p.is_dir()) == ["rank0", "rank1"]
+    # (and the job's control folder, where a request to every rank goes: docs/steering.md)
+    assert sorted(p.name for p in job_dir.iterdir() if p.is_dir()) == [
+        "control",
+        "rank0",
+        "rank1",
+    ]
     for rank in (0, 1):
         meta = json.loads((job_dir / f"rank{rank}" / "meta.json").read_text())
         assert (meta["rank"], meta["local_rank"], meta["world_size"]) == (rank, rank, 2)

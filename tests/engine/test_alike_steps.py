@@ -28,7 +28,6 @@ from nbmonitor.records import (
     LogRecord,
     MemoryRecord,
     OptimizerRecord,
-    PhaseRecord,
     Record,
     SpanRecord,
     StepRecord,
@@ -65,6 +64,8 @@ class Value:
 
 
 LOSSES = (0.5, -0.0, 0.0, math.nan, math.inf, -math.inf, 1e308, 5e-324, 2.0**60)
+# A log source of the test's own: mon.log(loss=...) folded into the StepRecord (its ``loss``).
+FOLDED = -1
 
 
 class Loop:
@@ -79,8 +80,8 @@ class Loop:
     def new_style(self) -> None:
         rng = self.rng
         self.style = {
-            # The clock puts a step's phases before its StepRecord; "after" is read one by one.
-            "phase": rng.choice(["before", "before", "before", None]),
+            # A step's phases are in its StepRecord (None: phases off).
+            "phase": rng.choice(["in", "in", "in", None]),
             "pending_phase": rng.random() < 0.2,
             "norms": rng.choice([None, 3, 3, 5]),
             "clip": rng.choice([None, None, 1.0, math.inf]),
@@ -92,6 +93,12 @@ class Loop:
                 [
                     [],
                     [(LOGGED, ("loss",))],
+                    [(FOLDED, ("loss",))],
+                    [(FOLDED, ("loss",))],
+                    [(LOGGED, ("acc",)), (FOLDED, ("loss",))],
+                    [(FOLDED, ("loss",)), (LOGGED, ("acc",))],
+                    [(LOGGED, ("loss",)), (FOLDED, ("loss",))],  # one before the step's end
+                    [(FOLDED, ("loss",)), (FROM_BACKWARD, ("loss",))],  # not alike: exact
                     [(LOGGED, ("loss",))],
                     [(LOGGED, ("loss", "acc"))],
                     [(LOGGED, ("loss",)), (LOGGED, ("loss",))],  # accumulation: averaged
@@ -132,11 +139,12 @@ class Loop:
             out.append(MemoryRecord(MemoryBreakdown(rows=(), step=step)))
         durations = tuple(rng.uniform(0, 0.01) for _ in range(5))
         if irregular and rng.random() < 0.2:
-            durations = durations[:4]  # a phase record that cannot be read
-        phase = PhaseRecord(
-            step,
-            Value(durations, fail and rng.random() < 0.3) if style["pending_phase"] else durations,
+            durations = durations[:4]  # phases that cannot be read
+        phases: Any = (
+            Value(durations, fail and rng.random() < 0.3) if style["pending_phase"] else durations
         )
+        if style["phase"] is None or (irregular and rng.random() < 0.1):
+            phases = None
         lrs: list[Any] = [rng.choice([1e-3, 2e-3]) for _ in range(style["lrs"])]
         if style["pending_lr"] and lrs:
             lrs[0] = Value([lrs[0]], fail and rng.random() < 0.3)
@@ -164,19 +172,31 @@ class Loop:
             skipped=irregular and rng.random() < 0.1,
             groups_added=((1, 2, 0),) if irregular and rng.random() < 0.05 else (),
             tokens=style["tokens"] if not (irregular and rng.random() < 0.2) else 0,
+            phases=phases,
         )
-        if style["phase"] == "before":
-            out.append(phase)
-        out.append(record)
-        if style["phase"] == "after":
-            out.append(phase)
-        for source, keys in style["logs"]:
-            log = LogRecord(step, source=source)
+        # The values logged before the step's end come before its record, those after it
+        # (held with it, Recorder.hold) after, but for the loss folded into it.
+        logs = style["logs"]
+        folded = next((i for i, (source, _) in enumerate(logs) if source == FOLDED), len(logs))
+        if irregular and rng.random() < 0.1:
+            folded = len(logs)  # a loss not folded this once (logged twice, say)
+        for i, (source, keys) in enumerate(logs):
+            if i == folded:
+                loss = self.value(style["bad_losses"])
+                if style["tensor_log"]:
+                    record.loss = Value([loss], fail and rng.random() < 0.3)
+                else:
+                    record.loss = loss
+                out.append(record)
+                continue
+            log = LogRecord(step, source=LOGGED if source == FOLDED else source)
             if style["tensor_log"]:
                 log.tensors.append((keys, Value([self.value(style["bad_losses"]) for _ in keys])))
             else:
                 log.numbers.update((k, self.value(style["bad_losses"])) for k in keys)
             out.append(log)
+        if folded == len(logs):
+            out.insert(len(out) - len(logs), record)
         if irregular:
             what = rng.randrange(6)
             if what == 0:  # mon.log of an extra key, once
@@ -293,30 +313,32 @@ def test_alike_runs_read_as_columns_give_what_records_read_one_by_one_give(
 
 def test_the_usual_loop_is_read_as_columns_but_for_its_edges() -> None:
     loop = Loop(0)
-    loop.style.update(phase="before", pending_phase=False, norms=3, clip=None, samples=8,
-                      tokens=0, lrs=1, pending_lr=False, logs=[(LOGGED, ("loss",))],
+    loop.style.update(phase="in", pending_phase=False, norms=3, clip=None, samples=8,
+                      tokens=0, lrs=1, pending_lr=False, logs=[(FOLDED, ("loss",))],
                       tensor_log=False, span=False, bad_losses=False)  # fmt: skip
     records: list[Record] = []
     for _ in range(100):
         loop.step += 1
         records += loop.one_step(irregular=False)
-    assert len(records) == 300
+    assert len(records) == 100  # one record a step: its phases and loss folded in
     # Every step in one alike run, the last one's row held open (mon.log may add to it).
-    assert alike.plan(records) == [Segment(0, 300, 3, open_last=True)]
+    assert alike.plan(records) == [Segment(0, 100, 1, open_last=True)]
     assembler = StepAssembler()
-    assert sum(len(part) for part in assembler.feed(records)) == 300
+    assert sum(len(part) for part in assembler.feed(records)) == 100
     assert list(assembler._open) == [100]
-    assert [len(part.rows) for part in assembler.take()] == [99]
+    rows = [row for part in assembler.take() for row in part.rows]
+    assert len(rows) == 99 and list(rows[0])[:3] == ["step", "phase_data_s", "phase_forward_s"]
+    assert rows[-1]["loss"] == records[98].loss  # type: ignore[union-attr]
     # A row already open, or a record of a step out of its place, is read one by one.
-    assert alike.plan(records, {1: None})[0] == Segment(0, 3)
+    assert alike.plan(records, {1: None})[0] == Segment(0, 1)
     late = LogRecord(50, numbers={"late": 1.0})
-    segments = alike.plan([*records[:200], late, *records[200:]])
-    assert segments[0] == Segment(0, 147, 3) and segments[1].width == 0
+    segments = alike.plan([*records[:70], late, *records[70:]])
+    assert segments[0] == Segment(0, 49, 1) and segments[1].width == 0
     # A step with one record more (here the optimizer's) is not alike the steps around it.
     optimizer = OptimizerRecord(60, "SGD", "cpu", "for-loop", False, True)
-    segments = alike.plan([*records[:180], optimizer, *records[180:]])
+    segments = alike.plan([*records[:60], optimizer, *records[60:]])
     assert [(s.start, s.end, s.width) for s in segments] == [
-        (0, 177, 3), (177, 181, 0), (181, 301, 3)
+        (0, 59, 1), (59, 61, 0), (61, 101, 1)
     ]  # fmt: skip
 
 

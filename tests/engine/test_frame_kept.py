@@ -138,16 +138,16 @@ def test_parts_whose_inputs_did_not_change_are_not_made_again():
     builder = FrameBuilder(INFO, model)
     now = FrameState("running", 60, 1.0)
     first = builder.build(now)
-    made = builder._kept.made
+    made = builder.parts_made
     again = builder.build(now)
-    assert builder._kept.made == made
+    assert builder.parts_made == made
     assert all(again.series[k] is first.series[k] for k in first.series)
     assert again.timeline is first.timeline and again.memory is first.memory
     model.add_system_rows([system_row(61, 2e9)])
     after = builder.build(now)
     system_lines = {"cpu_percent", "process_cpu_percent", "ram_used_bytes", "process_rss_bytes"}
     # the system's lines, the memory table and the derived figures (headroom reads both)
-    assert builder._kept.made == made + len(system_lines) + 2
+    assert builder.parts_made == made + len(system_lines) + 2
     assert {k for k in first.series if after.series[k] is not first.series[k]} == system_lines
     assert after.timeline is first.timeline
     assert after.latest["memory_peak_bytes"] == 2e9

@@ -15,7 +15,7 @@ from nbmonitor._engine.frame import Frame, RunInfo
 from nbmonitor._engine.pipeline_parts import PipelineParts, Training
 from nbmonitor._engine.session import Session
 from nbmonitor.errors import ErrorLog
-from nbmonitor.health import Health
+from nbmonitor.health import Alert, Health
 from nbmonitor.health.rules.devices import DEVICE_RULES
 from nbmonitor.records import Record
 from nbmonitor.sinks import Batch, FanOut
@@ -242,3 +242,37 @@ def test_a_view_that_closes_the_session_from_its_worker() -> None:
     assert s.status() == "closed"
     assert wait_for(lambda: len(sink.finals) == 1)
     assert sink.finals[0]["status"] in ("closed", "degraded")
+
+
+def test_a_sample_waits_for_the_steering_poll_still_on_its_worker() -> None:
+    # The steering poll reads the control directory on the sample's worker after each sample:
+    # a flush right after a tick finds it there, and the sample waits for it instead of
+    # taking the worker for hung (a NaN sample and an error).
+    polling, go = threading.Event(), threading.Event()
+
+    class SlowSteer:
+        def poll(self) -> None:
+            polling.set()
+            go.wait(WAIT_S)
+
+        def take(self) -> list[Alert]:
+            return []
+
+    training = Training(
+        drain=lambda wait: [], layers=LayerStats([]), forward_checked=False, steer=SlowSteer()
+    )
+    backend, sink = FakeBackend(), ListSink()
+    s = session(backend, [sink], training=training)
+    try:
+        assert s.flush(WAIT_S)
+        assert polling.wait(WAIT_S)  # the poll holds the worker now
+        second = threading.Thread(target=s.flush, args=(WAIT_S,), name="nbmonitor-test-flush")
+        second.start()
+        second.join(0.2)  # most often the second sample waits for the poll by now
+        go.set()
+        second.join(WAIT_S)
+        assert s.errors == []
+        assert [row["x"] for row in sink.rows("system")] == [1.0, 2.0]
+    finally:
+        go.set()
+        s.close()

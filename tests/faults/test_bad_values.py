@@ -92,7 +92,7 @@ def test_a_record_that_fails_to_convert_on_the_sampler_costs_only_its_keys(tmp_p
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     with nbmonitor.attach(model, opt, run_dir=tmp_path, display=False, interval=60) as mon:
-        recorder = mon._recorder
+        recorder = mon.internals.recorder
         for i in range(4):
             _step(model, opt)
             mon.log(loss=float(i))
@@ -125,7 +125,7 @@ def test_a_bad_value_every_step_is_one_error_per_tick_not_one_per_step(tmp_path)
             _step(model, opt)
             mon.log(loss=float(i))
             # A value whose copy fails on the sampler, every step.
-            mon._recorder.put(LogRecord(mon.step, {}, [(("bad",), Unreadable())]))
+            mon.internals.recorder.put(LogRecord(mon.step, {}, [(("bad",), Unreadable())]))
         assert mon.flush()
         assert sum("log:bad" in e for e in mon.errors) == 1
         assert mon.history()["loss"].tolist() == [float(i) for i in range(20)]

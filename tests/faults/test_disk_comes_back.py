@@ -43,7 +43,7 @@ def _attach(tmp_path):  # type: ignore[no-untyped-def]
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     mon = nbmonitor.attach(model, opt, run_dir=tmp_path, display=False, interval=60)
-    sink = mon._runlog
+    sink = mon.internals.runlog
     disk = FullDisk(sink._files["steps"])
     sink._files["steps"] = disk
     return model, opt, mon, sink, disk

@@ -79,7 +79,7 @@ def test_a_hung_backend_costs_only_the_system_stats(tmp_path, monkeypatch, relea
 
 def test_a_hung_run_log_costs_only_the_disk_and_is_named(tmp_path, monkeypatch, release):
     mon, model, opt = _monitor(tmp_path, monkeypatch)
-    runlog = mon._runlog
+    runlog = mon.internals.runlog
     write = runlog.write
 
     def hung(batch: Any) -> None:

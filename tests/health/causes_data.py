@@ -15,9 +15,14 @@ Curve = Callable[[np.ndarray], np.ndarray]
 
 
 def measured(n: int) -> np.ndarray:
-    """The steps update ratios are measured at (as the engine does: every step to 30, every
-    10th to 100, then every 100th)."""
-    steps = [s for s in range(1, n + 1) if s <= 30 or (s <= 100 and s % 10 == 0) or s % 100 == 0]
+    """The steps update ratios are measured at (as the engine does: every step to 8, then 4 a
+    doubling of the step count up to step 100, then every 100th)."""
+
+    def early(s: int) -> bool:
+        gap = (1 << ((s - 1).bit_length() - 1)) // 4
+        return s <= 100 and s % gap == 0
+
+    steps = [s for s in range(1, n + 1) if s <= 8 or s % 100 == 0 or early(s)]
     return np.array(steps, dtype=np.float64)
 
 

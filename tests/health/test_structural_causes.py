@@ -72,7 +72,7 @@ def test_each_cause_is_named(tmp_path: Path, name: str, rule: str, setup: dict[s
     assert len(named) == 1, detail
     alert = named[0]
     assert alert.is_cause and alert.fix and alert.evidence, alert
-    assert alert.step <= 10, detail  # every one of the first 30 steps is sampled
+    assert alert.step <= 10, detail  # every one of the first 8 steps is sampled
     # No other structural cause competes with the right one.
     assert not {a.rule for a in alerts} & (STRUCTURAL - {rule}), detail
 

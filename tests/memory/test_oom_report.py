@@ -55,7 +55,7 @@ def test_module_phase_and_the_tensors_the_traceback_holds() -> None:
         model(torch.randn(2, 4))
     module, phase, held = oom.where(info.value.__traceback__, names)
     assert (module, phase) == ("1", "forward")
-    tensors = oom.largest_tensors(held, oom._labels(model, None), scan=False)
+    tensors = oom.largest_tensors(held, oom.storage_labels(model, None), scan=False)
     assert tensors[0].nbytes == 1000 * 100 * 4
     assert tensors[0].what.startswith("local `wide` in ")
     assert tensors[0].what.endswith("Block.forward (1)")

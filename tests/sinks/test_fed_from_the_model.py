@@ -53,7 +53,7 @@ class Recording:
 
 def join(mon: Any, sink: Recording) -> None:
     """Add ``sink`` to the live pipeline's FanOut, behind its own guard, as an exporter is."""
-    fan = mon._pipeline.parts.sinks
+    fan = mon.internals.sinks
     fan.sinks.append(sink)
     fan.guards.append(Guard(f"sink:{sink.name}", mon.errors_log))
 
@@ -114,7 +114,7 @@ def test_while_the_run_log_hangs_rows_wait_bounded_each_written_once_or_counted_
     try:
         train(model, opt, mon, 3)
         assert mon.flush(timeout=WAIT_S)
-        runlog = mon._runlog
+        runlog = mon.internals.runlog
         write = runlog.write
 
         def hung(batch: Batch) -> None:
@@ -124,7 +124,7 @@ def test_while_the_run_log_hangs_rows_wait_bounded_each_written_once_or_counted_
         monkeypatch.setattr(runlog, "write", hung)
         train(model, opt, mon, 2)
         _wait_for(lambda: mon.status.startswith("degraded: run log writing hung for"))
-        outbox = mon._pipeline.model.outbox
+        outbox = mon.internals.pipeline.model.outbox
         for _ in range(5):
             train(model, opt, mon, 6)
             assert mon.flush(timeout=WAIT_S)  # the rest of the tick goes on; rows wait

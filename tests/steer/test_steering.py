@@ -41,7 +41,7 @@ def _steer_events(run_dir: Path) -> list[dict[str, object]]:
 def test_an_unused_run_has_no_step_listener(tmp_path: Path) -> None:
     model, opt, data = _setup()
     with nbmonitor.attach(model, opt, run_dir=tmp_path, display=False) as mon:
-        clock = mon._life.clock()
+        clock = mon.internals.clock()
         assert clock is not None
         _step(model, opt, data[:8])
         assert mon.steering.at_boundary not in clock.step_listeners
@@ -240,3 +240,128 @@ def test_on_checkpoint_is_called_instead(tmp_path: Path) -> None:
         _step(model, opt, data[:8])
     assert calls == [(tmp_path / "mine.pt", 2)]
     assert not (tmp_path / "mine.pt").exists()
+
+
+def test_close_lets_a_paused_loop_go_on(tmp_path: Path) -> None:
+    model, opt, data = _setup()
+    mon = nbmonitor.attach(model, opt, run_dir=tmp_path, display=False)
+    mon.pause()
+    thread = threading.Thread(target=lambda: [_step(model, opt, data[:8]) for _ in range(3)])
+    thread.start()
+    assert wait_for(lambda: mon.steering.paused)
+    mon.close()
+    thread.join(60)
+    assert not thread.is_alive()
+    assert not mon.steering.paused
+    assert json.loads((mon.run_dir / "meta.json").read_text())["status"] == "closed"
+
+
+def test_an_interrupt_while_paused_ends_the_pause(tmp_path: Path) -> None:
+    import _thread
+
+    model, opt, data = _setup()
+    with nbmonitor.attach(model, opt, run_dir=tmp_path, display=False) as mon:
+        mon.pause()
+        interrupter = threading.Thread(
+            target=lambda: wait_for(lambda: mon.steering.paused) and _thread.interrupt_main()
+        )
+        interrupter.start()
+        with pytest.raises(KeyboardInterrupt):
+            _step(model, opt, data[:8])
+        interrupter.join()
+        assert not mon.steering.paused
+        clock = mon.internals.clock()
+        assert clock is not None and mon.steering.at_boundary not in clock.step_listeners
+        _step(model, opt, data[:8])  # goes on unpaused
+        assert mon.step == 2
+
+
+def test_without_an_optimizer_the_stop_comes_from_the_next_forward(tmp_path: Path) -> None:
+    model, _, data = _setup()
+    mon = nbmonitor.attach(model, run_dir=tmp_path, display=False)
+    done = []
+    with pytest.raises(StopTraining) as info:
+        for i in range(20):
+            if i == 4:
+                mon.stop()
+            loss = model(data[i : i + 8]).pow(2).mean()
+            loss.backward()  # type: ignore[no-untyped-call]
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= 0.01 * p.grad  # type: ignore[operator]
+                    p.grad = None
+            done.append(i)
+    assert done == [0, 1, 2, 3, 4]  # the pass that ended step 5 completed, backward included
+    assert info.value.step == 5
+    assert nbmonitor.open(mon.run_dir).status == "stopped"
+    model(data[:8])  # the hook went with the stop
+
+
+def test_a_request_for_a_later_step_waits_for_its_boundary(tmp_path: Path) -> None:
+    model, opt, data = _setup()
+    with nbmonitor.attach(model, opt, run_dir=tmp_path, display=False) as mon:
+        _step(model, opt, data[:8])
+        mon.steering.request("lr", 0.5, at_step=4)
+        lrs = []
+        for i in range(5):
+            _step(model, opt, data[i : i + 8])
+            lrs.append(opt.param_groups[0]["lr"])
+        assert lrs == [0.01, 0.01, 0.5, 0.5, 0.5]  # after steps 2, 3, 4 (applied), 5, 6
+        assert mon.steering.pending == 0
+
+
+def test_a_flood_of_requests_is_bounded(tmp_path: Path) -> None:
+    from nbmonitor._capture.steer import MAX_PENDING
+
+    model, opt, data = _setup()
+    with nbmonitor.attach(model, opt, run_dir=tmp_path, display=False) as mon:
+        for _ in range(MAX_PENDING + 10):
+            mon.steering.request("lr", 0.02, source="ctl")
+        assert mon.steering.pending == MAX_PENDING
+        _step(model, opt, data[:8])
+        assert mon.steering.pending == 0
+        assert opt.param_groups[0]["lr"] == 0.02
+    events = _steer_events(mon.run_dir)
+    assert sum(e["severity"] == "warning" for e in events) == 10
+    assert sum(e["severity"] == "info" for e in events) == MAX_PENDING
+
+
+def test_set_lr_keeps_a_tensor_learning_rate_a_tensor(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    lr = torch.tensor(0.01)
+    opt = torch.optim.Adam(model.parameters(), lr=lr, foreach=False)
+    with nbmonitor.attach(model, opt, run_dir=tmp_path, display=False) as mon:
+        mon.set_lr(0.003)
+        _step(model, opt, torch.randn(8, 4))
+        assert opt.param_groups[0]["lr"] is lr  # changed in place, as the optimizer holds it
+        assert float(lr) == pytest.approx(0.003)
+
+
+def test_at_pythons_own_prompt_a_stop_is_one_line(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, nbmonitor\n"
+        "m = torch.nn.Linear(2, 1); opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        f"mon = nbmonitor.attach(m, opt, run_dir={str(tmp_path)!r}, display=False)\n"
+        "for i in range(100):\n"
+        "    if i == 2: mon.stop()\n"
+        "    m(torch.randn(4, 2)).sum().backward(); opt.step(); opt.zero_grad()\n"
+        "\n"
+        "print('still here', mon.status, mon.step)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path.cwd()), *sys.path])}
+    done = subprocess.run(
+        [sys.executable, "-i", "-q"],
+        input=code,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert "Traceback" not in done.stderr
+    assert "nbmonitor: training stopped at step 3" in done.stderr
+    assert "still here stopped 3" in done.stdout

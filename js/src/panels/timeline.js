@@ -73,8 +73,12 @@ export default {
     el.append(grid);
     const phases = new StackedChart(grid, { id: "phases", title: "Step phases (per step)", colors: PHASE_COLORS, sync: ctx.sync });
     const gantt = new Gantt(grid, spanColor);
+    // Which steps' phases the device timed (CUDA events); the others' are the host clock's.
+    const note = document.createElement("div");
+    note.className = "nbm-note";
+    note.hidden = true;
     const summary = document.createElement("div");
-    el.append(summary);
+    el.append(note, summary);
     return {
       /** @param {Record<string, any>} state */
       update(state) {
@@ -85,6 +89,12 @@ export default {
         const ok = rows === names.length && cols === steps.length && seconds.length === rows * cols;
         const a = phases.update(ok ? names : [], steps, seconds);
         const b = gantt.update(Array.isArray(state?.gantt) ? state.gantt : []);
+        const every = Number(state?.device_every) || 0;
+        note.textContent = every > 0 && ok && steps.length
+          ? `Phases timed on the device (CUDA events) on every ${every}th step (${every}, ${2 * every}, …); ` +
+            "the other steps on the host clock: the time their work took to queue."
+          : "";
+        note.hidden = !note.textContent;  // no room taken on the host clock's runs
         const rowsOut = Array.isArray(state?.summary) ? state.summary : [];
         summary.replaceChildren(...(rowsOut.length ? [summaryTable(rowsOut)] : []));
         return a || b || rowsOut.length > 0;
@@ -93,6 +103,7 @@ export default {
         phases.destroy();
         gantt.destroy();
         grid.remove();
+        note.remove();
         summary.remove();
       },
     };

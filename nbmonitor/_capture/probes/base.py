@@ -10,6 +10,7 @@ returns. An exception from a probe is counted by its Guard and never reaches the
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -22,23 +23,39 @@ if TYPE_CHECKING:
     from nbmonitor.errors import Guard
     from nbmonitor.records import NormLayout
 
-# A step's gradient norms until the step ends: values, parameter index, layout (NormPass.take).
-PendingNorms = tuple["DeviceValue | None", "tuple[int, ...] | None", "NormLayout | None"]
+# A step's gradient norms until the step ends: values, parameter index, layout (NormPass.take);
+# on CUDA the values are the tuple of one _foreach_norm's results, crossed at the step's end
+# (StepContext.cross).
+PendingNorms = tuple[
+    "DeviceValue | tuple[torch.Tensor, ...] | None", "tuple[int, ...] | None", "NormLayout | None"
+]
 NO_NORMS: PendingNorms = (None, None, None)
 
-# Sampled per-layer measurements (update ratios, activations) are also taken on every one of
-# the first EARLY_EVERY_STEP steps and every EARLY_STRIDE-th step up to EARLY_STEPS, so that a
-# short run, or a bug present from the start, is measured well before the first `every`.
-EARLY_EVERY_STEP = 30
-EARLY_STRIDE = 10
+# Sampled per-layer measurements (update ratios, activations, memory) are also taken on every
+# one of the first EARLY_EVERY_STEP steps, then EARLY_PER_OCTAVE times each time the step count
+# doubles (steps 10, 12, 14, 16; 20, 24, 28, 32; 40, ..., 96) up to EARLY_STEPS, while that is
+# denser than `every`: a short run, or a bug present from the start, is measured well before
+# the first `every`, and the extra sampling thins out as the run goes (a fixed number a
+# doubling, not a block of every step), so a short run pays little more of it than a long one.
+EARLY_EVERY_STEP = 8
+EARLY_PER_OCTAVE = 4
 EARLY_STEPS = 100
+
+
+def _early_gap(step: int) -> int:
+    """The spacing of early samples around ``step`` (> EARLY_EVERY_STEP): a power of two,
+    ``EARLY_PER_OCTAVE`` of them in ``(2**k, 2**(k+1)]``."""
+    return max(1, (1 << ((step - 1).bit_length() - 1)) // EARLY_PER_OCTAVE)
 
 
 def due(step: int, every: int) -> bool:
     """Whether a measurement sampled every ``every`` steps is taken at ``step`` (1-based)."""
-    if step <= EARLY_EVERY_STEP or (step <= EARLY_STEPS and step % EARLY_STRIDE == 0):
+    if step <= EARLY_EVERY_STEP or step % every == 0:
         return True
-    return step % every == 0
+    if step > EARLY_STEPS:
+        return False
+    gap = _early_gap(step)
+    return gap < every and step % gap == 0
 
 
 def next_due(step: int, every: int) -> int:
@@ -46,7 +63,14 @@ def next_due(step: int, every: int) -> int:
     if step <= EARLY_EVERY_STEP:
         return step
     regular = -(-step // every) * every
-    early = -(-step // EARLY_STRIDE) * EARLY_STRIDE
+    if step > EARLY_STEPS:
+        return regular
+    gap = _early_gap(step)
+    if gap >= every:
+        return regular
+    # The octave's last step is a multiple of its gap: the early step found stays in it (past
+    # EARLY_STEPS it may not be due; the regular one then comes first or next_due looks on).
+    early = -(-step // gap) * gap
     return min(regular, early) if early <= EARLY_STEPS else regular
 
 
@@ -74,6 +98,8 @@ class StepContext:
     # A probe whose work is done for the run (the FLOPs count) puts itself here; the clock
     # then stops calling it (three Python calls a step less for that one).
     retired: list[Probe] = field(default_factory=list)
+    # How deferred norms cross at the step's end (NormPass.cross), set with them.
+    cross: Callable[..., Any] | None = None
 
     def clip_ended(self, total: torch.Tensor, max_norm: object) -> None:
         """After a clip of the step's parameters; ``total`` is what it returned."""

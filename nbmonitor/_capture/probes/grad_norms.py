@@ -27,7 +27,7 @@ import numpy.typing as npt
 import torch
 from torch import _foreach_norm
 
-from nbmonitor._capture.device_value import DeviceValue
+from nbmonitor._capture.device_value import DeviceValue, PinnedRing, RingValue
 from nbmonitor._capture.probes.base import ProbeBase, StepContext
 from nbmonitor._names import name_list
 from nbmonitor.errors import Guard, NonFiniteError
@@ -126,11 +126,18 @@ def _dot_readable(p: torch.nn.Parameter) -> bool:
 
 
 class NormPass:
-    """Takes the per-tensor gradient norms of ``params`` (those that have a gradient)."""
+    """Takes the per-tensor gradient norms of ``params`` (those that have a gradient).
 
-    def __init__(self, params: list[torch.nn.Parameter]) -> None:
+    On CUDA (``deferred``) a step's norms are one ``_foreach_norm``, left on the device as its
+    list of results: the step clock crosses them at the step's end, with the loss its backward
+    started from, in one ``stack`` and one copy into a ``PinnedRing`` row (``cross``)."""
+
+    def __init__(self, params: list[torch.nn.Parameter], defer: bool = True) -> None:
         self.params = params
+        self._defer = defer  # off: on_nan="raise" reads the norms at once
         self._planned_for: tuple[torch.dtype, torch.device] | None = None
+        self.ring: PinnedRing | None = None
+        self._nan: torch.Tensor | None = None
         self._replan()
 
     def _replan(self) -> None:
@@ -139,8 +146,39 @@ class NormPass:
         self.dtype = norm_dtype(params)
         self._flat: Callable[[torch.Tensor, int], torch.Tensor] = torch.Tensor.view
         self._planned_for = (params[0].dtype, params[0].device) if params else None
+        devices = {p.device for p in params}
+        self.deferred = self._defer and len(devices) == 1 and next(iter(devices)).type == "cuda"
+        self.ring, self._nan = None, None
 
-    def take(self) -> tuple[DeviceValue | None, tuple[int, ...] | None, NormLayout | None]:
+    def cross(
+        self, norms: tuple[torch.Tensor, ...], extra: torch.Tensor | None
+    ) -> tuple[DeviceValue | RingValue, bool]:
+        """``norms`` (a deferred step's ``_foreach_norm`` results) on their way to the host,
+        with ``extra`` (a scalar on their device, or None) after them when it can cross in the
+        same copy; and whether it did (then it is ``RingValue.element(len(norms))``)."""
+        ring = self.ring
+        if ring is None or ring.width != len(norms) + 1:
+            ring = self.ring = PinnedRing(len(norms) + 1, self.dtype)
+            self._nan = torch.full((), float("nan"), dtype=self.dtype, device=norms[0].device)
+        pad = extra if extra is not None else self._nan
+        assert pad is not None
+        enabled = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)  # noqa: SLF001  (the loss's graph is not ours)
+        try:
+            stacked = torch.stack([*norms, pad])
+        finally:
+            torch._C._set_grad_enabled(enabled)  # noqa: SLF001
+        value = ring.copy(stacked, len(norms))
+        if value is not None:
+            return value, extra is not None
+        # No row free (a sampler far behind): a copy of its own, without the extra.
+        return DeviceValue(stacked[: len(norms)]), False
+
+    def take(
+        self,
+    ) -> tuple[
+        DeviceValue | tuple[torch.Tensor, ...] | None, tuple[int, ...] | None, NormLayout | None
+    ]:
         """The packed values, the parameter each belongs to (None: all, in order) and how to
         unpack them (None: they are norms); ``(None, None, None)`` without gradients.
 
@@ -151,16 +189,24 @@ class NormPass:
         if params and (params[0].dtype, params[0].device) != self._planned_for:
             self._replan()
         try:
-            return self._take()
+            return self._take(params)
         except (RuntimeError, NotImplementedError):
             self._replan()
-            return self._take()
+            return self._take(params)
 
-    def _take(self) -> tuple[DeviceValue | None, tuple[int, ...] | None, NormLayout | None]:
-        params = self.params
+    def _take(
+        self, params: list[torch.nn.Parameter]
+    ) -> tuple[
+        DeviceValue | tuple[torch.Tensor, ...] | None, tuple[int, ...] | None, NormLayout | None
+    ]:
         grads = [g for p in params if (g := p.grad) is not None]
         if not grads:
             return None, None, None
+        if self.deferred and len(grads) == len(params):
+            try:  # one fused launch; stacked and copied at the step's end (cross)
+                return _foreach_norm(grads, 2, dtype=self.dtype), None, None
+            except (RuntimeError, NotImplementedError):
+                pass  # sparse gradients: the general path
         if len(grads) != len(params):
             which = tuple(i for i, p in enumerate(params) if p.grad is not None)
             return grad_norms(grads, self.dtype), which, None
@@ -172,7 +218,7 @@ class NormPass:
                 if self._flat is torch.Tensor.view:
                     # A non-contiguous gradient (channels_last): reshape from now on.
                     self._flat = torch.Tensor.reshape
-                    return self._take()
+                    return self._take(params)
                 # a sparse or odd gradient this step: the general path below
             else:
                 return value, plan.order, plan.layout
@@ -194,9 +240,8 @@ def _take_cpu(
     if plan.rest:
         norms = _foreach_norm([grads[i] for i in plan.rest], 2, dtype=plan.dtype)
         tail.insert(0, torch.stack(norms))
-    if not tail:
-        return DeviceValue.packed(head, None)
-    return DeviceValue.packed(head, torch.cat(tail))
+    # DeviceValue.packed(), without its call.
+    return DeviceValue(None, head, torch.cat(tail) if tail else None)
 
 
 class GradNormProbe(ProbeBase):
@@ -215,7 +260,7 @@ class GradNormProbe(ProbeBase):
         raise_non_finite: bool = False,
     ) -> None:
         super().__init__(guard)
-        self.norm_pass = NormPass(params)
+        self.norm_pass = NormPass(params, defer=not raise_non_finite)
         self.names = names
         self.raise_non_finite = raise_non_finite
 
@@ -225,17 +270,19 @@ class GradNormProbe(ProbeBase):
     def clip(self, ctx: StepContext) -> None:
         # Before clip_grad_norm_ scales them: the norms grad_norm means (intercept.py).
         ctx.norms = self.norm_pass.take()
+        ctx.cross = self.norm_pass.cross
 
     def pre_step(self, ctx: StepContext) -> None:
         if not ctx.clips:
             ctx.norms = self.norm_pass.take()
+            ctx.cross = self.norm_pass.cross
         # Checked here, not at the clip: a GradScaler's inf step never reaches the optimizer.
         if self.raise_non_finite:
             self._raise_if_non_finite(ctx)
 
     def _raise_if_non_finite(self, ctx: StepContext) -> None:
         norms, index, layout = ctx.norms
-        if norms is None:
+        if norms is None or isinstance(norms, tuple):
             return
         norms.wait()  # opt-in: raise mode synchronises by design
         squares = squared_norms(norms.array(), layout).tolist()

@@ -1,5 +1,6 @@
 """Parameter norms and update norms (||dw|| / ||w||) every ``layer_every`` steps, and early in
-the run more often (``base.due``: every one of the first 30 steps, every 10th up to 100).
+the run more often (``base.due``: every one of the first 8 steps, then 4 a doubling of the step
+count up to 100).
 
 A copy of the optimizer's parameters is taken before ``optimizer.step()`` and subtracted from them
 after it; the copy is the costly part, hence the sampling (benchmarks/NOTES.md, "What the overhead

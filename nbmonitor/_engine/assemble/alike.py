@@ -1,8 +1,9 @@
 """Runs of alike steps read as columns: the records stage's fast path (sampler thread only).
 
-A fast loop brings hundreds of steps a tick, nearly all as the same few records (the step's
-phases, its StepRecord, a LogRecord of the loss). Read record by record (``steps.py``) a step
-cost ~35 us of the sampler's Python, most of it small dict operations per value. Here a run of
+A fast loop brings hundreds of steps a tick, nearly all as one record each (the StepRecord,
+its phases and the loss logged after ``step()`` folded in), some with a LogRecord or two.
+Read record by record (``steps.py``) a step cost ~35 us of the sampler's Python, most of it
+small dict operations per value. Here a run of
 steps whose records are alike is read one field at a time for the whole run, a list
 comprehension per field, into the columns of exactly the rows the record-by-record path builds:
 the same keys in the same order, the same float operations in the same order.
@@ -28,10 +29,10 @@ from nbmonitor._engine.assemble.step_norms import LayerNorms, alike_groups, read
 from nbmonitor._engine.derive.mfu import StepFlops
 from nbmonitor.records import (
     FROM_BACKWARD,
+    LOGGED,
     PHASE_KEYS,
     LogRecord,
     MemoryRecord,
-    PhaseRecord,
     Record,
     SpanRecord,
     StepRecord,
@@ -39,12 +40,12 @@ from nbmonitor.records import (
 
 # The kinds of record a step of an alike run may bring: those that make its row, and those
 # that others read (spans, memory breakdowns), not the assembler.
-_ROW_KINDS = frozenset((StepRecord, PhaseRecord, LogRecord))
+_ROW_KINDS = frozenset((StepRecord, LogRecord))
 _KINDS = _ROW_KINDS | {SpanRecord, MemoryRecord}
 # A run of fewer steps is read record by record: reading columns has a cost per run.
 MIN_RUN = 2
 # The record kinds as numbers for plan(); the kinds that make rows are _STEP.._LOG.
-_STEP, _PHASE, _LOG = 1, 2, 3
+_STEP, _LOG = 1, 2
 
 
 class _Codes(dict[type, int]):
@@ -52,14 +53,12 @@ class _Codes(dict[type, int]):
         return 7  # every other kind: never alike, touches no row (not 0: a digit of its own)
 
 
-_CODES = _Codes({StepRecord: _STEP, PhaseRecord: _PHASE, LogRecord: _LOG, SpanRecord: 4,
-                 MemoryRecord: 5})  # fmt: skip
+_CODES = _Codes({StepRecord: _STEP, LogRecord: _LOG, SpanRecord: 4, MemoryRecord: 5})
 # The most records a step of an alike run may have (3 bits each in an int64).
 _LONGEST = 20
 _step = attrgetter("step")
 
 _source = attrgetter("source")
-_durations = attrgetter("durations")
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,16 +191,7 @@ def plan(records: Sequence[Record], open_steps: Any = ()) -> list[Segment]:
 
 
 def _usable(pattern: tuple[type, ...]) -> bool:
-    # A step's phases come before its StepRecord (the clock puts them so): read the other way
-    # round, a phase's columns would land before or after grad_norm as the slices fell.
-    steps, phases = pattern.count(StepRecord), pattern.count(PhaseRecord)
-    return (
-        steps == 1
-        and (
-            phases == 0 or (phases == 1 and pattern.index(PhaseRecord) < pattern.index(StepRecord))
-        )
-        and _KINDS.issuperset(pattern)
-    )
+    return pattern.count(StepRecord) == 1 and _KINDS.issuperset(pattern)
 
 
 def read(
@@ -219,8 +209,8 @@ def read(
     steps: list[int] = list(fields[0])
     if not taken or set(steps).isdisjoint(taken):
         try:
-            values = _measured(records, pattern, ends, fields, flops)
-            logged = _logged(records, pattern, width) if values is not None else None
+            values = _measured(ends, fields, flops)
+            logged = _logged(records, pattern, width, fields[-1]) if values is not None else None
         except Exception:  # a value that cannot be read: the record-by-record path reports it
             return None
         if values is not None and logged is not None:
@@ -232,7 +222,7 @@ def read(
 
 _STEP_FIELDS = (
     "step", "time", "step_time", "samples", "tokens", "micro_batches", "lrs", "norms",
-    "clip_norm", "max_norm", "skipped", "groups_added",
+    "clip_norm", "max_norm", "skipped", "groups_added", "phases", "loss",
 )  # fmt: skip
 _fields_of = attrgetter(*_STEP_FIELDS)
 
@@ -242,21 +232,18 @@ def _fields(ends: list[StepRecord]) -> list[tuple[Any, ...]]:
 
 
 def _measured(
-    records: Sequence[Record],
-    pattern: list[type],
-    ends: list[StepRecord],
-    fields: list[tuple[Any, ...]],
-    flops: StepFlops | None,
+    ends: list[StepRecord], fields: list[tuple[Any, ...]], flops: StepFlops | None
 ) -> tuple[dict[str, list[float]], list[LayerNorms]] | None:
     """The measured columns in the order ``steps.StepAssembler`` writes them (the phases, then
     the StepRecord's values, then grad_norm), and the layer norms; None if not alike."""
     (_, time, step_time, samples, tokens, micro, lrs, norms, clip, max_norm, skipped, added) = (
-        fields
+        fields[:12]
     )
     n = len(ends)
-    width = len(pattern)
     values: dict[str, list[float]] = {}
-    if PhaseRecord in pattern and not _phases(records[pattern.index(PhaseRecord) :: width], values):
+    phases = fields[12]
+    untimed = phases.count(None)
+    if untimed != n and (untimed or not _phases(ends, phases, values)):
         return None
     if any(skipped) or any(added):
         return None
@@ -314,10 +301,11 @@ def _measured(
     return values, layer_norms
 
 
-def _phases(records: Sequence[Record], values: dict[str, list[float]]) -> bool:
-    durations: list[Any] = list(map(_durations, records))
+def _phases(
+    ends: list[StepRecord], durations: Sequence[Any], values: dict[str, list[float]]
+) -> bool:
     if set(map(type, durations)) != {tuple}:
-        durations = [r.values() for r in records]  # type: ignore[union-attr]
+        durations = [r.phase_values() for r in ends]
     if set(map(len, durations)) != {len(PHASE_KEYS)}:
         return False
     values.update(zip(PHASE_KEYS, map(list, zip(*durations, strict=True)), strict=True))
@@ -325,31 +313,51 @@ def _phases(records: Sequence[Record], values: dict[str, list[float]]) -> bool:
 
 
 def _logged(
-    records: Sequence[Record], pattern: list[type], width: int
+    records: Sequence[Record], pattern: list[type], width: int, losses: tuple[Any, ...]
 ) -> tuple[dict[str, list[float]], dict[str, int], int] | None:
-    """The logged values summed per key over each step's LogRecords in their order, the
-    number of values per key a step, and their source; None unless every step logs the same
-    keys in the same order from one source, every value read."""
+    """The logged values summed per key over each step's LogRecords (and the loss folded
+    into its StepRecord, ``losses``) in their order, the number of values per key a step, and
+    their source; None unless every step logs the same keys in the same order from one
+    source, every value read."""
     sums: dict[str, list[float]] = {}
     counts: dict[str, int] = {}
     source = -1
     for at, kind in enumerate(pattern):
-        if kind is not LogRecord:
-            continue
-        logs: list[LogRecord] = records[at::width]  # type: ignore[assignment]
-        sources = set(map(_source, logs))
-        if len(sources) != 1 or (source >= 0 and source not in sources):
-            return None
-        source = sources.pop()
-        if any(r.dropped for r in logs):
-            return None
-        if any(r.tensors for r in logs):
-            resolved = [r.resolve() for r in logs]
-            if any(failed for _, failed in resolved):
+        if kind is StepRecord:
+            unlogged = losses.count(None)
+            if unlogged == len(losses):
+                continue
+            if unlogged or (source >= 0 and source != LOGGED):
                 return None
-            dicts = [values for values, _ in resolved]
+            source = LOGGED
+            if set(map(type, losses)) != {float}:
+                ends: list[StepRecord] = records[at::width]  # type: ignore[assignment]
+                losses = tuple(r.loss_value() for r in ends)  # raises: not read as columns
+            total = sums.get("loss")
+            sums["loss"] = (
+                [0.0 + v for v in losses]
+                if total is None
+                else [t + v for t, v in zip(total, losses, strict=True)]
+            )
+            counts["loss"] = counts.get("loss", 0) + 1
+            continue
+        if kind is LogRecord:
+            logs: list[LogRecord] = records[at::width]  # type: ignore[assignment]
+            sources = set(map(_source, logs))
+            if len(sources) != 1 or (source >= 0 and source not in sources):
+                return None
+            source = sources.pop()
+            if any(r.dropped for r in logs):
+                return None
+            if any(r.tensors for r in logs):
+                resolved = [r.resolve() for r in logs]
+                if any(failed for _, failed in resolved):
+                    return None
+                dicts = [values for values, _ in resolved]
+            else:
+                dicts = [r.numbers for r in logs]
         else:
-            dicts = [r.numbers for r in logs]
+            continue
         keys = tuple(dicts[0])
         if not keys:
             if any(dicts):

@@ -1,7 +1,6 @@
 """Phases and spans, from records to rows and to what the timeline panel shows (sampler thread,
 or the caller's for a replay; numpy only).
 
-``phase_columns`` turns a ``PhaseRecord`` into the step row's ``phase_<name>_s`` columns;
 ``span_rows`` turns ``SpanRecord``s into the rows of the ``spans`` stream (spans.jsonl). A
 ``SpanLog`` takes both kinds of row (live: as the pipeline makes them; replay: as read from
 disk) and keeps, bounded, what the timeline needs: the last steps' phases and spans for the
@@ -19,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from nbmonitor._engine.frame import GanttBar
-from nbmonitor.records import PHASE_KEYS, PHASES, PhaseRecord, Record, SpanRecord
+from nbmonitor.records import PHASE_KEYS, PHASES, Record, SpanRecord
 
 # Durations kept per name for the median (the other statistics cover every value).
 MEDIAN_WINDOW = 1024
@@ -28,11 +27,6 @@ RECENT_SPANS = 4096
 RECENT_STEPS = 64
 GANTT_STEPS = 3
 PHASE_TRACK = "phases"
-
-
-def phase_columns(record: PhaseRecord) -> dict[str, float]:
-    """The ``phase_<name>_s`` columns of a step's row."""
-    return dict(zip(PHASE_KEYS, record.values(), strict=True))
 
 
 def span_rows(records: Iterable[Record]) -> list[dict[str, object]]:
@@ -236,4 +230,4 @@ def _track(span: Mapping[str, object]) -> str:
     return where if not depth else f"{where} depth {depth}"
 
 
-__all__ = ["GanttBar", "SpanLog", "phase_columns", "span_rows"]
+__all__ = ["GanttBar", "SpanLog", "span_rows"]

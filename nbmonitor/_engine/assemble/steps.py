@@ -16,19 +16,18 @@ from dataclasses import dataclass, field
 
 from nbmonitor._engine.assemble import alike
 from nbmonitor._engine.assemble.alike import AlikeSteps
-from nbmonitor._engine.assemble.spans import phase_columns
 from nbmonitor._engine.assemble.step_norms import LayerNorms, alike_groups, read_norms
 from nbmonitor._engine.derive.mfu import StepFlops
 from nbmonitor._engine.handover import SLICE
 from nbmonitor.records import (
     FROM_BACKWARD,
     LOGGED,
+    PHASE_KEYS,
     AuxRecord,
     FlopsRecord,
     LogRecord,
     OptimizerRecord,
     Pending,
-    PhaseRecord,
     Record,
     StepRecord,
     StructureRecord,
@@ -190,8 +189,6 @@ class StepAssembler:
                 # The kinds every step brings first: a tick tests hundreds of records.
                 elif isinstance(record, LogRecord):
                     self._add_logged(record)
-                elif isinstance(record, PhaseRecord):
-                    self._row(record.step).values.update(phase_columns(record))
                 elif isinstance(record, AuxRecord):
                     self.aux.append((record, record.value.values()))
                 elif isinstance(record, OptimizerRecord):
@@ -283,7 +280,14 @@ class StepAssembler:
     def _add_step(self, record: StepRecord) -> None:
         # The learning rates are read first: one that cannot be is NaN, not the step's loss.
         lrs = [lr if isinstance(lr, float) else self._read_lr(lr) for lr in record.lrs]
-        row = self._row(record.step).values
+        whole = self._row(record.step)
+        row = whole.values
+        if record.phases is not None:
+            # First in the row, as when they were a record of their own before the step's.
+            try:
+                row.update(dict(zip(PHASE_KEYS, record.phase_values() or (), strict=True)))
+            except Exception as exc:  # the phases only: the step's other values are kept
+                self.failures.append(("records:phases", exc))
         row["time"] = record.time
         row["step_time"] = record.step_time
         row["micro_batches"] = float(record.micro_batches)
@@ -304,6 +308,14 @@ class StepAssembler:
         for i, value in enumerate(lrs):
             row["lr" if i == 0 else f"lr_group{i}"] = value
         self._last_ended = max(self._last_ended, record.step)
+        if record.loss is not None:  # mon.log(loss=...) folded in: a LOGGED value
+            try:
+                loss = record.loss_value()
+            except Exception as exc:
+                self.failures.append(("log:loss", exc))
+            else:
+                if loss is not None:
+                    whole.add_logged("loss", loss)
 
     def _read_lr(self, value: Pending) -> float:
         try:

@@ -11,7 +11,7 @@ from nbmonitor.health.alert import Alert
 from nbmonitor.health.diagnose import cause_alert
 from nbmonitor.health.doc import CAUSE, RuleDoc
 from nbmonitor.health.rule import Base, Outcome, always, clear, nothing
-from nbmonitor.health.structure import structure_of
+from nbmonitor.health.structure import observed
 from nbmonitor.health.view import HealthView
 from nbmonitor.health.wording import num
 
@@ -52,12 +52,10 @@ class InputsNotNormalised(Base):
     )
 
     def check(self, view: HealthView) -> Outcome:
-        structure = structure_of(view.inp)
-        if structure is None or not view.has_new_rows:
+        seen = observed(view, "forward", RECENT, LEAST, key="input_abs_mean")
+        if seen is None:
             return nothing(self.name)
-        obs = structure.recent("forward", RECENT, key="input_abs_mean")
-        if len(obs) < LEAST:
-            return nothing(self.name)
+        structure, obs = seen
         means = np.array([o.number("input_abs_mean") or np.nan for o in obs])
         maxes = np.array([o.number("input_abs_max") or np.nan for o in obs])
         if not np.isfinite(means).all():

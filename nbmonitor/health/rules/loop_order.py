@@ -15,13 +15,13 @@ from nbmonitor.health.alert import Alert
 from nbmonitor.health.diagnose import cause_alert
 from nbmonitor.health.doc import CAUSE, RuleDoc
 from nbmonitor.health.rule import Base, Outcome, always, clear, nothing
-from nbmonitor.health.structure import Observation, steady, structure_of
+from nbmonitor.health.structure import Observation, observed, steady, to_judge
 from nbmonitor.health.view import HealthView
 from nbmonitor.health.wording import num
 
 # Sampled steps a verdict rests on: each is an observation of the loop's order, which does not
 # change from one iteration to the next; two in a row rule out a one-off (a step taken by
-# hand between epochs), and the first 30 steps are all sampled.
+# hand between epochs), and the first 8 steps are all sampled.
 LEAST = 3
 RECENT = 4
 # The symptoms a wrong order produces, which the cause explains when it holds.
@@ -86,12 +86,10 @@ class ZeroGradMissing(Base):
     )
 
     def check(self, view: HealthView) -> Outcome:
-        structure = structure_of(view.inp)
-        if structure is None or not view.has_new_rows:
+        seen = observed(view, "backward", RECENT, LEAST, key="grads_kept")
+        if seen is None:
             return nothing(self.name)
-        obs = structure.recent("backward", RECENT, key="grads_kept")
-        if len(obs) < LEAST:
-            return nothing(self.name)
+        structure, obs = seen
 
         def kept(o: Observation) -> bool:
             return o.get("grads_kept") is True
@@ -150,8 +148,8 @@ class ZeroGradAfterBackward(Base):
     )
 
     def check(self, view: HealthView) -> Outcome:
-        structure = structure_of(view.inp)
-        if structure is None or not view.has_new_rows:
+        structure = to_judge(view)
+        if structure is None:
             return nothing(self.name)
         obs = structure.recent("pre_step", RECENT, key="grad_present")
         backward = structure.recent("backward", RECENT)
@@ -247,12 +245,10 @@ class StepBeforeBackward(Base):
     )
 
     def check(self, view: HealthView) -> Outcome:
-        structure = structure_of(view.inp)
-        if structure is None or not view.has_new_rows:
+        seen = observed(view, "backward", RECENT, LEAST, key="forwarded")
+        if seen is None:
             return nothing(self.name)
-        obs = structure.recent("backward", RECENT, key="forwarded")
-        if len(obs) < LEAST:
-            return nothing(self.name)
+        structure, obs = seen
 
         def first(o: Observation) -> bool:
             return o.get("forwarded") is False and (o.number("reached") or 0) > 0

@@ -10,7 +10,7 @@ from nbmonitor.health.alert import Alert
 from nbmonitor.health.diagnose import cause_alert
 from nbmonitor.health.doc import CAUSE, RuleDoc
 from nbmonitor.health.rule import Base, Outcome, always, clear, nothing
-from nbmonitor.health.structure import Observation, Structure, steady, structure_of
+from nbmonitor.health.structure import Observation, Structure, observed, steady
 from nbmonitor.health.view import HealthView
 
 # Sampled steps a verdict rests on (the graph is the same every iteration; two rule out a
@@ -68,12 +68,10 @@ class SoftmaxBeforeCrossEntropy(Base):
     )
 
     def check(self, view: HealthView) -> Outcome:
-        structure = structure_of(view.inp)
-        if structure is None or not view.has_new_rows:
+        seen = observed(view, "backward", RECENT, LEAST, key="root")
+        if seen is None:
             return nothing(self.name)
-        obs = structure.recent("backward", RECENT, key="root")
-        if len(obs) < LEAST:
-            return nothing(self.name)
+        structure, obs = seen
         if not steady(obs, LEAST, _probabilities):
             return clear(self.name)
         loss = str(obs[-1].get("probabilities_into"))
@@ -172,12 +170,10 @@ class LossSumReduction(Base):
     )
 
     def check(self, view: HealthView) -> Outcome:
-        structure = structure_of(view.inp)
-        if structure is None or not view.has_new_rows:
+        seen = observed(view, "backward", RECENT, LEAST, key="root")
+        if seen is None:
             return nothing(self.name)
-        obs = structure.recent("backward", RECENT, key="root")
-        if len(obs) < LEAST:
-            return nothing(self.name)
+        structure, obs = seen
         if not steady(obs, LEAST, lambda o: o.get("reduction") == "sum"):
             return clear(self.name)
         forward = structure.latest("forward")
@@ -242,12 +238,10 @@ class LossDetached(Base):
     )
 
     def check(self, view: HealthView) -> Outcome:
-        structure = structure_of(view.inp)
-        if structure is None or not view.has_new_rows:
+        seen = observed(view, "backward", RECENT, LEAST, key="reached")
+        if seen is None:
             return nothing(self.name)
-        obs = structure.recent("backward", RECENT, key="reached")
-        if len(obs) < LEAST:
-            return nothing(self.name)
+        structure, obs = seen
 
         def cut(o: Observation) -> bool:
             if (o.number("reached") or 0) > 0:

@@ -10,7 +10,7 @@ from nbmonitor.health.alert import Alert
 from nbmonitor.health.diagnose import cause_alert
 from nbmonitor.health.doc import CAUSE, RuleDoc
 from nbmonitor.health.rule import Base, Outcome, always, clear, nothing
-from nbmonitor.health.structure import Observation, Structure, steady, structure_of
+from nbmonitor.health.structure import Observation, Structure, observed, steady
 from nbmonitor.health.view import HealthView
 
 LEAST = 2
@@ -69,13 +69,10 @@ class EvalModeDuringTraining(Base):
     )
 
     def check(self, view: HealthView) -> Outcome:
-        structure = structure_of(view.inp)
-        if structure is None or not view.has_new_rows:
+        seen = observed(view, "forward", RECENT, LEAST, key="modes", keep=_modes)
+        if seen is None:
             return nothing(self.name)
-        obs = structure.recent("forward", RECENT, key="modes")
-        obs = tuple(o for o in obs if _modes(o))
-        if len(obs) < LEAST:
-            return nothing(self.name)
+        structure, obs = seen
 
         def in_eval(o: Observation) -> list[str]:
             return [name for name, training, _ in _modes(o) if not training]
@@ -141,12 +138,10 @@ class BatchnormTinyBatch(Base):
     )
 
     def check(self, view: HealthView) -> Outcome:
-        structure = structure_of(view.inp)
-        if structure is None or not view.has_new_rows:
+        seen = observed(view, "batchnorm", RECENT, LEAST, key="batch")
+        if seen is None:
             return nothing(self.name)
-        obs = structure.recent("batchnorm", RECENT, key="batch")
-        if len(obs) < LEAST:
-            return nothing(self.name)
+        structure, obs = seen
 
         def tiny(o: Observation) -> bool:
             batch = o.number("batch")
@@ -198,12 +193,10 @@ class DropoutTooHigh(Base):
     )
 
     def check(self, view: HealthView) -> Outcome:
-        structure = structure_of(view.inp)
-        if structure is None or not view.has_new_rows:
+        seen = observed(view, "forward", RECENT, LEAST, key="modes", keep=_modes)
+        if seen is None:
             return nothing(self.name)
-        obs = tuple(o for o in structure.recent("forward", RECENT, key="modes") if _modes(o))
-        if len(obs) < LEAST:
-            return nothing(self.name)
+        structure, obs = seen
 
         def high(o: Observation) -> dict[str, float]:
             return {

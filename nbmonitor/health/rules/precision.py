@@ -8,7 +8,7 @@ from nbmonitor.health.alert import Alert
 from nbmonitor.health.diagnose import cause_alert
 from nbmonitor.health.doc import CAUSE, RuleDoc
 from nbmonitor.health.rule import Base, Outcome, always, clear, nothing
-from nbmonitor.health.structure import Observation, steady, structure_of
+from nbmonitor.health.structure import Observation, steady, to_judge
 from nbmonitor.health.view import HealthView
 
 LEAST = 2
@@ -45,8 +45,8 @@ class Fp16ParamsWithAdam(Base):
     )
 
     def check(self, view: HealthView) -> Outcome:
-        structure = structure_of(view.inp)
-        if structure is None or not view.has_new_rows:
+        structure = to_judge(view)
+        if structure is None:
             return nothing(self.name)
         opt = structure.latest("optimizer")
         if opt is None:
@@ -112,8 +112,8 @@ class Fp16WithoutScaler(Base):
     )
 
     def check(self, view: HealthView) -> Outcome:
-        structure = structure_of(view.inp)
-        if structure is None or not view.has_new_rows:
+        structure = to_judge(view)
+        if structure is None:
             return nothing(self.name)
         forward = structure.recent("forward", RECENT, key="device")
         backward = structure.recent("backward", RECENT, key="scaled")

@@ -47,6 +47,8 @@ def timeline_state(timeline: TimelineFrame) -> dict[str, Any]:
             for b in bars
         ],
         "summary": [{k: jsonable(row.get(k)) for k in SUMMARY_KEYS} for row in timeline.summary],
+        # Which steps' phases were timed on the device (every n-th), said under the chart.
+        "device_every": int(timeline.device_every),
     }
 
 

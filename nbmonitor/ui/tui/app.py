@@ -26,6 +26,7 @@ from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
+from textual.css.query import NoMatches
 from textual.widgets import Footer, Input, Static
 
 from nbmonitor._atomic import write_atomic
@@ -186,7 +187,12 @@ class TopApp(App[None]):
         if self.selected is not None:
             self.detail = self.source.detail(self.selected)
         self.refreshes += 1
-        self._draw()
+        try:
+            self._draw()
+        except NoMatches:
+            # The timer can fire once more while the app exits and its screen's widgets are
+            # already gone (seen under load); there is nothing left to draw on.
+            return
         if self.only_run and self.detail is not None and self.detail.row.status in ENDED:
             self.ended = self.detail.row.status  # drawn once more, then the app ends
             self.exit()
