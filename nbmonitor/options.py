@@ -69,8 +69,10 @@ class AttachOptions(TypedDict, total=False):
         previous step's end, or a micro-batch's backward, to the next forward),
         ``phase_forward_s``, ``phase_backward_s``, ``phase_other_s`` (between backward and
         the optimizer: clipping, unscaling) and ``phase_optimizer_s``; they sum to
-        ``step_time``. CUDA events on a GPU (the device's time, read later, never a sync),
-        the host clock elsewhere.
+        ``step_time``. On a GPU one step in 16 (steps 16, 32, ...) is timed with CUDA events
+        (the device's time, read later, never a sync) and the others on the host clock (the
+        time their work took to queue), so that a step pays no event; elsewhere the host
+        clock.
     flops: count the model's FLOPs once, in the first training forward
         (``torch.utils.flop_counter.FlopCounterMode``; that one forward runs slower), for
         TFLOP/s and MFU (docs/throughput.md).

@@ -155,3 +155,25 @@ def test_a_pause_holds_the_trainer_at_a_steps_end_until_stopped(tmp_path: Path) 
     assert nbmonitor.open(mon.run_dir).status == "stopped"
     actions = [(e["step"], e["evidence"]["action"]) for e in steer_events(mon.run_dir)]
     assert actions == [(3, "pause"), (3, "stop")]
+
+
+def test_a_plain_attach_before_train_is_stopped_as_a_plain_loop(tmp_path: Path) -> None:
+    # No callback: attach(model) before train(). The stop is raised out of the Trainer's
+    # optimizer.step() after the update and train() ends with it, the Trainer's global_step
+    # one short (it counts after the step returns); the run is closed "stopped" first.
+    torch.manual_seed(0)
+    args = quiet_args(tmp_path, max_steps=100, per_device_train_batch_size=2, logging_steps=1)
+    model = tiny_gpt2()
+    mon = nbmonitor.attach(model, run_dir=tmp_path / "runs", display=False)
+
+    class StopAt3(transformers.TrainerCallback):  # type: ignore[misc]
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if state.global_step == 3:
+                mon.stop()
+
+    trainer = transformers.Trainer(model, args, train_dataset=Tokens(400, 1), callbacks=[StopAt3()])
+    with pytest.raises(nbmonitor.StopTraining) as stopped:
+        trainer.train()
+    assert stopped.value.step == 4 and trainer.state.global_step == 3
+    run = nbmonitor.open(mon.run_dir)
+    assert run.status == "stopped" and run.history()["step"].tolist() == [1, 2, 3, 4]

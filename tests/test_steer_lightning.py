@@ -181,3 +181,34 @@ def test_a_pause_holds_the_trainer_until_stopped(tmp_path: Path) -> None:
     assert trainer.global_step == 3
     assert nb.monitor is not None and nbmonitor.open(nb.monitor.run_dir).status == "stopped"
     assert [(s, a) for s, a, _ in steer_events(nb.monitor.run_dir)] == [(3, "pause"), (3, "stop")]
+
+
+def test_a_plain_attach_in_the_module_is_stopped_as_a_plain_loop(tmp_path: Path) -> None:
+    # No callback: attach(self, ...) in the module. The stop is raised out of the optimizer's
+    # step after the update, through Lightning's fit(), which ends with it (its on_exception
+    # hooks run); the run is closed "stopped" before it is raised.
+    class Plain(Regressor):
+        mon: Any = None
+
+        def on_train_start(self) -> None:
+            self.mon = nbmonitor.attach(self, self.optimizers(), run_dir=tmp_path, display=False)
+
+        def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+            if self.trainer.global_step == 3:
+                self.mon.stop()
+
+    torch.manual_seed(0)
+    x = torch.randn(64, 8)
+    data = torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True))
+    module = Plain()
+    trainer = L.Trainer(
+        max_steps=200, accelerator="cpu", enable_progress_bar=False, logger=False,
+        enable_checkpointing=False, enable_model_summary=False,
+    )  # fmt: skip
+    with pytest.raises(nbmonitor.StopTraining) as stopped:
+        trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=4))
+    # Step 4's update was applied, but Lightning counts a step after its optimizer step
+    # returns: its own global_step says 3 (docs/steering.md: use the callback).
+    assert stopped.value.step == 4 and trainer.global_step == 3
+    run = nbmonitor.open(module.mon.run_dir)
+    assert run.status == "stopped" and run.history()["step"].tolist() == [1, 2, 3, 4]

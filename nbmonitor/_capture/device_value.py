@@ -173,6 +173,12 @@ def to_device_value(values: list[torch.Tensor]) -> DeviceValue:
     return DeviceValue(torch.stack([v.detach().reshape(()).to(torch.float32) for v in values]))
 
 
+# A PinnedRing's most rows, and its most bytes of pinned memory (a model of many tensors gets
+# fewer rows: its steps are slower).
+RING_ROWS = 1024
+RING_BYTES = 8 << 20
+
+
 class PinnedRing:
     """Rows of pinned host memory a step's device values are copied into, each with a CUDA
     event of its own, made once and used again: a step's crossing costs one non-blocking copy
@@ -187,13 +193,16 @@ class PinnedRing:
         self,
         width: int,
         dtype: torch.dtype,
-        rows: int = 1024,
+        rows: int = 0,
         *,
         new_event: Any = None,
         pin: bool = True,
     ) -> None:
         self.width = width
         self.dtype = dtype
+        # Enough rows for the steps of a few ticks of a fast loop, within RING_BYTES.
+        size = torch.empty((), dtype=dtype).element_size()
+        rows = rows or max(16, min(RING_ROWS, RING_BYTES // max(1, width * size)))
         self._host = torch.empty((rows, width), dtype=dtype, pin_memory=pin)
         # The row views, made once (a slice made per step would be a torch call more).
         self._rows = list(self._host.unbind(0))
