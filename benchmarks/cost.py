@@ -42,6 +42,7 @@ import collections
 import functools
 import itertools
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -518,10 +519,13 @@ def ticks(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
             t0 = time.perf_counter()
             train_step(model, loss_fn, opt, mon)
             step_spans.append((t0, time.perf_counter()))
+        writer = writer_cpu_s(mon)
         close = close_parts(mon)
     finally:
         sampler.Stage.__call__ = first  # type: ignore[method-assign]
     out: dict[str, Any] = {"steps": len(step_spans), "close": close}
+    if writer is not None and spans:
+        out["writer_process_cpu_ms_per_tick"] = writer * 1e3 / len(spans)
     for name, values in stages.items():
         wall = [w * 1e3 for w, _ in values]
         cpu = [c * 1e3 for _, c in values]
@@ -545,6 +549,21 @@ def ticks(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
         out["step_us_overlapping_a_tick"] = percentiles([t * 1e6 for t in on])
         out["step_us_other"] = percentiles([t * 1e6 for t in off])
     return out
+
+
+def writer_cpu_s(mon: Any) -> float | None:
+    """The CPU the run log's writer process (another process: not the training process's
+    GIL) has used so far, from /proc (Linux; None without one)."""
+    for sink in getattr(mon._pipeline.parts.sinks, "sinks", []):
+        writer = getattr(sink, "_writer", None)
+        if writer is None:
+            continue
+        try:
+            fields = Path(f"/proc/{writer.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return None
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return None
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -667,6 +686,11 @@ def report_sampler(t: dict[str, Any]) -> None:
     print(f"  tick cpu ms, sampler thread: {fmt(t.get('tick_cpu_ms', {}))}")
     print(f"  run-log worker cpu ms per tick: {fmt(t.get('runlog_worker_cpu_ms', {}))}")
     print(f"  view worker cpu ms per tick: {fmt(t.get('view_worker_cpu_ms', {}))}")
+    if "writer_process_cpu_ms_per_tick" in t:
+        print(
+            "  run log's writer process (another process) cpu ms per tick, mean: "
+            f"{t['writer_process_cpu_ms_per_tick']:.2f}"
+        )
     print(f"  tick cpu ms, sampler and workers: {fmt(t.get('tick_all_cpu_ms', {}))}")
     for key, v in t.items():
         if key.startswith("stage_"):

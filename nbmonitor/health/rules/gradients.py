@@ -559,7 +559,7 @@ def _shrinks_backwards(
     weights = [i for i, n in enumerate(names) if not n.endswith("bias") and judged[i]]
     if len(weights) < 3:
         return None
-    level = np.array([float(np.median(ratio[i])) for i in weights])
+    level = np.median(ratio[weights], axis=1)  # one call, not one a layer
     vanishing = [bool(held[i]) for i in weights]
     # A prefix: the input side vanished, the output side learns.
     k = vanishing.index(False) if False in vanishing else len(vanishing)
