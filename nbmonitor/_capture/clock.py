@@ -342,8 +342,7 @@ class StepClock:
             if type(number) is float:
                 step = ctx.step + 1 if ctx.micro else ctx.step
                 if ctx.micro or not recorder.fold_loss(step, number):
-                    if step == recorder.held_step():
-                        recorder.release()  # in the order logged (see Recorder.hold)
+                    # (put after the step's record held, if any: in the order logged)
                     recorder.put(LogRecord(step, {"loss": number}))
                 self._loss.logged_step = step  # its roots are not needed
                 return
@@ -354,9 +353,7 @@ class StepClock:
         except Exception as exc:
             guard.failed(exc)
             return
-        if record.step == recorder.held_step():
-            recorder.release()  # its values after the step's own, in the order logged
-        recorder.put(record)
+        recorder.put(record)  # after the step's record held, if any: in the order logged
         if "loss" in scalars:
             self._loss.logged_step = record.step  # its roots are not needed
 

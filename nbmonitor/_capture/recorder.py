@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import collections
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import torch
 
@@ -143,31 +143,50 @@ class Recorder:
     The newest step's record is **held** (``hold``) rather than put: the loop's
     ``mon.log(loss=...)`` after ``optimizer.step()`` belongs to it and is folded into it
     (``fold_loss``), so that a step is one record. It is put when the next one is held (a
-    step later: no call of its own a step), when the training thread hands it on
-    (``release``: a value of its step that cannot be folded, a flush, close), or by the
-    sampler once it has stayed held through a whole drain (a loop that stopped, or a step
-    longer than a tick). Whoever pops it from ``_held`` (one atomic ``dict.pop``) owns
-    it: the other side then finds nothing to fold into or to put.
+    step later: no call of its own a step), before any other record put (a value of its step
+    that cannot be folded, the next step's own records), when the training thread hands it on
+    (``release``: a flush, close), or by the sampler once it has stayed held through a whole
+    drain (a loop that stopped, or a step longer than a tick). A step that put records of its
+    own (a sampled step's) is not held: it goes with them. Whoever pops it from ``_held`` (one
+    atomic ``dict.pop``) owns it: the other side then finds nothing to fold into or to put.
     """
 
     def __init__(self) -> None:
         self._queue: collections.deque[Record] = collections.deque()
-        # The deque's own append: a record is put in one C call, no Python frame.
-        self.put: Callable[[Record], None] = self._queue.append
         self._held: dict[int, StepRecord] = {}
         # What the last drain found held: still held at the next, it is handed on there.
         self._seen: StepRecord | None = None
+        # A record of a later step than the last one ended was put: that step's record goes
+        # with it at once, in the order the records were made (a sampled step's own records);
+        # only a step that put nothing of its own is held.
+        self._mixed = False
+        self._ended = -1  # the step of the last step record held or put
 
     def __len__(self) -> int:
         return len(self._queue) + len(self._held)
 
+    def put(self, record: Record) -> None:
+        """Put ``record``, after the step record held (which can get nothing more now)."""
+        held = self._held.pop(0, None)
+        if held is not None:
+            self._queue.append(held)
+        self._queue.append(record)
+        if record.step > self._ended:
+            self._mixed = True
+
     def hold(self, record: StepRecord) -> None:
-        """Hold ``record`` (a step that just ended), putting the one held before it."""
+        """Hold ``record`` (a step that just ended), putting the one held before it; a step
+        that put records of its own is put at once, after them."""
         held = self._held
         previous = held.pop(0, None)
         if previous is not None:
             self._queue.append(previous)
-        held[0] = record
+        self._ended = record.step
+        if self._mixed:
+            self._mixed = False
+            self._queue.append(record)
+        else:
+            held[0] = record
 
     def release(self) -> None:
         """Put the record held, if any (its step can get no more values from the loop)."""

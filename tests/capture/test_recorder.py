@@ -181,3 +181,18 @@ def test_a_pinned_ring_row_is_used_again_once_read_and_a_full_ring_says_so() -> 
     assert c is not None and c.values() == [5.0, 6.0]
     assert a.values() == [3.0, 4.0] and loss.values() == [0.5]  # read once, kept
     assert b.array().tolist() == [1.0, 2.0]
+
+
+def test_a_step_that_put_records_of_its_own_is_put_with_them_not_held() -> None:
+    from nbmonitor.records import AuxRecord
+
+    rec = Recorder()
+    rec.hold(step(1))
+    rec.put(make_log_record(1, {"acc": 1.0}))  # step 1's: after its record, which is put
+    rec.put(AuxRecord(2, "update", ("w",), DeviceValue(torch.tensor([1.0]))))  # step 2's own
+    rec.hold(step(2))  # goes right after its own records, in the order made
+    assert rec.held_step() == -1 and not rec.fold_loss(2, 0.5)
+    rec.hold(step(3))  # a step that put nothing else is held
+    assert rec.held_step() == 3
+    kinds = [(type(r).__name__, r.step) for r in rec.drain()]
+    assert kinds == [("StepRecord", 1), ("LogRecord", 1), ("AuxRecord", 2), ("StepRecord", 2)]
