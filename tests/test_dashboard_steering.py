@@ -90,6 +90,38 @@ def test_pause_resume_and_stop_of_a_loop_in_a_thread(notebook, tmp_path: Path) -
         assert not worker.is_alive() and len(ended) == 1
         assert nbmonitor.open(mon.run_dir).status == "stopped"
         assert dash.widget.steer == {"enabled": False, "state": "stopped", "step": ended[0].step}
+        assert dash.widget.header["status"] == "stopped"  # as the run's folder says
     finally:
         mon.close()
         worker.join(timeout=60)
+
+
+def test_a_paused_main_thread_loop_still_sends_on_the_main_route(
+    notebook, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Colab renders only what the main thread sends: a loop paused in the main thread sends
+    the newest frame from where it waits (the steering's pump)."""
+    monkeypatch.setenv("NBMONITOR_PUBLISH", "main")
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with nbmonitor.attach(model, opt, run_dir=tmp_path, interval=0.05) as mon:
+        (dash,) = notebook
+        assert dash.route == "main"
+        step(model, opt)
+        sent: list[int] = []
+
+        def operator() -> None:
+            assert wait_for(lambda: mon.steering.paused)
+            sent.append(dash.sent_on_main)
+            wait_for(lambda: dash.sent_on_main >= sent[0] + 3)
+            sent.append(dash.sent_on_main)
+            click(dash, "resume")
+
+        click(dash, "pause")
+        helper = threading.Thread(target=operator)
+        helper.start()
+        step(model, opt)  # waits at its end until the helper resumes it
+        helper.join(timeout=60)
+        assert len(sent) == 2 and sent[1] >= sent[0] + 3, sent
+        assert mon.step == 2
+    assert dash.last_frame.status == "closed"

@@ -408,7 +408,7 @@ class Dashboard {
     this.stepTime.textContent = fmtStepTime(s.step_time);
     this.drawMemory(s);
     this.elapsed.textContent = fmtDuration(s.elapsed_s);
-    this.eta.textContent = status === "closed" ? DASH : fmtDuration(s.eta_s);
+    this.eta.textContent = status === "closed" || status === "stopped" ? DASH : fmtDuration(s.eta_s);
   }
 
   /** The last steps' memory peak against the device's limit, and the batch estimated to fit. */

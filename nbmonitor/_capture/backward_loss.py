@@ -30,13 +30,13 @@ import torch
 
 from nbmonitor._capture.device_value import DeviceValue
 from nbmonitor._capture.probes.base import StepContext
-from nbmonitor.records import FROM_BACKWARD, LogRecord
+from nbmonitor.records import FROM_BACKWARD, LogRecord, Pending
 
 
 class BackwardLoss:
     """Reads the roots of the backward passes of one step clock's steps."""
 
-    __slots__ = ("_accumulation", "_ctx", "_kept", "_scaled", "logged_step", "pending")
+    __slots__ = ("_accumulation", "_ctx", "_kept", "_scaled", "crossed", "logged_step", "pending")
 
     def __init__(self, ctx: StepContext, accumulation: Callable[[], int] | None = None) -> None:
         self._ctx = ctx
@@ -54,6 +54,9 @@ class BackwardLoss:
         # The last step mon.log(loss=...) gave a loss for: its roots are not needed (set by
         # the clock's log(), an attribute: no call at each step).
         self.logged_step = -1
+        # The root that crossed to the host with its step's norms (CUDA: StepClock._cross),
+        # and where: read from there, with no copy of its own.
+        self.crossed: tuple[torch.Tensor, Pending] | None = None
 
     def sole_root(self, step: int) -> torch.Tensor | None:
         """The one root ``step``'s backward started from, if it had one and it is a real
@@ -151,7 +154,11 @@ class BackwardLoss:
             if factor != 1.0 and step == group:
                 value = value.detach() * factor  # a short step's (no sync: a device op)
             record = LogRecord(step, source=FROM_BACKWARD)
-            record.tensors.append((("loss",), DeviceValue(value)))
+            crossed = self.crossed
+            if crossed is not None and value is crossed[0]:
+                record.tensors.append((("loss",), crossed[1]))
+            else:
+                record.tensors.append((("loss",), DeviceValue(value)))
             recorder.put(record)
 
     def _short_step_factor(self, step: int) -> float:

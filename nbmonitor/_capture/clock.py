@@ -201,9 +201,9 @@ class StepClock:
         self._lrs_seen: tuple[object, ...] = ()
         self._step_depth = 0  # optimizer.step() calls under way (see _step_pre)
         # The last step's loss tensor that crossed with its norms (CUDA, _cross): (step, the
-        # tensor, its version then, the crossing, where in it); mon.log of that tensor for that
+        # tensor, its version then, its value in the crossing); mon.log of that tensor for that
         # step is then folded in without a copy of its own.
-        self._crossed: tuple[int, torch.Tensor, int, RingValue, int] | None = None
+        self._crossed: tuple[int, torch.Tensor, int, RingElement] | None = None
 
     @property
     def step(self) -> int:
@@ -325,11 +325,11 @@ class StepClock:
             crossed = self._crossed
             if crossed is not None and value is crossed[1] and not ctx.micro:
                 # The tensor the step's backward started from, crossed with its norms.
-                step, root, version, crossing, at = crossed
+                step, root, version, element = crossed
                 if (
                     step == ctx.step
                     and root._version == version  # noqa: SLF001
-                    and recorder.fold_loss(step, RingElement(crossing, at))
+                    and recorder.fold_loss(step, element)
                 ):
                     self._loss.logged_step = step
                     return
@@ -699,12 +699,15 @@ class StepClock:
         ctx = self.ctx
         cross = ctx.cross
         assert cross is not None  # set with the deferred norms (GradNormProbe)
-        root = self._loss.sole_root(ctx.step)
+        loss = self._loss
+        root = loss.sole_root(ctx.step)
         value, crossed = cross(norms, root)
         if crossed and root is not None:
-            self._crossed = (ctx.step, root, root._version, value, len(norms))  # noqa: SLF001
+            element = RingElement(value, len(norms))
+            self._crossed = (ctx.step, root, root._version, element)  # noqa: SLF001
+            loss.crossed = (root, element)  # a loop that logs none: its root read from there
         else:
-            self._crossed = None
+            self._crossed = loss.crossed = None
         return value  # type: ignore[no-any-return]
 
     def _learning_rates(

@@ -309,8 +309,10 @@ class Monitor(SteerControls):
         self._memory.start(watch=self.displays)
         clock = self._life.clock()
         if self._dashboard is not None and self._dashboard.route == "main" and clock is not None:
-            # Colab renders only main-thread sends: the loop sends the newest frame at a step end.
+            # Colab renders only main-thread sends: the loop sends the newest frame at a step end,
+            # and a paused loop from where it waits.
             clock.step_listeners.append(self._dashboard.pump)
+            self._steering.pump = self._dashboard.pump
         if self.options.display and self._dashboard is not None:
             from nbmonitor.ui.notebook import show
 

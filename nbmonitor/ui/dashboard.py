@@ -23,7 +23,7 @@ from nbmonitor.ui.delivery import MainThreadRoute, Route, choose_route
 from nbmonitor.ui.panels import PANELS
 from nbmonitor.ui.panels.layers import jsonable
 from nbmonitor.ui.static import charts_svg
-from nbmonitor.ui.steer_controls import SteerHooks, bar_state, read_request
+from nbmonitor.ui.steer_controls import SteerHooks, SteerState, bar_state, read_request
 from nbmonitor.ui.widget import DashboardWidget, set_panel
 
 _HEADER_KEYS = (
@@ -180,8 +180,11 @@ class Dashboard:
         with self._lock:
             if self._closed:
                 return
-            if frame.status != "closed":
-                frame = _with_status(frame, "closed")
+            # A run a stop ended says so ("stopped", as its folder does), else "closed".
+            state = _steer_state(self._steer) if self._steer is not None else None
+            final = "stopped" if state is not None and state.stopping else "closed"
+            if frame.status != final:
+                frame = _with_status(frame, final)
             self._apply(frame)
             self._closed = True
         self._refresh_displays()
@@ -322,7 +325,7 @@ class Dashboard:
         w.errors = [str(e) for e in frame.errors]
 
 
-def _steer_state(steer: SteerHooks) -> Any:
+def _steer_state(steer: SteerHooks) -> SteerState | None:
     """The run's steering state, or None where reading it failed (no bar then)."""
     try:
         return steer.state()

@@ -288,15 +288,17 @@ def _per_step(step: Callable[[], None], steps: int) -> list[tuple[collections.Co
     return out
 
 
+@pytest.mark.parametrize("log", [True, False], ids=["defaults", "no-log"])
 def test_a_cuda_step_costs_one_fused_norm_one_copy_and_one_event(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, log: bool
 ) -> None:
+    # A loop that logs no loss: the root its backward started from, read from the same copy.
     from nbmonitor._capture.phases import DEVICE_EVERY
 
     plain, _ = _loop(tmp_path / "plain", False)
     plain_ops = _per_step(plain, 1)[0][0]
     _as_on_cuda(monkeypatch)
-    step, mon = _loop(tmp_path / "cuda", True)
+    step, mon = _loop(tmp_path / "cuda", True, log=log)
     clock = mon.internals.clock()
     try:
         counted = _per_step(step, DEVICE_EVERY + 2)

@@ -98,3 +98,26 @@ def test_weight_decay_that_collapses_the_weights_is_named_at_the_layers() -> Non
     # settling).
     learning = Health().check(data.weight_decay(loss=data.falling(1.0, 30.0)))
     assert "weight_decay_too_high" not in rules(learning)
+
+
+def test_an_lr_far_too_high_is_named_when_its_update_ratios_arrive_a_tick_late() -> None:
+    # The update ratios come from the layer samples, which can reach a check after the steps
+    # that followed them (a loaded machine): the loss rows already checked must still count.
+    from dataclasses import replace
+
+    climb = lambda s: np.where(s >= 8, 5.0, 1.0)  # noqa: E731
+    full = data.run(130, loss=climb, ratio=data.flat(0.5), lr=data.flat(1.0))
+    k = len(data.LAYERS)
+    early = data.run(120, loss=climb, ratio=data.flat(0.5), lr=data.flat(1.0))
+    no_ratios = replace(
+        early,
+        update_ratios=np.full(k, np.nan),
+        update_steps=np.zeros(0),
+        update_series=np.zeros((k, 0)),
+        param_series=np.zeros((k, 0)),
+    )
+    health = Health()
+    first = health.check(no_ratios)
+    assert "lr_too_high" not in rules(first)
+    (alert,) = [a for a in health.check(full) if a.rule == "lr_too_high"]
+    assert alert.evidence["update_step"] == 1 and alert.step <= 101

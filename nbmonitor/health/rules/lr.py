@@ -257,7 +257,10 @@ class LrTooHigh(Base):
             if recent.size and _median(recent) < CLIMB * before:
                 return clear(rule)
             return Outcome(rule, ("",), always, lambda _new: [])
-        lo = max(view.new_from, int(np.searchsorted(steps, at, side="left")))
+        # The whole window after the large update, not only this tick's new rows: the update
+        # ratios come from the layer samples, which can reach the check a tick after the steps
+        # that followed them (a loaded machine), and those steps must still be judged.
+        lo = int(np.searchsorted(steps, at, side="left"))
         hi = int(np.searchsorted(steps, at + t.window, side="right"))
         if lo >= hi:
             return clear(rule) if steps[-1] > at + t.window else nothing(rule)

@@ -1,0 +1,91 @@
+"""The training thread's fixed cost with its code warm: a monitored twin and a twin that only
+takes the gradient norms, stepped in turn (two models, as against the five of ``benchmarks.cost
+--parts floor``), in the thread's CPU time.
+
+    python benchmarks/warm_pair.py                  # tiny, 3000 pairs
+    python benchmarks/warm_pair.py --twins 5        # with three plain twins stepped between
+
+With five twins stepped in turn (``--twins 5``, as the floor does) each step runs with its code
+and data evicted by the four others', and nbmonitor's ~30 Python calls a step cost about twice
+what they cost warm: this measure says which of the two a change moved (benchmarks/NOTES.md,
+"One record a step and the CUDA step's crossing").
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import nbmonitor
+from nbmonitor._capture.probes.grad_norms import NormPass
+from overhead import BOOTSTRAP_RESAMPLES, make_task
+
+
+def _twin(task: str, kind: str, run_dir: str) -> tuple[Callable[[], None], object]:
+    model, loss_fn = make_task(task)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    mon = (
+        nbmonitor.attach(model, opt, run_dir=run_dir, display=False, interval=3600)
+        if kind == "monitored"
+        else None
+    )
+    norms = NormPass(list(model.parameters()))
+
+    def step() -> None:
+        loss = loss_fn(model)
+        loss.backward()
+        if kind == "norm":
+            norms.take()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if mon is not None:
+            mon.log(loss=loss)
+
+    return step, mon
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--task", default="tiny")
+    ap.add_argument("--twins", type=int, default=2, help="2: the pair alone; more: plain twins")
+    ap.add_argument("--pairs", type=int, default=3000)
+    ap.add_argument("--warmup", type=int, default=150)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        kinds = ["norm", "monitored"] + ["plain"] * max(0, args.twins - 2)
+        twins = [_twin(args.task, kind, tmp) for kind in kinds]
+        for _ in range(args.warmup):
+            for step, _ in twins:
+                step()
+        clock = time.thread_time_ns
+        times: list[list[int]] = [[] for _ in twins]
+        for _ in range(args.pairs):
+            for (step, _), out in zip(twins, times, strict=True):
+                t = clock()
+                step()
+                out.append(clock() - t)
+        for _, mon in twins:
+            if mon is not None:
+                mon.close()  # type: ignore[attr-defined]
+    d = (np.asarray(times[1]) - np.asarray(times[0])) / 1000.0
+    rows = np.random.default_rng(0).integers(0, len(d), size=(BOOTSTRAP_RESAMPLES, len(d)))
+    lo, hi = np.quantile(np.median(d[rows], axis=1), [0.025, 0.975])
+    print(
+        f"{args.task}, {args.twins} twins, {args.pairs} pairs: norm step "
+        f"{statistics.median(times[0]) / 1000:.1f} us; monitored - norm "
+        f"+{np.median(d):.1f} us [{lo:+.1f} .. {hi:+.1f}]"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
