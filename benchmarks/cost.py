@@ -42,6 +42,7 @@ import collections
 import functools
 import itertools
 import json
+import math
 import os
 import statistics
 import sys
@@ -482,12 +483,17 @@ def ticks(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
 
     # The run log and the view run on workers of their own, holding the GIL as the sampler
     # does: their CPU from one tick's start to the next is that tick's.
-    workers: list[tuple[float, float]] = []
+    workers: list[tuple[float, float, float]] = []
     tick_cpu: list[float] = []
 
-    def worker_cpu() -> tuple[float, float]:
+    def worker_cpu() -> tuple[float, float, float]:
         sources = mon._pipeline.sources
-        return float(sources.runlog.cpu_used), float(sources.view.cpu_used)
+        writer = writer_cpu_s(mon)  # another process: its own start is not a tick's
+        return (
+            float(sources.runlog.cpu_used),
+            float(sources.view.cpu_used),
+            math.nan if writer is None else writer,
+        )
 
     def timed(self: sampler.Stage, paced: bool = False) -> None:
         start, cpu = time.perf_counter(), time.thread_time()
@@ -503,9 +509,9 @@ def ticks(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
 
     def timed_first(self: sampler.Stage, paced: bool = False) -> None:
         if self.name == "sample":
+            workers.append(worker_cpu())  # before the tick's own clocks start
             tick_start.append(time.perf_counter())
             tick_thread_cpu.append(time.thread_time())
-            workers.append(worker_cpu())
         timed(self, paced)
 
     sampler.Stage.__call__ = timed_first  # type: ignore[method-assign]
@@ -519,13 +525,16 @@ def ticks(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
             t0 = time.perf_counter()
             train_step(model, loss_fn, opt, mon)
             step_spans.append((t0, time.perf_counter()))
-        writer = writer_cpu_s(mon)
         close = close_parts(mon)
     finally:
         sampler.Stage.__call__ = first  # type: ignore[method-assign]
     out: dict[str, Any] = {"steps": len(step_spans), "close": close}
-    if writer is not None and spans:
-        out["writer_process_cpu_ms_per_tick"] = writer * 1e3 / len(spans)
+    # The writer process's CPU between tick starts once it runs (/proc: 10 ms ticks, so the
+    # median of many reads 0 or 10; the mean is the figure).
+    writer = [(b[2] - a[2]) * 1e3 for a, b in itertools.pairwise(workers)]
+    writer = [w for w in writer if math.isfinite(w)]
+    if writer:
+        out["writer_process_cpu_ms_per_tick"] = statistics.fmean(writer)
     for name, values in stages.items():
         wall = [w * 1e3 for w, _ in values]
         cpu = [c * 1e3 for _, c in values]
@@ -688,7 +697,7 @@ def report_sampler(t: dict[str, Any]) -> None:
     print(f"  view worker cpu ms per tick: {fmt(t.get('view_worker_cpu_ms', {}))}")
     if "writer_process_cpu_ms_per_tick" in t:
         print(
-            "  run log's writer process (another process) cpu ms per tick, mean: "
+            "  run log's writer process (another process) cpu ms per tick once it runs, mean: "
             f"{t['writer_process_cpu_ms_per_tick']:.2f}"
         )
     print(f"  tick cpu ms, sampler and workers: {fmt(t.get('tick_all_cpu_ms', {}))}")

@@ -517,15 +517,16 @@ class RunLogSink:
                     return
             else:
                 answer = writer.answer(max(0.0, deadline - time.monotonic()))
-            if answer[0] != "ack":
+            if answer[0] != "ack" or len(answer) != 5:
                 raise WriterGone(f"it answered {answer[0]!r} to a flush")
             _, mark, ends, clean, said = answer
-            assert isinstance(mark, int) and isinstance(said, list)
+            if not (isinstance(mark, int) and isinstance(ends, dict) and isinstance(said, list)):
+                raise WriterGone("its answer to a flush did not read")
             self._marks.popleft()
             if clean:
                 while self._sent and self._sent[0][0] <= mark:
                     self._sent_bytes -= self._sent.popleft()[2]
-                self._confirmed = ends  # type: ignore[assignment]
+                self._confirmed = ends
             self._unsaid.extend(said)
 
     @property
@@ -684,27 +685,35 @@ class RunLogSink:
                 self.close_errors.append(exc)
 
     def _close_writer(self, writer: WriterProcess) -> None:
-        """Under the lock: the child writes its last rows and chunks and exits; one that does
-        not is stopped and its rows are written here."""
+        """Under the lock: the child writes its last rows and chunks and exits, within one
+        ``WRITER_TIMEOUT_S`` in all; one that does not (or answers nonsense) is stopped and
+        its rows are written here. Never raises."""
+        deadline = time.monotonic() + WRITER_TIMEOUT_S
+
+        def left() -> float:
+            return max(0.0, deadline - time.monotonic())
+
         try:
-            writer.send(("close",), WRITER_TIMEOUT_S)
-            self._answers(writer, WRITER_TIMEOUT_S)  # the flushes' first
-            answer = writer.answer(WRITER_TIMEOUT_S)
-            if answer[0] != "closed":
+            writer.send(("close",), left())
+            self._answers(writer, left())  # the flushes' first
+            answer = writer.answer(left())
+            if answer[0] != "closed" or len(answer) != 5:
                 raise WriterGone(f"it answered {answer[0]!r} to close")
-        except WriterGone as exc:
-            self._take_over(exc)
+            _, _, _, problems, lost = answer
+            if not isinstance(problems, list) or not isinstance(lost, int):
+                raise WriterGone("its answer to close did not read")
+        except Exception as exc:
+            gone = exc if isinstance(exc, WriterGone) else WriterGone(repr(exc))
+            self._take_over(gone)
             self.close_errors.extend(self._unsaid)
             self._unsaid = []
             return
-        _, _, _, problems, lost = answer
         self._writer = None
         self._sent.clear()
-        assert isinstance(problems, list) and isinstance(lost, int)
         self.close_errors.extend([*self._unsaid, *problems])
         self._unsaid = []
         self.lost_rows += lost
-        writer.wait(WRITER_TIMEOUT_S)
+        writer.wait(left())
 
     def update_meta(self, **fields: object) -> None:
         """Merge ``fields`` into meta.json, rewritten atomically. Allowed after close:
