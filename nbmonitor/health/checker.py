@@ -169,7 +169,9 @@ class Health:
         active = self._active.get(alert.rule)
         if not active:
             return False
-        return not alert.layers or any(layer in active for layer in alert.layers)
+        # A rule held for the run as a whole (subject "") keeps open every alert it made,
+        # whatever layers that alert names (a cause about the adapters holds for the run).
+        return not alert.layers or "" in active or any(layer in active for layer in alert.layers)
 
     def _settle(self, outcome: Outcome, step: int) -> list[Alert]:
         rule = outcome.rule
