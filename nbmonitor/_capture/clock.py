@@ -690,6 +690,13 @@ class StepClock:
             for listener in tuple(self.step_listeners):
                 listener(ctx.step)
 
+    def held(self) -> None:
+        """A step listener held the loop at this step's end (a pause, a checkpoint): the next
+        step's time and its wait for data start now, not when the step ended."""
+        now = self._clock()
+        self._last_end = now
+        self.phases.held_until(now)
+
     def _cross(self, norms: tuple[torch.Tensor, ...]) -> DeviceValue | RingValue:
         """The step's deferred norms on their way to the host, in one copy with the loss its
         backward started from (which a loop then logs: ``log`` folds it in)."""

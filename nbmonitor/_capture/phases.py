@@ -247,6 +247,11 @@ class PhaseTimer:
         else:
             self.mark(OPTIMIZER_START)
 
+    def held_until(self, now: float) -> None:
+        """The loop was held after the step's end until ``now`` (a pause, a checkpoint): the
+        wait for the next batch starts now."""
+        self._t = now
+
     def step_end(self, step: int, now: float) -> tuple[float, ...] | EventIntervals | None:
         """Mark the end of ``step`` (at ``now``, the clock's reading) and return its phases, for
         its record: seconds per phase, events the sampler reads, or None (none measured: the

@@ -291,6 +291,12 @@ class Steering:
                 self._unlisten()
         if stop:
             self._stop(step)
+            return
+        # What was applied (a pause, a checkpoint) held the loop: that time is not the next
+        # step's.
+        clock = self._clock()
+        if clock is not None:
+            clock.held()
 
     def _apply_due(self, step: int) -> bool:
         """Apply the requests due at ``step``, in order; whether a stop was among them."""

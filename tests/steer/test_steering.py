@@ -242,6 +242,31 @@ def test_on_checkpoint_is_called_instead(tmp_path: Path) -> None:
     assert not (tmp_path / "mine.pt").exists()
 
 
+def test_the_time_paused_is_not_the_next_steps(tmp_path: Path) -> None:
+    import time
+
+    model, opt, data = _setup()
+    mon = nbmonitor.attach(model, opt, run_dir=tmp_path, display=False, interval=0.05)
+    mon.pause()
+    thread = threading.Thread(target=lambda: [_step(model, opt, data[:8]) for _ in range(4)])
+    thread.start()
+    assert wait_for(lambda: mon.steering.paused)
+    start = time.perf_counter()
+    time.sleep(1.5)
+    paused_for = time.perf_counter() - start
+    mon.resume()
+    thread.join(60)
+    mon.flush()
+    history = mon.history()
+    mon.close()
+    steps = history["step"].tolist()
+    assert steps == [1.0, 2.0, 3.0, 4.0]
+    # Step 2 began when the pause after step 1 ended: its time and its wait for data are its
+    # own, not the pause's (which counted in both before).
+    assert history["step_time"][1] < paused_for / 2, history["step_time"]
+    assert history["phase_data_s"][1] < paused_for / 2, history["phase_data_s"]
+
+
 def test_close_lets_a_paused_loop_go_on(tmp_path: Path) -> None:
     model, opt, data = _setup()
     mon = nbmonitor.attach(model, opt, run_dir=tmp_path, display=False)
