@@ -179,6 +179,27 @@ RING_ROWS = 1024
 RING_BYTES = 8 << 20
 
 
+class FromValues:
+    """The part of ``Pending`` a value read as one small list answers the same way: its
+    floats and array made from ``values()``, and no stacking with others alike."""
+
+    __slots__ = ()
+
+    def values(self) -> list[float]:
+        raise NotImplementedError
+
+    def floats(self) -> npt.NDArray[np.floating[Any]]:
+        return self.array()
+
+    def array(self) -> npt.NDArray[np.float64]:
+        return np.array(self.values(), dtype=np.float64)
+
+    def stack_alike(
+        self, values: Sequence[Pending]
+    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.floating[Any]] | None] | None:
+        return None
+
+
 class PinnedRing:
     """Rows of pinned host memory a step's device values are copied into, each with a CUDA
     event of its own, made once and used again: a step's crossing costs one non-blocking copy
@@ -238,7 +259,7 @@ class PinnedRing:
         return values
 
 
-class RingValue:
+class RingValue(FromValues):
     """The gradient norms of one step in a ``PinnedRing`` row, and the values that crossed
     with them (the step's loss: ``element``); a ``records.Pending`` of the norms."""
 
@@ -270,19 +291,8 @@ class RingValue:
         """Value ``at`` of the row (past the norms: what crossed with them)."""
         return self._all()[at]
 
-    def floats(self) -> npt.NDArray[np.floating[Any]]:
-        return self.array()
 
-    def array(self) -> npt.NDArray[np.float64]:
-        return np.array(self.values(), dtype=np.float64)
-
-    def stack_alike(
-        self, values: Sequence[Pending]
-    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.floating[Any]] | None] | None:
-        return None
-
-
-class RingElement:
+class RingElement(FromValues):
     """One value that crossed with a step's norms (``RingValue.element``): the loss logged
     for the step when it is the tensor its backward started from."""
 
@@ -300,17 +310,6 @@ class RingElement:
 
     def values(self) -> list[float]:
         return [self._value.element(self._at)]
-
-    def floats(self) -> npt.NDArray[np.floating[Any]]:
-        return self.array()
-
-    def array(self) -> npt.NDArray[np.float64]:
-        return np.array(self.values(), dtype=np.float64)
-
-    def stack_alike(
-        self, values: Sequence[Pending]
-    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.floating[Any]] | None] | None:
-        return None
 
 
 def _plain_event() -> Any:

@@ -24,15 +24,14 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
 import torch
 from torch.utils.hooks import RemovableHandle
 
 from nbmonitor._capture.backward_end import BackwardEnd
+from nbmonitor._capture.device_value import FromValues
 from nbmonitor._capture.inputs import first_tensor, output_loss
 from nbmonitor.errors import Guard
-from nbmonitor.records import PHASES, Pending
+from nbmonitor.records import PHASES
 
 DATA, FORWARD, BACKWARD, OTHER, OPTIMIZER = range(len(PHASES))
 
@@ -70,7 +69,7 @@ INTO: tuple[tuple[int, ...], ...] = tuple(
 )
 
 
-class EventIntervals:
+class EventIntervals(FromValues):
     """The phases of one step on a CUDA device: timing events, and the phase of each interval
     between consecutive ones; a ``Pending`` whose values are the seconds per phase."""
 
@@ -119,17 +118,6 @@ class EventIntervals:
             self._spare.extend(events)
             self._events = ()
         return list(sums)
-
-    def floats(self) -> npt.NDArray[np.floating[Any]]:
-        return self.array()
-
-    def array(self) -> npt.NDArray[np.float64]:
-        return np.array(self.values(), dtype=np.float64)
-
-    def stack_alike(
-        self, values: Sequence[Pending]
-    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.floating[Any]] | None] | None:
-        return None
 
 
 class _AllHooks(RemovableHandle):
