@@ -27,7 +27,8 @@ failure of a spell, and the first loss, raise (the caller reports them); the tic
 retry quietly.
 
 **The text is made in a writer process** (``offload=True``, a live run's: ``sinks/writer.py``).
-The first write of at least ``OFFLOAD_VALUES`` values starts it; once it is ready (the rows are
+The first write of at least ``OFFLOAD_VALUES`` values, once ``OFFLOAD_AFTER_VALUES`` were
+written in process (a short run never starts it), starts it; once it is ready (the rows are
 written here meanwhile) this process pickles each batch's rows to it, and the child encodes
 and writes them with an in-process ``RunLogSink`` of its own (the same bytes, sidecar chunks
 and disk-full handling), so a busy run's float text no longer holds the training process's
@@ -82,6 +83,9 @@ SLICE_ROWS = 32
 # process of a run log made with ``offload=True`` (below it the text costs under a millisecond a
 # tick, less than the process's start).
 OFFLOAD_VALUES = 1024
+# ... once this run log has written this many values in process: a short run (a few hundred
+# steps) never pays the process's start, which competes with its first steps for the cores.
+OFFLOAD_AFTER_VALUES = 100_000
 # The writer process must take a message, or answer a flush or the close, within this long, or
 # it is stopped and this process writes in its place.
 WRITER_TIMEOUT_S = 10.0
@@ -167,6 +171,7 @@ class RunLogSink:
         # The writer process (None: encoding here), what was sent to it since it last said all
         # of it was on disk, and the files' sizes then (None: unknown).
         self._offload = offload and AVAILABLE
+        self._values_here = 0  # values written in process while the writer may still start
         self._writer: WriterProcess | None = None
         self._starting: WriterProcess | None = None  # started, not ready yet
         # Batches sent (their number, rows, pickled size) the child has not confirmed on disk,
@@ -267,6 +272,11 @@ class RunLogSink:
             raise _error(run_dir, exc) from None
 
     @property
+    def offloaded(self) -> bool:
+        """Whether a writer process was started for this run log (starting or taking it)."""
+        return self._starting is not None or self._writer is not None
+
+    @property
     def path(self) -> pathlib.Path:
         """The run directory."""
         return self._path
@@ -288,7 +298,9 @@ class RunLogSink:
             self._hand_over(self._starting)
         if self._writer is not None and self._send(batch):
             return
-        if self._offload and _values(batch.streams.values()) >= OFFLOAD_VALUES:
+        values = _values(batch.streams.values()) if self._offload else 0
+        self._values_here += values
+        if values >= OFFLOAD_VALUES and self._values_here >= OFFLOAD_AFTER_VALUES:
             self._offload = False  # tried once
             try:
                 self._write_here(batch)  # the problems of this batch are said first

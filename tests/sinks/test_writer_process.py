@@ -85,6 +85,7 @@ def _same_run(a: pathlib.Path, b: pathlib.Path) -> None:
 @pytest.fixture
 def offloaded(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[RunLogSink]:
     monkeypatch.setattr(runlog, "OFFLOAD_VALUES", 1)  # the first write starts the child
+    monkeypatch.setattr(runlog, "OFFLOAD_AFTER_VALUES", 0)
     meta = {"versions": {"torch": Version("2.1")}}  # the child never imports this module
     log = RunLogSink.create(tmp_path, "offloaded", meta, offload=True)
     yield log
@@ -254,6 +255,7 @@ import os, signal, sys, time
 from nbmonitor.sinks import runlog
 from nbmonitor.sinks.base import Batch
 runlog.OFFLOAD_VALUES = 1
+runlog.OFFLOAD_AFTER_VALUES = 0
 log = runlog.RunLogSink.create(sys.argv[1], "killed", {}, offload=True)
 tick = 0
 while log._writer is None or tick < 5:
@@ -292,3 +294,21 @@ def test_a_killed_training_process_loses_no_row_it_sent(tmp_path: pathlib.Path) 
         time.sleep(0.05)
     h = open_run(pathlib.Path(path)).history()
     np.testing.assert_array_equal(h["step"], np.arange(100 * int(ticks), dtype=np.float64))
+
+
+def test_a_short_run_never_starts_the_writer(tmp_path: pathlib.Path) -> None:
+    # 1,600 steps of 3 keys, 1,200 values a tick (over OFFLOAD_VALUES), stay below
+    # OFFLOAD_AFTER_VALUES: the process's start would cost
+    # its first steps more than the text it would take over.
+    log = runlog.RunLogSink.create(tmp_path, "short", {}, offload=True)
+    try:
+        for tick in range(4):
+            rows = [{"step": float(tick * 400 + i), "loss": 1.0, "lr": 1e-3} for i in range(400)]
+            log.write(Batch({"steps": rows}))
+            log.flush()
+        assert log.offloaded is False
+        big = [{"step": float(2000 + i), **{f"k{j}": 1.0 for j in range(40)}} for i in range(3000)]
+        log.write(Batch({"steps": big}))  # 123,000 values: the writer starts
+        assert log.offloaded is True
+    finally:
+        log.close()
