@@ -139,12 +139,17 @@ def report(page: Any) -> dict[str, Any]:
     return dict(json.loads(line.removeprefix("REPORT ")))
 
 
+def _count(text: str) -> int:
+    """A step as the bar writes it: "1,040" past a thousand."""
+    return int(text.replace(",", ""))
+
+
 def steer_the_run(page: Any) -> tuple[int, int]:
     """Pause, set the lr and checkpoint while paused, resume, stop; (paused step, stop step)."""
     wait_for_live_step(page)
     wait_text(page, "^$")  # running: the bar says nothing
     click(page, "pause")
-    paused = int(wait_text(page, r"paused at step (\d+)").group(1))
+    paused = _count(wait_text(page, r"paused at step ([\d,]+)").group(1))
     publishes(page, 3)  # the dashboard stays live while the loop waits
     assert _step(page) == paused, "the step advanced while paused"
 
@@ -152,7 +157,9 @@ def steer_the_run(page: Any) -> tuple[int, int]:
     click(page, "lr")
     page.wait_for_selector(".nbm-root [data-chart=lr][data-marks='1']", timeout=WAIT_MS)
     title = page.locator(".nbm-root [data-chart=lr] .nbm-chart-title").first.get_attribute("title")
-    assert f"set to {LR:g} at step {paused}" in (title or ""), title
+    # The chart writes the step in SI, six digits (js/src/format.js si): 1040 is "1.04k".
+    at = f"{paused / 1000:.6g}k" if paused >= 1000 else str(paused)
+    assert f"set to {LR:g} at step {at}" in (title or ""), title
     click(page, "checkpoint")
     publishes(page, 2)
     assert _step(page) == paused
@@ -171,7 +178,7 @@ def steer_the_run(page: Any) -> tuple[int, int]:
     click(page, "stop")  # asks first
     assert page.locator(".nbm-root [data-steer=confirm-stop]").first.is_visible()
     click(page, "confirm-stop")
-    stopped = int(wait_text(page, r"stopped at step (\d+)").group(1))
+    stopped = _count(wait_text(page, r"stopped at step ([\d,]+)").group(1))
     return paused, stopped
 
 
