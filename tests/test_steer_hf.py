@@ -23,23 +23,12 @@ pytest.importorskip("accelerate")
 
 from tests.helpers import wait_for  # noqa: E402
 from tests.hf_setup import quiet_args, tiny_gpt2  # noqa: E402
+from tests.test_integrations_hf import Tokens  # noqa: E402
 
 import nbmonitor  # noqa: E402
 from nbmonitor.integrations.hf import NbmonitorCallback  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
-
-
-class Tokens(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
-    def __init__(self, n: int, seed: int) -> None:
-        gen = torch.Generator().manual_seed(seed)
-        self.ids = torch.randint(0, 64, (n, 16), generator=gen)
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
 class Asker(transformers.TrainerCallback):  # type: ignore[misc]
