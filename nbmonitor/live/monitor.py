@@ -10,6 +10,7 @@ the sampler published. A monitor closes itself once its model is collected (life
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 import weakref
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from nbmonitor._capture.capture import build_capture
 from nbmonitor._capture.dist import RankInfo, rank_info
 from nbmonitor._capture.heap import settle_heap
 from nbmonitor._capture.probes.spans import Span, SpanTimer, check_span_name
+from nbmonitor._capture.steer import Steering, check_request
 from nbmonitor._engine import published as _published
 from nbmonitor._engine.derive.memory_table import allocator_text
 from nbmonitor._engine.frame import Frame, RunInfo, View
@@ -45,7 +47,7 @@ from nbmonitor.live.memory_history import MemoryHistory
 from nbmonitor.live.parts import layer_stats, run_meta
 from nbmonitor.live.run_memory import RunMemory
 from nbmonitor.live.setup_check import check_setup
-from nbmonitor.live.steering import SteerControls, build_steering, install_handler, on_stop
+from nbmonitor.live.steering import build_steering, install_handler, on_stop
 from nbmonitor.options import (
     DEFAULT_LAYER_EVERY,
     AttachOptions,
@@ -71,7 +73,7 @@ CLOSE_WAIT_S = 5.0
 FLUSH_TIMEOUT_S = 5.0
 
 
-class Monitor(SteerControls):
+class Monitor:
     """A live monitor of one model's training. Create it with :func:`nbmonitor.attach`.
 
     The training thread only records; a background thread (``nbmonitor-sampler``) samples the
@@ -588,6 +590,56 @@ class Monitor(SteerControls):
             wait=wait,
             warmup=warmup,
         )
+
+    # -- steering (docs/steering.md): each asks for the next step boundary, returns at once --
+
+    @property
+    def steering(self) -> Steering:
+        """This run's steering: ``paused``, ``stop_requested``, ``last_step`` (the step the
+        last request was applied at) and ``pending`` (requests waiting for a step's end),
+        readable from any thread; ``request(kind, value=None, source=..., at_step=None)`` for
+        integrations."""
+        return self._steering
+
+    def pause(self) -> None:
+        """Pause training at the end of the next step: the loop waits inside
+        ``optimizer.step()`` (the update done) until ``resume()`` or ``stop()``, while the
+        dashboard stays live. From another thread, the dashboard or ``nbmonitor ctl``."""
+        self._steering.request("pause")
+
+    def resume(self) -> None:
+        """Resume a paused run."""
+        self._steering.request("resume")
+
+    def stop(self) -> None:
+        """Stop training at the end of the next step: the run closes with status ``stopped``
+        and ``optimizer.step()`` raises ``nbmonitor.StopTraining`` after the update, which ends
+        a notebook cell with one line (no traceback) and a script with exit status 0 (a
+        ``StopTrainingExit``, a ``SystemExit``). With a framework's callback the framework's
+        own stop flag is set instead."""
+        self._steering.request("stop")
+
+    def checkpoint(self, path: str | os.PathLike[str] | None = None) -> None:
+        """Save a checkpoint at the end of the next step: ``{"model", "optimizer",
+        "scheduler" (when attached with one), "step"}`` state dicts with ``torch.save``,
+        atomically, to ``path`` (default ``<run_dir>/checkpoints/step-<N>.pt``); resume with
+        ``attach(..., start_step=ckpt["step"])``. With ``attach(..., on_checkpoint=fn)``,
+        ``fn(path, step)`` is called instead. TypeError for a path that is not a str or
+        os.PathLike."""
+        why = check_request("checkpoint", path)
+        if why is not None:
+            raise TypeError(f"nbmonitor: {why}.")
+        self._steering.request("checkpoint", os.fspath(path) if path is not None else None)
+
+    def set_lr(self, value: float) -> None:
+        """Set the learning rate of every param group to ``value`` at the end of the next step
+        (a scheduler given to ``attach(..., scheduler=)`` has its ``base_lrs`` scaled by the
+        same factor, so its schedule goes on from there); recorded as a steering event and
+        drawn on the lr chart. ValueError for a value that is not a finite number >= 0."""
+        why = check_request("lr", value)
+        if why is not None:
+            raise ValueError(f"nbmonitor: set_lr: {why}.")
+        self._steering.request("lr", value)
 
     def close(self) -> None:
         """Stop monitoring: remove hooks, stop the thread, flush the run log, show the final state.

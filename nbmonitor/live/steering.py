@@ -11,7 +11,6 @@ holds the model.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import threading
 import weakref
@@ -19,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from nbmonitor._capture.steer import Steering, check_request
+from nbmonitor._capture.steer import Steering
 from nbmonitor.errors import ErrorLog, StopTraining, StopTrainingExit
 from nbmonitor.health.alert import Alert
 from nbmonitor.runs.control import ControlReader, ControlRequest, make_control_dir
@@ -258,64 +257,8 @@ def install_handler() -> None:
         _log.debug("nbmonitor: no stop handler in this shell: %s", exc)
 
 
-class SteerControls:
-    """The Monitor's steering methods (``Monitor`` inherits them); each asks for the next step
-    boundary and returns at once. See docs/steering.md."""
-
-    _steering: Steering
-
-    @property
-    def steering(self) -> Steering:
-        """This run's steering: ``paused``, ``stop_requested``, ``last_step`` (the step the
-        last request was applied at) and ``pending`` (requests waiting for a step's end),
-        readable from any thread; ``request(kind, value=None, source=..., at_step=None)`` for
-        integrations."""
-        return self._steering
-
-    def pause(self) -> None:
-        """Pause training at the end of the next step: the loop waits inside
-        ``optimizer.step()`` (the update done) until ``resume()`` or ``stop()``, while the
-        dashboard stays live. From another thread, the dashboard or ``nbmonitor ctl``."""
-        self._steering.request("pause")
-
-    def resume(self) -> None:
-        """Resume a paused run."""
-        self._steering.request("resume")
-
-    def stop(self) -> None:
-        """Stop training at the end of the next step: the run closes with status ``stopped``
-        and ``optimizer.step()`` raises ``nbmonitor.StopTraining`` after the update, which ends
-        a notebook cell with one line (no traceback) and a script with exit status 0 (a
-        ``StopTrainingExit``, a ``SystemExit``). With a framework's callback the framework's
-        own stop flag is set instead."""
-        self._steering.request("stop")
-
-    def checkpoint(self, path: str | os.PathLike[str] | None = None) -> None:
-        """Save a checkpoint at the end of the next step: ``{"model", "optimizer",
-        "scheduler" (when attached with one), "step"}`` state dicts with ``torch.save``,
-        atomically, to ``path`` (default ``<run_dir>/checkpoints/step-<N>.pt``); resume with
-        ``attach(..., start_step=ckpt["step"])``. With ``attach(..., on_checkpoint=fn)``,
-        ``fn(path, step)`` is called instead. TypeError for a path that is not a str or
-        os.PathLike."""
-        why = check_request("checkpoint", path)
-        if why is not None:
-            raise TypeError(f"nbmonitor: {why}.")
-        self._steering.request("checkpoint", os.fspath(path) if path is not None else None)
-
-    def set_lr(self, value: float) -> None:
-        """Set the learning rate of every param group to ``value`` at the end of the next step
-        (a scheduler given to ``attach(..., scheduler=)`` has its ``base_lrs`` scaled by the
-        same factor, so its schedule goes on from there); recorded as a steering event and
-        drawn on the lr chart. ValueError for a value that is not a finite number >= 0."""
-        why = check_request("lr", value)
-        if why is not None:
-            raise ValueError(f"nbmonitor: set_lr: {why}.")
-        self._steering.request("lr", value)
-
-
 __all__ = [
     "RULE",
-    "SteerControls",
     "SteerPort",
     "build_steering",
     "install_handler",
