@@ -6,9 +6,8 @@ rise on their own: the mmap threshold to the size of the largest ``mmap``-ed blo
 (up to 32 MiB on 64-bit), the trim threshold to twice that. A CPU training loop frees its step's
 tensors at the end of every step, so whether that memory stays mapped depends on where every
 other live allocation of the process happens to sit. The few small tensors a monitor makes per
-step are enough to tip it: on the 20-layer MLP of ``benchmarks/processes.py``, 11 of 12
-monitored processes took 40-450 page faults per step against 3 of 12 plain ones, and trimming
-costs that loop about 9 % of its step time (benchmarks/NOTES.md, "The heap").
+step are enough to tip it, and trimming every step costs a CPU loop a share of its step time
+(the counts and figures: benchmarks/NOTES.md, "The heap").
 
 ``settle_heap`` frees one block just under that 32 MiB cap once per process, which raises both
 thresholds exactly as freeing any large tensor or array would: blocks below ~31 MiB then come

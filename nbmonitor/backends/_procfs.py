@@ -1,10 +1,10 @@
 """CPU and memory counters of this process and of the machine, from Linux's ``/proc``, read
 through descriptors held open for the whole run.
 
-psutil opens, reads and closes a ``/proc`` file for each reading. On the VMs this was measured on,
-an ``open()`` under ``/proc`` costs 100-250 us once the sampler thread has slept for a tick, where a
-``pread()`` on a descriptor already open costs 5-25 us; the sampler reads four of them every tick
-(benchmarks/NOTES.md, "What the overhead is made of"). The fields read are those psutil reads, and
+psutil opens, reads and closes a ``/proc`` file for each reading; an ``open()`` under ``/proc``
+costs far more than a ``pread()`` on a descriptor already open once the sampler thread has slept
+for a tick, and the sampler reads four of them every tick (the figures: benchmarks/NOTES.md,
+"What the overhead is made of"). The fields read are those psutil reads, and
 the arithmetic is psutil's, so both give the same figures; elsewhere than Linux psutil is used as it
 is.
 """

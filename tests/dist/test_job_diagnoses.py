@@ -15,58 +15,28 @@ import pathlib
 import re
 import signal
 import socket
-import subprocess
-import sys
-import uuid
 from typing import Any
 
 import numpy as np
 import pytest
+from tests.dist.dist_helpers import launch_ranks
 from tests.helpers import wait_for
 
 import nbmonitor
 from nbmonitor.replay import Job
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = pathlib.Path(__file__).with_name("gloo_job.py")
 JOB_RULES = {"same_batches", "rank_stalled", "straggler", "rank_divergence"}
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Ranks:
     """The two rank processes of one job, and its folder."""
 
     def __init__(self, tmp: pathlib.Path, mode: str, steps: int, stall_s: float) -> None:
-        job_id = f"g{uuid.uuid4().hex[:8]}"
-        self.runs = tmp / "runs"
-        self.job_dir = self.runs / f"{job_id}-DistributedDataParallel"
-        port = free_port()
-        self.logs = [tmp / f"rank{r}.log" for r in (0, 1)]
-        self.procs: list[subprocess.Popen[bytes]] = []
-        for rank in (0, 1):
-            env = {
-                **os.environ,
-                "PYTHONPATH": str(ROOT),
-                "RANK": str(rank),
-                "LOCAL_RANK": str(rank),
-                "WORLD_SIZE": "2",
-                "LOCAL_WORLD_SIZE": "2",
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
-                "NBMONITOR_JOB_ID": job_id,
-                "OMP_NUM_THREADS": "1",
-            }
-            for key in ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID"):
-                env.pop(key, None)
-            with self.logs[rank].open("wb") as out:
-                args = [sys.executable, str(SCRIPT), str(self.runs), mode, str(steps), str(stall_s)]
-                self.procs.append(subprocess.Popen(args, env=env, stdout=out, stderr=out))
+        self.job_dir, self.procs, self.logs = launch_ranks(
+            tmp, SCRIPT, [mode, str(steps), str(stall_s)], "g"
+        )
 
     def events(self, rank: int = 0) -> list[dict[str, Any]]:
         path = self.job_dir / f"rank{rank}" / "events.jsonl"

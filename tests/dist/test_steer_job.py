@@ -12,16 +12,14 @@ import os
 import pathlib
 import subprocess
 import sys
-import uuid
 
 import pytest
 import torch
-from tests.dist.test_job_diagnoses import free_port
+from tests.dist.dist_helpers import ROOT, launch_ranks
 from tests.helpers import wait_for
 
 import nbmonitor
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = pathlib.Path(__file__).with_name("steer_job.py")
 ASK_AT = 30  # rank 1 asks its monitor for a checkpoint at the end of this step
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -30,30 +28,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 def start(
     tmp: pathlib.Path, ask_at: int = ASK_AT
 ) -> tuple[pathlib.Path, list[subprocess.Popen[bytes]], list[pathlib.Path]]:
-    job_id = f"s{uuid.uuid4().hex[:8]}"
-    runs = tmp / "runs"
-    port = free_port()
-    logs = [tmp / f"rank{r}.log" for r in (0, 1)]
-    procs = []
-    for rank in (0, 1):
-        env = {
-            **os.environ,
-            "PYTHONPATH": str(ROOT),
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
-            "WORLD_SIZE": "2",
-            "LOCAL_WORLD_SIZE": "2",
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "NBMONITOR_JOB_ID": job_id,
-            "OMP_NUM_THREADS": "1",
-        }
-        for key in ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID"):
-            env.pop(key, None)
-        with logs[rank].open("wb") as out:
-            args = [sys.executable, str(SCRIPT), str(runs), str(ask_at)]
-            procs.append(subprocess.Popen(args, env=env, stdout=out, stderr=out))
-    return runs / f"{job_id}-DistributedDataParallel", procs, logs
+    return launch_ranks(tmp, SCRIPT, [str(ask_at)], "s")
 
 
 def ctl(job_dir: pathlib.Path, request: str) -> str:
