@@ -259,6 +259,11 @@ class PinnedRing:
         return values
 
 
+# The head of a row without squared norms first: one array for all (never written to).
+_NO_HEAD = np.empty(0, dtype=np.float64)
+_NO_HEAD.flags.writeable = False
+
+
 class HostRing:
     """Rows of host memory a CPU step's gradient values are written straight into
     (``torch.stack(norms, out=row)``, ``torch.cat(parts, out=row)``): no tensor, array or
@@ -303,7 +308,8 @@ class HostRing:
         """The row written, copied, as the value of a step recorded on its own (no torch
         call: numpy's copy)."""
         row = self.host[self.seq % self.size]
-        return PackedRow(np.array(self.head, dtype=np.float64), row.copy())
+        head = self.head
+        return PackedRow(np.array(head, dtype=np.float64) if head else _NO_HEAD, row.copy())
 
     def read(self, start: int, end: int) -> npt.NDArray[np.floating[Any]]:
         """Rows ``[start, end)`` (sequence numbers, committed) as a matrix of their own; the

@@ -348,8 +348,19 @@ class Recorder:
 
     def put(self, record: Record) -> None:
         """Put ``record``, after the step held (which can get nothing more now)."""
-        self._take_held()
-        self._close_block()
+        # _take_held() and _close_block(), written out: a loop that logs more than its loss
+        # puts a record a step.
+        previous = self._held.pop(0, None)
+        if previous is None:
+            if self._holding:
+                self._block = None  # the sampler handed it on: its block is closed
+        elif previous.__class__ is StepBlock:
+            previous.n = previous.w
+        else:
+            self._queue.append(previous)
+        self._holding = False
+        if self._block is not None:
+            self._close_block()
         self._queue.append(record)
         if record.step > self._ended:
             self._mixed = True
@@ -462,7 +473,8 @@ class Recorder:
                 self._held[0] = block
                 self._holding = True
                 return
-        self._close_block()
+        if block is not None:
+            self._close_block()
         if ring is not None:
             norms = ring.value()
         record = StepRecord(

@@ -190,7 +190,7 @@ class NormPass:
         return DeviceValue(stacked[: len(norms)]), False
 
     def take(
-        self,
+        self, into_row: bool = True
     ) -> tuple[
         DeviceValue | HostRing | tuple[torch.Tensor, ...] | None,
         tuple[int, ...] | None,
@@ -206,13 +206,13 @@ class NormPass:
         if params and (params[0].dtype, params[0].device) != self._planned_for:
             self._replan()
         try:
-            return self._take(params)
+            return self._take(params, into_row)
         except (RuntimeError, NotImplementedError):
             self._replan()
-            return self._take(params)
+            return self._take(params, into_row)
 
     def _take(
-        self, params: list[torch.nn.Parameter]
+        self, params: list[torch.nn.Parameter], into_row: bool = True
     ) -> tuple[
         DeviceValue | HostRing | tuple[torch.Tensor, ...] | None,
         tuple[int, ...] | None,
@@ -232,13 +232,25 @@ class NormPass:
         plan = self.plan
         host = self.host
         # HostRing.row(), written out: the step's row, unless none is free.
-        if host is not None and host.seq - host.freed < host.size:
+        if into_row and host is not None and host.seq - host.freed < host.size:
             row = host.rows[host.seq % host.size]
             try:
                 if plan is None:
                     torch.stack(_foreach_norm(grads, 2, dtype=self.dtype), out=row)
                     return host, None, None
-                host.head = _into_row(grads, plan, self._flat, row)
+                # _take_cpu()'s values, written into the row (one call less a step).
+                if plan.dots:
+                    flat = self._flat
+                    host.head = [
+                        torch.dot(f, f).item() for f in [flat(grads[i], -1) for i in plan.dots]
+                    ]
+                else:
+                    host.head = NO_HEAD
+                tail = [grads[i] for i in plan.concat]
+                if plan.rest:
+                    rest = _foreach_norm([grads[i] for i in plan.rest], 2, dtype=plan.dtype)
+                    tail.insert(0, torch.stack(rest))
+                torch.cat(tail, out=row)
                 return host, plan.order, plan.layout
             except (RuntimeError, NotImplementedError):
                 pass  # a sparse or non-contiguous gradient: the ways below
@@ -249,7 +261,7 @@ class NormPass:
                 if self._flat is torch.Tensor.view:
                     # A non-contiguous gradient (channels_last): reshape from now on.
                     self._flat = torch.Tensor.reshape
-                    return self._take(params)
+                    return self._take(params, into_row)
                 # a sparse or odd gradient this step: the general path below
             else:
                 return value, plan.order, plan.layout
@@ -273,26 +285,6 @@ def _take_cpu(
         tail.insert(0, torch.stack(norms))
     # DeviceValue.packed(), without its call.
     return DeviceValue(None, head, torch.cat(tail) if tail else None)
-
-
-def _into_row(
-    grads: list[torch.Tensor],
-    plan: CpuPlan,
-    flat: Callable[[torch.Tensor, int], torch.Tensor],
-    row: torch.Tensor,
-) -> list[float]:
-    """``_take_cpu``'s values written into ``row`` (a ``HostRing``'s), its head returned."""
-    if plan.dots:
-        flats = [flat(grads[i], -1) for i in plan.dots]
-        head = [torch.dot(f, f).item() for f in flats]
-    else:
-        head = NO_HEAD
-    tail = [grads[i] for i in plan.concat]
-    if plan.rest:
-        norms = _foreach_norm([grads[i] for i in plan.rest], 2, dtype=plan.dtype)
-        tail.insert(0, torch.stack(norms))
-    torch.cat(tail, out=row)
-    return head
 
 
 class GradNormProbe(ProbeBase):
@@ -320,12 +312,16 @@ class GradNormProbe(ProbeBase):
 
     def clip(self, ctx: StepContext) -> None:
         # Before clip_grad_norm_ scales them: the norms grad_norm means (intercept.py).
-        ctx.norms = self.norm_pass.take()
+        recorder = ctx.recorder
+        # Into a HostRing row only when the step can be a row of columns (Recorder.end_step:
+        # a block is open or the last step is held); else packed as a record's value at once.
+        ctx.norms = self.norm_pass.take(recorder._block is not None or 0 in recorder._held)  # noqa: SLF001
         ctx.cross = self.norm_pass.cross
 
     def pre_step(self, ctx: StepContext) -> None:
         if not ctx.clips:
-            ctx.norms = self.norm_pass.take()
+            recorder = ctx.recorder
+            ctx.norms = self.norm_pass.take(recorder._block is not None or 0 in recorder._held)  # noqa: SLF001
             ctx.cross = self.norm_pass.cross
         # Checked here, not at the clip: a GradScaler's inf step never reaches the optimizer.
         if self.raise_non_finite:
