@@ -449,26 +449,30 @@ class GradientSpike(Base):
         lo = view.new_from - t.window
         seg = total[lo:-1] if lo >= 0 else np.concatenate((np.full(-lo, np.nan), total[:-1]))
         finite = np.isfinite(seg)
-        seen = np.concatenate(([0], np.cumsum(finite)))
-        count = seen[t.window :] - seen[: -t.window]  # finite norms in each row's window
         value = total[view.new_from :]
-        judged = (count >= t.min_history) & np.isfinite(value)
+        if finite.all():  # every window full (the usual case)
+            judged = np.isfinite(value) & (t.window >= t.min_history)
+            least = _trailing_minima(seg, t.window)
+        else:
+            seen = np.concatenate(([0], np.cumsum(finite)))
+            count = seen[t.window :] - seen[: -t.window]  # finite norms in each row's window
+            judged = (count >= t.min_history) & np.isfinite(value)
+            least = _trailing_minima(np.where(finite, seg, np.inf), t.window)
         if not judged.any():
             return nothing(rule)
         # A spike beats grad_spike_factor x the median of the finite norms before it, so that
         # factor x their least too: the medians (a sort per row) are taken for those rows only.
-        least = _trailing_minima(np.where(finite, seg, np.inf), t.window)
         with np.errstate(divide="ignore", invalid="ignore"):
             rise = np.where(judged & (least > 0), np.log(value / least), np.nan)
+            candidate = judged & (value > t.grad_spike_factor * least) & (value > self._start)
+        if not candidate.any():
+            # No step beats the factor: none is a spike, whatever the run's tail would say.
+            self._note_tail(rise)
+            return clear(rule)
         bar = self._tail_bar()
         self._note_tail(rise)
         with np.errstate(invalid="ignore"):
-            rows = np.flatnonzero(
-                judged
-                & (value > t.grad_spike_factor * least)
-                & (value > self._start)
-                & (rise > bar)
-            )
+            rows = np.flatnonzero(candidate & (rise > bar))
         factor = np.full(value.size, np.nan)
         if rows.size:
             median, _ = row_medians(sliding_window_view(seg, t.window)[rows])
