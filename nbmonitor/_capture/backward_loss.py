@@ -36,23 +36,34 @@ from nbmonitor.records import FROM_BACKWARD, LogRecord, Pending
 class BackwardLoss:
     """Reads the roots of the backward passes of one step clock's steps."""
 
-    __slots__ = ("_accumulation", "_ctx", "_kept", "_scaled", "crossed", "logged_step", "pending")
+    __slots__ = (
+        "_accumulation",
+        "_ctx",
+        "crossed",
+        "kept",
+        "last_scaled",
+        "logged_step",
+        "pending",
+    )
 
     def __init__(self, ctx: StepContext, accumulation: Callable[[], int] | None = None) -> None:
         self._ctx = ctx
         # The count a framework divides each micro-batch's loss by, or None (frameworks.py).
         self._accumulation = accumulation
         # The last GradScaler.scale(loss): its result (weakly) and the loss, detached so that
-        # no autograd graph is kept.
-        self._scaled: tuple[weakref.ref[torch.Tensor], torch.Tensor] | None = None
+        # no autograd graph is kept. (Read by the clock: a backward's usual case, written out
+        # in StepClock.backward_called, is one with none.)
+        self.last_scaled: tuple[weakref.ref[torch.Tensor], torch.Tensor] | None = None
         # Roots not read yet: (step, root, its version when the backward started).
         # A deque: the training thread appends, and release() may run on a flushing thread.
         # Tested for truth at every forward (empty: nothing to release).
         self.pending: collections.deque[tuple[int, torch.Tensor, int]] = collections.deque()
-        # The roots the last backward started from, kept with their graph (see failed()).
-        self._kept = 0
+        # The roots the last backward started from, kept with their graph (see failed()); set
+        # here and by StepClock.backward_called (started()'s usual case, written out).
+        self.kept = 0
         # The last step mon.log(loss=...) gave a loss for: its roots are not needed (set by
-        # the clock's log(), an attribute: no call at each step).
+        # the clock's log(), an attribute: no call at each step; the clock drops that step's
+        # roots from ``pending`` there, so that the next forward has nothing to release).
         self.logged_step = -1
         # The root that crossed to the host with its step's norms (CUDA: StepClock._cross),
         # and where: read from there, with no copy of its own.
@@ -75,13 +86,13 @@ class BackwardLoss:
     def scaled(self, scaled: torch.Tensor, loss: torch.Tensor) -> None:
         """``GradScaler.scale(loss)`` returned ``scaled``."""
         if loss.numel() == 1:
-            self._scaled = (weakref.ref(scaled), loss.detach())
+            self.last_scaled = (weakref.ref(scaled), loss.detach())
 
     def started(self, tensors: object, keeps_graph: bool = False) -> None:
         """A backward pass starts from ``tensors`` (with no gradient given); ``keeps_graph``:
         it keeps its graph (the roots are then detached)."""
-        self._kept = 0
-        if isinstance(tensors, torch.Tensor) and self._scaled is None:
+        self.kept = 0
+        if isinstance(tensors, torch.Tensor) and self.last_scaled is None:
             # One root and no GradScaler (most loops), written out: whether it is a loss (one
             # real value on a real device) is asked only if it is read (release()), since a
             # loop that logs its loss has it dropped unread. (A backward from a root of
@@ -95,12 +106,12 @@ class BackwardLoss:
                 self.release(step - 1)
             kept = tensors.detach() if keeps_graph else tensors
             pending.append((step, kept, kept._version))  # noqa: SLF001
-            self._kept = 0 if keeps_graph else 1
+            self.kept = 0 if keeps_graph else 1
             return
         roots = (tensors,) if isinstance(tensors, torch.Tensor) else tensors
         if not isinstance(roots, (tuple, list)):
             return
-        scaled, self._scaled = self._scaled, None
+        scaled, self.last_scaled = self.last_scaled, None
         values = []
         for root in roots:
             if not isinstance(root, torch.Tensor) or root.numel() != 1:
@@ -119,13 +130,13 @@ class BackwardLoss:
             # in-place change since.
             kept = value.detach() if keeps_graph else value
             self.pending.append((step, kept, kept._version))  # noqa: SLF001  (torch's in-place counter)
-        self._kept = 0 if keeps_graph else len(values)
+        self.kept = 0 if keeps_graph else len(values)
 
     def failed(self) -> None:
         """The backward raised (out of memory, an interrupt) before freeing its graph: its
         roots are detached, so that nbmonitor holds none of the graph's memory (what
         ``mon.free_oom()`` frees)."""
-        kept, self._kept = self._kept, 0
+        kept, self.kept = self.kept, 0
         pending = self.pending
         for i in range(max(0, len(pending) - kept), len(pending)):
             step, root, version = pending[i]

@@ -24,6 +24,7 @@ from nbmonitor._capture.backward_loss import BackwardLoss
 from nbmonitor._capture.closure import after_closure
 from nbmonitor._capture.device_value import DeviceValue, RingElement, RingValue
 from nbmonitor._capture.inputs import (
+    TOKEN_DTYPES,
     batch_size,
     batch_tokens,
     first_tensor,
@@ -33,6 +34,7 @@ from nbmonitor._capture.inputs import (
 )
 from nbmonitor._capture.phases import PhaseTimer
 from nbmonitor._capture.probes.base import NO_NORMS, Probe, StepContext, next_due
+from nbmonitor._capture.probes.grad_norms import GradNormProbe
 from nbmonitor._capture.probes.structure import StructureProbe, optimizer_facts
 from nbmonitor._capture.recorder import LogValueError, Recorder, make_log_record
 from nbmonitor.errors import ErrorLog, Guard, NonFiniteError
@@ -153,6 +155,10 @@ class StepClock:
         self._at: dict[str, _Calls] = {}
         self._steady = self._sampled = self._at
         self._next_sampled = 0
+        # The gradient-norm probe, called by the clock itself (not through _call) on a step
+        # where it is the only probe due before the optimizer step (see _plan_calls).
+        self._norms_probe = next((p for p in self.probes if isinstance(p, GradNormProbe)), None)
+        self._norms_direct: GradNormProbe | None = None
         self._plan_calls()
         # The structural watch (probes/structure.py): the clock tells it of a backward's start,
         # a step's start and a scaled loss only while it is armed (a sampled step's).
@@ -323,6 +329,7 @@ class StepClock:
             # has ended, it goes into the step's record (Recorder.fold_loss).
             value = scalars.get("loss")
             crossed = self._crossed
+            logged = -1  # the step the loss was logged for, once it is
             if crossed is not None and value is crossed[1] and not ctx.micro:
                 # The tensor the step's backward started from, crossed with its norms.
                 step, root, version, element = crossed
@@ -331,20 +338,29 @@ class StepClock:
                     and root._version == version  # noqa: SLF001
                     and recorder.fold_loss(step, element)
                 ):
-                    self._loss.logged_step = step
-                    return
-            number: object = value
-            if type(value) is torch.Tensor and value.is_cpu:
+                    logged = step
+            if logged < 0:
+                number: object = value
+                if type(value) is torch.Tensor and value.is_cpu:
+                    try:
+                        number = value.item()
+                    except RuntimeError:
+                        number = None  # several values: refused below, with its message
+                if type(number) is float:
+                    logged = ctx.step + 1 if ctx.micro else ctx.step
+                    if ctx.micro or not recorder.fold_loss(logged, number):
+                        # (put after the step's record held, if any: in the order logged)
+                        recorder.put(LogRecord(logged, {"loss": number}))
+            if logged >= 0:
+                # _logged_loss(), written out: no call a step.
+                loss = self._loss
+                loss.logged_step = logged
+                pending = loss.pending
                 try:
-                    number = value.item()
-                except RuntimeError:
-                    number = None  # several values: refused below, with its message
-            if type(number) is float:
-                step = ctx.step + 1 if ctx.micro else ctx.step
-                if ctx.micro or not recorder.fold_loss(step, number):
-                    # (put after the step's record held, if any: in the order logged)
-                    recorder.put(LogRecord(step, {"loss": number}))
-                self._loss.logged_step = step  # its roots are not needed
+                    if pending and pending[0][0] == logged:
+                        pending.clear()
+                except IndexError:  # emptied by a flushing thread between the test and the read
+                    pass
                 return
         try:
             record = make_log_record(ctx.step + 1 if ctx.micro else ctx.step, scalars)
@@ -355,7 +371,21 @@ class StepClock:
             return
         recorder.put(record)  # after the step's record held, if any: in the order logged
         if "loss" in scalars:
-            self._loss.logged_step = record.step  # its roots are not needed
+            self._logged_loss(record.step)
+
+    def _logged_loss(self, step: int) -> None:
+        """The loop logged ``step``'s loss: its backward roots are not needed, and are dropped
+        now rather than released (to no record) by the next forward, one call a step less."""
+        loss = self._loss
+        loss.logged_step = step
+        pending = loss.pending
+        try:
+            # Roots of earlier steps stay for release(), which records them; a step's roots
+            # are all later than those (the deque is in step order).
+            if pending and pending[0][0] == step:
+                pending.clear()
+        except IndexError:  # emptied by a flushing thread between the test and the read
+            pass
 
     def release_losses(self) -> None:
         """Record the backward passes' losses still kept (``backward_loss.py``): at
@@ -374,6 +404,20 @@ class StepClock:
         self._steady = self._plan([p for p in self.probes if not p.sampled])
         self._next_sampled = self.ctx.step + 1
         self._plan_step(self.ctx.step + 1)
+        # On a steady step whose only probe before the optimizer step (and at a clip) is the
+        # gradient norms', the clock calls that probe itself: no dispatch loop, one call less.
+        probe = self._norms_probe
+        only = ((probe.guard, probe.pre_step),) if probe is not None else None
+        clip_only = ((probe.guard, probe.clip),) if probe is not None else None
+        steady = self._steady
+        self._norms_direct = (
+            probe
+            if probe is not None
+            and probe in self.probes
+            and steady["pre_step"] == only
+            and steady["clip"] == clip_only
+            else None
+        )
 
     def _plan(self, probes: Sequence[Probe]) -> dict[str, _Calls]:
         return {
@@ -468,7 +512,17 @@ class StepClock:
             self._backward_ended = False
             if self._held is not None:
                 self._held.forwarded = True
-            samples, tokens = ctx.forward_samples, ctx.forward_tokens = forward_counts(args, kwargs)
+            # forward_counts(), its usual case written out (one tensor argument): a shape read.
+            first = args[0] if args and not kwargs else None
+            if type(first) is torch.Tensor:
+                shape = first.shape
+                if len(shape) == 2 and first.dtype in TOKEN_DTYPES:
+                    samples, tokens = shape[0], shape[0] * shape[1]
+                else:
+                    samples, tokens = (shape[0] if shape else 1), 0
+            else:
+                samples, tokens = forward_counts(args, kwargs)
+            ctx.forward_samples, ctx.forward_tokens = samples, tokens
             if not self._batches_counted:
                 ctx.micro += 1
                 self._samples += samples
@@ -579,7 +633,23 @@ class StepClock:
                 watch = self.watch
                 if watch is not None and watch.pre_step_armed:
                     watch.pre_step_started(self.ctx.clips)
-                self._call(self._at["pre_step"])
+                at = self._at
+                norms = self._norms_direct
+                if norms is not None and at is self._steady:
+                    # _call() for the one probe due, written out: no dispatch loop a step.
+                    probe_guard = norms.guard
+                    if probe_guard.on:
+                        try:
+                            norms.pre_step(self.ctx)
+                        except NonFiniteError:
+                            raise
+                        except Exception as exc:
+                            probe_guard.failed(exc)
+                        else:
+                            if probe_guard.in_a_row:
+                                probe_guard.ok()
+                else:
+                    self._call(at["pre_step"])
                 if guard.in_a_row:
                     guard.ok()
             except NonFiniteError:
@@ -755,12 +825,31 @@ class StepClock:
         if watch is not None and watch.backward_armed:
             watch.backward_started(tensors, self.ctx.micro > 0)  # guarded there
         held = self._held
-        if self.ctx.micro and grad_tensors is None and (held is None or held.forwarded):
+        ctx = self.ctx
+        if ctx.micro and grad_tensors is None and (held is None or held.forwarded):
             guard = self._loss_guard  # _guarded(), written out: no closure at each backward
             if not guard.on:
                 return
             try:
-                self._loss.started(tensors, keeps_graph)
+                loss = self._loss
+                pending = loss.pending
+                if (
+                    type(tensors) is torch.Tensor
+                    and not keeps_graph
+                    and not pending
+                    and loss.last_scaled is None
+                ):
+                    # BackwardLoss.started(), its usual case written out (one root, no
+                    # GradScaler, none pending: the loop logged the last step's loss, or the
+                    # forward released it): the root kept as it is, no call at each backward.
+                    step = ctx.step + 1  # ctx.log_step (a forward has run: micro > 0)
+                    if step == loss.logged_step:
+                        loss.kept = 0  # logged before its backward: not needed
+                    else:
+                        pending.append((step, tensors, tensors._version))  # noqa: SLF001
+                        loss.kept = 1
+                else:
+                    loss.started(tensors, keeps_graph)
                 if guard.in_a_row:
                     guard.ok()
             except Exception as exc:
@@ -783,7 +872,27 @@ class StepClock:
         ctx = self.ctx
         ctx.clips += 1
         if ctx.clips == 1:
-            self._call(self._at["clip"])
+            at = self._at
+            norms = self._norms_direct
+            if norms is not None and at is self._steady:
+                self._call_norms(norms.clip)
+            else:
+                self._call(at["clip"])
+
+    def _call_norms(self, call: Callable[[StepContext], None]) -> None:
+        """``_call`` for the gradient-norm probe alone (a steady step's only probe due then)."""
+        guard = self._norms_direct.guard if self._norms_direct is not None else None
+        if guard is None or not guard.on:
+            return
+        try:
+            call(self.ctx)
+        except NonFiniteError:
+            raise
+        except Exception as exc:
+            guard.failed(exc)
+        else:
+            if guard.in_a_row:
+                guard.ok()
 
     def clip_done(self, params: list[torch.Tensor], total: torch.Tensor, max_norm: object) -> None:
         if params and id(params[0]) in self._param_ids and self._stepping():

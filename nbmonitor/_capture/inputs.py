@@ -86,7 +86,7 @@ def forward_counts(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[in
             shape = first.shape
             if not shape:
                 return 1, 0
-            if len(shape) == 2 and first.dtype in _TOKEN_DTYPES:
+            if len(shape) == 2 and first.dtype in TOKEN_DTYPES:
                 return shape[0], shape[0] * shape[1]
             return shape[0], 0
     return batch_size(args, kwargs), token_count(args, kwargs)
@@ -101,13 +101,13 @@ def token_count(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> int:
         ids = args[0]
         if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
             return 0
-    if isinstance(ids, torch.Tensor) and ids.dtype in _TOKEN_DTYPES:
+    if isinstance(ids, torch.Tensor) and ids.dtype in TOKEN_DTYPES:
         return ids.numel()
     return 0
 
 
 _OPTIMIZER_FILE = os.path.join("torch", "optim", "optimizer.py")
-_TOKEN_DTYPES = frozenset({torch.int64, torch.int32})
+TOKEN_DTYPES = frozenset({torch.int64, torch.int32})
 
 
 def batch_tokens(batch: object) -> int:

@@ -80,6 +80,9 @@ class SteerEvent:
     source: str
     ok: bool
     message: str
+    # A request that was taken, but not as asked (a job's request that reached this rank after
+    # the step it named): a warning for people, not a refusal.
+    late: bool = False
 
 
 class Steering:
@@ -188,6 +191,11 @@ class Steering:
     def refuse(self, action: str, message: str, *, source: str = "ctl") -> None:
         """Report a request that could not even be read (a control file refused)."""
         self._event(action, None, source, ok=False, message=message)
+
+    def warn_late(self, action: str, message: str, *, source: str = "ctl") -> None:
+        """Report a request taken at a later step than it named (a job's request read late by
+        this rank): a warning in the run's events, not an error of nbmonitor's."""
+        self._event(action, None, source, ok=False, message=message, late=True)
 
     def use_framework(self) -> None:
         """A framework's callback steers: it calls ``at_boundary`` at the framework's step end
@@ -437,6 +445,7 @@ class Steering:
         message: str,
         step: int | None = None,
         when: float | None = None,
+        late: bool = False,
     ) -> None:
         self._events.append(
             SteerEvent(
@@ -447,6 +456,7 @@ class Steering:
                 source,
                 ok,
                 message,
+                late,
             )
         )
 

@@ -25,7 +25,10 @@ class Outcome:
 
     rule: str
     held: Sequence[str]  # subjects for which the rule holds now
-    judged: Callable[[str], bool]  # whether a subject was judged (held or clear) this time
+    # Whether a subject was judged (held or clear) this time. ``Health`` asks it only for the
+    # subjects of an open episode (rarely any), so a rule that cannot hold may leave the
+    # verdict it would take to answer it to the call.
+    judged: Callable[[str], bool]
     make: Callable[[list[str]], list[Alert]]  # alerts for the subjects that newly hold
     # The subjects are parts of one model (layers) whose condition spreads from one to the
     # next: subjects that join soon after an alert are the same episode (``Health._settle``).

@@ -56,12 +56,13 @@ def _job_reader(
         return done if steering.paused else done + 1
 
     def late(file: str, named: int, at: int) -> None:
-        errors.add(
+        # A warning in the run's events (the ranks acted at different steps), not an error:
+        # nbmonitor did what it could, and the run is not degraded for it.
+        steering.warn_late(
             "steer",
-            RuntimeError(
-                f"the job's request {file} named step {named} but reached rank {rank.rank} "
-                f"later: this rank acts at the end of step {at}, the others at {named}"
-            ),
+            f"the job's request {file} named step {named} but reached rank {rank.rank} "
+            f"later: this rank acts at the end of step {at}, the others at {named}",
+            source="job",
         )
 
     return JobReader(job_dir, rank.rank, next_boundary, late=late)

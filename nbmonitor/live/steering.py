@@ -82,7 +82,7 @@ class SteerPort:
             Alert(
                 RULE,
                 "info" if e.ok else "warning",
-                _message(e.message, e.source, e.ok),
+                _message(e.message, e.source, e.ok, e.late),
                 e.step,
                 e.time,
                 evidence={
@@ -96,8 +96,10 @@ class SteerPort:
         ]
 
 
-def _message(text: str, source: str, ok: bool) -> str:
+def _message(text: str, source: str, ok: bool, late: bool = False) -> str:
     first = text[:1].upper() + text[1:]
+    if late:
+        return f"{first} (asked from {source})."
     if ok:
         return f"{first} (asked from {source})."
     return f"A steering request was refused: {text} (from {source})."

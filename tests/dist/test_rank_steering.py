@@ -14,7 +14,7 @@ from tests.dist.test_rank_monitor import as_rank
 from tests.helpers import mlp, wait_for
 
 import nbmonitor
-from nbmonitor.runs.job_control import MIN_AHEAD
+from nbmonitor.runs.job_control import MIN_AHEAD, write_job_request
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -63,3 +63,33 @@ def test_a_ranks_stop_is_the_jobs_at_a_step_named_ahead(
     # Closed, the rank asks nothing of its job.
     mon.stop()
     assert len(list(control.iterdir())) == 1
+
+
+def test_a_job_request_read_after_its_step_is_a_warning_not_an_error(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request that reaches a rank after the step it names is taken at the rank's next step
+    and said in its events as a warning; the run is not degraded for it (nothing failed)."""
+    as_rank(monkeypatch, 1)
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon = nbmonitor.attach(model, opt, run_dir=tmp_path, interval=0.05, display=False)
+    assert mon.job_dir is not None
+    try:
+        for _ in range(20):
+            step_once(model, opt)
+        assert mon.flush()
+        write_job_request(mon.job_dir, "lr", 0.005, at_step=5, source="ctl")
+        assert wait_for(lambda: mon.steering.pending == 1)
+        step_once(model, opt)
+        assert opt.param_groups[0]["lr"] == 0.005 and mon.steering.last_step == 21
+        assert mon.flush()
+        assert mon.status == "running" and mon.errors == []
+    finally:
+        mon.close()
+    meta = json.loads((mon.run_dir / "meta.json").read_text())
+    assert meta["status"] == "closed"
+    events = [json.loads(line) for line in (mon.run_dir / "events.jsonl").read_text().splitlines()]
+    [late] = [e for e in events if e.get("rule") == "steer" and e["severity"] == "warning"]
+    assert "named step 5 but reached rank 1 later" in late["message"]
+    assert "the end of step 21" in late["message"]

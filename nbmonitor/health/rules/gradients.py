@@ -28,7 +28,6 @@ from nbmonitor.health.window import (
     finite_or_nan,
     row_medians,
     sustained,
-    window_minima,
 )
 from nbmonitor.health.wording import SATURATING, kinds_of, layer_list, name_list, num
 
@@ -37,6 +36,14 @@ TOTAL = "<total>"  # held subject of the total grad norm in exploding_gradients 
 # by explode_factor. A warm-up, or a model leaving its initialisation, lifts the norms over
 # tens of steps, and the steps just before are already high.
 NEAR_STEPS = 10
+
+
+def _true() -> bool:
+    return True
+
+
+def _false() -> bool:
+    return False
 
 
 class ExplodingGradients(Base):
@@ -82,17 +89,22 @@ class ExplodingGradients(Base):
         rule = self.name
         t = self.thresholds
         held: list[str] = []
-        judged_total = False
+        judged_total: Callable[[], bool] = _false
         # subject -> (value, factor over the median or NaN, step)
         detail: dict[str, tuple[float, float, float]] = {}
 
         total = view.column("grad_norm")
-        # The total norm's median over the reference window, and how many values it has (the
-        # total's verdict and the layers' floor both read it).
-        total_ref: tuple[FloatArray, IntArray] | None = None
-        if total is not None:
-            total_ref = row_medians(total[None, view.ref_from : view.new_from])
-        if total is not None and total_ref is not None and view.has_new_rows:
+
+        def total_ref() -> tuple[FloatArray, IntArray]:
+            # The total norm's median over the reference window, and how many values it has
+            # (the total's verdict and the layers' floor both read it): made only when asked.
+            assert total is not None
+            return view.shared(
+                ("reference median", "grad_norm"),
+                lambda: row_medians(total[None, view.ref_from : view.new_from]),
+            )
+
+        if total is not None and view.has_new_rows:
             # The run's maximum before the sustained window that is being judged.
             cut = max(0, view.new_from - t.sustain_steps + 1)
             fresh = int(np.searchsorted(view.step_col[:cut], self._total_max_step, "right"))
@@ -106,21 +118,30 @@ class ExplodingGradients(Base):
                 self._total_start = float(self._start_level(total[None, :])[0])
             start = np.array([self._total_start])
             run_max = np.array([self._total_max])
-            median, count = total_ref
             bar = np.fmax(run_max, start)
             rows = total[None, :]
             rises = self._rises(rows, view.new_from, bar)
-            value, where, seen_rows = self._levels(
-                rows, view.new_from, median if rises else None, bar
-            )
-            verdict = self._explodes(median, count, value, run_max, start, seen_rows)
-            if verdict is not None:
-                is_judged, is_held, ratio = verdict
-                judged_total = bool(is_judged[0])
-                if is_held[0]:
-                    held.append(TOTAL)
-                    step = view.step_col[int(where[0])]
-                    detail[TOTAL] = (float(value[0]), float(ratio[0]), float(step))
+            if rises or t.explode_abs is not None:
+                median, count = total_ref()
+                value, where, seen_rows = self._levels(
+                    rows, view.new_from, median if rises else None, bar
+                )
+                verdict = self._explodes(median, count, value, run_max, start, seen_rows)
+                if verdict is not None:
+                    is_judged, is_held, ratio = verdict
+                    judged_total = _true if is_judged[0] else _false
+                    if is_held[0]:
+                        held.append(TOTAL)
+                        step = view.step_col[int(where[0])]
+                        detail[TOTAL] = (float(value[0]), float(ratio[0]), float(step))
+            else:
+                # Nothing rises above the run's maximum: the total cannot hold. Whether it was
+                # judged (clear) is worked out only if asked (an episode of it is open).
+                def judged_total() -> bool:
+                    median, count = total_ref()
+                    value, _, seen_rows = self._levels(rows, view.new_from, None, bar)
+                    verdict = self._explodes(median, count, value, run_max, start, seen_rows)
+                    return verdict is not None and bool(verdict[0][0])
 
         layer_judged: Callable[[str], bool] = never
         grads = view.grads
@@ -143,34 +164,62 @@ class ExplodingGradients(Base):
                 seen_max = np.fmax.reduce(finite_or_nan(grads[:, fresh:cut]), axis=1)
                 self._layer_max = np.fmax(self._layer_max, seen_max)
                 self._layer_max_step = float(view.layer_step_col[cut - 1])
-            # A layer's explosion also stands out in the whole model's gradient: it rises above
-            # the total norm's recent median (a LayerNorm gain whose small gradient grows while
-            # the model learns is not one).
-            floor = self._layer_start
-            if total_ref is not None:
-                floor = np.fmax(floor, total_ref[0][0])
-            bar = np.fmax(self._layer_max, floor)
-            if self._rises(grads, view.layer_new_from, bar):
-                median, count = row_medians(reference)
-                value, where, seen_rows = self._levels(grads, view.layer_new_from, median, bar)
+            layer_max = self._layer_max
+            layer_start = self._layer_start
+
+            def floor_of() -> FloatArray:
+                # A layer's explosion also stands out in the whole model's gradient: it rises
+                # above the total norm's recent median (a LayerNorm gain whose small gradient
+                # grows while the model learns is not one).
+                if total is None:
+                    return layer_start
+                floor: FloatArray = np.fmax(layer_start, total_ref()[0][0])
+                return floor
+
+            # The floor only raises the bar: where no window rises above the bar without it,
+            # none does with it, and its median is not needed.
+            rises = self._rises(grads, view.layer_new_from, np.fmax(layer_max, layer_start))
+            if rises or t.explode_abs is not None:
+                floor = floor_of()
+                bar = np.fmax(layer_max, floor)
+                if rises and self._rises(grads, view.layer_new_from, bar):
+                    median, count = row_medians(reference)
+                    value, where, seen_rows = self._levels(grads, view.layer_new_from, median, bar)
+                else:
+                    # No window rises above the run's maximum: none is an explosion, whatever
+                    # the medians (a sort of every layer's reference window) would say.
+                    median = np.full(grads.shape[0], np.nan)
+                    count = np.isfinite(reference).sum(axis=1)
+                    value, where, seen_rows = self._levels(grads, view.layer_new_from, None, bar)
+                verdict = self._explodes(median, count, value, layer_max, floor, seen_rows)
+                if verdict is not None:
+                    is_judged, is_held, ratio = verdict
+                    layer_judged = view.layer_judged(is_judged)
+                    steps = view.layer_step_col[where]
+                    for i in np.flatnonzero(is_held):
+                        name = view.layer_names[i]
+                        held.append(name)
+                        detail[name] = (float(value[i]), float(ratio[i]), float(steps[i]))
             else:
-                # No window rises above the run's maximum: none is an explosion, whatever the
-                # medians (a sort of every layer's reference window) would say.
-                median = np.full(grads.shape[0], np.nan)
-                count = np.isfinite(reference).sum(axis=1)
-                value, where, seen_rows = self._levels(grads, view.layer_new_from, None, bar)
-            verdict = self._explodes(median, count, value, self._layer_max, floor, seen_rows)
-            if verdict is not None:
-                is_judged, is_held, ratio = verdict
-                layer_judged = view.layer_judged(is_judged)
-                steps = view.layer_step_col[where]
-                for i in np.flatnonzero(is_held):
-                    name = view.layer_names[i]
-                    held.append(name)
-                    detail[name] = (float(value[i]), float(ratio[i]), float(steps[i]))
+                # No layer can hold. Which were judged (clear) is worked out only if asked.
+                judged_layers: list[Callable[[str], bool]] = []
+
+                def layer_judged(subject: str) -> bool:
+                    if not judged_layers:
+                        floor = floor_of()
+                        count = np.isfinite(reference).sum(axis=1)
+                        value, _, seen_rows = self._levels(
+                            grads, view.layer_new_from, None, np.fmax(layer_max, floor)
+                        )
+                        median = np.full(grads.shape[0], np.nan)
+                        verdict = self._explodes(median, count, value, layer_max, floor, seen_rows)
+                        judged_layers.append(
+                            never if verdict is None else view.layer_judged(verdict[0])
+                        )
+                    return judged_layers[0](subject)
 
         def judged(subject: str) -> bool:
-            return judged_total if subject == TOTAL else layer_judged(subject)
+            return judged_total() if subject == TOTAL else layer_judged(subject)
 
         def make(new: list[str]) -> list[Alert]:
             layers = [s for s in new if s != TOTAL]
@@ -209,9 +258,18 @@ class ExplodingGradients(Base):
         lo = max(start - (m - 1), NEAR_STEPS)  # the windows ``abrupt`` judges
         if rows.shape[1] - lo < m:
             return False
-        mins = window_minima(rows[:, lo:], m)
+        seg = rows[:, lo:]
         with np.errstate(invalid="ignore"):
-            return bool((mins > np.where(np.isnan(floor), -np.inf, floor)[:, None]).any())
+            above = seg > np.where(np.isnan(floor), -np.inf, floor)[:, None]
+        # A window held above the floor needs each of its values above it: where no value
+        # is, no window is (the common case, without the windows' minima).
+        if not above.any():
+            return False
+        width = above.shape[1] - m + 1
+        held = above[:, :width].copy()
+        for k in range(1, m):
+            held &= above[:, k : k + width]
+        return bool(held.any())
 
     def _levels(
         self, rows: FloatArray, start: int, median: FloatArray | None, floor: FloatArray
