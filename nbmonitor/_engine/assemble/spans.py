@@ -19,6 +19,7 @@ import numpy as np
 
 from nbmonitor._engine.frame import GanttBar
 from nbmonitor.records import PHASE_KEYS, PHASES, Record, SpanRecord
+from nbmonitor.runs.column_rows import ColumnRows
 
 # Durations kept per name for the median (the other statistics cover every value).
 MEDIAN_WINDOW = 1024
@@ -108,7 +109,10 @@ class SpanLog:
         self.version = 0
         self._stats: dict[str, _Stats] = {}
         self._run_time = 0.0  # the sum of step_time: what "% of run" is a share of
-        self._steps: collections.deque[Mapping[str, float]] = collections.deque(maxlen=RECENT_STEPS)
+        # The last steps' rows that hold phases, as the parts they came in (rows held as
+        # columns stay so: the gantt makes the few rows it shows), newest last.
+        self._steps: collections.deque[Sequence[Mapping[str, float]]] = collections.deque()
+        self._steps_held = 0  # rows in _steps
         self._spans: collections.deque[Mapping[str, object]] = collections.deque(
             maxlen=RECENT_SPANS
         )
@@ -135,7 +139,21 @@ class SpanLog:
                     self._stat(name, "phase").add(columns[key])
             elif key in rows[-1] or key in rows[0]:
                 self._stat(name, "phase").add([row.get(key, nan) for row in rows])
-        self._steps.extend(r for r in rows[-RECENT_STEPS:] if PHASE_KEYS[1] in r)
+        recent = rows[-RECENT_STEPS:]
+        if isinstance(recent, ColumnRows):  # every row has the key, but for the first few
+            if PHASE_KEYS[1] in recent.columns:
+                self._keep_steps(recent.cut(recent.absent.get(PHASE_KEYS[1], 0), len(recent)))
+        else:
+            self._keep_steps([r for r in recent if PHASE_KEYS[1] in r])
+
+    def _keep_steps(self, rows: Sequence[Mapping[str, float]]) -> None:
+        """Keep ``rows`` as the newest of the last ``RECENT_STEPS`` steps with phases."""
+        if not rows:
+            return
+        self._steps.append(rows)
+        self._steps_held += len(rows)
+        while self._steps_held - len(self._steps[0]) >= RECENT_STEPS:
+            self._steps_held -= len(self._steps.popleft())
 
     def add_step_columns(self, columns: Mapping[str, np.ndarray]) -> None:
         """A whole steps stream read at once (a replay): the same as its rows."""
@@ -150,10 +168,12 @@ class SpanLog:
         for name, key in zip(PHASES, PHASE_KEYS, strict=True):
             if key in columns:
                 self._stat(name, "phase").add(columns[key].tolist())
+        recent = []
         for i in range(max(0, n - RECENT_STEPS), n):
             row = {k: float(columns[k][i]) for k in keys}
             if any(math.isfinite(row.get(k, math.nan)) for k in PHASE_KEYS):
-                self._steps.append(row)
+                recent.append(row)
+        self._keep_steps(recent)
 
     def add_spans(self, rows: Iterable[Mapping[str, object]]) -> None:
         self.version += 1
@@ -185,7 +205,11 @@ class SpanLog:
     def gantt(self, steps: int = GANTT_STEPS) -> tuple[GanttBar, ...]:
         """The last ``steps`` steps: their phases (laid out in order back from each step's
         end) and the spans that fell in them, on one track per nesting depth and thread."""
-        shown = list(self._steps)[-steps:]
+        shown: list[Mapping[str, float]] = []
+        for part in reversed(self._steps):  # the last steps' rows, made of the newest parts
+            if len(shown) >= steps:
+                break
+            shown[:0] = part[len(part) - min(len(part), steps - len(shown)) :]
         spans = list(self._spans)
         last = [int(r["step"]) for r in shown]
         for span in spans[-1:]:

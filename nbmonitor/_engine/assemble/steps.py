@@ -14,6 +14,8 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from nbmonitor._engine.assemble import alike
 from nbmonitor._engine.assemble.alike import AlikeSteps
 from nbmonitor._engine.assemble.step_norms import LayerNorms, alike_groups, read_norms
@@ -33,6 +35,7 @@ from nbmonitor.records import (
     StepRecord,
     StructureRecord,
 )
+from nbmonitor.runs.column_rows import ColumnRows
 
 # Exponential smoothing of the loss for display (about a 20-step window), debiased like Adam so
 # the first points are not pulled towards zero.
@@ -84,10 +87,18 @@ class _Row:
 @dataclass(slots=True)
 class StepRows:
     """Final rows of consecutive steps, in step order; ``columns`` are the same rows as
-    columns when every row has every key in the same order (a run of alike steps), else None."""
+    columns when every row has every key in the same order (a run of alike steps: NaN in the
+    first rows of a key they lack), else None. With ``columns``, ``rows`` is a ``ColumnRows``
+    of them: no dict is made per row unless a reader asks for one."""
 
-    rows: list[dict[str, float]]
+    rows: Sequence[dict[str, float]]
     columns: dict[str, list[float]] | None = None
+
+    @property
+    def last_step(self) -> int:
+        if self.columns is not None:
+            return int(self.columns["step"][-1])
+        return int(self.rows[-1]["step"])
 
 
 class StepAssembler:
@@ -432,15 +443,17 @@ class StepAssembler:
                 pieces.append(self._finish_alike(run))
                 size += len(run)
             if pieces:
-                self._taken_through = max(self._taken_through, int(pieces[-1].rows[-1]["step"]))
+                self._taken_through = max(self._taken_through, pieces[-1].last_step)
             if size >= TAKE_ROWS:
-                yield _joined(pieces)
+                yield from _joined(pieces)
                 pieces, size = [], 0
         if pieces:
-            yield _joined(pieces)
+            yield from _joined(pieces)
 
     def _finish_alike(self, run: AlikeSteps) -> StepRows:
-        """``_finish`` of every row of ``run``, a column at a time."""
+        """``_finish`` of every row of ``run``, a column at a time: the rows as columns, no
+        dict per row (the smoothed loss is absent from the rows before the first finite
+        loss, NaN in its column)."""
         columns = {"step": [float(s) for s in run.steps], **run.values, **run.logged()}
         loss = columns.get("loss")
         missing = 0
@@ -460,14 +473,11 @@ class StepAssembler:
             self._ema, self._ema_weight = ema, weight
             if missing < len(loss):
                 columns["loss_smooth"] = smooth
-        keys = list(columns)
-        rows = [
-            dict(zip(keys, values, strict=True)) for values in zip(*columns.values(), strict=True)
-        ]
-        if missing and "loss_smooth" in columns:
-            for row in rows[:missing]:
-                del row["loss_smooth"]
-        return StepRows(rows, columns)
+        for key, column in columns.items():
+            if type(column) is not list:  # a column read as an array: the rows hold floats
+                columns[key] = np.asarray(column, dtype=np.float64).tolist()
+        absent = {"loss_smooth": missing} if missing and "loss_smooth" in columns else None
+        return StepRows(ColumnRows(columns, absent), columns)
 
     def take_failures(self) -> list[tuple[str, Exception]]:
         """What could not be read since the last call, as (source, error)."""
@@ -509,7 +519,7 @@ class StepAssembler:
                     run, runs[0] = runs[0].cut(end)
                 else:
                     run = runs.pop(0)
-                rows += self._finish_alike(run).rows
+                rows += self._finish_alike(run).rows  # a few rows: made here
         self._ema, self._ema_weight = ema, weight
         return rows
 
@@ -534,27 +544,46 @@ def _row_of(run: AlikeSteps, at: int) -> _Row:
     return _Row(values, implicit={run.source: _Row(sums=sums, counts=dict(run.counts))})
 
 
-def _joined(pieces: list[StepRows]) -> StepRows:
-    """Consecutive rows as one part, with columns when every row has the keys of the alike
-    runs among them (a step read record by record amid alike ones, usually)."""
-    if len(pieces) == 1:
-        return pieces[0]
-    rows = [row for piece in pieces for row in piece.rows]
-    keys = next((tuple(p.columns) for p in pieces if p.columns is not None), None)
-    if keys is None:
-        return StepRows(rows)
-    for piece in pieces:
-        if piece.columns is not None:
-            if tuple(piece.columns) != keys:
-                return StepRows(rows)
-        elif any(tuple(row) != keys for row in piece.rows):
-            return StepRows(rows)
-    columns: dict[str, list[float]] = {key: [] for key in keys}
-    for piece in pieces:
-        if piece.columns is not None:
-            for key, column in columns.items():
-                column += piece.columns[key]
+def _joined(pieces: list[StepRows]) -> list[StepRows]:
+    """Consecutive rows as few parts: each run of pieces with the same keys in the same order
+    (the alike runs and the steps read record by record amid them, usually) as one part held
+    as columns; rows of other keys apart, as they are. No row is made of rows held as
+    columns."""
+    out: list[StepRows] = []
+    group: list[ColumnRows] = []
+
+    def close_group() -> None:
+        if group:
+            joined = ColumnRows.joined(group)
+            assert joined is not None
+            out.append(StepRows(joined, joined.columns))
+            group.clear()
+
+    for piece in map(_as_columns, pieces):
+        rows = piece.rows
+        if isinstance(rows, ColumnRows) and not (
+            group and (rows.keys != group[0].keys or rows.absent)
+        ):
+            group.append(rows)
+            continue
+        close_group()
+        if isinstance(rows, ColumnRows):
+            group.append(rows)
+        elif out and out[-1].columns is None:  # rows of several key sets: one list
+            out[-1] = StepRows([*out[-1].rows, *rows])
         else:
-            for key, column in columns.items():
-                column += [row[key] for row in piece.rows]
-    return StepRows(rows, columns)
+            out.append(piece)
+    close_group()
+    return out
+
+
+def _as_columns(piece: StepRows) -> StepRows:
+    """``piece`` held as columns when every row has the same keys in the same order."""
+    rows = piece.rows
+    if piece.columns is not None or not rows:
+        return piece
+    keys = tuple(rows[0])
+    if any(len(row) != len(keys) or tuple(row) != keys for row in rows):
+        return piece
+    columns = {key: [row[key] for row in rows] for key in keys}
+    return StepRows(ColumnRows(columns), columns)
