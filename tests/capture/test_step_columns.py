@@ -15,7 +15,7 @@ import torch
 from nbmonitor._capture.device_value import DeviceValue, HostRing
 from nbmonitor._capture.recorder import Recorder, make_log_record
 from nbmonitor._engine.assemble.steps import StepAssembler
-from nbmonitor.records import StepColumns, StepRecord
+from nbmonitor.records import FlopsRecord, StepColumns, StepRecord
 
 PHASES = (0.001, 0.002, 0.003, 0.0005, 0.001)
 
@@ -34,6 +34,7 @@ def _feed(recorder: Recorder, steps: int, columns: bool) -> list[Any]:
     rng = random.Random(0)
     ring = HostRing(3, torch.float32, rows=64)
     drained: list[Any] = []
+    recorder.put(FlopsRecord(0, 1.5e3, 0, 4, "float32"))  # FLOPs, TFLOP/s and MFU columns too
     for step in range(1, steps + 1):
         values = _values(step, rng)
         fields = (step, 1000.0 + step, 0.01 * (1 + step % 3), 4, 1, (0.1 if step < 300 else 0.05,))
@@ -46,8 +47,9 @@ def _feed(recorder: Recorder, steps: int, columns: bool) -> list[Any]:
         else:
             norms = DeviceValue(torch.tensor(values, dtype=torch.float32))
             recorder.hold(StepRecord(*fields, norms, *tail))
-        if step % 50:
-            assert recorder.fold_loss(step, 1.0 / step)
+        if step % 50 and not recorder.fold_loss(step, 1.0 / step):
+            assert step == 1  # not held: it went with the FLOPs record (the clock's way)
+            recorder.put(make_log_record(step, {"loss": 1.0 / step}))
         if step % 60 == 0:
             recorder.put(make_log_record(step, {"acc": 0.5}))
         if step % 45 == 0:
@@ -80,6 +82,7 @@ def test_columns_give_the_rows_records_give() -> None:
     np.testing.assert_array_equal(norms, expected_norms)
     assert np.isnan(rows[36]["grad_norm"]) and "loss" not in rows[49]
     assert rows[59]["acc"] == 0.5 and rows[299]["lr"] == 0.05
+    assert rows[5]["tflops_per_s"] > 0
 
 
 def test_a_batch_of_steps_crosses_as_one_record_with_nothing_made_per_step(
