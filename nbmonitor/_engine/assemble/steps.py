@@ -31,6 +31,7 @@ from nbmonitor.records import (
     OptimizerRecord,
     Pending,
     Record,
+    StepColumns,
     StepRecord,
     StructureRecord,
 )
@@ -49,6 +50,8 @@ ALIKE_SLICE = 16 * SLICE
 # part costs ~0.1 ms whatever its size (a numpy call per column, the span log's statistics).
 TAKE_ROWS = 16 * SLICE
 ONE_BY_ONE = 2
+# The kinds of record that make a step's row.
+_ROWS = (StepRecord, LogRecord, StepColumns)
 
 
 @dataclass
@@ -135,9 +138,27 @@ class StepAssembler:
         """Add ``records`` (a tick's, in order) slice by slice, yielding each slice once it is
         added, so that the caller can hand the GIL over between two (``handover.py``). A slice
         holds at most ``SLICE`` records read one by one, or ``ALIKE_SLICE`` of alike runs
-        (each costs about a tenth), or a mix in that proportion."""
+        (each costs about a tenth), or a mix in that proportion; steps written as columns
+        (``StepColumns``, a block of them a record) are read at once, a slice of their own."""
+        kinds = list(map(type, records))
+        if StepColumns not in kinds:
+            yield from self._feed(records, 0, len(records))
+            return
+        at = 0
+        for i, kind in enumerate(kinds):
+            if kind is StepColumns:
+                if at < i:
+                    yield from self._feed(records, at, i)
+                yield from self._add_block(records, kinds, i)
+                at = i + 1
+        if at < len(records):
+            yield from self._feed(records, at, len(records))
+
+    def _feed(self, records: Sequence[Record], start: int, stop: int) -> Iterator[Sequence[Record]]:
+        """``feed`` of records ``[start, stop)``, none of them ``StepColumns``."""
+        part = records[start:stop] if start or stop < len(records) else records
         done = used = 0  # records [done, at) are added and not yet yielded; their cost
-        for segment in alike.plan(records, self._open):
+        for segment in alike.plan(part, self._open):
             width = segment.width
             cost = 1 if width else ALIKE_SLICE // SLICE
             at = segment.start
@@ -146,20 +167,57 @@ class StepAssembler:
                 if width:
                     room -= room % width
                 if room <= 0 and used:
-                    yield records[done:at]
+                    yield part[done:at]
                     done, used = at, 0
                     continue
                 end = min(segment.end, at + max(room, width or 1))
                 if width:
-                    self._add_alike(
-                        records[at:end], width, segment.open_last and end == segment.end
-                    )
+                    self._add_alike(part[at:end], width, segment.open_last and end == segment.end)
                 else:
-                    self.add(records[at:end])
+                    self.add(part[at:end])
                 used += (end - at) * cost
                 at = end
-        if done < len(records):
-            yield records[done:]
+        if done < len(part):
+            yield part[done:]
+
+    def _add_block(
+        self, records: Sequence[Record], kinds: list[type], i: int
+    ) -> Iterator[Sequence[Record]]:
+        """Add the steps written as columns, ``records[i]``, ``ALIKE_SLICE`` rows a slice: as
+        columns but for a first step that other records of the tick (or a row still open)
+        touch and a last step that later records of the tick touch, each read as its record;
+        the last stays open when no later step ends in the tick."""
+        cols: StepColumns = records[i]  # type: ignore[assignment]
+        steps = cols.steps
+        first, last, n = steps[0], steps[-1], len(steps)
+        touched_first = first in self._open or any(
+            r.step >= first for r, k in zip(records[:i], kinds[:i], strict=True) if k in _ROWS
+        )
+        touched_last = ended_later = False
+        for r, k in zip(records[i + 1 :], kinds[i + 1 :], strict=True):
+            if k in _ROWS:
+                touched_last = touched_last or r.step <= last
+                ended_later = ended_later or k is not LogRecord
+        a = 1 if touched_first else 0
+        b = n - 1 if touched_last and n > a else n
+        if a:
+            self.add([cols.record(0)])
+        for start in range(a, b, ALIKE_SLICE):
+            end = min(b, start + ALIKE_SLICE)
+            part = cols if (start, end) == (0, n) else cols.cut(start, end)
+            open_last = end == n and not ended_later
+            run = alike.read_columns(part, self.flops, self._open)
+            if run is not None and self._alike and run.steps[0] <= self._alike[-1].steps[-1]:
+                run = None  # rows left from a tick whose taking failed: in order, one by one
+            if run is None:  # as records: what cannot be read is reported there
+                self._add_alike([part.record(j) for j in range(len(part))], 1, open_last)
+            else:
+                self._add_run(run, open_last)
+            if end < b:
+                yield records[i : i + 1]
+        if b < n:
+            self.add([cols.record(n - 1)])
+        yield records[i : i + 1]
 
     def _add_alike(self, records: Sequence[Record], width: int, open_last: bool = False) -> None:
         taken = self._open
@@ -177,6 +235,9 @@ class StepAssembler:
                 self._add_alike(records[:half], width)
                 self._add_alike(records[half:], width, open_last)
             return
+        self._add_run(run, open_last)
+
+    def _add_run(self, run: AlikeSteps, open_last: bool) -> None:
         self.layer_norms += run.norms
         self._last_ended = max(self._last_ended, run.steps[-1])
         if open_last:  # the tick's last step: its row stays open, as one read record by record

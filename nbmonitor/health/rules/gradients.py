@@ -7,6 +7,7 @@ Subjects: ``"layers"`` when an alert lists layers, ``"grad_norm"`` for the total
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 
@@ -17,7 +18,7 @@ from nbmonitor.health import alert as subjects
 from nbmonitor.health.alert import Alert
 from nbmonitor.health.diagnose import cause_alert
 from nbmonitor.health.doc import SYMPTOM, RuleDoc
-from nbmonitor.health.rule import Base, Outcome, always, clear, never, nothing
+from nbmonitor.health.rule import Base, Outcome, always, clear, never, no_alerts, nothing
 from nbmonitor.health.thresholds import Thresholds
 from nbmonitor.health.view import HealthView
 from nbmonitor.health.window import (
@@ -361,6 +362,22 @@ TAIL_MIN_K = 10
 RETURN_STEPS = 100_000
 
 
+def _trailing_minima(seg: FloatArray, window: int) -> FloatArray:
+    """``sliding_window_view(seg, window).min(axis=1)`` (no NaN in ``seg``), in a few calls
+    when the windows overlap (fewer of them than ``window``): each is the minimum of the part
+    every window shares, the end of the part before it and the start of the part after it."""
+    k = seg.size - window + 1
+    if k > window:
+        least: FloatArray = sliding_window_view(seg, window).min(axis=1)
+        return least
+    least = np.full(k, seg[k - 1 : window].min())
+    if k > 1:
+        # Window j holds seg[j:k-1] before the shared part and seg[window:window+j] after it.
+        np.minimum(least[:-1], np.minimum.accumulate(seg[k - 2 :: -1])[::-1], out=least[:-1])
+        np.minimum(least[1:], np.minimum.accumulate(seg[window : window + k - 1]), out=least[1:])
+    return least
+
+
 class GradientSpike(Base):
     """One step whose total gradient norm is ``grad_spike_factor`` x the median of the steps
     before it (``window`` of them, at least ``min_history``) and above the run's starting
@@ -428,26 +445,30 @@ class GradientSpike(Base):
         lo = view.new_from - t.window
         seg = total[lo:-1] if lo >= 0 else np.concatenate((np.full(-lo, np.nan), total[:-1]))
         finite = np.isfinite(seg)
-        seen = np.concatenate(([0], np.cumsum(finite)))
-        count = seen[t.window :] - seen[: -t.window]  # finite norms in each row's window
         value = total[view.new_from :]
-        judged = (count >= t.min_history) & np.isfinite(value)
+        if finite.all():  # every window full (the usual case)
+            judged = np.isfinite(value) & (t.window >= t.min_history)
+            least = _trailing_minima(seg, t.window)
+        else:
+            seen = np.concatenate(([0], np.cumsum(finite)))
+            count = seen[t.window :] - seen[: -t.window]  # finite norms in each row's window
+            judged = (count >= t.min_history) & np.isfinite(value)
+            least = _trailing_minima(np.where(finite, seg, np.inf), t.window)
         if not judged.any():
             return nothing(rule)
         # A spike beats grad_spike_factor x the median of the finite norms before it, so that
         # factor x their least too: the medians (a sort per row) are taken for those rows only.
-        least = sliding_window_view(np.where(finite, seg, np.inf), t.window).min(axis=1)
         with np.errstate(divide="ignore", invalid="ignore"):
             rise = np.where(judged & (least > 0), np.log(value / least), np.nan)
+            candidate = judged & (value > t.grad_spike_factor * least) & (value > self._start)
+        if not candidate.any():
+            # No step beats the factor: none is a spike, whatever the run's tail would say.
+            self._note_tail(rise)
+            return clear(rule)
         bar = self._tail_bar()
         self._note_tail(rise)
         with np.errstate(invalid="ignore"):
-            rows = np.flatnonzero(
-                judged
-                & (value > t.grad_spike_factor * least)
-                & (value > self._start)
-                & (rise > bar)
-            )
+            rows = np.flatnonzero(candidate & (rise > bar))
         factor = np.full(value.size, np.nan)
         if rows.size:
             median, _ = row_medians(sliding_window_view(seg, t.window)[rows])
@@ -562,18 +583,21 @@ class VanishingGradients(Base):
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = recent / params[:, None]
         judged_mask = np.isfinite(recent).all(axis=1) & np.isfinite(params) & (params > 0)
-        zero = (recent == 0).all(axis=1)
         if _dead_modules(view, t.dead_fraction):
-            judged_mask &= ~zero  # dead units explain them: dead_units names the modules
+            # dead units explain them: dead_units names the modules
+            judged_mask &= ~(recent == 0).all(axis=1)
         held_mask = judged_mask & (ratio < t.vanish_ratio).all(axis=1)
+        if not held_mask.any():
+            return Outcome(rule, (), view.layer_judged(judged_mask), no_alerts, spreads=True)
         held_mask &= ~cancelled_biases(view.layer_names, held_mask, judged_mask)
         held = [view.layer_names[i] for i in np.flatnonzero(held_mask)]
         step = float(view.layer_step_col[-1])
-        worst = np.where(held_mask, ratio.max(axis=1, initial=-np.inf), np.nan)
         kinds = view.inp.module_kinds
 
         def make(new: list[str]) -> list[Alert]:
             index = view.layer_index()
+            zero = (recent == 0).all(axis=1)
+            worst = np.where(held_mask, ratio.max(axis=1, initial=-np.inf), np.nan)
             peak = max(float(worst[index[name]]) for name in new)
             where = layer_list(new, kinds)
             if all(zero[index[name]] for name in new):
@@ -617,7 +641,7 @@ def _shrinks_backwards(
     weights = [i for i, n in enumerate(names) if not n.endswith("bias") and judged[i]]
     if len(weights) < 3:
         return None
-    level = np.median(ratio[weights], axis=1)  # one call, not one a layer
+    level = _medians(ratio[weights])
     vanishing = [bool(held[i]) for i in weights]
     # A prefix: the input side vanished, the output side learns.
     k = vanishing.index(False) if False in vanishing else len(vanishing)
@@ -628,6 +652,20 @@ def _shrinks_backwards(
     if not (np.isfinite(rising).all() and (rising > 0).sum() >= 0.75 * rising.size):
         return None
     return float(level[0]), float(level[-1]), len(weights)
+
+
+def _medians(a: FloatArray) -> FloatArray:
+    """``np.median(a, axis=1)``, bit for bit, without its first call importing ``numpy.ma``
+    (tens of milliseconds holding the GIL on the sampler thread, so the training thread's)."""
+    cols = a.shape[1]
+    ordered = np.sort(a, axis=1)
+    if cols % 2:
+        median = ordered[:, cols // 2]
+    else:  # np.median's mean of the two middle values: their sum, halved
+        with np.errstate(over="ignore"):
+            median = np.add(ordered[:, cols // 2 - 1], ordered[:, cols // 2]) / 2
+    out: FloatArray = np.where(np.isnan(a).any(axis=1), np.nan, median)
+    return out
 
 
 def _vanishing_cause(
@@ -687,16 +725,29 @@ def cancelled_biases(names: Sequence[str], vanishing: BoolArray, judged: BoolArr
     by construction, not vanishing. A conv/linear bias right before a BatchNorm (the norm
     subtracts the batch mean, so the gradient reaching the bias sums to zero in every channel)
     is the common case; a module whose gradients vanish loses all its parameters' at once."""
-    out = np.zeros(len(names), dtype=bool)
     if not vanishing.any():
-        return out
-    learning: set[str] = set()
-    for i in np.flatnonzero(judged & ~vanishing).tolist():
-        learning.add(names[i].rpartition(".")[0])
-    for i in np.flatnonzero(vanishing).tolist():
-        module, _, leaf = names[i].rpartition(".")
-        out[i] = leaf == "bias" and bool(module) and module in learning
+        return np.zeros(len(names), dtype=bool)
+    module, bias = _modules(tuple(names))
+    learning = np.zeros(len(names) + 1, dtype=bool)  # by module number
+    learning[module[judged & ~vanishing]] = True
+    out: BoolArray = vanishing & bias & learning[module]
     return out
+
+
+@functools.lru_cache(maxsize=8)
+def _modules(names: tuple[str, ...]) -> tuple[IntArray, BoolArray]:
+    """Each parameter's module as a number (the same for the parameters of one module), and
+    whether it is the bias of a named module (read-only: shared between checks)."""
+    numbers: dict[str, int] = {}
+    module = np.empty(len(names), dtype=np.intp)
+    bias = np.empty(len(names), dtype=bool)
+    for i, name in enumerate(names):
+        owner, _, leaf = name.rpartition(".")
+        module[i] = numbers.setdefault(owner, len(numbers))
+        bias[i] = leaf == "bias" and bool(owner)
+    module.flags.writeable = False
+    bias.flags.writeable = False
+    return module, bias
 
 
 def _dead_modules(view: HealthView, fraction: float) -> bool:
