@@ -9,6 +9,7 @@ verdict plus whatever run-wide state its statistics need (a running maximum, a s
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -79,14 +80,22 @@ def always(_: str) -> bool:
     return True
 
 
+def no_alerts(_new: list[str]) -> list[Alert]:
+    """The ``make`` of an outcome that holds for no subject (never called)."""
+    return []
+
+
+@functools.cache
 def nothing(rule: str) -> Outcome:
-    """Nothing judged: no subject held, none cleared (no new data, or too little of it)."""
-    return Outcome(rule, (), never, lambda _new: [])
+    """Nothing judged: no subject held, none cleared (no new data, or too little of it). One
+    outcome per rule, made once: most rules say this on most passes."""
+    return Outcome(rule, (), never, no_alerts)
 
 
+@functools.cache
 def clear(rule: str) -> Outcome:
-    """Judged, and no subject holds: every subject the rule raised is clear."""
-    return Outcome(rule, (), always, lambda _new: [])
+    """Judged, and no subject holds: every subject the rule raised is clear (one per rule)."""
+    return Outcome(rule, (), always, no_alerts)
 
 
 def explains_of(rule: object) -> tuple[str, ...]:
@@ -113,5 +122,6 @@ __all__ = [
     "doc_of",
     "explains_of",
     "never",
+    "no_alerts",
     "nothing",
 ]

@@ -14,8 +14,11 @@ from benchmarks.numpy_calls import NumpyCalls, count_numpy
 from tests.health.synthetic import Run
 
 from nbmonitor.health import Health, HealthInput
+from nbmonitor.health import rule as rule_module
+from nbmonitor.health.rules import loss as loss_rules
 from nbmonitor.health.rules import time as time_rules
-from nbmonitor.health.rules.gradients import ExplodingGradients
+from nbmonitor.health.rules.gradients import ExplodingGradients, GradientSpike
+from nbmonitor.health.rules.loss import LossSpike
 from nbmonitor.health.view import HealthView
 from nbmonitor.records import OptimizerRecord
 
@@ -161,3 +164,69 @@ def test_exploding_skips_its_verdict_where_nothing_can_hold() -> None:
     run.add(16)  # quiet again, the episode open: whether fc3 was judged clear is asked
     assert health.check(run.input()) == []
     assert Counted.verdicts >= 1
+
+
+class Holds:
+    """A rule that holds for ``n`` layers at its first check and then has nothing new to
+    judge (``nothing``): an episode stays open over many subjects."""
+
+    name = "holds"
+
+    def __init__(self, thresholds: Any, n: int = 1) -> None:
+        self.n = n
+        self.checked = 0
+
+    def check(self, view: HealthView) -> Any:
+        self.checked += 1
+        if self.checked == 1:
+            names = [f"layer{i}" for i in range(self.n)]
+            return rule_module.Outcome(self.name, names, rule_module.always, lambda _new: [])
+        return rule_module.nothing(self.name)
+
+    def reset(self) -> None:
+        self.checked = 0
+
+
+def test_a_pass_with_nothing_judged_does_not_visit_the_open_episodes() -> None:
+    """A rule with nothing new to judge returns the one ``nothing`` outcome of its name, and
+    settling it does not walk the subjects of its open episode: a check runs as many lines of
+    the checker with 1,000 subjects open as with one."""
+    assert rule_module.nothing("holds") is rule_module.nothing("holds")
+    assert rule_module.clear("holds") is rule_module.clear("holds")
+    ran = []
+    for n in (1, 1000):
+        health = Health(rules=(lambda t, n=n: Holds(t, n),))
+        run = quiet_run()
+        health.check(timed(run.input()))
+        run.add(16)
+        ran.append(lines_run(health, timed(run.input()), "health/checker.py"))
+    assert ran[0] == ran[1], ran
+
+
+class CountedSpike(GradientSpike):
+    tails = 0
+
+    def _tail_bar(self) -> float:
+        CountedSpike.tails += 1
+        return super()._tail_bar()
+
+
+def test_the_spike_rules_skip_what_only_a_spike_needs() -> None:
+    """On quiet steps gradient_spike does not read the run's tail of rises (a partition of
+    1,024 values) and loss_spike takes one median (not the noise band's second) and no
+    windows' minima."""
+    CountedSpike.tails = 0
+    medians: list[int] = []
+    minima: list[int] = []
+    original_medians, original_sustained = loss_rules.row_medians, loss_rules.sustained
+    health, run = Health(rules=(CountedSpike, LossSpike)), quiet_run()
+    health.check(timed(run.input()))
+    run.add(16)  # one slice: the grid point at step 208
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(loss_rules, "row_medians", lambda a: medians.append(1) or original_medians(a))
+        patch.setattr(
+            loss_rules, "sustained", lambda *a, **k: minima.append(1) or original_sustained(*a, **k)
+        )
+        assert health.check(timed(run.input())) == []
+    assert CountedSpike.tails == 0
+    assert len(medians) == 1 and minima == []

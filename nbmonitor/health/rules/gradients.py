@@ -18,7 +18,7 @@ from nbmonitor.health import alert as subjects
 from nbmonitor.health.alert import Alert
 from nbmonitor.health.diagnose import cause_alert
 from nbmonitor.health.doc import SYMPTOM, RuleDoc
-from nbmonitor.health.rule import Base, Outcome, always, clear, never, nothing
+from nbmonitor.health.rule import Base, Outcome, always, clear, never, no_alerts, nothing
 from nbmonitor.health.thresholds import Thresholds
 from nbmonitor.health.view import HealthView
 from nbmonitor.health.window import (
@@ -37,10 +37,6 @@ TOTAL = "<total>"  # held subject of the total grad norm in exploding_gradients 
 # by explode_factor. A warm-up, or a model leaving its initialisation, lifts the norms over
 # tens of steps, and the steps just before are already high.
 NEAR_STEPS = 10
-
-
-def _no_alerts(_new: list[str]) -> list[Alert]:
-    return []
 
 
 def _true() -> bool:
@@ -592,7 +588,7 @@ class VanishingGradients(Base):
             judged_mask &= ~(recent == 0).all(axis=1)
         held_mask = judged_mask & (ratio < t.vanish_ratio).all(axis=1)
         if not held_mask.any():
-            return Outcome(rule, (), view.layer_judged(judged_mask), _no_alerts, spreads=True)
+            return Outcome(rule, (), view.layer_judged(judged_mask), no_alerts, spreads=True)
         held_mask &= ~cancelled_biases(view.layer_names, held_mask, judged_mask)
         held = [view.layer_names[i] for i in np.flatnonzero(held_mask)]
         step = float(view.layer_step_col[-1])

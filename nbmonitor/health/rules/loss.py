@@ -10,7 +10,7 @@ import numpy as np
 from nbmonitor.health import alert as subjects
 from nbmonitor.health.alert import Alert
 from nbmonitor.health.doc import SYMPTOM, RuleDoc
-from nbmonitor.health.rule import Base, Outcome, always, clear, never, nothing
+from nbmonitor.health.rule import Base, Outcome, always, clear, never, no_alerts, nothing
 from nbmonitor.health.thresholds import Thresholds
 from nbmonitor.health.view import HealthView
 from nbmonitor.health.window import FloatArray, dense, finite_or_nan, row_medians, sustained
@@ -55,10 +55,6 @@ def first_non_finite_row(view: HealthView, values: FloatArray) -> int | None:
     return view.new_from + int(hits[0]) if hits.size else None
 
 
-def _no_alerts(_new: list[str]) -> list[Alert]:
-    return []
-
-
 class NonFiniteLoss(Base):
     name = "loss_non_finite"
     doc = RuleDoc(
@@ -78,7 +74,7 @@ class NonFiniteLoss(Base):
         finite = np.isfinite(loss[view.new_from :])
         if finite.all():
             # Every new loss finite: none is the first non-finite one, and it is judged clear.
-            return Outcome(rule, (), always, _no_alerts)
+            return Outcome(rule, (), always, no_alerts)
         row = first_non_finite_row(view, loss)
         # Clear only on positive evidence: a finite loss among the new rows.
         seen_finite = bool(finite.any())
