@@ -76,8 +76,11 @@ class ColumnRows(Sequence[dict[str, Any]]):
     def cut(self, start: int, stop: int) -> ColumnRows:
         """Rows ``[start, stop)`` (0 <= start, stop <= len), the columns sliced."""
         stop = max(start, stop)
-        absent = {k: min(a - start, stop - start) for k, a in self.absent.items()}
-        return ColumnRows({k: v[start:stop] for k, v in self.columns.items()}, absent)
+        part = ColumnRows.__new__(ColumnRows)  # checked already: lengths and keys agree
+        part.columns = {k: v[start:stop] for k, v in self.columns.items()}
+        part.absent = {k: min(a - start, stop - start) for k, a in self.absent.items() if a > start}
+        part._len = stop - start  # noqa: SLF001 (made here, by its own class)
+        return part
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         keys = tuple(self.columns)

@@ -21,7 +21,7 @@ from nbmonitor._engine.assemble.steps import ALIKE_SLICE, TAKE_ROWS, StepAssembl
 from nbmonitor._engine.handover import HandOver
 from nbmonitor._engine.run_model import RunModel
 
-STEPS = 400
+STEPS = 1200  # more than two parts of rows (TAKE_ROWS) and many slices of records
 
 
 def test_slices_keep_order_and_size_and_pause_only_in_a_scheduled_tick():

@@ -44,10 +44,12 @@ SMOOTHING = 0.95
 # three records, 0.3-0.6 ms): each costs a tenth to a twentieth of one read record by record,
 # and a run has a cost of its own (numpy calls), so a slice holds 32 of those or this many.
 ALIKE_SLICE = 16 * SLICE
-# The most rows ``StepAssembler.take`` hands on in one part: rows cost alike however they were
-# read (2-4 us each to finish, cap and store: ~0.5-1 ms a part), and a part costs ~0.1-0.2 ms
-# whatever its size (a numpy call per column, the span log's statistics).
-TAKE_ROWS = 8 * SLICE
+# The most rows ``StepAssembler.take`` hands on in one part: rows of alike runs go on as
+# columns (about 1 us each to finish, cap, store and put in the outbox: ~0.5 ms a part), a
+# row read record by record costs about twice that (``ONE_BY_ONE``: it counts as two); and a
+# part costs ~0.1 ms whatever its size (a numpy call per column, the span log's statistics).
+TAKE_ROWS = 16 * SLICE
+ONE_BY_ONE = 2
 # The kinds of record that make a step's row.
 _ROWS = (StepRecord, LogRecord, StepColumns)
 
@@ -427,10 +429,11 @@ class StepAssembler:
             # The rows read one by one before the run, then the run up to the next of them.
             upto = len(final) if run is None else bisect.bisect_left(final, run.steps[0], at)
             if at < upto:
-                steps = final[at : min(upto, at + TAKE_ROWS - size)]
+                room = max(1, (TAKE_ROWS - size) // ONE_BY_ONE)
+                steps = final[at : min(upto, at + room)]
                 at += len(steps)
                 pieces.append(StepRows([self._finish(s, self._open.pop(s)) for s in steps]))
-                size += len(steps)
+                size += ONE_BY_ONE * len(steps)
             elif run is not None:
                 end = len(run)
                 if at < len(final) and final[at] < run.steps[-1]:
