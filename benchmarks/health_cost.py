@@ -32,6 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from nbmonitor.health import Health, HealthInput
+from numpy_calls import NumpyCalls, count_numpy
 from overhead import environment, make_task
 
 # What the pipeline gives a check (nbmonitor/_engine/pipeline.py), and its budget.
@@ -127,12 +128,47 @@ def window(run: dict[str, Any], n: int, rows: int) -> HealthInput:
     )
 
 
-def checked(run: dict[str, Any], every: int, budget_s: float) -> dict[str, Any]:
-    """The run checked every ``every`` steps; each check's CPU time and steps judged."""
+def timed_rules(health: Health) -> dict[str, float]:
+    """Wrap each rule's ``check`` and ``Health._settle`` to add their wall time (perf_counter:
+    ``thread_time`` costs tens of µs a call on a VM) into the returned mapping, in seconds."""
+    spent: dict[str, float] = {}
+    for rule in health.rules:
+        inner = rule.check
+
+        def check(view: Any, inner: Any = inner, name: str = rule.name) -> Any:
+            start = time.perf_counter()
+            try:
+                return inner(view)
+            finally:
+                spent[name] = spent.get(name, 0.0) + time.perf_counter() - start
+
+        rule.check = check  # type: ignore[method-assign]
+    settle = health._settle
+
+    def settled(outcome: Any, step: int) -> Any:
+        start = time.perf_counter()
+        try:
+            return settle(outcome, step)
+        finally:
+            spent["(settle)"] = spent.get("(settle)", 0.0) + time.perf_counter() - start
+
+    health._settle = settled  # type: ignore[method-assign]
+    return spent
+
+
+def checked(
+    run: dict[str, Any], every: int, budget_s: float, per_rule: bool = False, calls: bool = False
+) -> dict[str, Any]:
+    """The run checked every ``every`` steps; each check's CPU time and steps judged (with
+    ``per_rule``, each rule's wall time per pass, in µs, apart)."""
     health = Health()
     graded = "final" in inspect.signature(health.check).parameters
     passes = 0
     inner = health._check
+    by_rule = timed_rules(health) if per_rule else {}
+    counter = NumpyCalls()
+    if calls:
+        count_numpy(health, counter)
 
     def counted(inp: HealthInput) -> Any:
         nonlocal passes
@@ -169,9 +205,19 @@ def checked(run: dict[str, Any], every: int, budget_s: float) -> dict[str, Any]:
             judged.append(now - (since if graded else last))
         last = n
         alerts += [(a.rule, a.step) for a in found]
+    rules = {
+        name: round(1e6 * value / max(1, passes), 1)
+        for name, value in sorted(by_rule.items(), key=lambda kv: -kv[1])
+    }
     return {
         "every": every,
         "checks": len(cpu),
+        "passes_us_per_rule": rules,
+        "numpy_calls_per_pass": round(sum(counter.counts.values()) / max(1, passes), 1),
+        "numpy_calls_per_rule": {
+            name: round(n / max(1, passes), 1)
+            for name, n in sorted(counter.counts.items(), key=lambda kv: -kv[1])
+        },
         "passes": passes,
         "cpu_ms_median": 1e3 * statistics.median(cpu),
         "cpu_ms_p90": 1e3 * float(np.quantile(cpu, 0.9)),
@@ -192,6 +238,12 @@ def main() -> None:
     ap.add_argument("--every", type=int, nargs="+", default=[750, 7500])
     ap.add_argument("--layer-every", type=int, default=10)
     ap.add_argument("--budget-ms", type=float, default=BUDGET_S * 1e3)
+    ap.add_argument(
+        "--per-rule", action="store_true", help="each rule's wall time per pass (µs), apart"
+    )
+    ap.add_argument(
+        "--calls", action="store_true", help="count each rule's numpy calls per pass (slow)"
+    )
     ap.add_argument("--json", type=Path)
     ap.add_argument(
         "--recording",
@@ -204,13 +256,19 @@ def main() -> None:
     for task in args.tasks:
         run = recorded(task, args.steps, args.layer_every, args.recording)
         for every in args.every:
-            got = checked(run, every, args.budget_ms / 1e3)
+            got = checked(run, every, args.budget_ms / 1e3, args.per_rule, args.calls)
             got.update(task=task, layers=len(run["names"]), steps=args.steps)
             out["runs"].append(got)
-            shown = {k: v for k, v in got.items() if k != "alerts"}
+            apart = ("alerts", "passes_us_per_rule", "numpy_calls_per_rule")
+            shown = {k: v for k, v in got.items() if k not in apart}
             print(json.dumps({k: round(v, 3) if isinstance(v, float) else v
                               for k, v in shown.items()}), flush=True)  # fmt: skip
             print("  alerts:", got["alerts"][:10], flush=True)
+            if args.per_rule:
+                rules = got["passes_us_per_rule"]
+                print(f"  µs a pass: {sum(rules.values()):.0f};", rules, flush=True)
+            if args.calls:
+                print("  numpy calls a pass:", got["numpy_calls_per_rule"], flush=True)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1, default=str))
 

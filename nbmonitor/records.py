@@ -182,6 +182,135 @@ class StepRecord:
         return loss.values()[0]
 
 
+class PackedRow:
+    """One step's gradient values as a ``Pending``: ``head`` (float64, the squared norms a
+    ``NormLayout`` puts first; empty without) then ``tail`` (the rest, in their own dtype).
+    A step read out of ``StepColumns`` on its own (``StepColumns.record``) carries its norms so,
+    read the same way as the packed value it would have had."""
+
+    __slots__ = ("head", "tail")
+
+    def __init__(self, head: FloatArray, tail: npt.NDArray[np.floating[Any]]) -> None:
+        self.head = head
+        self.tail = tail
+
+    def ready(self) -> bool:
+        return True
+
+    def wait(self) -> None:
+        return None
+
+    def values(self) -> list[float]:
+        return self.array().tolist()  # type: ignore[no-any-return]
+
+    def floats(self) -> npt.NDArray[np.floating[Any]]:
+        return self.tail if not len(self.head) else self.array()
+
+    def array(self) -> FloatArray:
+        return np.concatenate((self.head, self.tail), dtype=np.float64)
+
+    def stack_alike(
+        self, values: Sequence[Pending]
+    ) -> tuple[FloatArray, npt.NDArray[np.floating[Any]] | None] | None:
+        if not all(isinstance(v, PackedRow) for v in values):
+            return None
+        rows: list[PackedRow] = values  # type: ignore[assignment]
+        return np.stack([r.head for r in rows]), np.stack([r.tail for r in rows])
+
+
+@dataclass(slots=True)
+class StepColumns:
+    """Consecutive steps written as columns by the training thread (``_capture/recorder.py``,
+    the common path: one row of each column a step, no record a step), as the sampler drained
+    them: one list (or one matrix) per field of ``StepRecord``, a row per step, in step order.
+
+    Every step in it is an ordinary one: not skipped, no param group added, its learning rates
+    and phases read already (floats), its loss (when the loop logged it alone after
+    ``step()``) a float or None, its gradient values (``norm_tail``, and ``norm_head`` for
+    the squared norms a layout puts first) on the host already. ``record(i)`` is row ``i`` as
+    the ``StepRecord`` it replaces."""
+
+    steps: list[int]
+    time: list[float]
+    step_time: list[float]
+    samples: list[int]
+    tokens: list[int]
+    micro_batches: list[int]
+    lrs: list[tuple[float, ...]]
+    phases: list[tuple[float, ...] | None]
+    loss: list[float | None]
+    clip_norm: list[Pending | None]
+    max_norm: list[float]
+    norm_head: FloatArray | None
+    norm_tail: npt.NDArray[np.floating[Any]] | None
+    norm_index: tuple[int, ...] | None
+    norms_layout: NormLayout | None
+
+    @property
+    def step(self) -> int:
+        """The first step (what the sampler orders records by)."""
+        return self.steps[0]
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def ready(self) -> bool:
+        return True
+
+    def wait(self) -> None:
+        return None
+
+    def record(self, i: int) -> StepRecord:
+        """Row ``i`` as the ``StepRecord`` it replaces (for a step the sampler reads on its own:
+        one that other records of the tick touch)."""
+        tail = self.norm_tail
+        norms: Pending | None = None
+        if tail is not None:
+            head = self.norm_head
+            norms = PackedRow(head[i] if head is not None else _NO_HEAD, tail[i])
+        return StepRecord(
+            self.steps[i],
+            self.time[i],
+            self.step_time[i],
+            self.samples[i],
+            self.micro_batches[i],
+            self.lrs[i],
+            norms,
+            self.norm_index,
+            self.norms_layout,
+            self.clip_norm[i],
+            self.max_norm[i],
+            tokens=self.tokens[i],
+            phases=self.phases[i],
+            loss=self.loss[i],
+        )
+
+    def cut(self, start: int, end: int) -> StepColumns:
+        """Rows ``[start, end)``."""
+        s = slice(start, end)
+        head, tail = self.norm_head, self.norm_tail
+        return StepColumns(
+            self.steps[s],
+            self.time[s],
+            self.step_time[s],
+            self.samples[s],
+            self.tokens[s],
+            self.micro_batches[s],
+            self.lrs[s],
+            self.phases[s],
+            self.loss[s],
+            self.clip_norm[s],
+            self.max_norm[s],
+            None if head is None else head[s],
+            None if tail is None else tail[s],
+            self.norm_index,
+            self.norms_layout,
+        )
+
+
+_NO_HEAD: FloatArray = np.empty(0, dtype=np.float64)
+
+
 # The columns of a step's row that nbmonitor measures (assemble/steps.py writes them), and
 # "lr_group<i>" for each param group after the first: a value logged under one of these names
 # would silently replace the measurement, so mon.log() refuses them.
@@ -411,6 +540,7 @@ class StructureRecord:
 
 Record = (
     StepRecord
+    | StepColumns
     | LogRecord
     | AuxRecord
     | FlopsRecord

@@ -39,7 +39,7 @@ from nbmonitor._capture.probes.grad_norms import GradNormProbe
 from nbmonitor._capture.probes.structure import StructureProbe, optimizer_facts
 from nbmonitor._capture.recorder import LogValueError, Recorder, make_log_record
 from nbmonitor.errors import ErrorLog, Guard, NonFiniteError
-from nbmonitor.records import LogRecord, StepRecord
+from nbmonitor.records import LogRecord
 
 # A hook that torch.compile runs as it is, untraced (torch.compiler.disable, typed here).
 _eager: Callable[[Callable[..., None]], Callable[..., None]] = torch.compiler.disable
@@ -742,27 +742,25 @@ class StepClock:
                 lrs = self._lrs  # _learning_rates(), its usual case written out
             else:
                 lrs = self._learning_rates(optimizer)
-        # The step's one record, held until the next step ends (Recorder.hold: a loss logged
-        # after step() is folded in; the one held before is put now). Positional, in the
-        # fields' order: a call with sixteen keywords costs more.
-        self.recorder.hold(
-            StepRecord(
-                ctx.step,
-                self._wall_clock() if wall is None else wall,
-                step_time,
-                self._samples,
-                ctx.micro,
-                lrs,
-                norms,
-                which,
-                layout,
-                clip_total,
-                max_norm,
-                skipped,
-                added,
-                self._tokens,
-                durations,
-            )
+        # The step's one row of columns (or record), held until the next step ends
+        # (Recorder.end_step: a loss logged after step() is folded in; the one held before is
+        # put now). Positional, in StepRecord's fields' order: keywords cost more.
+        self.recorder.end_step(
+            ctx.step,
+            self._wall_clock() if wall is None else wall,
+            step_time,
+            self._samples,
+            ctx.micro,
+            lrs,
+            norms,
+            which,
+            layout,
+            clip_total,
+            max_norm,
+            skipped,
+            added,
+            self._tokens,
+            durations,
         )
         self._last_end = now
         self._samples = 0

@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from nbmonitor.records import Pending
+from nbmonitor.records import PackedRow, Pending
 
 
 class DeviceValue:
@@ -257,6 +257,73 @@ class PinnedRing:
         values: list[float] = self._rows[row].tolist()
         self._busy[row] = False
         return values
+
+
+# The head of a row without squared norms first: one array for all (never written to).
+_NO_HEAD = np.empty(0, dtype=np.float64)
+_NO_HEAD.flags.writeable = False
+
+
+class HostRing:
+    """Rows of host memory a CPU step's gradient values are written straight into
+    (``torch.stack(norms, out=row)``, ``torch.cat(parts, out=row)``): no tensor, array or
+    value made for them a step. The step's row is ``row()``, the next one; the step clock's
+    recorder takes it for the step's columns (``commit``) or, for a step that goes as a record
+    of its own, copies it (``value``), and a later step writes the same row again.
+
+    One writer (the training thread: ``row``, ``commit``, ``head``) and one reader (the
+    sampler: ``read``, which frees the rows it read), rows used in order: ``seq`` rows were
+    committed, ``freed`` read. With none free (a sampler far behind) ``row()`` is None and
+    the caller packs the step's values the usual way. ``head`` holds the step's squared norms
+    read already as floats (``NormLayout.squared`` of them; empty without), which go with
+    the row's values."""
+
+    def __init__(self, width: int, dtype: torch.dtype, rows: int = 0) -> None:
+        self.width = width
+        self.dtype = dtype
+        size = torch.empty((), dtype=dtype).element_size()
+        rows = rows or max(16, min(RING_ROWS * 4, RING_BYTES // max(1, width * size)))
+        self.host: npt.NDArray[np.floating[Any]] = torch.empty((rows, width), dtype=dtype).numpy()
+        # The row views, made once (a slice made per step would be a torch call more).
+        self.rows = list(torch.from_numpy(self.host).unbind(0))
+        self.size = rows
+        self.seq = 0
+        self.freed = 0
+        self.head: list[float] = []
+
+    def row(self) -> torch.Tensor | None:
+        """The next row to write (that of the step in progress), None when none is free."""
+        seq = self.seq
+        if seq - self.freed >= self.size:
+            return None
+        return self.rows[seq % self.size]
+
+    def commit(self) -> int:
+        """The row written is the step's: its sequence number (rows are read in order)."""
+        seq = self.seq
+        self.seq = seq + 1
+        return seq
+
+    def value(self) -> PackedRow:
+        """The row written, copied, as the value of a step recorded on its own (no torch
+        call: numpy's copy)."""
+        row = self.host[self.seq % self.size]
+        head = self.head
+        return PackedRow(np.array(head, dtype=np.float64) if head else _NO_HEAD, row.copy())
+
+    def read(self, start: int, end: int) -> npt.NDArray[np.floating[Any]]:
+        """Rows ``[start, end)`` (sequence numbers, committed) as a matrix of their own; the
+        rows up to ``end`` are then free (sampler thread)."""
+        rows = self.size
+        a, b = start % rows, end % rows
+        if end - start == 0:
+            out = self.host[:0].copy()
+        elif a < b:
+            out = self.host[a:b].copy()
+        else:  # wrapped around the end
+            out = np.concatenate((self.host[a:], self.host[:b]))
+        self.freed = end
+        return out
 
 
 class RingValue(FromValues):

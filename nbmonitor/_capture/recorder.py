@@ -8,15 +8,18 @@ import collections
 import math
 from collections.abc import Mapping
 
+import numpy as np
 import torch
 
-from nbmonitor._capture.device_value import DeviceValue, to_device_value
+from nbmonitor._capture.device_value import DeviceValue, HostRing, to_device_value
 from nbmonitor.records import (
     MEASURED_KEYS,
     MEASURED_PREFIX,
     LogRecord,
+    NormLayout,
     Pending,
     Record,
+    StepColumns,
     StepRecord,
 )
 
@@ -134,13 +137,154 @@ def _add_number(record: LogRecord, key: str, value: object) -> None:
         ) from None
 
 
+class StepBlock:
+    """Consecutive ordinary steps written as columns by the training thread: a list per field
+    of ``StepRecord``, made ahead (``[x] * capacity``, grown by doubling) so that a step is a
+    store into each (no record, no call), the gradient values in consecutive rows of one
+    ``HostRing`` (``first`` the first's sequence number), read by the sampler in slices
+    (``take``). The steps are consecutive (``step`` the first); a column that does not vary in
+    the usual loop is kept only where the block's first step had it (``tokens``, ``phases``,
+    ``clip``/``max_norm``, ``heads``: None otherwise, and a step that differs starts another
+    block), and the learning rates only where they change (``lr_rows``).
+
+    ``w`` rows are written (the training thread's count); ``n`` of them published, readable by
+    the sampler (the last row written is held while the loop may still log its loss:
+    ``Recorder``). Once ``closed`` no row is added and ``n`` is final: whoever closes it sets
+    ``n`` first. ``taken`` rows were drained (the sampler's)."""
+
+    __slots__ = (
+        "cap", "clip", "closed", "first", "heads", "index", "layout", "loss", "lr_rows", "lrs",
+        "max_norm", "micro", "n", "phases", "ring", "samples", "step", "step_time", "taken",
+        "time", "tokens", "w",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        step: int,
+        ring: HostRing | None,
+        index: tuple[int, ...] | None,
+        layout: NormLayout | None,
+        lrs: tuple[float, ...],
+        *,
+        tokens: bool,
+        timed: bool,
+        clipped: bool,
+    ) -> None:
+        self.step = step
+        self.ring = ring
+        self.first = ring.seq if ring is not None else 0
+        self.index = index
+        self.layout = layout
+        cap = self.cap = FIRST_ROWS
+        nan = math.nan
+        self.time: list[float] = [nan] * cap
+        self.step_time: list[float] = [nan] * cap
+        self.samples: list[int] = [0] * cap
+        self.micro: list[int] = [0] * cap
+        self.loss: list[float | None] = [None] * cap
+        self.tokens: list[int] | None = [0] * cap if tokens else None
+        self.phases: list[tuple[float, ...] | None] | None = [None] * cap if timed else None
+        self.clip: list[Pending | None] | None = [None] * cap if clipped else None
+        self.max_norm: list[float] | None = [nan] * cap if clipped else None
+        # The squared norms read as floats first (a layout with dot products), a list a row.
+        squared = layout is not None and layout.squared
+        self.heads: list[list[float] | None] | None = [None] * cap if squared else None
+        # The learning rates from each row in lr_rows on (a tuple the clock hands again
+        # while none changes).
+        self.lrs = [lrs]
+        self.lr_rows = [0]
+        self.w = 0
+        self.n = 0
+        self.taken = 0
+        self.closed = False
+
+    def grow(self) -> None:
+        """Twice the room (training thread; the sampler reads only rows published before)."""
+        cap = self.cap
+        nan = math.nan
+        self.time += [nan] * cap
+        self.step_time += [nan] * cap
+        self.samples += [0] * cap
+        self.micro += [0] * cap
+        self.loss += [None] * cap
+        if self.tokens is not None:
+            self.tokens += [0] * cap
+        if self.phases is not None:
+            self.phases += [None] * cap
+        if self.clip is not None and self.max_norm is not None:
+            self.clip += [None] * cap
+            self.max_norm += [nan] * cap
+        if self.heads is not None:
+            self.heads += [None] * cap
+        self.cap = cap * 2
+
+    def ready(self) -> bool:
+        return True
+
+    def wait(self) -> None:
+        return None
+
+    def take(self, end: int) -> StepColumns:
+        """Rows ``[taken, end)`` (published) as the sampler reads them; their ring rows are free
+        once read (sampler thread)."""
+        start = self.taken
+        s = slice(start, end)
+        count = end - start
+        ring = self.ring
+        head = tail = None
+        if ring is not None:
+            tail = ring.read(self.first + start, self.first + end)
+            if self.heads is not None:
+                head = np.array(self.heads[s], dtype=np.float64)
+        self.taken = end
+        nan = math.nan
+        lrs: list[tuple[float, ...]] = []
+        changes, rows = list(self.lrs), list(self.lr_rows)
+        for i, (value, row) in enumerate(zip(changes, rows, strict=True)):
+            upto = rows[i + 1] if i + 1 < len(rows) else end
+            lrs += [value] * (min(upto, end) - max(row, start))  # (none when negative)
+        return StepColumns(
+            list(range(self.step + start, self.step + end)),
+            self.time[s],
+            self.step_time[s],
+            self.samples[s],
+            [0] * count if self.tokens is None else self.tokens[s],
+            self.micro[s],
+            lrs,
+            [None] * count if self.phases is None else self.phases[s],
+            self.loss[s],
+            [None] * count if self.clip is None else self.clip[s],
+            [nan] * count if self.max_norm is None else self.max_norm[s],
+            head,
+            tail,
+            self.index,
+            self.layout,
+        )
+
+
+def _floats(values: tuple[object, ...], width: int) -> bool:
+    """``width`` learning rates, each a float (read already)."""
+    if len(values) != width:
+        return False
+    for value in values:  # noqa: SIM110 (a loop: no generator made)
+        if type(value) is not float:
+            return False
+    return True
+
+
+# The rows a StepBlock's columns are made with, and its most (doubling in between): its lists
+# are dropped once it is read whole.
+FIRST_ROWS = 64
+BLOCK_ROWS = 4096
+
+
 class Recorder:
     """Append-only queue: the training thread puts, the sampler drains records that are ready.
 
     ``collections.deque`` appends and pops are atomic under the GIL, so the training thread
     takes no lock.
 
-    The newest step's record is **held** (``hold``) rather than put: the loop's
+    The newest step is **held** (``hold``, ``end_step``) rather than put: the loop's
     ``mon.log(loss=...)`` after ``optimizer.step()`` belongs to it and is folded into it
     (``fold_loss``), so that a step is one record. It is put when the next one is held (a
     step later: no call of its own a step), before any other record put (a value of its step
@@ -149,27 +293,74 @@ class Recorder:
     drain (a loop that stopped, or a step longer than a tick). A step that put records of its
     own (a sampled step's) is not held: it goes with them. Whoever pops it from ``_held`` (one
     atomic ``dict.pop``) owns it: the other side then finds nothing to fold into or to put.
+
+    **Steps as columns** (``end_step``): once a step ends with the one before it still held
+    (nothing put between: the usual loop), the steps are written as rows of a ``StepBlock``
+    in the queue instead of records, as long as they stay ordinary (see ``_fits``); what is
+    held is then the block's last row, published (``StepBlock.n``) when the next is held. A
+    record put closes the block (the queue keeps the order made); the next steps are records
+    again until two end in a row with nothing put between.
     """
 
     def __init__(self) -> None:
-        self._queue: collections.deque[Record] = collections.deque()
-        self._held: dict[int, StepRecord] = {}
-        # What the last drain found held: still held at the next, it is handed on there.
-        self._seen: StepRecord | None = None
+        self._queue: collections.deque[Record | StepBlock] = collections.deque()
+        self._held: dict[int, StepRecord | StepBlock] = {}
+        # What the last drain found held (and, for a block, its rows written then): still held
+        # at the next, it is handed on there.
+        self._seen: StepRecord | StepBlock | None = None
+        self._seen_rows = 0
         # A record of a later step than the last one ended was put: that step's record goes
         # with it at once, in the order the records were made (a sampled step's own records);
         # only a step that put nothing of its own is held.
         self._mixed = False
         self._ended = -1  # the step of the last step record held or put
+        # The training thread's: the block steps are written into (None: records), and
+        # whether what it put in _held is there still as far as it knows.
+        self._block: StepBlock | None = None
+        self._holding = False
 
     def __len__(self) -> int:
-        return len(self._queue) + len(self._held)
+        blocks = sum(b.w - b.taken for b in list(self._queue) if type(b) is StepBlock)
+        records = sum(type(b) is not StepBlock for b in list(self._queue))
+        held = self._held.get(0)
+        return records + blocks + (held is not None and type(held) is not StepBlock)
+
+    def _take_held(self) -> StepRecord | StepBlock | None:
+        """Take back what is held (training thread): a record is put, a block's last row
+        published; None when nothing was, or the sampler took it (which closed that block)."""
+        previous = self._held.pop(0, None)
+        if previous is None:
+            if self._holding:
+                self._block = None  # the sampler handed it on: its block is closed
+        elif type(previous) is StepBlock:
+            previous.n = previous.w
+        else:
+            self._queue.append(previous)
+        self._holding = False
+        return previous
+
+    def _close_block(self) -> None:
+        block = self._block
+        if block is not None:
+            self._block = None
+            block.n = block.w
+            block.closed = True
 
     def put(self, record: Record) -> None:
-        """Put ``record``, after the step record held (which can get nothing more now)."""
-        held = self._held.pop(0, None)
-        if held is not None:
-            self._queue.append(held)
+        """Put ``record``, after the step held (which can get nothing more now)."""
+        # _take_held() and _close_block(), written out: a loop that logs more than its loss
+        # puts a record a step.
+        previous = self._held.pop(0, None)
+        if previous is None:
+            if self._holding:
+                self._block = None  # the sampler handed it on: its block is closed
+        elif previous.__class__ is StepBlock:
+            previous.n = previous.w
+        else:
+            self._queue.append(previous)
+        self._holding = False
+        if self._block is not None:
+            self._close_block()
         self._queue.append(record)
         if record.step > self._ended:
             self._mixed = True
@@ -177,27 +368,149 @@ class Recorder:
     def hold(self, record: StepRecord) -> None:
         """Hold ``record`` (a step that just ended), putting the one held before it; a step
         that put records of its own is put at once, after them."""
-        held = self._held
-        previous = held.pop(0, None)
-        if previous is not None:
-            self._queue.append(previous)
+        self._take_held()
+        self._close_block()
         self._ended = record.step
         if self._mixed:
             self._mixed = False
             self._queue.append(record)
         else:
-            held[0] = record
+            self._held[0] = record
+            self._holding = True
+
+    def end_step(
+        self,
+        step: int,
+        time: float,
+        step_time: float,
+        samples: int,
+        micro_batches: int,
+        lrs: tuple[float | Pending, ...],
+        norms: Pending | HostRing | None,
+        norm_index: tuple[int, ...] | None,
+        norms_layout: NormLayout | None,
+        clip_norm: Pending | None,
+        max_norm: float,
+        skipped: bool,
+        groups_added: tuple[tuple[int, int, int], ...],
+        tokens: int,
+        phases: tuple[float, ...] | Pending | None,
+    ) -> None:
+        """A step ended with these values (``StepRecord``'s fields): a row of the block
+        steps are written into when it is ordinary, else a record; held either way. (Types
+        compared through ``__class__``: no call.)"""
+        # _take_held(), written out: one call less a step.
+        previous = self._held.pop(0, None)
+        if previous is None:
+            if self._holding:
+                self._block = None  # the sampler handed it on: its block is closed
+        elif previous.__class__ is StepBlock:
+            previous.n = previous.w
+        else:
+            self._queue.append(previous)
+        self._holding = False
+        self._ended = step
+        block = self._block
+        ring = norms if norms.__class__ is HostRing else None
+        if (
+            not self._mixed
+            and (block is not None or previous is not None)
+            # Ordinary: gradient values in a host ring's next row or none, phases read
+            # already, nothing else to tell.
+            and (ring is not None or (norms is None and clip_norm is None))
+            and not skipped
+            and not groups_added
+            and (phases is None or phases.__class__ is tuple)
+        ):
+            if block is not None and not (
+                block.ring is ring
+                and block.index is norm_index
+                and block.layout is norms_layout
+                and (block.tokens is None) is (not tokens)
+                and (block.phases is None) is (phases is None)
+                and (block.clip is None) is (clip_norm is None)
+                and (ring is None or ring.seq == block.first + block.w)
+                and (lrs is block.lrs[-1] or _floats(lrs, len(block.lrs[-1])))
+                and block.w < BLOCK_ROWS
+            ):
+                self._close_block()
+                block = None
+            if block is None and _floats(lrs, len(lrs)):
+                block = self._block = StepBlock(
+                    step,
+                    ring,
+                    norm_index,
+                    norms_layout,
+                    lrs,  # type: ignore[arg-type]
+                    tokens=bool(tokens),
+                    timed=phases is not None,
+                    clipped=clip_norm is not None,
+                )
+                self._queue.append(block)
+            if block is not None:
+                w = block.w
+                if w == block.cap:
+                    block.grow()
+                block.time[w] = time
+                block.step_time[w] = step_time
+                block.samples[w] = samples
+                block.micro[w] = micro_batches
+                if lrs is not block.lrs[-1]:
+                    block.lrs.append(lrs)  # type: ignore[arg-type]
+                    block.lr_rows.append(w)
+                if block.tokens is not None:
+                    block.tokens[w] = tokens
+                if block.phases is not None:
+                    block.phases[w] = phases
+                if block.clip is not None and block.max_norm is not None:
+                    block.clip[w] = clip_norm
+                    block.max_norm[w] = max_norm
+                if ring is not None:
+                    if block.heads is not None:
+                        block.heads[w] = ring.head
+                    ring.seq += 1  # the row written is the step's (HostRing.commit)
+                block.w = w + 1
+                self._held[0] = block
+                self._holding = True
+                return
+        if block is not None:
+            self._close_block()
+        if ring is not None:
+            norms = ring.value()
+        record = StepRecord(
+            step,
+            time,
+            step_time,
+            samples,
+            micro_batches,
+            lrs,
+            norms,  # type: ignore[arg-type]
+            norm_index,
+            norms_layout,
+            clip_norm,
+            max_norm,
+            skipped,
+            groups_added,
+            tokens,
+            phases,
+        )
+        if self._mixed:
+            self._mixed = False
+            self._queue.append(record)
+        else:
+            self._held[0] = record
+            self._holding = True
 
     def release(self) -> None:
-        """Put the record held, if any (its step can get no more values from the loop)."""
-        record = self._held.pop(0, None)
-        if record is not None:
-            self._queue.append(record)
+        """Put the step held, if any (its step can get no more values from the loop)."""
+        self._take_held()
 
     def held_step(self) -> int:
         """The step of the record held (-1: none)."""
-        record = self._held.get(0)
-        return -1 if record is None else record.step
+        held = self._held.get(0)
+        if held is None:
+            return -1
+        return held.step + held.w - 1 if type(held) is StepBlock else held.step
 
     def fold_loss(self, step: int, loss: float | Pending) -> bool:
         """Fold ``loss`` (logged alone for ``step``) into that step's held record; False when
@@ -205,34 +518,65 @@ class Recorder:
         held = self._held
         record = held.pop(0, None)
         if record is None:
+            if self._holding:  # the sampler handed it on
+                self._block = None
+                self._holding = False
             return False
-        if record.step != step or record.loss is not None:
-            held[0] = record
-            return False
-        record.loss = loss
+        if type(record) is StepBlock:
+            last = record.w - 1
+            if (
+                record.step + last != step
+                or record.loss[last] is not None
+                or type(loss) is not float
+            ):
+                held[0] = record
+                return False
+            record.loss[last] = loss
+        else:
+            if record.step != step or record.loss is not None:
+                held[0] = record
+                return False
+            record.loss = loss
         held[0] = record
         return True
 
     def drain(self, wait: bool = False) -> list[Record]:
-        """Records whose device values have landed, in order; stops at the first that has not.
+        """Records whose device values have landed, in order; stops at the first that has not
+        (and after a block still open: what the training thread puts next comes after it). A
+        block's published rows come as one ``StepColumns`` a drain.
 
         With ``wait=True`` (used by close()) it waits for every record instead, the held one
         included.
         """
         held = self._held.get(0)
-        if held is not None and (wait or held is self._seen):
-            taken = self._held.pop(0, None)  # None: the training thread took it meanwhile
-            if taken is not None:
-                self._queue.append(taken)
-            held = None
+        if held is not None:
+            rows = held.w if type(held) is StepBlock else 0
+            if wait or (held is self._seen and rows == self._seen_rows):
+                taken = self._held.pop(0, None)  # None: the training thread took it meanwhile
+                if type(taken) is StepBlock:
+                    taken.n = taken.w
+                    taken.closed = True
+                elif taken is not None:
+                    self._queue.append(taken)
+                held = None
+            self._seen_rows = rows
         self._seen = held
         out: list[Record] = []
         queue = self._queue
         while queue:
             head = queue[0]
+            if type(head) is StepBlock:
+                closed = head.closed  # before n: n is final once it is
+                end = head.n
+                if end > head.taken:
+                    out.append(head.take(end))
+                if not closed:
+                    break
+                queue.popleft()
+                continue
             if not head.ready():
                 if not wait:
                     break
                 head.wait()
-            out.append(queue.popleft())
+            out.append(queue.popleft())  # type: ignore[arg-type]
         return out

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from nbmonitor.runs.column_rows import ColumnRows
+
 # Columns of the live steps store, the measured ones (about ten) included: at most
 # 128 x ~1 MiB however many keys are logged.
 MAX_COLUMNS = 128
@@ -59,9 +61,14 @@ class ColumnCap:
     ) -> tuple[Sequence[dict[str, float]], Mapping[str, Sequence[float]]]:
         """``filter`` of ``rows`` given also as ``columns`` (keys in the rows' order, every row
         with every key but for some of the first rows' last key): the keys are checked once,
-        not row by row. The same objects when nothing is cut."""
+        not row by row. The same objects when nothing is cut; rows held as columns
+        (``ColumnRows``) stay so."""
         kept = self.kept
         if not self._admit([key for key in columns if key not in kept]):
             return rows, columns
+        if isinstance(rows, ColumnRows):
+            absent = {k: n for k, n in rows.absent.items() if k in kept}
+            cut = ColumnRows({k: v for k, v in rows.columns.items() if k in kept}, absent)
+            return cut, cut.columns
         rows = [{k: v for k, v in row.items() if k in kept} for row in rows]
         return rows, {k: v for k, v in columns.items() if k in kept}

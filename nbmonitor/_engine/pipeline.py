@@ -247,7 +247,7 @@ class Pipeline:
                 "later new keys are kept on disk only, not in history() or the dashboard "
                 "(nbmonitor.open(mon.run_dir).history() has every key)."
             )
-            step = int(rows[-1]["step"])
+            step = part.last_step
             self.add_alerts([Alert("columns_capped", "info", message, step, self.parts.clock())])
         return kept, columns
 

@@ -35,6 +35,7 @@ from nbmonitor.health.structure import StructureLog
 from nbmonitor.health.view import RankColumns
 from nbmonitor.memory import MemoryBreakdown
 from nbmonitor.records import PHASE_KEYS, OptimizerRecord
+from nbmonitor.runs.column_rows import ColumnRows
 from nbmonitor.sinks import Batch
 
 # The alerts a run keeps (the frame shows the newest few; the run log keeps every one).
@@ -113,7 +114,8 @@ class RunModel:
         has them (a run of alike steps: every row has every key, NaN where one lacks it),
         spare a pass per key over the rows. ``logged``: the rows as they were logged when
         ``rows`` keep only some of their keys (the live store's column cap): the sinks get
-        every key."""
+        every key. Rows held as columns (``ColumnRows``) reach the sinks as they are: no dict
+        is made per row here."""
         self.outbox.put("steps", rows if logged is None else logged)
         if not rows:
             return
@@ -366,11 +368,10 @@ class RunModel:
         return spells
 
 
-def _rows_of(columns: Mapping[str, FloatArray]) -> list[dict[str, float]]:
-    """Columns of equal length as rows (NaN where a row lacks a key, as a store reads)."""
-    keys = list(columns)
-    values = [np.asarray(columns[k], dtype=np.float64).tolist() for k in keys]
-    return [dict(zip(keys, row, strict=True)) for row in zip(*values, strict=True)]
+def _rows_of(columns: Mapping[str, FloatArray]) -> ColumnRows:
+    """Columns of equal length as rows (NaN where a row lacks a key, as a store reads), held
+    as columns: a row is made only for a sink that reads rows."""
+    return ColumnRows({k: np.asarray(v, dtype=np.float64).tolist() for k, v in columns.items()})
 
 
 def floats(row: Mapping[str, Any]) -> dict[str, float]:

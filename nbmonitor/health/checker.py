@@ -30,7 +30,7 @@ import numpy as np
 
 from nbmonitor.health.alert import Alert
 from nbmonitor.health.differential import Differential
-from nbmonitor.health.rule import Outcome, Rule, RuleFactory
+from nbmonitor.health.rule import Outcome, Rule, RuleFactory, never
 from nbmonitor.health.rules import RULES
 from nbmonitor.health.slices import cuts, until
 from nbmonitor.health.thresholds import Thresholds
@@ -176,8 +176,10 @@ class Health:
     def _settle(self, outcome: Outcome, step: int) -> list[Alert]:
         rule = outcome.rule
         active = self._active.get(rule)
-        if not outcome.held and not active:
-            return []  # nothing holds and nothing is waiting to be cleared (most rules)
+        if not outcome.held and (not active or outcome.judged is never):
+            # Nothing holds, and nothing is waiting to be cleared (most rules) or nothing was
+            # judged (no new data): no subject changes.
+            return []
         if active is None:
             active = self._active[rule] = {}
         held = set(outcome.held)

@@ -9,6 +9,7 @@ verdict plus whatever run-wide state its statistics need (a running maximum, a s
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -25,7 +26,10 @@ class Outcome:
 
     rule: str
     held: Sequence[str]  # subjects for which the rule holds now
-    judged: Callable[[str], bool]  # whether a subject was judged (held or clear) this time
+    # Whether a subject was judged (held or clear) this time. ``Health`` asks it only for the
+    # subjects of an open episode (rarely any), so a rule that cannot hold may leave the
+    # verdict it would take to answer it to the call.
+    judged: Callable[[str], bool]
     make: Callable[[list[str]], list[Alert]]  # alerts for the subjects that newly hold
     # The subjects are parts of one model (layers) whose condition spreads from one to the
     # next: subjects that join soon after an alert are the same episode (``Health._settle``).
@@ -76,14 +80,22 @@ def always(_: str) -> bool:
     return True
 
 
+def no_alerts(_new: list[str]) -> list[Alert]:
+    """The ``make`` of an outcome that holds for no subject (never called)."""
+    return []
+
+
+@functools.cache
 def nothing(rule: str) -> Outcome:
-    """Nothing judged: no subject held, none cleared (no new data, or too little of it)."""
-    return Outcome(rule, (), never, lambda _new: [])
+    """Nothing judged: no subject held, none cleared (no new data, or too little of it). One
+    outcome per rule, made once: most rules say this on most passes."""
+    return Outcome(rule, (), never, no_alerts)
 
 
+@functools.cache
 def clear(rule: str) -> Outcome:
-    """Judged, and no subject holds: every subject the rule raised is clear."""
-    return Outcome(rule, (), always, lambda _new: [])
+    """Judged, and no subject holds: every subject the rule raised is clear (one per rule)."""
+    return Outcome(rule, (), always, no_alerts)
 
 
 def explains_of(rule: object) -> tuple[str, ...]:
@@ -110,5 +122,6 @@ __all__ = [
     "doc_of",
     "explains_of",
     "never",
+    "no_alerts",
     "nothing",
 ]

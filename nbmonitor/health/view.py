@@ -5,8 +5,9 @@ check, and the reference window before them)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
@@ -14,6 +15,8 @@ from nbmonitor.health.adapters import Adapters
 from nbmonitor.health.structure import Structure
 from nbmonitor.health.window import BoolArray, FloatArray
 from nbmonitor.records import OptimizerRecord
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -148,8 +151,27 @@ class HealthView:
         self.layer_ref_from = max(0, self.layer_new_from - window)
         self.has_new_layers = self.layer_new_from < self.layer_step_col.size
         self._index: dict[str, int] | None = None
+        # What the rules read alike, made once per check (``shared``).
+        self._shared: dict[Hashable, Any] = {}
+        self.made = 0  # how many shared values were made (the tests count them)
+
+    def shared(self, key: Hashable, make: Callable[[], T]) -> T:
+        """``make()``, made once for this check and shared by every rule that asks for the
+        same ``key`` (a primitive several rules read over the same columns: a column's
+        windows' minima, its reference median, the steps that ran apart from the monitor).
+        What ``make`` returns is read, never modified."""
+        try:
+            return cast(T, self._shared[key])
+        except KeyError:
+            self.made += 1
+            value = self._shared[key] = make()
+            return value
 
     def column(self, key: str) -> FloatArray | None:
+        """The step column ``key`` as float64 (None when absent or of another length)."""
+        return self.shared(("column", key), lambda: self._column(key))
+
+    def _column(self, key: str) -> FloatArray | None:
         values = self.inp.steps.get(key)
         if values is None or len(values) != self.step_col.size:
             return None

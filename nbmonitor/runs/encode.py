@@ -29,13 +29,22 @@ One encoder per stream (its key sets recur); any thread, one call at a time.
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from nbmonitor.runs.decode import Columns, FloatArray, Sparse, to_columns
+from nbmonitor.runs.column_rows import ColumnRows, RowParts
+from nbmonitor.runs.decode import (
+    Columns,
+    FloatArray,
+    IntArray,
+    Sparse,
+    _floats,
+    to_columns,
+)
 from nbmonitor.runs.format import JSON_ENCODER
 
 # Key sets a stream's encoder remembers (with a template once seen twice), and the keys they
@@ -102,7 +111,26 @@ class LineEncoder:
         """``rows`` as JSON Lines bytes (one line each, the bytes of ``encode_lines``), and
         with ``columns`` their float64 columns (``to_columns``'s). With ``pause``, rows are
         encoded ``every`` at a time with ``pause()`` between (a live run lets the training
-        thread take the GIL there). TypeError/ValueError as the json encoder raises them."""
+        thread take the GIL there). TypeError/ValueError as the json encoder raises them.
+
+        ``rows`` held as columns (``ColumnRows``, parts of them in a ``RowParts``) are encoded
+        from their columns when their values are all floats: the same bytes and columns, no
+        dict per row."""
+        if isinstance(rows, RowParts):
+            # Each part as it is: a line depends on its row alone.
+            made = []
+            for i, part in enumerate(rows.parts):
+                if i and pause is not None:
+                    pause()
+                made.append(self.encode(part, columns=columns, pause=pause, every=every))
+            data = b"".join(d for d, _ in made)
+            if not columns:
+                return data, None
+            return data, _columns_of_parts(rows.parts)
+        if isinstance(rows, ColumnRows):
+            got = self._from_columns(rows, columns, pause, every)
+            if got is not None:
+                return got
         taken = _Taken() if columns else None
         if pause is None or len(rows) <= every:
             text = self._lines(rows, taken)
@@ -119,6 +147,57 @@ class LineEncoder:
         if None in taken.templates:
             return data, to_columns(rows)
         return data, _columns(taken)
+
+    def _from_columns(
+        self,
+        rows: ColumnRows,
+        columns: bool,
+        pause: Callable[[], None] | None,
+        every: int,
+    ) -> tuple[bytes, Columns | None] | None:
+        """``encode`` of rows held as columns: each run of rows of one key set by its
+        template, one ``template % values`` a row straight from the columns. None when a
+        value is not exactly a float or a key not a str (then row by row, the json encoder's
+        way)."""
+        cols = rows.columns
+        if any(set(map(type, col)) - {float} for col in cols.values()):
+            return None
+        out: list[str] = []
+        done = 0  # rows encoded since the last pause
+        for start, stop, keys in rows.spans():
+            template = self._template(keys) or self._template(keys)  # made the second time
+            if template is None:  # a key that is not a str
+                return None
+            whole = start == 0 and stop == len(rows)
+            part = [cols[k] if whole else cols[k][start:stop] for k in keys]
+            text = template.text
+            values: Iterator[tuple[float, ...]] = (
+                zip(*part, strict=True) if part else itertools.repeat((), stop - start)
+            )
+            lines: list[str] = []
+            if pause is None or len(rows) <= every:
+                lines = list(map(text.__mod__, values))
+            else:
+                while len(lines) < stop - start:
+                    if done == every:
+                        pause()
+                        done = 0
+                    take = min(every - done, stop - start - len(lines))
+                    lines += map(text.__mod__, itertools.islice(values, take))
+                    done += take
+            # The non-finite values (rare): a column whose sum is not finite holds one.
+            spelled = {
+                i
+                for col in part
+                if not math.isfinite(sum(col))
+                for i, v in enumerate(col)
+                if not math.isfinite(v)
+            }
+            for i in sorted(spelled):
+                lines[i] = template.spell(lines[i], tuple(col[i] for col in part))
+            out.append("".join(lines))
+        data = "".join(out).encode()  # ASCII: the keys were escaped, the values are floats
+        return data, (_columns_of(rows) if columns else None)
 
     def _template(self, keys: tuple[object, ...]) -> _Template | None:
         templates = self._templates
@@ -160,6 +239,81 @@ class LineEncoder:
             if taken is not None:
                 taken.templates.append(None)
         return "".join(out)
+
+
+def _columns_of_parts(parts: Sequence[Sequence[Mapping[str, object]]]) -> Columns:
+    """``to_columns`` of the rows of ``parts`` (lists of rows, ``ColumnRows``) one after the
+    other, bit for bit, without a dict per row of the parts held as columns: which rows hold
+    each key, and their values, part by part."""
+    where: dict[str, list[IntArray]] = {}
+    values: dict[str, list[Any]] = {}
+    at = 0
+    for part in parts:
+        n = len(part)
+        if isinstance(part, ColumnRows):
+            absent = part.absent
+            for key in sorted(part.columns, key=lambda k: absent.get(k, 0)):
+                lacking = absent.get(key, 0)
+                if lacking >= n:
+                    continue
+                col = part.columns[key]
+                where.setdefault(key, []).append(np.arange(at + lacking, at + n, dtype=np.int64))
+                values.setdefault(key, []).extend(col[lacking:] if lacking else col)
+        else:
+            rows: dict[str, list[int]] = {}
+            for i, row in enumerate(part):
+                for key, value in row.items():
+                    if key in rows:
+                        rows[key].append(at + i)
+                        values[key].append(value)
+                    else:
+                        rows[key] = [at + i]
+                        values.setdefault(key, []).append(value)
+            for key, got in rows.items():
+                where.setdefault(key, []).append(np.array(got, dtype=np.int64))
+        at += n
+    dense: dict[str, FloatArray] = {}
+    sparse: dict[str, Sparse] = {}
+    for key, vs in values.items():
+        col = _floats(vs)
+        if len(vs) == at:
+            dense[key] = col
+            continue
+        idx = np.concatenate(where[key])
+        if 2 * len(vs) < at:
+            sparse[key] = (idx, col)
+        else:
+            full = np.full(at, np.nan)
+            full[idx] = col
+            dense[key] = full
+    return Columns(at, dense, sparse, list(values))
+
+
+def _columns_of(rows: ColumnRows) -> Columns:
+    """``to_columns`` of rows held as columns (all floats), bit for bit: keys in the order the
+    rows first hold them, NaN where a row lacks a key, a key in fewer than half the rows
+    sparse, one NaN."""
+    n, absent = len(rows), rows.absent
+    dense: dict[str, FloatArray] = {}
+    sparse: dict[str, Sparse] = {}
+    order = sorted(rows.columns, key=lambda k: absent.get(k, 0))  # stable: first-seen order
+    order = [k for k in order if absent.get(k, 0) < n]  # a key no row holds is not a column
+    for key in order:
+        lacking = absent.get(key, 0)
+        values = rows.columns[key]
+        col = np.array(values if not lacking else values[lacking:], dtype=np.float64)
+        nan = np.isnan(col)
+        if nan.any():
+            col[nan] = np.nan
+        if not lacking:
+            dense[key] = col
+        elif 2 * (n - lacking) < n:
+            sparse[key] = (np.arange(lacking, n, dtype=np.int64), col)
+        else:
+            full = np.full(n, np.nan)
+            full[lacking:] = col
+            dense[key] = full
+    return Columns(n, dense, sparse, order)
 
 
 def _block(values: list[tuple[float, ...]]) -> FloatArray:

@@ -54,6 +54,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import IO
 
+from nbmonitor.runs.column_rows import ColumnRows, row_parts
 from nbmonitor.runs.decode import Columns
 from nbmonitor.runs.encode import LineEncoder
 from nbmonitor.runs.format import (
@@ -94,7 +95,13 @@ WRITER_TIMEOUT_S = 10.0
 def _values(streams: object) -> int:
     """Values (rows x keys of each stream's first row) in a batch's streams."""
     assert isinstance(streams, collections.abc.Iterable)
-    return sum(len(rows) * len(rows[0]) for rows in streams if rows)
+    total = 0
+    for rows in streams:
+        if rows:
+            first = row_parts(rows)[0]  # rows held as columns: no row made to count its keys
+            width = len(first.columns) if isinstance(first, ColumnRows) else len(first[0])
+            total += len(rows) * width
+    return total
 
 
 def _dir_id(path: pathlib.Path) -> tuple[int, int]:

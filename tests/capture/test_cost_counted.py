@@ -172,11 +172,11 @@ def test_python_calls_per_step(tmp_path: Path, log: bool, py_ceiling: int, c_cei
 
 
 # Objects the garbage collector tracks that a step leaves behind (monitored minus plain, the
-# sampler not draining): the step's one record and what it holds (the phases' tuple, the
-# norms' DeviceValue and the tensor of their 1-D part); temporaries do not count. Each one
-# left alive until the sampler's tick counts towards the collections the loop pays, and is
-# promoted by them (benchmarks/NOTES.md, "The garbage collector").
-OBJECTS_KEPT_PER_STEP = 4
+# sampler not draining): the phases' tuple, the one thing of its own a step keeps in its row of
+# columns (no record, no DeviceValue: the norms are written into a HostRing row); temporaries
+# do not count. Each one left alive until the sampler's tick counts towards the collections
+# the loop pays, and is promoted by them (benchmarks/NOTES.md, "The garbage collector").
+OBJECTS_KEPT_PER_STEP = 1
 
 
 def _objects_kept(tmp: Path, monitored: bool) -> collections.Counter[str]:
@@ -200,20 +200,23 @@ def test_objects_kept_per_step(tmp_path: Path) -> None:
     kept = _objects_kept(tmp_path / "monitored", True) - plain
     per_step = sum(kept.values()) / STEPS
     assert per_step <= OBJECTS_KEPT_PER_STEP, f"{per_step} objects kept per step: {dict(kept)}"
-    # The step's one record (its phases and its loss folded in): nothing else a step.
-    assert kept["StepRecord"] == STEPS
-    assert kept["PhaseRecord"] == kept["LogRecord"] == 0
+    # The step's one row of columns (its phases and its loss folded in): no record a step.
+    assert kept["StepRecord"] == kept["PhaseRecord"] == kept["LogRecord"] == 0
+    assert kept["DeviceValue"] == kept["Tensor"] == 0
 
 
 def test_records_and_hooks_at_defaults(tmp_path: Path) -> None:
     step, mon = _loop(tmp_path, True)
     clock = mon.internals.clock()
     clock.recorder.release()
-    before = len(clock.recorder._queue)
+    queue = clock.recorder._queue
+    before, block = len(queue), clock.recorder._block
+    assert block is not None and block is queue[-1]  # the steps go into columns
+    rows = block.w
     for _ in range(STEPS):
         step()
-    clock.recorder.release()  # the last step's record, held for a loss logged after it
-    kinds = collections.Counter(type(r).__name__ for r in list(clock.recorder._queue)[before:])
+    clock.recorder.release()  # the last step's row, held for a loss logged after it
+    kinds = collections.Counter(type(r).__name__ for r in list(queue)[before:])
     model = clock._model_ref()
     opt = clock.optimizer
     modules = list(model.modules())
@@ -226,10 +229,13 @@ def test_records_and_hooks_at_defaults(tmp_path: Path) -> None:
         "optimizer": len(opt._optimizer_step_pre_hooks) + len(opt._optimizer_step_post_hooks),
     }
     mon.close()
-    # One record a step: the step, its phases and the loss logged after it folded in.
-    assert kinds == {"StepRecord": STEPS}
-    records = list(clock.recorder._queue)[before:]
-    assert all(isinstance(r.loss, float) and len(r.phases) == 5 for r in records)
+    # One row of columns a step, no record: the step, its phases and the loss logged after it
+    # folded in.
+    assert kinds == {} and clock.recorder._block is block
+    assert block.w == block.n == rows + STEPS
+    assert block.phases is not None
+    assert all(isinstance(block.loss[i], float) for i in range(rows, rows + STEPS))
+    assert all(len(block.phases[i] or ()) == 5 for i in range(rows, rows + STEPS))
     # The root module's two hooks (per-module hooks only for sampled steps or opt-in probes),
     # the one gradient that marks the backward's end, the optimizer's two.
     assert hooks == {

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from nbmonitor._capture.device_value import DeviceValue
+from nbmonitor._capture.device_value import DeviceValue, HostRing
 from nbmonitor._capture.probes.grad_norms import DOT_MIN_NUMEL, NormPass, cpu_plan
 from nbmonitor._engine.assemble.steps import StepAssembler
 from nbmonitor.records import NormLayout, StepRecord, squared_norms, squared_norms_split
@@ -46,8 +46,10 @@ def expected_squares(params: list[torch.nn.Parameter], index: tuple[int, ...]) -
 
 
 def unpacked(npass: NormPass) -> tuple[np.ndarray, tuple[int, ...]]:
-    value, index, layout = npass.take()
-    assert value is not None
+    taken, index, layout = npass.take()
+    # On the CPU the values are written into the next row of the pass's HostRing.
+    value = taken.value() if isinstance(taken, HostRing) else taken
+    assert value is not None and not isinstance(value, tuple)
     owners = index if index is not None else tuple(range(len(npass.params)))
     return squared_norms(value.array(), layout), owners
 
@@ -141,8 +143,10 @@ def test_dot_products_are_read_at_once_and_the_rest_on_the_sampler() -> None:
     # biases' copy is kept as it is (nbmonitor made it, nothing can change it) and read later.
     params = [param(256, 256), param(256), param(4), param(3), param(2)]
     give_grads(params)
-    value, _, layout = NormPass(params).take()
-    assert value is not None and layout is not None
+    npass = NormPass(params)
+    npass.host = None  # packed as a step recorded on its own is (no HostRing row)
+    value, _, layout = npass.take()
+    assert isinstance(value, DeviceValue) and layout is not None
     assert value._head is not None and len(value._head) == layout.squared == 1
     assert value._array is None and value._owned is not None and value._owned.dim() == 1
 
@@ -160,8 +164,8 @@ def test_norms_hold_no_autograd_graph() -> None:
     assert npass.plan is not None and npass.plan.concat  # four biases: the cat path too
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        value, _, _ = npass.take()
-    assert value is not None and value._owned is not None
+        value, _, _ = npass.take()  # (not into a HostRow row: out= refuses a graph)
+    assert isinstance(value, DeviceValue) and value._owned is not None
     assert not value._owned.requires_grad
 
 
@@ -221,11 +225,12 @@ def test_a_tick_unpacks_its_parts_as_each_step_alone() -> None:
     # result must be what each step's own values give (dots, foreach norms, raw values).
     params = mixed_params()
     npass = NormPass(params)
+    npass.host = None  # packed as steps recorded on their own are
     values = []
     for _ in range(3):
         give_grads(params)
         value, _, layout = npass.take()
-        assert value is not None and layout is not None
+        assert isinstance(value, DeviceValue) and layout is not None
         values.append(value)
     split = values[0].stack_alike(values)
     assert split is not None and split[1] is not None

@@ -15,6 +15,7 @@ import torch
 
 import nbmonitor
 from nbmonitor._capture import intercept
+from nbmonitor._capture.device_value import HostRing
 from nbmonitor._capture.inputs import batch_size, forward_counts, token_count
 from nbmonitor._capture.probes.base import due, due_thin, next_due
 from nbmonitor._capture.probes.memory import MemoryProbe
@@ -35,8 +36,8 @@ def _model() -> torch.nn.Module:
 def watched(
     tmp_path: Path,
 ) -> Iterator[Watched]:
-    """A monitor (no ticks) and every record its training thread puts (or holds: a step's
-    record, Recorder.hold), in order."""
+    """A monitor (no ticks) and every record its training thread puts (or ends a step with,
+    Recorder.end_step, as a StepRecord), in order."""
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     mon = nbmonitor.attach(
@@ -50,14 +51,18 @@ def watched(
         seen.append(record)
         put(record)
 
-    hold = recorder.hold
+    end_step = recorder.end_step
 
-    def held(record: StepRecord) -> None:
-        seen.append(record)
-        hold(record)
+    def ended(*fields: Any) -> None:
+        # A step's values, as the StepRecord they would be (whether they go as one or as a
+        # row of columns); gradient values in a HostRing row copied as they stand.
+        norms = fields[6]
+        value = norms.value() if isinstance(norms, HostRing) else norms
+        seen.append(StepRecord(*fields[:6], value, *fields[7:]))
+        end_step(*fields)
 
     recorder.put = keep
-    recorder.hold = held
+    recorder.end_step = ended
     try:
         yield mon, model, opt, seen
     finally:

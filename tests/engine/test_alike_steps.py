@@ -32,6 +32,7 @@ from nbmonitor.records import (
     SpanRecord,
     StepRecord,
 )
+from nbmonitor.runs.encode import LineEncoder
 from nbmonitor.runs.format import encode_lines
 
 
@@ -233,6 +234,7 @@ def run(
     wait for the next, and a late record of one of their steps joins it."""
     assembler = StepAssembler(device=lambda: device)  # a known device: MFU is a number
     model, cap = RunModel(), ColumnCap(limit)
+    encoder = LineEncoder()
     rows: list[str] = []
     jsonl = b""
     peeks: list[list[str]] = []
@@ -244,6 +246,8 @@ def run(
         for part in assembler.take(everything=last) if i not in untaken else ():
             rows += [repr(list(r.items())) for r in part.rows]
             jsonl += encode_lines(part.rows)  # steps.jsonl's bytes
+            # The run log's encoder, from the columns when the rows are held so: those bytes.
+            assert encoder.encode(part.rows)[0] == encode_lines(part.rows)
             if part.columns is not None:
                 check_columns(part)
                 kept, columns = cap.filter_columns(part.rows, part.columns)

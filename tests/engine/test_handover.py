@@ -21,7 +21,7 @@ from nbmonitor._engine.assemble.steps import ALIKE_SLICE, TAKE_ROWS, StepAssembl
 from nbmonitor._engine.handover import HandOver
 from nbmonitor._engine.run_model import RunModel
 
-STEPS = 400
+STEPS = 1200  # more than two parts of rows (TAKE_ROWS) and many slices of records
 
 
 def test_slices_keep_order_and_size_and_pause_only_in_a_scheduled_tick():
@@ -100,6 +100,7 @@ def test_a_scheduled_tick_handles_at_most_a_slice_of_records_between_hand_overs(
                 work[kind] = 0
 
         add, add_rows, read = StepAssembler.add, RunModel.add_step_rows, alike.read
+        read_columns = alike.read_columns
 
         def counted_add(self: StepAssembler, records: list[Any]) -> None:
             work["records"] += share * len(records)
@@ -114,6 +115,16 @@ def test_a_scheduled_tick_handles_at_most_a_slice_of_records_between_hand_overs(
                 total["alike"] += len(records)
             return got
 
+        def counted_columns(cols: Any, *args: Any) -> Any:
+            # Steps written as columns (records.StepColumns): a row counts as a record of an
+            # alike run.
+            got = read_columns(cols, *args)
+            if got is not None:
+                work["records"] += len(cols)
+                total["records"] += len(cols)
+                total["alike"] += len(cols)
+            return got
+
         def counted_rows(self: RunModel, rows: Any, columns: Any = None, **kw: Any) -> None:
             work["rows"] += len(rows)
             total["rows"] += len(rows)
@@ -121,6 +132,7 @@ def test_a_scheduled_tick_handles_at_most_a_slice_of_records_between_hand_overs(
 
         monkeypatch.setattr(StepAssembler, "add", counted_add)
         monkeypatch.setattr(alike, "read", counted_read)
+        monkeypatch.setattr(alike, "read_columns", counted_columns)
         monkeypatch.setattr(RunModel, "add_step_rows", counted_rows)
         pipeline.hand_over.pause = pause
         pipeline.tick(paced=True)

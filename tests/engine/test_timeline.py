@@ -129,3 +129,15 @@ def test_the_summary_median_is_statistics_median_to_the_bit(n):
     assert spans_module._median(values) == statistics.median(values)
     ties = collections.deque([0.1, 0.2] * n)
     assert spans_module._median(ties) == statistics.median(ties)
+
+
+def test_the_summary_median_window_is_the_last_values_however_they_came() -> None:
+    rng = np.random.default_rng(7)
+    stats, kept = spans_module._Stats("phase"), collections.deque(maxlen=spans_module.MEDIAN_WINDOW)
+    for size in [3, 700, 1, 1, 2000, *([1] * 150), 5, 1024, *([2] * 40)]:
+        values = rng.lognormal(-5, 1, size)
+        stats.add(values)
+        kept.extend(values.tolist())
+        assert stats.window().tolist() == list(kept)
+        assert len(stats.recent) <= spans_module.MEDIAN_CHUNKS
+        assert stats.row("data", 1.0)["median_s"] == statistics.median(kept)

@@ -18,16 +18,18 @@ if TYPE_CHECKING:
     import torch
     from torch.utils.hooks import RemovableHandle
 
-    from nbmonitor._capture.device_value import DeviceValue
+    from nbmonitor._capture.device_value import DeviceValue, HostRing
     from nbmonitor._capture.recorder import Recorder
     from nbmonitor.errors import Guard
     from nbmonitor.records import NormLayout
 
 # A step's gradient norms until the step ends: values, parameter index, layout (NormPass.take);
 # on CUDA the values are the tuple of one _foreach_norm's results, crossed at the step's end
-# (StepContext.cross).
+# (StepContext.cross); on the CPU the HostRing whose next row holds them.
 PendingNorms = tuple[
-    "DeviceValue | tuple[torch.Tensor, ...] | None", "tuple[int, ...] | None", "NormLayout | None"
+    "DeviceValue | HostRing | tuple[torch.Tensor, ...] | None",
+    "tuple[int, ...] | None",
+    "NormLayout | None",
 ]
 NO_NORMS: PendingNorms = (None, None, None)
 

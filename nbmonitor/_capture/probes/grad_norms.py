@@ -27,7 +27,7 @@ import numpy.typing as npt
 import torch
 from torch import _foreach_norm
 
-from nbmonitor._capture.device_value import DeviceValue, PinnedRing, RingValue
+from nbmonitor._capture.device_value import DeviceValue, HostRing, PinnedRing, RingValue
 from nbmonitor._capture.probes.base import ProbeBase, StepContext
 from nbmonitor._names import name_list
 from nbmonitor.errors import Guard, NonFiniteError
@@ -82,6 +82,9 @@ class CpuPlan:
     # The parameter each unpacked norm belongs to; one tuple for every step, made once here.
     order: tuple[int, ...] = field(init=False, compare=False)
 
+    # How many values follow the squared norms: the rest's norms, then the concatenated ones.
+    tail_width: int = 0
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "order", self.dots + self.rest + self.concat)
 
@@ -118,7 +121,8 @@ def cpu_plan(params: list[torch.nn.Parameter]) -> CpuPlan | None:
         return None  # the general path is already a single call
     layout = NormLayout(len(dots), len(rest), tuple(starts))
     dtype = norm_dtype([params[i] for i in rest])
-    return CpuPlan(tuple(dots), tuple(rest), tuple(concat), layout, dtype)
+    width = len(rest) + (offset if concat else 0)
+    return CpuPlan(tuple(dots), tuple(rest), tuple(concat), layout, dtype, width)
 
 
 def _dot_readable(p: torch.nn.Parameter) -> bool:
@@ -130,7 +134,9 @@ class NormPass:
 
     On CUDA (``deferred``) a step's norms are one ``_foreach_norm``, left on the device as its
     list of results: the step clock crosses them at the step's end, with the loss its backward
-    started from, in one ``stack`` and one copy into a ``PinnedRing`` row (``cross``)."""
+    started from, in one ``stack`` and one copy into a ``PinnedRing`` row (``cross``). On the
+    CPU they are written straight into the next row of a ``HostRing`` (``host``), which the
+    step's columns take (``Recorder.end_step``); with no row free, packed the usual way."""
 
     def __init__(self, params: list[torch.nn.Parameter], defer: bool = True) -> None:
         self.params = params
@@ -149,6 +155,15 @@ class NormPass:
         devices = {p.device for p in params}
         self.deferred = self._defer and len(devices) == 1 and next(iter(devices)).type == "cuda"
         self.ring, self._nan = None, None
+        # On the CPU, with every parameter's gradient: a row of this ring a step.
+        self.host: HostRing | None = None
+        if self._defer and devices == {torch.device("cpu")}:
+            plan = self.plan
+            if plan is None:
+                self.host = HostRing(len(params), self.dtype) if params else None
+            elif plan.tail_width:
+                # torch.cat's dtype: the rest's norms', or the concatenated float32 values'.
+                self.host = HostRing(plan.tail_width, plan.dtype if plan.rest else torch.float32)
 
     def cross(
         self, norms: tuple[torch.Tensor, ...], extra: torch.Tensor | None
@@ -175,9 +190,11 @@ class NormPass:
         return DeviceValue(stacked[: len(norms)]), False
 
     def take(
-        self,
+        self, into_row: bool = True
     ) -> tuple[
-        DeviceValue | tuple[torch.Tensor, ...] | None, tuple[int, ...] | None, NormLayout | None
+        DeviceValue | HostRing | tuple[torch.Tensor, ...] | None,
+        tuple[int, ...] | None,
+        NormLayout | None,
     ]:
         """The packed values, the parameter each belongs to (None: all, in order) and how to
         unpack them (None: they are norms); ``(None, None, None)`` without gradients.
@@ -189,15 +206,17 @@ class NormPass:
         if params and (params[0].dtype, params[0].device) != self._planned_for:
             self._replan()
         try:
-            return self._take(params)
+            return self._take(params, into_row)
         except (RuntimeError, NotImplementedError):
             self._replan()
-            return self._take(params)
+            return self._take(params, into_row)
 
     def _take(
-        self, params: list[torch.nn.Parameter]
+        self, params: list[torch.nn.Parameter], into_row: bool = True
     ) -> tuple[
-        DeviceValue | tuple[torch.Tensor, ...] | None, tuple[int, ...] | None, NormLayout | None
+        DeviceValue | HostRing | tuple[torch.Tensor, ...] | None,
+        tuple[int, ...] | None,
+        NormLayout | None,
     ]:
         grads = [g for p in params if (g := p.grad) is not None]
         if not grads:
@@ -211,6 +230,30 @@ class NormPass:
             which = tuple(i for i, p in enumerate(params) if p.grad is not None)
             return grad_norms(grads, self.dtype), which, None
         plan = self.plan
+        host = self.host
+        # HostRing.row(), written out: the step's row, unless none is free.
+        if into_row and host is not None and host.seq - host.freed < host.size:
+            row = host.rows[host.seq % host.size]
+            try:
+                if plan is None:
+                    torch.stack(_foreach_norm(grads, 2, dtype=self.dtype), out=row)
+                    return host, None, None
+                # _take_cpu()'s values, written into the row (one call less a step).
+                if plan.dots:
+                    flat = self._flat
+                    host.head = [
+                        torch.dot(f, f).item() for f in [flat(grads[i], -1) for i in plan.dots]
+                    ]
+                else:
+                    host.head = NO_HEAD
+                tail = [grads[i] for i in plan.concat]
+                if plan.rest:
+                    rest = _foreach_norm([grads[i] for i in plan.rest], 2, dtype=plan.dtype)
+                    tail.insert(0, torch.stack(rest))
+                torch.cat(tail, out=row)
+                return host, plan.order, plan.layout
+            except (RuntimeError, NotImplementedError):
+                pass  # a sparse or non-contiguous gradient: the ways below
         if plan is not None:
             try:
                 value = _take_cpu(grads, plan, self._flat)
@@ -218,7 +261,7 @@ class NormPass:
                 if self._flat is torch.Tensor.view:
                     # A non-contiguous gradient (channels_last): reshape from now on.
                     self._flat = torch.Tensor.reshape
-                    return self._take(params)
+                    return self._take(params, into_row)
                 # a sparse or odd gradient this step: the general path below
             else:
                 return value, plan.order, plan.layout
@@ -269,19 +312,25 @@ class GradNormProbe(ProbeBase):
 
     def clip(self, ctx: StepContext) -> None:
         # Before clip_grad_norm_ scales them: the norms grad_norm means (intercept.py).
-        ctx.norms = self.norm_pass.take()
+        recorder = ctx.recorder
+        # Into a HostRing row only when the step can be a row of columns (Recorder.end_step:
+        # a block is open or the last step is held); else packed as a record's value at once.
+        ctx.norms = self.norm_pass.take(recorder._block is not None or 0 in recorder._held)  # noqa: SLF001
         ctx.cross = self.norm_pass.cross
 
     def pre_step(self, ctx: StepContext) -> None:
         if not ctx.clips:
-            ctx.norms = self.norm_pass.take()
+            recorder = ctx.recorder
+            ctx.norms = self.norm_pass.take(recorder._block is not None or 0 in recorder._held)  # noqa: SLF001
             ctx.cross = self.norm_pass.cross
         # Checked here, not at the clip: a GradScaler's inf step never reaches the optimizer.
         if self.raise_non_finite:
             self._raise_if_non_finite(ctx)
 
     def _raise_if_non_finite(self, ctx: StepContext) -> None:
-        norms, index, layout = ctx.norms
+        taken, index, layout = ctx.norms
+        # (A HostRing is not used in this mode: NormPass keeps none then.)
+        norms = taken.value() if isinstance(taken, HostRing) else taken
         if norms is None or isinstance(norms, tuple):
             return
         norms.wait()  # opt-in: raise mode synchronises by design

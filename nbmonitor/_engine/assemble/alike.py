@@ -25,7 +25,12 @@ from typing import Any
 
 import numpy as np
 
-from nbmonitor._engine.assemble.step_norms import LayerNorms, alike_groups, read_norms
+from nbmonitor._engine.assemble.step_norms import (
+    LayerNorms,
+    alike_groups,
+    read_matrix,
+    read_norms,
+)
 from nbmonitor._engine.derive.mfu import StepFlops
 from nbmonitor.records import (
     FROM_BACKWARD,
@@ -35,6 +40,7 @@ from nbmonitor.records import (
     MemoryRecord,
     Record,
     SpanRecord,
+    StepColumns,
     StepRecord,
 )
 
@@ -247,32 +253,8 @@ def _measured(
         return None
     if any(skipped) or any(added):
         return None
-    values["time"] = list(time)
-    values["step_time"] = list(step_time)
-    values["micro_batches"] = list(map(float, micro))
-    nan = math.nan
-    for key, counted in (("samples", samples), ("tokens", tokens)):
-        none = counted.count(0)  # as `if record.samples:` (ints)
-        if none == n:
-            continue
-        if none:
-            return None
-        values[key] = list(map(float, counted))
-        values[f"{key}_per_s"] = [
-            c / t if t > 0 else nan for c, t in zip(counted, step_time, strict=True)
-        ]
-    if flops is not None:
-        rates = flops.step_columns(tokens, samples, step_time)
-        if rates is None:
-            return None
-        values.update(rates)
-    width_lr = len(lrs[0])
-    if set(map(len, lrs)) != {width_lr}:
+    if not _scalars(values, n, time, step_time, samples, tokens, micro, lrs, flops):
         return None
-    for i, column in enumerate(zip(*lrs, strict=True)):
-        values["lr" if i == 0 else f"lr_group{i}"] = [
-            lr if isinstance(lr, float) else lr.values()[0] for lr in column
-        ]
     layer_norms: list[LayerNorms] = []
     without = sum(v is None for v in norms)
     if without != n:
@@ -284,11 +266,62 @@ def _measured(
             totals += total
             layer_norms.append(read_)
         values["grad_norm"] = totals
+    if not _clipped(values, n, clip, max_norm):
+        return None
+    return values, layer_norms
+
+
+def _scalars(
+    values: dict[str, list[float]],
+    n: int,
+    time: Sequence[float],
+    step_time: Sequence[float],
+    samples: Sequence[int],
+    tokens: Sequence[int],
+    micro: Sequence[int],
+    lrs: Sequence[tuple[Any, ...]],
+    flops: StepFlops | None,
+) -> bool:
+    """The columns from a StepRecord's plain fields into ``values``, in the row's order;
+    False if the steps are not alike."""
+    values["time"] = list(time)
+    values["step_time"] = list(step_time)
+    values["micro_batches"] = list(map(float, micro))
+    nan = math.nan
+    for key, counted in (("samples", samples), ("tokens", tokens)):
+        none = counted.count(0)  # as `if record.samples:` (ints)
+        if none == n:
+            continue
+        if none:
+            return False
+        values[key] = list(map(float, counted))
+        values[f"{key}_per_s"] = [
+            c / t if t > 0 else nan for c, t in zip(counted, step_time, strict=True)
+        ]
+    if flops is not None:
+        rates = flops.step_columns(tokens, samples, step_time)
+        if rates is None:
+            return False
+        values.update(rates)
+    width_lr = len(lrs[0])
+    if set(map(len, lrs)) != {width_lr}:
+        return False
+    for i, column in enumerate(zip(*lrs, strict=True)):
+        values["lr" if i == 0 else f"lr_group{i}"] = [
+            lr if isinstance(lr, float) else lr.values()[0] for lr in column
+        ]
+    return True
+
+
+def _clipped(
+    values: dict[str, list[float]], n: int, clip: Sequence[Any], max_norm: Sequence[float]
+) -> bool:
+    """What clip_grad_norm_ returned replaces the norm from the per-parameter ones; False if
+    the steps are not alike."""
     unclipped = sum(v is None for v in clip)
     if unclipped != n:
         if unclipped:
-            return None
-        # What clip_grad_norm_ returned replaces the norm from the per-parameter ones.
+            return False
         totals = [v.values()[0] for v in clip]
         values["grad_norm"] = totals
         finite = sum(map(math.isfinite, max_norm))
@@ -297,8 +330,58 @@ def _measured(
                 min(1.0, m / (t + 1e-6)) for m, t in zip(max_norm, totals, strict=True)
             ]
         elif finite:
+            return False
+    return True
+
+
+def read_columns(cols: StepColumns, flops: StepFlops | None, taken: Any = ()) -> AlikeSteps | None:
+    """``read`` of steps written as columns (``records.StepColumns``: every one ordinary, no
+    other record of theirs in the tick): the same columns as their records would give; None
+    when they are not alike after all (the caller reads them as records). Changes nothing."""
+    steps = cols.steps
+    n = len(steps)
+    if taken and not set(steps).isdisjoint(taken):
+        return None
+    values: dict[str, list[float]] = {}
+    try:
+        phases = cols.phases
+        if phases[0] is not None:
+            values.update(zip(PHASE_KEYS, map(list, zip(*phases, strict=True)), strict=True))
+        if not _scalars(
+            values,
+            n,
+            cols.time,
+            cols.step_time,
+            cols.samples,
+            cols.tokens,
+            cols.micro_batches,
+            cols.lrs,
+            flops,
+        ):
             return None
-    return values, layer_norms
+        layer_norms: list[LayerNorms] = []
+        tail = cols.norm_tail
+        if tail is not None:
+            head = cols.norm_head
+            layout = cols.norms_layout
+            if head is None and layout is not None:
+                head = np.empty((n, 0), dtype=np.float64)
+            totals, norms = read_matrix(tuple(steps), head, tail, layout, cols.norm_index)
+            values["grad_norm"] = totals
+            layer_norms.append(norms)
+        if not _clipped(values, n, cols.clip_norm, cols.max_norm):
+            return None
+    except Exception:  # a value that cannot be read: the record-by-record path reports it
+        return None
+    losses = cols.loss
+    unlogged = losses.count(None)
+    if unlogged == n:
+        return AlikeSteps(list(steps), values, {}, {}, -1, layer_norms)
+    if unlogged or "loss" in values or not all(type(v) is float for v in losses):
+        return None
+    # As steps._Row.add_logged: from 0.0.
+    sums = {"loss": [0.0 + v for v in losses]}  # type: ignore[operator]
+    return AlikeSteps(list(steps), values, sums, {"loss": 1}, LOGGED, layer_norms)
 
 
 def _phases(

@@ -19,9 +19,12 @@ import numpy as np
 
 from nbmonitor._engine.frame import GanttBar
 from nbmonitor.records import PHASE_KEYS, PHASES, Record, SpanRecord
+from nbmonitor.runs.column_rows import ColumnRows
 
 # Durations kept per name for the median (the other statistics cover every value).
 MEDIAN_WINDOW = 1024
+# The most arrays those durations are kept in before they are joined into one.
+MEDIAN_CHUNKS = 64
 # Spans and step rows kept for the gantt of the last steps.
 RECENT_SPANS = 4096
 RECENT_STEPS = 64
@@ -53,9 +56,10 @@ class _Stats:
     squares: float = 0.0
     low: float = math.inf
     high: float = -math.inf
-    recent: collections.deque[float] = field(
-        default_factory=lambda: collections.deque(maxlen=MEDIAN_WINDOW)
-    )
+    # The last MEDIAN_WINDOW values (at least), as the arrays they came in, oldest first: not
+    # a float object per value (a tick of a fast loop brings a thousand per phase).
+    recent: collections.deque[np.ndarray] = field(default_factory=collections.deque)
+    held: int = 0  # values in recent
 
     def add(self, values: Iterable[float] | np.ndarray) -> None:
         # One numpy pass per batch of values: a tick brings hundreds of steps.
@@ -63,12 +67,45 @@ class _Stats:
         v = v[np.isfinite(v)]
         if not v.size:
             return
+        self.take(v, float(v.sum()), float(v.min()), float(v.max()))
+
+    def take(self, v: np.ndarray, total: float, low: float, high: float) -> None:
+        """Count the finite values ``v`` (not empty), whose sum, least and largest are given."""
         self.count += int(v.size)
-        self.total += float(v.sum())
+        self.total += total
         self.squares += float(np.dot(v, v))
-        self.low = min(self.low, float(v.min()))
-        self.high = max(self.high, float(v.max()))
-        self.recent.extend(v[-MEDIAN_WINDOW:].tolist())
+        self.low = min(self.low, low)
+        self.high = max(self.high, high)
+        recent = self.recent
+        recent.append(v[-MEDIAN_WINDOW:])  # not the caller's array: a copy, or a row of one
+        self.held += len(recent[-1])
+        while self.held - len(recent[0]) >= MEDIAN_WINDOW:
+            self.held -= len(recent.popleft())
+        if len(recent) > MEDIAN_CHUNKS:  # many small batches (spans one at a time): one
+            last = np.concatenate(recent)[-MEDIAN_WINDOW:]
+            recent.clear()
+            recent.append(last)
+            self.held = len(last)
+
+    @staticmethod
+    def add_rows(stats: Sequence[_Stats], block: np.ndarray) -> None:
+        """``stats[i].add(block[i])`` for every row of ``block`` (the phases of a part of
+        steps), with one numpy call per statistic for all the rows when every value is
+        finite (a numpy reduction costs microseconds whatever its size): the same sums."""
+        if not block.shape[1]:
+            return
+        if not np.isfinite(block).all():
+            for stat, row in zip(stats, block, strict=True):
+                stat.add(row)
+            return
+        totals = block.sum(axis=1).tolist()  # each row's pairwise sum, as row.sum() makes it
+        lows, highs = block.min(axis=1).tolist(), block.max(axis=1).tolist()
+        for stat, row, total, low, high in zip(stats, block, totals, lows, highs, strict=True):
+            stat.take(row, total, low, high)
+
+    def window(self) -> np.ndarray:
+        """The last ``MEDIAN_WINDOW`` values, oldest first."""
+        return np.concatenate(self.recent)[-MEDIAN_WINDOW:] if self.recent else np.empty(0)
 
     def row(self, name: str, run_time: float) -> dict[str, object]:
         n = self.count
@@ -80,7 +117,7 @@ class _Stats:
             "kind": self.kind,
             "count": n,
             "mean_s": mean,
-            "median_s": _median(self.recent),
+            "median_s": _median(self.window()),
             "std_s": math.sqrt(var),
             "min_s": self.low,
             "max_s": self.high,
@@ -89,11 +126,13 @@ class _Stats:
         }
 
 
-def _median(values: collections.deque[float]) -> float:
+def _median(values: np.ndarray | Iterable[float]) -> float:
     """``statistics.median(values)``, to the bit, with numpy's sort (a sort of a thousand
     Python floats per phase per frame is most of the timeline's summary); not np.median,
     which imports numpy.ma on first use."""
-    ordered = np.sort(np.fromiter(values, dtype=np.float64, count=len(values)))
+    if not isinstance(values, np.ndarray):
+        values = np.fromiter(values, dtype=np.float64)
+    ordered = np.sort(values)
     i = ordered.size // 2
     if ordered.size % 2:
         return float(ordered[i])
@@ -108,7 +147,10 @@ class SpanLog:
         self.version = 0
         self._stats: dict[str, _Stats] = {}
         self._run_time = 0.0  # the sum of step_time: what "% of run" is a share of
-        self._steps: collections.deque[Mapping[str, float]] = collections.deque(maxlen=RECENT_STEPS)
+        # The last steps' rows that hold phases, as the parts they came in (rows held as
+        # columns stay so: the gantt makes the few rows it shows), newest last.
+        self._steps: collections.deque[Sequence[Mapping[str, float]]] = collections.deque()
+        self._steps_held = 0  # rows in _steps
         self._spans: collections.deque[Mapping[str, object]] = collections.deque(
             maxlen=RECENT_SPANS
         )
@@ -125,17 +167,38 @@ class SpanLog:
         self.version += 1
         nan = math.nan
         if columns is not None:
-            times = columns.get("step_time", np.full(len(rows), nan))
+            times = columns.get("step_time")
+            if times is None:
+                times = np.full(len(rows), nan)
         else:
             times = np.array([row.get("step_time", nan) for row in rows], dtype=np.float64)
         self._run_time += float(times[np.isfinite(times)].sum())
-        for name, key in zip(PHASES, PHASE_KEYS, strict=True):
-            if columns is not None:
-                if key in columns:
-                    self._stat(name, "phase").add(columns[key])
-            elif key in rows[-1] or key in rows[0]:
-                self._stat(name, "phase").add([row.get(key, nan) for row in rows])
-        self._steps.extend(r for r in rows[-RECENT_STEPS:] if PHASE_KEYS[1] in r)
+        if columns is not None:
+            held = [
+                (name, key) for name, key in zip(PHASES, PHASE_KEYS, strict=True) if key in columns
+            ]
+            if held:
+                block = np.array([columns[key] for _, key in held], dtype=np.float64)
+                _Stats.add_rows([self._stat(name, "phase") for name, _ in held], block)
+        else:
+            for name, key in zip(PHASES, PHASE_KEYS, strict=True):
+                if key in rows[-1] or key in rows[0]:
+                    self._stat(name, "phase").add([row.get(key, nan) for row in rows])
+        if isinstance(rows, ColumnRows):  # every row has the key, but for the first few
+            if PHASE_KEYS[1] in rows.columns:
+                lacking = rows.absent.get(PHASE_KEYS[1], 0)
+                self._keep_steps(rows.cut(max(lacking, len(rows) - RECENT_STEPS), len(rows)))
+        else:
+            self._keep_steps([r for r in rows[-RECENT_STEPS:] if PHASE_KEYS[1] in r])
+
+    def _keep_steps(self, rows: Sequence[Mapping[str, float]]) -> None:
+        """Keep ``rows`` as the newest of the last ``RECENT_STEPS`` steps with phases."""
+        if not rows:
+            return
+        self._steps.append(rows)
+        self._steps_held += len(rows)
+        while self._steps_held - len(self._steps[0]) >= RECENT_STEPS:
+            self._steps_held -= len(self._steps.popleft())
 
     def add_step_columns(self, columns: Mapping[str, np.ndarray]) -> None:
         """A whole steps stream read at once (a replay): the same as its rows."""
@@ -150,10 +213,12 @@ class SpanLog:
         for name, key in zip(PHASES, PHASE_KEYS, strict=True):
             if key in columns:
                 self._stat(name, "phase").add(columns[key].tolist())
+        recent = []
         for i in range(max(0, n - RECENT_STEPS), n):
             row = {k: float(columns[k][i]) for k in keys}
             if any(math.isfinite(row.get(k, math.nan)) for k in PHASE_KEYS):
-                self._steps.append(row)
+                recent.append(row)
+        self._keep_steps(recent)
 
     def add_spans(self, rows: Iterable[Mapping[str, object]]) -> None:
         self.version += 1
@@ -185,7 +250,11 @@ class SpanLog:
     def gantt(self, steps: int = GANTT_STEPS) -> tuple[GanttBar, ...]:
         """The last ``steps`` steps: their phases (laid out in order back from each step's
         end) and the spans that fell in them, on one track per nesting depth and thread."""
-        shown = list(self._steps)[-steps:]
+        shown: list[Mapping[str, float]] = []
+        for part in reversed(self._steps):  # the last steps' rows, made of the newest parts
+            if len(shown) >= steps:
+                break
+            shown[:0] = part[len(part) - min(len(part), steps - len(shown)) :]
         spans = list(self._spans)
         last = [int(r["step"]) for r in shown]
         for span in spans[-1:]:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from nbmonitor.records import StepRecord, squared_norms, squared_norms_split
+from nbmonitor.records import NormLayout, StepRecord, squared_norms, squared_norms_split
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,20 +57,40 @@ def read_norms(records: Sequence[StepRecord]) -> tuple[list[float], LayerNorms]:
     first = records[0]
     layout = first.norms_layout
     split = values[0].stack_alike(values) if layout is not None else None
+    steps = tuple(record.step for record in records)
     if split is not None and layout is not None:
-        squares = squared_norms_split(*split, layout)
+        return read_matrix(steps, split[0], split[1], layout, first.norm_index)
+    matrix = _stacked([v.floats() for v in values])
+    return read_matrix(steps, None, matrix, layout, first.norm_index)
+
+
+def read_matrix(
+    steps: tuple[int, ...],
+    head: npt.NDArray[np.floating[Any]] | None,
+    tail: npt.NDArray[np.floating[Any]] | None,
+    layout: NormLayout | None,
+    index: tuple[int, ...] | None,
+) -> tuple[list[float], LayerNorms]:
+    """``read_norms`` of steps whose values are rows of matrices already: ``head`` the squared
+    norms a layout puts first (None: the rows of ``tail`` hold them too, or there are none),
+    ``tail`` the rest."""
+    if layout is None:
+        assert tail is not None
+        squares = squared_norms(tail, None)
+    elif head is not None:
+        squares = squared_norms_split(head, tail, layout)
     else:
-        matrix = _stacked([v.floats() for v in values])
-        squares = squared_norms(matrix, layout)
+        assert tail is not None
+        squares = squared_norms(tail, layout)
     # The total norm from the per-tensor ones; NaN/Inf in any of them carries through.
     totals: list[float] = np.sqrt(squares.sum(axis=1)).tolist()
     if layout is None:
-        norms = matrix.astype(np.float64, copy=False)
+        assert tail is not None
+        norms = tail.astype(np.float64, copy=False)
     else:
         norms = np.sqrt(squares, out=squares)
-    steps = tuple(record.step for record in records)
     finite = np.all(np.isfinite(norms), axis=1, keepdims=True)[:, 0]
-    return totals, LayerNorms(steps, norms, first.norm_index, finite)
+    return totals, LayerNorms(steps, norms, index, finite)
 
 
 def _stacked(rows: list[npt.NDArray[np.floating[Any]]]) -> npt.NDArray[np.floating[Any]]:

@@ -14,6 +14,8 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from nbmonitor._engine.assemble import alike
 from nbmonitor._engine.assemble.alike import AlikeSteps
 from nbmonitor._engine.assemble.step_norms import LayerNorms, alike_groups, read_norms
@@ -29,9 +31,11 @@ from nbmonitor.records import (
     OptimizerRecord,
     Pending,
     Record,
+    StepColumns,
     StepRecord,
     StructureRecord,
 )
+from nbmonitor.runs.column_rows import ColumnRows
 
 # Exponential smoothing of the loss for display (about a 20-step window), debiased like Adam so
 # the first points are not pulled towards zero.
@@ -40,10 +44,14 @@ SMOOTHING = 0.95
 # three records, 0.3-0.6 ms): each costs a tenth to a twentieth of one read record by record,
 # and a run has a cost of its own (numpy calls), so a slice holds 32 of those or this many.
 ALIKE_SLICE = 16 * SLICE
-# The most rows ``StepAssembler.take`` hands on in one part: rows cost alike however they were
-# read (2-4 us each to finish, cap and store: ~0.5-1 ms a part), and a part costs ~0.1-0.2 ms
-# whatever its size (a numpy call per column, the span log's statistics).
-TAKE_ROWS = 8 * SLICE
+# The most rows ``StepAssembler.take`` hands on in one part: rows of alike runs go on as
+# columns (about 1 us each to finish, cap, store and put in the outbox: ~0.5 ms a part), a
+# row read record by record costs about twice that (``ONE_BY_ONE``: it counts as two); and a
+# part costs ~0.1 ms whatever its size (a numpy call per column, the span log's statistics).
+TAKE_ROWS = 16 * SLICE
+ONE_BY_ONE = 2
+# The kinds of record that make a step's row.
+_ROWS = (StepRecord, LogRecord, StepColumns)
 
 
 @dataclass
@@ -81,10 +89,18 @@ class _Row:
 @dataclass(slots=True)
 class StepRows:
     """Final rows of consecutive steps, in step order; ``columns`` are the same rows as
-    columns when every row has every key in the same order (a run of alike steps), else None."""
+    columns when every row has every key in the same order (a run of alike steps: NaN in the
+    first rows of a key they lack), else None. With ``columns``, ``rows`` is a ``ColumnRows``
+    of them: no dict is made per row unless a reader asks for one."""
 
-    rows: list[dict[str, float]]
+    rows: Sequence[dict[str, float]]
     columns: dict[str, list[float]] | None = None
+
+    @property
+    def last_step(self) -> int:
+        if self.columns is not None:
+            return int(self.columns["step"][-1])
+        return int(self.rows[-1]["step"])
 
 
 class StepAssembler:
@@ -122,9 +138,27 @@ class StepAssembler:
         """Add ``records`` (a tick's, in order) slice by slice, yielding each slice once it is
         added, so that the caller can hand the GIL over between two (``handover.py``). A slice
         holds at most ``SLICE`` records read one by one, or ``ALIKE_SLICE`` of alike runs
-        (each costs about a tenth), or a mix in that proportion."""
+        (each costs about a tenth), or a mix in that proportion; steps written as columns
+        (``StepColumns``, a block of them a record) are read at once, a slice of their own."""
+        kinds = list(map(type, records))
+        if StepColumns not in kinds:
+            yield from self._feed(records, 0, len(records))
+            return
+        at = 0
+        for i, kind in enumerate(kinds):
+            if kind is StepColumns:
+                if at < i:
+                    yield from self._feed(records, at, i)
+                yield from self._add_block(records, kinds, i)
+                at = i + 1
+        if at < len(records):
+            yield from self._feed(records, at, len(records))
+
+    def _feed(self, records: Sequence[Record], start: int, stop: int) -> Iterator[Sequence[Record]]:
+        """``feed`` of records ``[start, stop)``, none of them ``StepColumns``."""
+        part = records[start:stop] if start or stop < len(records) else records
         done = used = 0  # records [done, at) are added and not yet yielded; their cost
-        for segment in alike.plan(records, self._open):
+        for segment in alike.plan(part, self._open):
             width = segment.width
             cost = 1 if width else ALIKE_SLICE // SLICE
             at = segment.start
@@ -133,20 +167,57 @@ class StepAssembler:
                 if width:
                     room -= room % width
                 if room <= 0 and used:
-                    yield records[done:at]
+                    yield part[done:at]
                     done, used = at, 0
                     continue
                 end = min(segment.end, at + max(room, width or 1))
                 if width:
-                    self._add_alike(
-                        records[at:end], width, segment.open_last and end == segment.end
-                    )
+                    self._add_alike(part[at:end], width, segment.open_last and end == segment.end)
                 else:
-                    self.add(records[at:end])
+                    self.add(part[at:end])
                 used += (end - at) * cost
                 at = end
-        if done < len(records):
-            yield records[done:]
+        if done < len(part):
+            yield part[done:]
+
+    def _add_block(
+        self, records: Sequence[Record], kinds: list[type], i: int
+    ) -> Iterator[Sequence[Record]]:
+        """Add the steps written as columns, ``records[i]``, ``ALIKE_SLICE`` rows a slice: as
+        columns but for a first step that other records of the tick (or a row still open)
+        touch and a last step that later records of the tick touch, each read as its record;
+        the last stays open when no later step ends in the tick."""
+        cols: StepColumns = records[i]  # type: ignore[assignment]
+        steps = cols.steps
+        first, last, n = steps[0], steps[-1], len(steps)
+        touched_first = first in self._open or any(
+            r.step >= first for r, k in zip(records[:i], kinds[:i], strict=True) if k in _ROWS
+        )
+        touched_last = ended_later = False
+        for r, k in zip(records[i + 1 :], kinds[i + 1 :], strict=True):
+            if k in _ROWS:
+                touched_last = touched_last or r.step <= last
+                ended_later = ended_later or k is not LogRecord
+        a = 1 if touched_first else 0
+        b = n - 1 if touched_last and n > a else n
+        if a:
+            self.add([cols.record(0)])
+        for start in range(a, b, ALIKE_SLICE):
+            end = min(b, start + ALIKE_SLICE)
+            part = cols if (start, end) == (0, n) else cols.cut(start, end)
+            open_last = end == n and not ended_later
+            run = alike.read_columns(part, self.flops, self._open)
+            if run is not None and self._alike and run.steps[0] <= self._alike[-1].steps[-1]:
+                run = None  # rows left from a tick whose taking failed: in order, one by one
+            if run is None:  # as records: what cannot be read is reported there
+                self._add_alike([part.record(j) for j in range(len(part))], 1, open_last)
+            else:
+                self._add_run(run, open_last)
+            if end < b:
+                yield records[i : i + 1]
+        if b < n:
+            self.add([cols.record(n - 1)])
+        yield records[i : i + 1]
 
     def _add_alike(self, records: Sequence[Record], width: int, open_last: bool = False) -> None:
         taken = self._open
@@ -164,6 +235,9 @@ class StepAssembler:
                 self._add_alike(records[:half], width)
                 self._add_alike(records[half:], width, open_last)
             return
+        self._add_run(run, open_last)
+
+    def _add_run(self, run: AlikeSteps, open_last: bool) -> None:
         self.layer_norms += run.norms
         self._last_ended = max(self._last_ended, run.steps[-1])
         if open_last:  # the tick's last step: its row stays open, as one read record by record
@@ -355,10 +429,11 @@ class StepAssembler:
             # The rows read one by one before the run, then the run up to the next of them.
             upto = len(final) if run is None else bisect.bisect_left(final, run.steps[0], at)
             if at < upto:
-                steps = final[at : min(upto, at + TAKE_ROWS - size)]
+                room = max(1, (TAKE_ROWS - size) // ONE_BY_ONE)
+                steps = final[at : min(upto, at + room)]
                 at += len(steps)
                 pieces.append(StepRows([self._finish(s, self._open.pop(s)) for s in steps]))
-                size += len(steps)
+                size += ONE_BY_ONE * len(steps)
             elif run is not None:
                 end = len(run)
                 if at < len(final) and final[at] < run.steps[-1]:
@@ -371,15 +446,17 @@ class StepAssembler:
                 pieces.append(self._finish_alike(run))
                 size += len(run)
             if pieces:
-                self._taken_through = max(self._taken_through, int(pieces[-1].rows[-1]["step"]))
+                self._taken_through = max(self._taken_through, pieces[-1].last_step)
             if size >= TAKE_ROWS:
-                yield _joined(pieces)
+                yield from _joined(pieces)
                 pieces, size = [], 0
         if pieces:
-            yield _joined(pieces)
+            yield from _joined(pieces)
 
     def _finish_alike(self, run: AlikeSteps) -> StepRows:
-        """``_finish`` of every row of ``run``, a column at a time."""
+        """``_finish`` of every row of ``run``, a column at a time: the rows as columns, no
+        dict per row (the smoothed loss is absent from the rows before the first finite
+        loss, NaN in its column)."""
         columns = {"step": [float(s) for s in run.steps], **run.values, **run.logged()}
         loss = columns.get("loss")
         missing = 0
@@ -399,14 +476,11 @@ class StepAssembler:
             self._ema, self._ema_weight = ema, weight
             if missing < len(loss):
                 columns["loss_smooth"] = smooth
-        keys = list(columns)
-        rows = [
-            dict(zip(keys, values, strict=True)) for values in zip(*columns.values(), strict=True)
-        ]
-        if missing and "loss_smooth" in columns:
-            for row in rows[:missing]:
-                del row["loss_smooth"]
-        return StepRows(rows, columns)
+        for key, column in columns.items():
+            if type(column) is not list:  # a column read as an array: the rows hold floats
+                columns[key] = np.asarray(column, dtype=np.float64).tolist()
+        absent = {"loss_smooth": missing} if missing and "loss_smooth" in columns else None
+        return StepRows(ColumnRows(columns, absent), columns)
 
     def take_failures(self) -> list[tuple[str, Exception]]:
         """What could not be read since the last call, as (source, error)."""
@@ -448,7 +522,7 @@ class StepAssembler:
                     run, runs[0] = runs[0].cut(end)
                 else:
                     run = runs.pop(0)
-                rows += self._finish_alike(run).rows
+                rows += self._finish_alike(run).rows  # a few rows: made here
         self._ema, self._ema_weight = ema, weight
         return rows
 
@@ -473,27 +547,46 @@ def _row_of(run: AlikeSteps, at: int) -> _Row:
     return _Row(values, implicit={run.source: _Row(sums=sums, counts=dict(run.counts))})
 
 
-def _joined(pieces: list[StepRows]) -> StepRows:
-    """Consecutive rows as one part, with columns when every row has the keys of the alike
-    runs among them (a step read record by record amid alike ones, usually)."""
-    if len(pieces) == 1:
-        return pieces[0]
-    rows = [row for piece in pieces for row in piece.rows]
-    keys = next((tuple(p.columns) for p in pieces if p.columns is not None), None)
-    if keys is None:
-        return StepRows(rows)
-    for piece in pieces:
-        if piece.columns is not None:
-            if tuple(piece.columns) != keys:
-                return StepRows(rows)
-        elif any(tuple(row) != keys for row in piece.rows):
-            return StepRows(rows)
-    columns: dict[str, list[float]] = {key: [] for key in keys}
-    for piece in pieces:
-        if piece.columns is not None:
-            for key, column in columns.items():
-                column += piece.columns[key]
+def _joined(pieces: list[StepRows]) -> list[StepRows]:
+    """Consecutive rows as few parts: each run of pieces with the same keys in the same order
+    (the alike runs and the steps read record by record amid them, usually) as one part held
+    as columns; rows of other keys apart, as they are. No row is made of rows held as
+    columns."""
+    out: list[StepRows] = []
+    group: list[ColumnRows] = []
+
+    def close_group() -> None:
+        if group:
+            joined = ColumnRows.joined(group)
+            assert joined is not None
+            out.append(StepRows(joined, joined.columns))
+            group.clear()
+
+    for piece in map(_as_columns, pieces):
+        rows = piece.rows
+        if isinstance(rows, ColumnRows) and not (
+            group and (rows.keys != group[0].keys or rows.absent)
+        ):
+            group.append(rows)
+            continue
+        close_group()
+        if isinstance(rows, ColumnRows):
+            group.append(rows)
+        elif out and out[-1].columns is None:  # rows of several key sets: one list
+            out[-1] = StepRows([*out[-1].rows, *rows])
         else:
-            for key, column in columns.items():
-                column += [row[key] for row in piece.rows]
-    return StepRows(rows, columns)
+            out.append(piece)
+    close_group()
+    return out
+
+
+def _as_columns(piece: StepRows) -> StepRows:
+    """``piece`` held as columns when every row has the same keys in the same order."""
+    rows = piece.rows
+    if piece.columns is not None or not rows:
+        return piece
+    keys = tuple(rows[0])
+    if any(len(row) != len(keys) or tuple(row) != keys for row in rows):
+        return piece
+    columns = {key: [row[key] for row in rows] for key in keys}
+    return StepRows(ColumnRows(columns), columns)

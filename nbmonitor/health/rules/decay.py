@@ -10,6 +10,7 @@ Healthy training changes the norm far less than the update moves the weights.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 
@@ -53,6 +54,21 @@ def _loss_level(view: HealthView, step: float, before: bool) -> float:
     return statistics.median(seg.tolist()) if seg.size else math.nan
 
 
+@dataclasses.dataclass(frozen=True)
+class _Pull:
+    """What the update series says (``WeightDecayTooHigh._pulled``): whether the weights
+    collapsed; the first interval judged, each weight layer's shrink per step and update ratio
+    over the intervals and whether the pull holds in it (None: too little to judge); whether
+    it holds in enough of them."""
+
+    collapsed: bool
+    lo: int = 0
+    shrink: FloatArray | None = None
+    r: FloatArray | None = None
+    holds: BoolArray | None = None
+    enough: bool = False
+
+
 class WeightDecayTooHigh(Base):
     """Over the intervals between measured steps spanning ``SPAN_SHARE`` x ``window`` steps
     (at least ``sustain_steps`` of them), in all but ``ALL_BUT`` of the weight layers: the norm
@@ -78,6 +94,64 @@ class WeightDecayTooHigh(Base):
 
     def reset(self) -> None:
         self._found: list[str] = []  # the layers named, while the episode lasts
+        # The last series judged and what its intervals say (the series changes only on a
+        # measured step, every layer_every steps once the run is past its first steps, while
+        # the rules judge every grid point).
+        self._last: tuple[tuple[FloatArray, FloatArray, FloatArray, BoolArray], _Pull] | None
+        self._last = None
+
+    def _pull(
+        self, steps: FloatArray, ratios: FloatArray, norms: FloatArray, weights: BoolArray
+    ) -> _Pull:
+        """``_pulled``, again only when the series changed."""
+        if self._last is not None:
+            (s, r, n, w), pull = self._last
+            if (
+                s.shape == steps.shape
+                and r.shape == ratios.shape
+                and w is weights
+                and np.array_equal(s, steps)
+                and np.array_equal(r, ratios, equal_nan=True)
+                and np.array_equal(n, norms, equal_nan=True)
+            ):
+                return pull
+        pull = self._pulled(steps, ratios, norms, weights)
+        self._last = (steps.copy(), ratios.copy(), norms.copy(), weights), pull
+        return pull
+
+    def _pulled(
+        self, steps: FloatArray, ratios: FloatArray, norms: FloatArray, weights: BoolArray
+    ) -> _Pull:
+        """Whether the weights collapsed, and over which intervals and in which weight layers
+        the decay's pull holds: a function of the update series alone."""
+        t = self.thresholds
+        collapsed = self._collapsed(norms, weights)
+        # The newest intervals, back until they span enough steps; or, once the weights have
+        # collapsed (a strong decay is over in tens of steps, then holds them near zero), the
+        # intervals of the decline, from the first measured step to the collapse.
+        gaps = np.diff(steps)
+        span = np.cumsum(gaps[::-1])
+        m = max(t.sustain_steps, int(np.searchsorted(span, SPAN_SHARE * t.window)) + 1)
+        lo, hi = steps.size - 1 - m, steps.size - 1
+        if collapsed:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                left = np.nanmedian(norms[weights] / norms[weights][:, :1], axis=0)
+            down = np.flatnonzero(left < COLLAPSED)
+            lo, hi = 0, max(int(down[0]) if down.size else 0, t.sustain_steps)
+        if lo < 0 or hi >= steps.size or hi - lo < t.sustain_steps:
+            return _Pull(collapsed)
+        p = norms[weights][:, lo : hi + 1]
+        r = ratios[weights][:, lo + 1 : hi + 1]
+        gap = gaps[lo:hi]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            shrink = 1.0 - (p[:, 1:] / p[:, :-1]) ** (1.0 / gap)
+            pulled = (shrink > 0) & (shrink >= PULL_SHARE * r)
+        known = np.isfinite(p).all(axis=1) & (p > 0).all(axis=1) & np.isfinite(r).all(axis=1)
+        if known.sum() < 2:
+            return _Pull(collapsed)
+        holds: BoolArray = np.logical_and(pulled.all(axis=1), known)
+        enough = bool(holds.sum() >= math.ceil((1 - ALL_BUT) * known.sum()))
+        return _Pull(collapsed, lo, shrink, r, holds, enough)
 
     def _collapsed(self, norms: FloatArray, weights: BoolArray) -> bool:
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -102,35 +176,16 @@ class WeightDecayTooHigh(Base):
         ):
             return nothing(rule)
         weights = weight_rows(view.layer_names)
-        if self._found and self._collapsed(norms, weights):
+        verdict = self._pull(steps, ratios, norms, weights)
+        if self._found and verdict.collapsed:
             # Still the same episode: the weights stay collapsed.
             return Outcome(rule, self._found, always, lambda _new: [])
-        # The newest intervals, back until they span enough steps; or, once the weights have
-        # collapsed (a strong decay is over in tens of steps, then holds them near zero), the
-        # intervals of the decline, from the first measured step to the collapse.
-        gaps = np.diff(steps)
-        span = np.cumsum(gaps[::-1])
-        m = max(t.sustain_steps, int(np.searchsorted(span, SPAN_SHARE * t.window)) + 1)
-        lo, hi = steps.size - 1 - m, steps.size - 1
-        if self._collapsed(norms, weights):
-            with np.errstate(divide="ignore", invalid="ignore"):
-                left = np.nanmedian(norms[weights] / norms[weights][:, :1], axis=0)
-            down = np.flatnonzero(left < COLLAPSED)
-            lo, hi = 0, max(int(down[0]) if down.size else 0, t.sustain_steps)
-        if lo < 0 or hi >= steps.size or hi - lo < t.sustain_steps:
+        if verdict.holds is None:
             return nothing(rule)
-        p = norms[weights][:, lo : hi + 1]
-        r = ratios[weights][:, lo + 1 : hi + 1]
-        gap = gaps[lo:hi]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            shrink = 1.0 - (p[:, 1:] / p[:, :-1]) ** (1.0 / gap)
-            pulled = (shrink > 0) & (shrink >= PULL_SHARE * r)
-        known = np.isfinite(p).all(axis=1) & (p > 0).all(axis=1) & np.isfinite(r).all(axis=1)
-        if known.sum() < 2:
-            return nothing(rule)
-        holds = pulled.all(axis=1) & known
-        if holds.sum() < math.ceil((1 - ALL_BUT) * known.sum()):
+        if not verdict.enough:
             return clear(rule)
+        lo, shrink, r, holds = verdict.lo, verdict.shrink, verdict.r, verdict.holds
+        assert shrink is not None and r is not None
         step = float(steps[-1])
         then = _loss_level(view, float(steps[lo]), before=True)
         now_loss = _loss_level(view, step, before=False)

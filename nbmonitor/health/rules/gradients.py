@@ -7,6 +7,7 @@ Subjects: ``"layers"`` when an alert lists layers, ``"grad_norm"`` for the total
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 
@@ -17,7 +18,7 @@ from nbmonitor.health import alert as subjects
 from nbmonitor.health.alert import Alert
 from nbmonitor.health.diagnose import cause_alert
 from nbmonitor.health.doc import SYMPTOM, RuleDoc
-from nbmonitor.health.rule import Base, Outcome, always, clear, never, nothing
+from nbmonitor.health.rule import Base, Outcome, always, clear, never, no_alerts, nothing
 from nbmonitor.health.thresholds import Thresholds
 from nbmonitor.health.view import HealthView
 from nbmonitor.health.window import (
@@ -28,7 +29,6 @@ from nbmonitor.health.window import (
     finite_or_nan,
     row_medians,
     sustained,
-    window_minima,
 )
 from nbmonitor.health.wording import SATURATING, kinds_of, layer_list, name_list, num
 
@@ -37,6 +37,14 @@ TOTAL = "<total>"  # held subject of the total grad norm in exploding_gradients 
 # by explode_factor. A warm-up, or a model leaving its initialisation, lifts the norms over
 # tens of steps, and the steps just before are already high.
 NEAR_STEPS = 10
+
+
+def _true() -> bool:
+    return True
+
+
+def _false() -> bool:
+    return False
 
 
 class ExplodingGradients(Base):
@@ -82,17 +90,22 @@ class ExplodingGradients(Base):
         rule = self.name
         t = self.thresholds
         held: list[str] = []
-        judged_total = False
+        judged_total: Callable[[], bool] = _false
         # subject -> (value, factor over the median or NaN, step)
         detail: dict[str, tuple[float, float, float]] = {}
 
         total = view.column("grad_norm")
-        # The total norm's median over the reference window, and how many values it has (the
-        # total's verdict and the layers' floor both read it).
-        total_ref: tuple[FloatArray, IntArray] | None = None
-        if total is not None:
-            total_ref = row_medians(total[None, view.ref_from : view.new_from])
-        if total is not None and total_ref is not None and view.has_new_rows:
+
+        def total_ref() -> tuple[FloatArray, IntArray]:
+            # The total norm's median over the reference window, and how many values it has
+            # (the total's verdict and the layers' floor both read it): made only when asked.
+            assert total is not None
+            return view.shared(
+                ("reference median", "grad_norm"),
+                lambda: row_medians(total[None, view.ref_from : view.new_from]),
+            )
+
+        if total is not None and view.has_new_rows:
             # The run's maximum before the sustained window that is being judged.
             cut = max(0, view.new_from - t.sustain_steps + 1)
             fresh = int(np.searchsorted(view.step_col[:cut], self._total_max_step, "right"))
@@ -106,21 +119,30 @@ class ExplodingGradients(Base):
                 self._total_start = float(self._start_level(total[None, :])[0])
             start = np.array([self._total_start])
             run_max = np.array([self._total_max])
-            median, count = total_ref
             bar = np.fmax(run_max, start)
             rows = total[None, :]
             rises = self._rises(rows, view.new_from, bar)
-            value, where, seen_rows = self._levels(
-                rows, view.new_from, median if rises else None, bar
-            )
-            verdict = self._explodes(median, count, value, run_max, start, seen_rows)
-            if verdict is not None:
-                is_judged, is_held, ratio = verdict
-                judged_total = bool(is_judged[0])
-                if is_held[0]:
-                    held.append(TOTAL)
-                    step = view.step_col[int(where[0])]
-                    detail[TOTAL] = (float(value[0]), float(ratio[0]), float(step))
+            if rises or t.explode_abs is not None:
+                median, count = total_ref()
+                value, where, seen_rows = self._levels(
+                    rows, view.new_from, median if rises else None, bar
+                )
+                verdict = self._explodes(median, count, value, run_max, start, seen_rows)
+                if verdict is not None:
+                    is_judged, is_held, ratio = verdict
+                    judged_total = _true if is_judged[0] else _false
+                    if is_held[0]:
+                        held.append(TOTAL)
+                        step = view.step_col[int(where[0])]
+                        detail[TOTAL] = (float(value[0]), float(ratio[0]), float(step))
+            else:
+                # Nothing rises above the run's maximum: the total cannot hold. Whether it was
+                # judged (clear) is worked out only if asked (an episode of it is open).
+                def judged_total() -> bool:
+                    median, count = total_ref()
+                    value, _, seen_rows = self._levels(rows, view.new_from, None, bar)
+                    verdict = self._explodes(median, count, value, run_max, start, seen_rows)
+                    return verdict is not None and bool(verdict[0][0])
 
         layer_judged: Callable[[str], bool] = never
         grads = view.grads
@@ -143,34 +165,62 @@ class ExplodingGradients(Base):
                 seen_max = np.fmax.reduce(finite_or_nan(grads[:, fresh:cut]), axis=1)
                 self._layer_max = np.fmax(self._layer_max, seen_max)
                 self._layer_max_step = float(view.layer_step_col[cut - 1])
-            # A layer's explosion also stands out in the whole model's gradient: it rises above
-            # the total norm's recent median (a LayerNorm gain whose small gradient grows while
-            # the model learns is not one).
-            floor = self._layer_start
-            if total_ref is not None:
-                floor = np.fmax(floor, total_ref[0][0])
-            bar = np.fmax(self._layer_max, floor)
-            if self._rises(grads, view.layer_new_from, bar):
-                median, count = row_medians(reference)
-                value, where, seen_rows = self._levels(grads, view.layer_new_from, median, bar)
+            layer_max = self._layer_max
+            layer_start = self._layer_start
+
+            def floor_of() -> FloatArray:
+                # A layer's explosion also stands out in the whole model's gradient: it rises
+                # above the total norm's recent median (a LayerNorm gain whose small gradient
+                # grows while the model learns is not one).
+                if total is None:
+                    return layer_start
+                floor: FloatArray = np.fmax(layer_start, total_ref()[0][0])
+                return floor
+
+            # The floor only raises the bar: where no window rises above the bar without it,
+            # none does with it, and its median is not needed.
+            rises = self._rises(grads, view.layer_new_from, np.fmax(layer_max, layer_start))
+            if rises or t.explode_abs is not None:
+                floor = floor_of()
+                bar = np.fmax(layer_max, floor)
+                if rises and self._rises(grads, view.layer_new_from, bar):
+                    median, count = row_medians(reference)
+                    value, where, seen_rows = self._levels(grads, view.layer_new_from, median, bar)
+                else:
+                    # No window rises above the run's maximum: none is an explosion, whatever
+                    # the medians (a sort of every layer's reference window) would say.
+                    median = np.full(grads.shape[0], np.nan)
+                    count = np.isfinite(reference).sum(axis=1)
+                    value, where, seen_rows = self._levels(grads, view.layer_new_from, None, bar)
+                verdict = self._explodes(median, count, value, layer_max, floor, seen_rows)
+                if verdict is not None:
+                    is_judged, is_held, ratio = verdict
+                    layer_judged = view.layer_judged(is_judged)
+                    steps = view.layer_step_col[where]
+                    for i in np.flatnonzero(is_held):
+                        name = view.layer_names[i]
+                        held.append(name)
+                        detail[name] = (float(value[i]), float(ratio[i]), float(steps[i]))
             else:
-                # No window rises above the run's maximum: none is an explosion, whatever the
-                # medians (a sort of every layer's reference window) would say.
-                median = np.full(grads.shape[0], np.nan)
-                count = np.isfinite(reference).sum(axis=1)
-                value, where, seen_rows = self._levels(grads, view.layer_new_from, None, bar)
-            verdict = self._explodes(median, count, value, self._layer_max, floor, seen_rows)
-            if verdict is not None:
-                is_judged, is_held, ratio = verdict
-                layer_judged = view.layer_judged(is_judged)
-                steps = view.layer_step_col[where]
-                for i in np.flatnonzero(is_held):
-                    name = view.layer_names[i]
-                    held.append(name)
-                    detail[name] = (float(value[i]), float(ratio[i]), float(steps[i]))
+                # No layer can hold. Which were judged (clear) is worked out only if asked.
+                judged_layers: list[Callable[[str], bool]] = []
+
+                def layer_judged(subject: str) -> bool:
+                    if not judged_layers:
+                        floor = floor_of()
+                        count = np.isfinite(reference).sum(axis=1)
+                        value, _, seen_rows = self._levels(
+                            grads, view.layer_new_from, None, np.fmax(layer_max, floor)
+                        )
+                        median = np.full(grads.shape[0], np.nan)
+                        verdict = self._explodes(median, count, value, layer_max, floor, seen_rows)
+                        judged_layers.append(
+                            never if verdict is None else view.layer_judged(verdict[0])
+                        )
+                    return judged_layers[0](subject)
 
         def judged(subject: str) -> bool:
-            return judged_total if subject == TOTAL else layer_judged(subject)
+            return judged_total() if subject == TOTAL else layer_judged(subject)
 
         def make(new: list[str]) -> list[Alert]:
             layers = [s for s in new if s != TOTAL]
@@ -209,9 +259,18 @@ class ExplodingGradients(Base):
         lo = max(start - (m - 1), NEAR_STEPS)  # the windows ``abrupt`` judges
         if rows.shape[1] - lo < m:
             return False
-        mins = window_minima(rows[:, lo:], m)
+        seg = rows[:, lo:]
         with np.errstate(invalid="ignore"):
-            return bool((mins > np.where(np.isnan(floor), -np.inf, floor)[:, None]).any())
+            above = seg > np.where(np.isnan(floor), -np.inf, floor)[:, None]
+        # A window held above the floor needs each of its values above it: where no value
+        # is, no window is (the common case, without the windows' minima).
+        if not above.any():
+            return False
+        width = above.shape[1] - m + 1
+        held = above[:, :width].copy()
+        for k in range(1, m):
+            held &= above[:, k : k + width]
+        return bool(held.any())
 
     def _levels(
         self, rows: FloatArray, start: int, median: FloatArray | None, floor: FloatArray
@@ -303,6 +362,22 @@ TAIL_MIN_K = 10
 RETURN_STEPS = 100_000
 
 
+def _trailing_minima(seg: FloatArray, window: int) -> FloatArray:
+    """``sliding_window_view(seg, window).min(axis=1)`` (no NaN in ``seg``), in a few calls
+    when the windows overlap (fewer of them than ``window``): each is the minimum of the part
+    every window shares, the end of the part before it and the start of the part after it."""
+    k = seg.size - window + 1
+    if k > window:
+        least: FloatArray = sliding_window_view(seg, window).min(axis=1)
+        return least
+    least = np.full(k, seg[k - 1 : window].min())
+    if k > 1:
+        # Window j holds seg[j:k-1] before the shared part and seg[window:window+j] after it.
+        np.minimum(least[:-1], np.minimum.accumulate(seg[k - 2 :: -1])[::-1], out=least[:-1])
+        np.minimum(least[1:], np.minimum.accumulate(seg[window : window + k - 1]), out=least[1:])
+    return least
+
+
 class GradientSpike(Base):
     """One step whose total gradient norm is ``grad_spike_factor`` x the median of the steps
     before it (``window`` of them, at least ``min_history``) and above the run's starting
@@ -370,26 +445,30 @@ class GradientSpike(Base):
         lo = view.new_from - t.window
         seg = total[lo:-1] if lo >= 0 else np.concatenate((np.full(-lo, np.nan), total[:-1]))
         finite = np.isfinite(seg)
-        seen = np.concatenate(([0], np.cumsum(finite)))
-        count = seen[t.window :] - seen[: -t.window]  # finite norms in each row's window
         value = total[view.new_from :]
-        judged = (count >= t.min_history) & np.isfinite(value)
+        if finite.all():  # every window full (the usual case)
+            judged = np.isfinite(value) & (t.window >= t.min_history)
+            least = _trailing_minima(seg, t.window)
+        else:
+            seen = np.concatenate(([0], np.cumsum(finite)))
+            count = seen[t.window :] - seen[: -t.window]  # finite norms in each row's window
+            judged = (count >= t.min_history) & np.isfinite(value)
+            least = _trailing_minima(np.where(finite, seg, np.inf), t.window)
         if not judged.any():
             return nothing(rule)
         # A spike beats grad_spike_factor x the median of the finite norms before it, so that
         # factor x their least too: the medians (a sort per row) are taken for those rows only.
-        least = sliding_window_view(np.where(finite, seg, np.inf), t.window).min(axis=1)
         with np.errstate(divide="ignore", invalid="ignore"):
             rise = np.where(judged & (least > 0), np.log(value / least), np.nan)
+            candidate = judged & (value > t.grad_spike_factor * least) & (value > self._start)
+        if not candidate.any():
+            # No step beats the factor: none is a spike, whatever the run's tail would say.
+            self._note_tail(rise)
+            return clear(rule)
         bar = self._tail_bar()
         self._note_tail(rise)
         with np.errstate(invalid="ignore"):
-            rows = np.flatnonzero(
-                judged
-                & (value > t.grad_spike_factor * least)
-                & (value > self._start)
-                & (rise > bar)
-            )
+            rows = np.flatnonzero(candidate & (rise > bar))
         factor = np.full(value.size, np.nan)
         if rows.size:
             median, _ = row_medians(sliding_window_view(seg, t.window)[rows])
@@ -504,18 +583,21 @@ class VanishingGradients(Base):
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = recent / params[:, None]
         judged_mask = np.isfinite(recent).all(axis=1) & np.isfinite(params) & (params > 0)
-        zero = (recent == 0).all(axis=1)
         if _dead_modules(view, t.dead_fraction):
-            judged_mask &= ~zero  # dead units explain them: dead_units names the modules
+            # dead units explain them: dead_units names the modules
+            judged_mask &= ~(recent == 0).all(axis=1)
         held_mask = judged_mask & (ratio < t.vanish_ratio).all(axis=1)
+        if not held_mask.any():
+            return Outcome(rule, (), view.layer_judged(judged_mask), no_alerts, spreads=True)
         held_mask &= ~cancelled_biases(view.layer_names, held_mask, judged_mask)
         held = [view.layer_names[i] for i in np.flatnonzero(held_mask)]
         step = float(view.layer_step_col[-1])
-        worst = np.where(held_mask, ratio.max(axis=1, initial=-np.inf), np.nan)
         kinds = view.inp.module_kinds
 
         def make(new: list[str]) -> list[Alert]:
             index = view.layer_index()
+            zero = (recent == 0).all(axis=1)
+            worst = np.where(held_mask, ratio.max(axis=1, initial=-np.inf), np.nan)
             peak = max(float(worst[index[name]]) for name in new)
             where = layer_list(new, kinds)
             if all(zero[index[name]] for name in new):
@@ -559,7 +641,7 @@ def _shrinks_backwards(
     weights = [i for i, n in enumerate(names) if not n.endswith("bias") and judged[i]]
     if len(weights) < 3:
         return None
-    level = np.median(ratio[weights], axis=1)  # one call, not one a layer
+    level = _medians(ratio[weights])
     vanishing = [bool(held[i]) for i in weights]
     # A prefix: the input side vanished, the output side learns.
     k = vanishing.index(False) if False in vanishing else len(vanishing)
@@ -570,6 +652,20 @@ def _shrinks_backwards(
     if not (np.isfinite(rising).all() and (rising > 0).sum() >= 0.75 * rising.size):
         return None
     return float(level[0]), float(level[-1]), len(weights)
+
+
+def _medians(a: FloatArray) -> FloatArray:
+    """``np.median(a, axis=1)``, bit for bit, without its first call importing ``numpy.ma``
+    (tens of milliseconds holding the GIL on the sampler thread, so the training thread's)."""
+    cols = a.shape[1]
+    ordered = np.sort(a, axis=1)
+    if cols % 2:
+        median = ordered[:, cols // 2]
+    else:  # np.median's mean of the two middle values: their sum, halved
+        with np.errstate(over="ignore"):
+            median = np.add(ordered[:, cols // 2 - 1], ordered[:, cols // 2]) / 2
+    out: FloatArray = np.where(np.isnan(a).any(axis=1), np.nan, median)
+    return out
 
 
 def _vanishing_cause(
@@ -629,16 +725,29 @@ def cancelled_biases(names: Sequence[str], vanishing: BoolArray, judged: BoolArr
     by construction, not vanishing. A conv/linear bias right before a BatchNorm (the norm
     subtracts the batch mean, so the gradient reaching the bias sums to zero in every channel)
     is the common case; a module whose gradients vanish loses all its parameters' at once."""
-    out = np.zeros(len(names), dtype=bool)
     if not vanishing.any():
-        return out
-    learning: set[str] = set()
-    for i in np.flatnonzero(judged & ~vanishing).tolist():
-        learning.add(names[i].rpartition(".")[0])
-    for i in np.flatnonzero(vanishing).tolist():
-        module, _, leaf = names[i].rpartition(".")
-        out[i] = leaf == "bias" and bool(module) and module in learning
+        return np.zeros(len(names), dtype=bool)
+    module, bias = _modules(tuple(names))
+    learning = np.zeros(len(names) + 1, dtype=bool)  # by module number
+    learning[module[judged & ~vanishing]] = True
+    out: BoolArray = vanishing & bias & learning[module]
     return out
+
+
+@functools.lru_cache(maxsize=8)
+def _modules(names: tuple[str, ...]) -> tuple[IntArray, BoolArray]:
+    """Each parameter's module as a number (the same for the parameters of one module), and
+    whether it is the bias of a named module (read-only: shared between checks)."""
+    numbers: dict[str, int] = {}
+    module = np.empty(len(names), dtype=np.intp)
+    bias = np.empty(len(names), dtype=bool)
+    for i, name in enumerate(names):
+        owner, _, leaf = name.rpartition(".")
+        module[i] = numbers.setdefault(owner, len(numbers))
+        bias[i] = leaf == "bias" and bool(owner)
+    module.flags.writeable = False
+    bias.flags.writeable = False
+    return module, bias
 
 
 def _dead_modules(view: HealthView, fraction: float) -> bool:

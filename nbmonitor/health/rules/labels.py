@@ -95,12 +95,16 @@ class LabelsNotMatching(Base):
         if not stuck:
             return clear(rule)
         start = statistics.median(self._start)
-        centre = statistics.median(recent.tolist())
-        spread = 1.4826 * statistics.median(abs(v - centre) for v in recent.tolist())
         classes = chance_classes(after)
-        at_start = abs(after - start) <= 2 * spread
-        if classes is None and not at_start:
-            return clear(rule)
+        if classes is None:
+            # Not at a chance level: it must sit where it started, within its own noise (two
+            # robust sigmas: a median and a median of deviations of 200 losses, asked only
+            # here).
+            values = recent.tolist()
+            centre = statistics.median(values)
+            spread = 1.4826 * statistics.median(abs(v - centre) for v in values)
+            if not abs(after - start) <= 2 * spread:
+                return clear(rule)
         first = float(view.step_col[-window])
         level = self._update_level(view, first)
         if level is None:

@@ -10,7 +10,7 @@ import numpy as np
 from nbmonitor.health import alert as subjects
 from nbmonitor.health.alert import Alert
 from nbmonitor.health.doc import SYMPTOM, RuleDoc
-from nbmonitor.health.rule import Base, Outcome, always, clear, never, nothing
+from nbmonitor.health.rule import Base, Outcome, always, clear, never, no_alerts, nothing
 from nbmonitor.health.thresholds import Thresholds
 from nbmonitor.health.view import HealthView
 from nbmonitor.health.window import FloatArray, dense, finite_or_nan, row_medians, sustained
@@ -71,9 +71,13 @@ class NonFiniteLoss(Base):
         loss = view.column("loss")
         if loss is None or not view.has_new_rows:
             return nothing(rule)
+        finite = np.isfinite(loss[view.new_from :])
+        if finite.all():
+            # Every new loss finite: none is the first non-finite one, and it is judged clear.
+            return Outcome(rule, (), always, no_alerts)
         row = first_non_finite_row(view, loss)
         # Clear only on positive evidence: a finite loss among the new rows.
-        seen_finite = bool(np.isfinite(loss[view.new_from :]).any())
+        seen_finite = bool(finite.any())
         judged = always if (row is not None or seen_finite) else never
         if row is None:
             return Outcome(rule, (), judged, lambda _new: [])
@@ -143,16 +147,23 @@ class LossSpike(Base):
             ref = values[:EARLY_LOSSES]
             first_new = max(first_new, EARLY_LOSSES)
         median = float(row_medians(ref[None, :])[0][0])
-        mad = float(row_medians(np.abs(ref - median)[None, :])[0][0])
-        level, where = sustained(values[None, :], first_new, t.sustain_steps)
-        if not np.isfinite(level[0]):
+        # The windows judged start here (``sustained``); with fewer values than one window
+        # from there, there is no level to judge.
+        lo = max(0, first_new - (t.sustain_steps - 1))
+        if values.size - lo < t.sustain_steps:
             return nothing(rule)
-        # Relative to |median| so that negative losses (log-likelihoods) work too, and beyond
-        # a robust noise band.
-        excess = float(level[0]) - median
         old = values[:first_new]
         self._lo = min(self._lo, float(old.min()))
         self._hi = max(self._hi, float(old.max()))
+        # Relative to |median| so that negative losses (log-likelihoods) work too, and beyond
+        # a robust noise band. No window's level exceeds the largest value it holds: below
+        # the first of the bars, none is a spike (the usual case, without the noise band and
+        # the windows' minima).
+        if not float(values[lo:].max()) - median > (t.spike_factor - 1) * abs(median):
+            return clear(rule)
+        mad = float(row_medians(np.abs(ref - median)[None, :])[0][0])
+        level, where = sustained(values[None, :], first_new, t.sustain_steps)
+        excess = float(level[0]) - median
         # A jump from 1e-4 to 1e-3 near convergence is noise, not a spike.
         span = self._hi - self._lo
         bar = max(

@@ -79,16 +79,31 @@ def _apart_from_monitor(view: HealthView, total: FloatArray) -> BoolArray:
     """Which of the last ``total.size`` steps ran while the monitor's sampler was idle: a step
     that overlapped one of its busy spells (``HealthInput.monitor_busy``) waited for the
     interpreter in its Python-bound phases, the monitor's time and not the loop's."""
-    apart = np.ones(total.size, dtype=bool)
     spells = view.inp.monitor_busy
     ends = view.column("time")
     if not spells or ends is None:
-        return apart
+        return np.ones(total.size, dtype=bool)
     end = ends[ends.size - total.size :]
     start = end - total
-    for lo, hi in spells:
-        apart &= ~((start < hi) & (end > lo))
+    # Every spell against every step at once (up to BUSY_KEPT of them: a few calls, not a
+    # few a spell).
+    lo, hi = np.array(spells, dtype=np.float64).T[:, :, None]
+    apart: BoolArray = ~((start < hi) & (end > lo)).any(axis=0)
     return apart
+
+
+def _recent(view: HealthView) -> tuple[FloatArray, BoolArray, int] | None:
+    """The recent step times (the last ``LOOK_BACK``), which of them are kept (finite,
+    positive, apart from the monitor's work), and where they start in the columns: what the
+    share rules read alike, made once a check (``HealthView.shared``)."""
+    total = view.column("step_time")
+    if total is None:
+        return None
+    lo = max(0, total.size - LOOK_BACK)
+    total = total[lo:]
+    kept = np.isfinite(total) & (total > 0)
+    kept &= _apart_from_monitor(view, total)
+    return total, kept, lo
 
 
 def _recent_share(view: HealthView, key: str) -> tuple[float, float, int] | None:
@@ -96,14 +111,15 @@ def _recent_share(view: HealthView, key: str) -> tuple[float, float, int] | None
     ran apart from the monitor's own work (up to ``RECENT_STEPS`` of them, in the last
     ``LOOK_BACK`` steps), the mean time spent in it there, and the last step judged; None
     without enough steps."""
-    phase, total = view.column(key), view.column("step_time")
-    if phase is None or total is None or not view.has_new_rows:
+    phase = view.column(key)
+    if phase is None or not view.has_new_rows:
         return None
-    lo = max(0, phase.size - LOOK_BACK)
-    phase, total = phase[lo:], total[lo:]
-    kept = np.isfinite(phase) & np.isfinite(total) & (total > 0)
-    kept &= _apart_from_monitor(view, total)
-    index = np.flatnonzero(kept)[-RECENT_STEPS:]
+    recent = view.shared("recent step times", lambda: _recent(view))
+    if recent is None:
+        return None
+    total, kept, lo = recent
+    phase = phase[lo:]
+    index = np.flatnonzero(kept & np.isfinite(phase))[-RECENT_STEPS:]
     if index.size < MIN_STEPS:
         return None
     phase, total = phase[index], total[index]
@@ -146,6 +162,13 @@ class _ShareRule(Base):
 
     def check(self, view: HealthView) -> Outcome:
         rule = self.name
+        if math.isnan(self._since) and not self.applies(view):
+            # It cannot hold (nothing to suggest to this run) and no streak runs: the share is
+            # measured only if what it judged is asked (``Outcome.judged``: an episode open).
+            def judged(_: str) -> bool:
+                return _recent_share(view, self.key) is not None
+
+            return Outcome(rule, (), judged, lambda _new: [])
         found = _recent_share(view, self.key)
         if found is None:
             return nothing(rule)

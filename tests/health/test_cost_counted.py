@@ -1,0 +1,232 @@
+"""What a pass of the rules costs, counted rather than timed (issue 39): the numpy calls a rule
+makes on a quiet slice, the primitives the rules share (made once a check), and the verdicts
+skipped where a rule cannot hold (``Outcome.judged`` worked out only when asked)."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import Any
+
+import numpy as np
+import pytest
+from benchmarks.numpy_calls import NumpyCalls, count_numpy
+from tests.health.synthetic import Run
+
+from nbmonitor.health import Health, HealthInput
+from nbmonitor.health import rule as rule_module
+from nbmonitor.health.rules import loss as loss_rules
+from nbmonitor.health.rules import time as time_rules
+from nbmonitor.health.rules.gradients import ExplodingGradients, GradientSpike
+from nbmonitor.health.rules.loss import LossSpike
+from nbmonitor.health.view import HealthView
+from nbmonitor.records import OptimizerRecord
+
+PHASES = ("data", "forward", "backward", "optimizer")
+
+
+def timed(inp: HealthInput, spells: int = 0) -> HealthInput:
+    """``inp`` with step times and phases (the data phase a third of the step: input-bound),
+    and ``spells`` busy spells of the monitor's sampler, each over one step in ten."""
+    n = inp.steps["step"].size
+    rng = np.random.default_rng(1)
+    step_time = 0.01 * rng.lognormal(0, 0.1, n)
+    columns = dict(inp.steps, step_time=step_time)
+    for i, phase in enumerate(PHASES):
+        columns[f"phase_{phase}_s"] = step_time * (0.4 if i == 0 else 0.2)
+    # A fast loop: 10 ms a step, so that a slice is the step grid's 16 steps.
+    ends = 1000.0 + 0.01 * inp.steps["step"]
+    columns["time"] = ends
+    busy = tuple((float(ends[-2 * k - 1]) - 0.005, float(ends[-2 * k - 1])) for k in range(spells))
+    return dataclasses.replace(inp, steps=columns, time=float(ends[-1]), monitor_busy=busy[::-1])
+
+
+def quiet_run(steps: int = 192) -> Run:
+    run = Run()
+    run.add(steps)
+    return run
+
+
+def calls_per_rule(health: Health, inp: HealthInput) -> dict[str, int]:
+    counter = NumpyCalls()
+    count_numpy(health, counter)
+    health.check(inp)
+    return counter.counts
+
+
+def test_a_quiet_pass_makes_few_numpy_calls() -> None:
+    """On a quiet slice (nothing near holding) the window rules make a bounded number of
+    numpy calls: exploding_gradients took about 100 before its verdict was skipped where no
+    window rises above the run's maximum."""
+    health, run = Health(), quiet_run()
+    health.check(timed(run.input()))
+    run.add(16)
+    counts = calls_per_rule(health, timed(run.input()))
+    assert 0 < counts["exploding_gradients"] <= 32, counts
+    # No optimizer record: the optimizer rule has nothing to suggest and measures nothing.
+    assert "optimizer_share" not in counts, counts
+
+
+def lines_run(health: Health, inp: HealthInput, module: str) -> int:
+    """How many lines of ``module``'s code one check runs (a count, not a time)."""
+    lines = 0
+
+    def trace(frame: Any, event: str, _: Any) -> Any:
+        nonlocal lines
+        if frame.f_code.co_filename.endswith(module):
+            lines += event == "line"
+            return trace
+        return None
+
+    sys.settrace(trace)
+    try:
+        health.check(inp)
+    finally:
+        sys.settrace(None)
+    return lines
+
+
+def test_the_time_rules_do_not_loop_over_the_monitors_busy_spells() -> None:
+    """The steps apart from the sampler's busy spells (up to BUSY_KEPT of them) are found in a
+    few calls for them all, not a few a spell: a check runs as many lines of the time rules
+    with 64 spells as with one."""
+    ran = []
+    for spells in (1, 64):
+        health, run = Health(), quiet_run()
+        health.check(timed(run.input(), spells))
+        run.add(16)
+        ran.append(lines_run(health, timed(run.input(), spells), "health/rules/time.py"))
+    assert ran[0] == ran[1], ran
+
+
+def test_apart_from_monitor_is_the_spell_by_spell_answer() -> None:
+    rng = np.random.default_rng(7)
+    for _ in range(20):
+        run = quiet_run(int(rng.integers(60, 300)))
+        inp = timed(run.input())
+        starts = rng.uniform(1000.0, 1000.0 + run.step, int(rng.integers(1, 64)))
+        spells = tuple((float(a), float(a + rng.uniform(0, 5))) for a in np.sort(starts))
+        spells += ((float(starts.max()), float("inf")),)  # the tick running now
+        inp = dataclasses.replace(inp, monitor_busy=spells)
+        view = HealthView(inp, None, None, 100)
+        total = inp.steps["step_time"][-int(rng.integers(10, 200)) :]
+        end = inp.steps["time"][-total.size :]
+        expected = np.ones(total.size, dtype=bool)
+        for lo, hi in spells:
+            expected &= ~((end - total < hi) & (end > lo))
+        assert np.array_equal(time_rules._apart_from_monitor(view, total), expected)
+
+
+def test_the_share_rules_read_the_recent_steps_once_a_check() -> None:
+    """input_bound and optimizer_share read the same recent step times and the same steps
+    apart from the monitor: made once for the two of them (``HealthView.shared``)."""
+    made: list[int] = []
+    original = time_rules._recent
+
+    def recent(view: HealthView) -> Any:
+        made.append(1)
+        return original(view)
+
+    run = quiet_run()
+    optimizer = OptimizerRecord(0, "AdamW", "cpu", "for-loop", can_fuse=True, can_foreach=True)
+    inp = dataclasses.replace(timed(run.input(), spells=3), optimizer=optimizer)
+    view = HealthView(inp, 150.0, 150.0, 100)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(time_rules, "_recent", recent)
+        rules = (time_rules.InputBound, time_rules.OptimizerShare)
+        outcomes = [rule(Health().thresholds).check(view) for rule in rules]
+    assert [o.rule for o in outcomes] == ["input_bound", "optimizer_share"]
+    assert made == [1]
+
+
+class Counted(ExplodingGradients):
+    """exploding_gradients that counts its verdicts (``_explodes``)."""
+
+    verdicts = 0
+
+    def _explodes(self, *args: Any) -> Any:
+        Counted.verdicts += 1
+        return super()._explodes(*args)
+
+
+def test_exploding_skips_its_verdict_where_nothing_can_hold() -> None:
+    """Where no window rises above the run's maximum no layer (nor the total) can hold: the
+    verdict is not worked out, and what was judged is asked only while an episode is open."""
+    Counted.verdicts = 0
+    health, run = Health(rules=(Counted,)), quiet_run(120)
+    health.check(run.input())
+    run.add(16)
+    assert health.check(run.input()) == []
+    assert Counted.verdicts == 0  # quiet, no episode open: no verdict at all
+    run.add(3, fc3_weight=50.0, fc3_bias=60.0)
+    assert [a.rule for a in health.check(run.input())] == ["exploding_gradients"]
+    Counted.verdicts = 0
+    run.add(16)  # quiet again, the episode open: whether fc3 was judged clear is asked
+    assert health.check(run.input()) == []
+    assert Counted.verdicts >= 1
+
+
+class Holds:
+    """A rule that holds for ``n`` layers at its first check and then has nothing new to
+    judge (``nothing``): an episode stays open over many subjects."""
+
+    name = "holds"
+
+    def __init__(self, thresholds: Any, n: int = 1) -> None:
+        self.n = n
+        self.checked = 0
+
+    def check(self, view: HealthView) -> Any:
+        self.checked += 1
+        if self.checked == 1:
+            names = [f"layer{i}" for i in range(self.n)]
+            return rule_module.Outcome(self.name, names, rule_module.always, lambda _new: [])
+        return rule_module.nothing(self.name)
+
+    def reset(self) -> None:
+        self.checked = 0
+
+
+def test_a_pass_with_nothing_judged_does_not_visit_the_open_episodes() -> None:
+    """A rule with nothing new to judge returns the one ``nothing`` outcome of its name, and
+    settling it does not walk the subjects of its open episode: a check runs as many lines of
+    the checker with 1,000 subjects open as with one."""
+    assert rule_module.nothing("holds") is rule_module.nothing("holds")
+    assert rule_module.clear("holds") is rule_module.clear("holds")
+    ran = []
+    for n in (1, 1000):
+        health = Health(rules=(lambda t, n=n: Holds(t, n),))
+        run = quiet_run()
+        health.check(timed(run.input()))
+        run.add(16)
+        ran.append(lines_run(health, timed(run.input()), "health/checker.py"))
+    assert ran[0] == ran[1], ran
+
+
+class CountedSpike(GradientSpike):
+    tails = 0
+
+    def _tail_bar(self) -> float:
+        CountedSpike.tails += 1
+        return super()._tail_bar()
+
+
+def test_the_spike_rules_skip_what_only_a_spike_needs() -> None:
+    """On quiet steps gradient_spike does not read the run's tail of rises (a partition of
+    1,024 values) and loss_spike takes one median (not the noise band's second) and no
+    windows' minima."""
+    CountedSpike.tails = 0
+    medians: list[int] = []
+    minima: list[int] = []
+    original_medians, original_sustained = loss_rules.row_medians, loss_rules.sustained
+    health, run = Health(rules=(CountedSpike, LossSpike)), quiet_run()
+    health.check(timed(run.input()))
+    run.add(16)  # one slice: the grid point at step 208
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(loss_rules, "row_medians", lambda a: medians.append(1) or original_medians(a))
+        patch.setattr(
+            loss_rules, "sustained", lambda *a, **k: minima.append(1) or original_sustained(*a, **k)
+        )
+        assert health.check(timed(run.input())) == []
+    assert CountedSpike.tails == 0
+    assert len(medians) == 1 and minima == []
