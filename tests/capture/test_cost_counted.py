@@ -125,8 +125,8 @@ def test_torch_operators_added_per_step(
 # forward's batch from its first tensor's shape, keeps the backward's root without a call,
 # and drops it when the loop logs the step's loss (nothing for the next forward to release);
 # the optimizer's pre-step hook does the step's pre-step work itself (no call of its own).
-PY_CALLS_AT_DEFAULTS = 24
-C_CALLS_AT_DEFAULTS = 31
+PY_CALLS_AT_DEFAULTS = 22
+C_CALLS_AT_DEFAULTS = 30
 # A loop that logs no loss: the root is released into a record by the next forward instead.
 PY_CALLS_WITHOUT_LOG = 24
 C_CALLS_WITHOUT_LOG = 34
