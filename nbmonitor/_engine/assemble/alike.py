@@ -24,6 +24,7 @@ from operator import attrgetter, itemgetter
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from nbmonitor._engine.assemble.step_norms import (
     LayerNorms,
@@ -31,7 +32,7 @@ from nbmonitor._engine.assemble.step_norms import (
     read_matrix,
     read_norms,
 )
-from nbmonitor._engine.derive.mfu import StepFlops
+from nbmonitor._engine.derive.mfu import StepFlops, T
 from nbmonitor.records import (
     FROM_BACKWARD,
     LOGGED,
@@ -48,6 +49,8 @@ from nbmonitor.records import (
 # that others read (spans, memory breakdowns), not the assembler.
 _ROW_KINDS = frozenset((StepRecord, LogRecord))
 _KINDS = _ROW_KINDS | {SpanRecord, MemoryRecord}
+FloatArray = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
 # A run of fewer steps is read record by record: reading columns has a cost per run.
 MIN_RUN = 2
 # The record kinds as numbers for plan(); the kinds that make rows are _STEP.._LOG.
@@ -318,7 +321,7 @@ def _clipped(
 ) -> bool:
     """What clip_grad_norm_ returned replaces the norm from the per-parameter ones; False if
     the steps are not alike."""
-    unclipped = sum(v is None for v in clip)
+    unclipped = list(clip).count(None)
     if unclipped != n:
         if unclipped:
             return False
@@ -336,8 +339,10 @@ def _clipped(
 
 def read_columns(cols: StepColumns, flops: StepFlops | None, taken: Any = ()) -> AlikeSteps | None:
     """``read`` of steps written as columns (``records.StepColumns``: every one ordinary, no
-    other record of theirs in the tick): the same columns as their records would give; None
-    when they are not alike after all (the caller reads them as records). Changes nothing."""
+    other record of theirs in the tick): the same columns as their records would give, in
+    numpy (the same float operations, element by element) rather than a Python expression a
+    row; None when they are not alike after all (the caller reads them as records). Changes
+    nothing."""
     steps = cols.steps
     n = len(steps)
     if taken and not set(steps).isdisjoint(taken):
@@ -346,19 +351,34 @@ def read_columns(cols: StepColumns, flops: StepFlops | None, taken: Any = ()) ->
     try:
         phases = cols.phases
         if phases[0] is not None:
+            # (zip over the tuples: numpy's conversion of a list of tuples costs more)
             values.update(zip(PHASE_KEYS, map(list, zip(*phases, strict=True)), strict=True))
-        if not _scalars(
-            values,
-            n,
-            cols.time,
-            cols.step_time,
-            cols.samples,
-            cols.tokens,
-            cols.micro_batches,
-            cols.lrs,
-            flops,
-        ):
+        step_time = np.array(cols.step_time, dtype=np.float64)
+        values["time"] = list(cols.time)
+        values["step_time"] = list(cols.step_time)
+        values["micro_batches"] = list(map(float, cols.micro_batches))
+        positive = step_time > 0
+        counts: dict[str, Any] = {}
+        for key, counted in (("samples", cols.samples), ("tokens", cols.tokens)):
+            none = counted.count(0)  # as `if record.samples:` (ints)
+            if none == n:
+                continue
+            if none:
+                return None
+            values[key] = as_floats = list(map(float, counted))
+            column = counts[key] = np.array(as_floats, dtype=np.float64)
+            values[f"{key}_per_s"] = _per_s(column, step_time, positive).tolist()
+        if flops is not None:
+            rates = _flops_columns(flops, counts, step_time, positive, n)
+            if rates is None:
+                return None
+            values.update(rates)
+        lrs = cols.lrs
+        width = len(lrs[0])
+        if set(map(len, lrs)) != {width}:
             return None
+        for i, lr_column in enumerate(zip(*lrs, strict=True)):
+            values["lr" if i == 0 else f"lr_group{i}"] = list(lr_column)
         layer_norms: list[LayerNorms] = []
         tail = cols.norm_tail
         if tail is not None:
@@ -377,11 +397,52 @@ def read_columns(cols: StepColumns, flops: StepFlops | None, taken: Any = ()) ->
     unlogged = losses.count(None)
     if unlogged == n:
         return AlikeSteps(list(steps), values, {}, {}, -1, layer_norms)
-    if unlogged or "loss" in values or not all(type(v) is float for v in losses):
+    if unlogged or "loss" in values:
         return None
-    # As steps._Row.add_logged: from 0.0.
+    # As steps._Row.add_logged: from 0.0 (floats only: Recorder.fold_loss folds no other).
     sums = {"loss": [0.0 + v for v in losses]}  # type: ignore[operator]
     return AlikeSteps(list(steps), values, sums, {"loss": 1}, LOGGED, layer_norms)
+
+
+def _per_s(counted: FloatArray, step_time: FloatArray, positive: BoolArray) -> FloatArray:
+    """``c / t if t > 0 else nan`` of each step."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(positive, counted / step_time, math.nan)
+
+
+def _flops_columns(
+    flops: StepFlops,
+    counts: dict[str, FloatArray],
+    step_time: FloatArray,
+    positive: BoolArray,
+    n: int,
+) -> dict[str, list[float]] | None:
+    """``StepFlops.step_columns`` in numpy: the same numbers, {} when no step has them, None
+    when some have and some have not."""
+    zero = np.zeros(n)
+    tokens, samples = counts.get("tokens", zero), counts.get("samples", zero)
+    per_token, per_sample = flops.per_token, flops.per_sample
+    by_token = tokens > 0 if math.isfinite(per_token) else np.zeros(n, dtype=bool)
+    by_sample = ~by_token & (samples > 0 if math.isfinite(per_sample) else by_token)
+    known = int(np.count_nonzero(by_token | by_sample))
+    if known == 0:
+        return {}
+    if known < n:
+        return None
+    with np.errstate(invalid="ignore", over="ignore"):
+        per_step = np.where(by_token, per_token * tokens, per_sample * samples)
+        with np.errstate(divide="ignore"):
+            rates = np.where(positive, per_step / step_time, math.nan)
+        peak = flops.peak
+        if math.isfinite(peak) and peak > 0:
+            mfu = np.where(np.isfinite(rates), 100.0 * rates / peak, math.nan)
+        else:
+            mfu = np.full(n, math.nan)
+    return {
+        "flops_per_step": per_step.tolist(),
+        "tflops_per_s": (rates / T).tolist(),
+        "mfu_percent": mfu.tolist(),
+    }
 
 
 def _phases(

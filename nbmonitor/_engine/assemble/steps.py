@@ -157,6 +157,12 @@ class StepAssembler:
     def _feed(self, records: Sequence[Record], start: int, stop: int) -> Iterator[Sequence[Record]]:
         """``feed`` of records ``[start, stop)``, none of them ``StepColumns``."""
         part = records[start:stop] if start or stop < len(records) else records
+        if len(part) < SLICE and len(part) < len(records):
+            # A few records between steps written as columns (a sampled step's): planning
+            # alike runs costs more than it would save.
+            self.add(part)
+            yield part
+            return
         done = used = 0  # records [done, at) are added and not yet yielded; their cost
         for segment in alike.plan(part, self._open):
             width = segment.width

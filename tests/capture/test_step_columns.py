@@ -1,0 +1,117 @@
+"""Steps written as columns (``Recorder.end_step``, ``StepBlock``, ``HostRing``) give the sampler
+what the same steps as records give: the same rows (keys, order, values, NaN included) and layer
+norms; and a batch of ordinary steps crosses as one ``StepColumns``, with no record a step on
+either side."""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import numpy as np
+import torch
+
+from nbmonitor._capture.device_value import DeviceValue, HostRing
+from nbmonitor._capture.recorder import Recorder, make_log_record
+from nbmonitor._engine.assemble.steps import StepAssembler
+from nbmonitor.records import FlopsRecord, StepColumns, StepRecord
+
+PHASES = (0.001, 0.002, 0.003, 0.0005, 0.001)
+
+
+def _values(step: int, rng: random.Random) -> list[float]:
+    values = [rng.uniform(0.1, 3.0) for _ in range(3)]
+    if step % 37 == 0:
+        values[1] = math.nan  # a non-finite gradient: NaN in its layer and in the total
+    return values
+
+
+def _feed(recorder: Recorder, steps: int, columns: bool) -> list[Any]:
+    """``steps`` steps of a loop that logs its loss after step() (one in 50 logs none, one in
+    60 also logs ``acc``), through ``recorder``: as the clock ends them (columns) or as held
+    StepRecords; drained at a few points, the sampler's way."""
+    rng = random.Random(0)
+    ring = HostRing(3, torch.float32, rows=64)
+    drained: list[Any] = []
+    recorder.put(FlopsRecord(0, 1.5e3, 0, 4, "float32"))  # FLOPs, TFLOP/s and MFU columns too
+    for step in range(1, steps + 1):
+        values = _values(step, rng)
+        fields = (step, 1000.0 + step, 0.01 * (1 + step % 3), 4, 1, (0.1 if step < 300 else 0.05,))
+        tail = (None, None, None, math.nan, False, (), 0, PHASES)
+        if columns:
+            row = ring.row()
+            assert row is not None  # drained often enough: a row is free
+            row.copy_(torch.tensor(values))
+            recorder.end_step(*fields, ring, *tail)
+        else:
+            norms = DeviceValue(torch.tensor(values, dtype=torch.float32))
+            recorder.hold(StepRecord(*fields, norms, *tail))
+        if step % 50 and not recorder.fold_loss(step, 1.0 / step):
+            assert step == 1  # not held: it went with the FLOPs record (the clock's way)
+            recorder.put(make_log_record(step, {"loss": 1.0 / step}))
+        if step % 60 == 0:
+            recorder.put(make_log_record(step, {"acc": 0.5}))
+        if step % 45 == 0:
+            drained += recorder.drain()
+    drained += recorder.drain(wait=True)
+    return drained
+
+
+def _read(records: list[Any]) -> tuple[list[dict[str, float]], np.ndarray]:
+    assembler = StepAssembler()
+    for _ in assembler.feed(records):
+        pass
+    rows = assembler.take_final(everything=True)
+    blocks, _ = assembler.take_layer_blocks()
+    return rows, np.concatenate([b.norms for b in blocks])
+
+
+def test_columns_give_the_rows_records_give() -> None:
+    as_columns = _feed(Recorder(), 700, columns=True)
+    as_records = _feed(Recorder(), 700, columns=False)
+    assert any(isinstance(r, StepColumns) for r in as_columns)
+    assert not any(isinstance(r, StepColumns) for r in as_records)
+    rows, norms = _read(as_columns)
+    expected, expected_norms = _read(as_records)
+    assert [list(r) for r in rows] == [list(r) for r in expected]  # keys in the same order
+    assert len(rows) == 700
+    for got, want in zip(rows, expected, strict=True):
+        for key, value in want.items():
+            assert got[key] == value or (math.isnan(got[key]) and math.isnan(value)), key
+    np.testing.assert_array_equal(norms, expected_norms)
+    assert np.isnan(rows[36]["grad_norm"]) and "loss" not in rows[49]
+    assert rows[59]["acc"] == 0.5 and rows[299]["lr"] == 0.05
+    assert rows[5]["tflops_per_s"] > 0
+
+
+def test_a_batch_of_steps_crosses_as_one_record_with_nothing_made_per_step(
+    monkeypatch: Any,
+) -> None:
+    recorder = Recorder()
+    ring = HostRing(3, torch.float32, rows=2048)
+    made = {"StepRecord": 0}
+    original = StepColumns.record
+
+    def record(self: StepColumns, i: int) -> StepRecord:
+        made["StepRecord"] += 1
+        return original(self, i)
+
+    monkeypatch.setattr(StepColumns, "record", record)
+    for step in range(1, 1002):
+        row = ring.row()
+        assert row is not None
+        row.fill_(float(step))
+        recorder.end_step(
+            step, 1.0 * step, 0.01, 4, 1, (0.1,), ring, None, None, None, math.nan, False, (),
+            0, PHASES,
+        )  # fmt: skip
+        recorder.fold_loss(step, 0.5)
+    drained = recorder.drain()
+    # Step 1 ended with nothing held: a record; then one block, its last row held.
+    assert [type(r) for r in drained] == [StepRecord, StepColumns]
+    assert len(drained[1]) == 999 and recorder.held_step() == 1001
+    rows, norms = _read(drained)
+    assert len(rows) == 1000 and made["StepRecord"] == 0  # read as columns, no record made
+    assert norms[-1].tolist() == [1000.0] * 3
+    assert ring.freed == 999  # the ring rows read are free again (step 1 copied its own)
