@@ -9,6 +9,7 @@ that keeps failing is switched off while the clock and the other probes go on.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 import weakref
@@ -605,27 +606,41 @@ class StepClock:
 
         self._guarded("forward", work)
 
-    def _step_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
-        self._step_depth += 1
-        try:
-            if self._step_depth > 1 and inputs.nested_step(optimizer):
-                return None  # a subclass's step() calling super().step(): one step, hooks twice
-            self._step_depth = 1  # (an earlier step that raised never reached its post hook)
-            if self._absorb:
-                return None
-            # step(closure) (Lightning, LBFGS): gradients are final once the closure returns.
-            # (args holds the optimizer itself: a closure makes it longer, or is a keyword.)
-            wrapped = (
-                after_closure(args, kwargs, self._pre_step) if kwargs or len(args) > 1 else None
-            )
-        except Exception as exc:  # never into the loop; the step is then measured as usual
-            self._guards["optimizer_pre_step"].failed(exc)
-            wrapped = None
-        if wrapped is None:
-            self._pre_step()
-        return wrapped
-
-    def _pre_step(self) -> None:
+    def _step_pre(
+        self,
+        optimizer: torch.optim.Optimizer,
+        args: Any,
+        kwargs: Any,
+        closure_returned: bool = False,
+    ) -> Any:
+        """The optimizer's pre-step hook; the step's pre-step work runs here (a plain step, no
+        call of its own), or once its closure returns (``closure_returned``)."""
+        if not closure_returned:
+            self._step_depth += 1
+            if self._step_depth > 1 or self._absorb or kwargs or len(args) > 1:
+                try:
+                    if self._step_depth > 1 and inputs.nested_step(optimizer):
+                        return None  # a subclass's step() calling super().step(): hooks twice
+                    self._step_depth = 1  # (an earlier step that raised never reached its post)
+                    if self._absorb:
+                        return None
+                    # step(closure) (Lightning, LBFGS): gradients are final once the closure
+                    # returns. (args holds the optimizer itself: a closure makes it longer, or
+                    # is a keyword.)
+                    wrapped = (
+                        after_closure(
+                            args,
+                            kwargs,
+                            functools.partial(self._step_pre, optimizer, args, kwargs, True),
+                        )
+                        if kwargs or len(args) > 1
+                        else None
+                    )
+                except Exception as exc:  # never into the loop; the step is measured as usual
+                    self._guards["optimizer_pre_step"].failed(exc)
+                    wrapped = None
+                if wrapped is not None:
+                    return wrapped
         # _guarded(), written out: no closure made at each step.
         guard = self._pre_step_guard
         if guard.on:
@@ -660,6 +675,7 @@ class StepClock:
                 guard.failed(exc)
         # After the probes: their work is "other".
         self.phases.optimizer_start()
+        return None
 
     def _step_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._step_depth -= 1

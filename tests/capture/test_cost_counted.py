@@ -123,11 +123,12 @@ def test_torch_operators_added_per_step(
 # loss (hold, fold_loss); the output-loss probe retires on a model that returns tensors. The
 # clock calls the gradient-norm probe itself on a steady step (no dispatch loop), reads the
 # forward's batch from its first tensor's shape, keeps the backward's root without a call,
-# and drops it when the loop logs the step's loss (nothing for the next forward to release).
-PY_CALLS_AT_DEFAULTS = 25
-C_CALLS_AT_DEFAULTS = 31
+# and drops it when the loop logs the step's loss (nothing for the next forward to release);
+# the optimizer's pre-step hook does the step's pre-step work itself (no call of its own).
+PY_CALLS_AT_DEFAULTS = 22
+C_CALLS_AT_DEFAULTS = 30
 # A loop that logs no loss: the root is released into a record by the next forward instead.
-PY_CALLS_WITHOUT_LOG = 25
+PY_CALLS_WITHOUT_LOG = 24
 C_CALLS_WITHOUT_LOG = 34
 
 
@@ -165,6 +166,7 @@ def test_python_calls_per_step(tmp_path: Path, log: bool, py_ceiling: int, c_cei
     # or drop the backward's root of a loop that logs its loss.
     assert "clock.py:_call" not in calls
     assert "backward_loss.py:started" not in calls
+    assert "clock.py:_pre_step" not in calls
     if log:
         assert "backward_loss.py:release" not in calls
 

@@ -17,7 +17,7 @@ import nbmonitor
 from nbmonitor._capture import intercept
 from nbmonitor._capture.device_value import HostRing
 from nbmonitor._capture.inputs import batch_size, forward_counts, token_count
-from nbmonitor._capture.probes.base import due, next_due
+from nbmonitor._capture.probes.base import due, due_thin, next_due
 from nbmonitor._capture.probes.memory import MemoryProbe
 from nbmonitor._capture.probes.update_ratio import UpdateRatioProbe
 from nbmonitor._capture.recorder import make_log_record
@@ -86,6 +86,18 @@ def test_next_due_is_the_first_step_due_takes(every: int) -> None:
         assert next_due(step, every) == first
 
 
+@pytest.mark.parametrize("every", [1, 3, 7, 10, 50, 100, 200])
+def test_the_thin_schedule_is_inside_the_sampled_one(every: int) -> None:
+    # The clock calls a sampled probe on the steps due() takes: a probe on the thinner
+    # schedule (memory) must find its steps among them, and its first steps all there.
+    thin = [s for s in range(1, 700) if due_thin(s, every)]
+    assert all(due(s, every) for s in thin)
+    assert thin[:4] == [1, 2, 3, 4]
+    assert all(s in thin for s in range(every, 700, every))
+    if every >= 100:  # a 200-step run at the default layer_every: 10 breakdowns, not 24
+        assert len([s for s in thin if s <= 200]) == (10 if every == 100 else 9)
+
+
 def test_sampled_probes_are_called_on_their_steps_only(
     watched: Watched,
     monkeypatch: pytest.MonkeyPatch,
@@ -111,7 +123,11 @@ def test_sampled_probes_are_called_on_their_steps_only(
     # Called on the sampled steps and no other; and still measured on each of them.
     assert calls == {"memory": sampled, "update_ratio": sampled}
     assert [r.step for r in seen if isinstance(r, AuxRecord) and r.kind == "update"] == sampled
-    assert [r.breakdown.step for r in seen if isinstance(r, MemoryRecord)] == sampled
+    # The memory breakdown thinner still: each of the first 4 steps, the powers of two, then
+    # every 50 (the clock calls it on the sampled steps; it measures on these).
+    thin = [s for s in sampled if due_thin(s, 50)]
+    assert thin == [1, 2, 3, 4, 8, 16, 32, 50, 64, 100, 150, 200, 250]
+    assert [r.breakdown.step for r in seen if isinstance(r, MemoryRecord)] == thin
     assert [r.step for r in seen if isinstance(r, StepRecord)] == list(range(1, 261))
 
 

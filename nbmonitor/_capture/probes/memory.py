@@ -1,4 +1,5 @@
-"""What holds memory, on sampled steps (paced like the layer probes, ``base.due``): the bytes of
+"""What holds memory, on sampled steps (paced like the layer probes but thinner early on,
+``base.due_thin``: the breakdown changes little from one early step to the next): the bytes of
 the parameters, buffers, gradients and optimizer state (``memory_breakdown.held``) at the end
 of the step, and the activations autograd saved for backward during the step's first
 micro-batch, by top-level module, through ``torch.autograd.graph.saved_tensors_hooks``.
@@ -21,7 +22,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from nbmonitor._capture.memory_breakdown import Tally, held, parameter_storages
-from nbmonitor._capture.probes.base import ProbeBase, StepContext, due
+from nbmonitor._capture.probes.base import ProbeBase, StepContext, due_thin
 from nbmonitor.errors import Guard
 from nbmonitor.memory import ROOT, MemoryBreakdown, MemoryRow
 from nbmonitor.records import MemoryRecord
@@ -67,7 +68,7 @@ class MemoryProbe(ProbeBase):
 
     def forward_pre(self, ctx: StepContext) -> None:
         # The first micro-batch of a sampled step (the clock calls this once per step).
-        if self._hooks is not None or not due(ctx.step + 1, self.every):
+        if self._hooks is not None or not due_thin(ctx.step + 1, self.every):
             return
         model = self._model()
         if model is None:
@@ -141,7 +142,7 @@ class MemoryProbe(ProbeBase):
     def _record(self, ctx: StepContext) -> None:
         step = ctx.step + 1  # the step ending now
         saved, self._saved = self._saved, None
-        if saved is None and not due(step, self.every):
+        if saved is None and not due_thin(step, self.every):
             return
         if self._pack_failed is not None:
             exc, self._pack_failed = self._pack_failed, None
