@@ -15,14 +15,17 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
 
 from nbmonitor.replay import open as open_run
+from nbmonitor.runs.column_rows import ColumnRows, RowParts
 from nbmonitor.sinks import runlog
 from nbmonitor.sinks.base import Batch
 from nbmonitor.sinks.runlog import RunLogSink
+from nbmonitor.sinks.writer import WriterProcess
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL")
@@ -312,3 +315,47 @@ def test_a_short_run_never_starts_the_writer(tmp_path: pathlib.Path) -> None:
         assert log.offloaded is True
     finally:
         log.close()
+
+
+def _held_as_columns(batch: Batch) -> Batch:
+    """``batch`` with its steps held as columns, as a live run's come: each run of rows with
+    the same keys a ``ColumnRows``, in a ``RowParts``."""
+    parts: list[Any] = []
+    for row in batch.streams["steps"]:
+        if parts and tuple(parts[-1][-1]) == tuple(row):
+            parts[-1].append(row)
+        else:
+            parts.append([row])
+    held = RowParts([ColumnRows({k: [r[k] for r in rows] for k in rows[0]}) for rows in parts])
+    return Batch({**batch.streams, "steps": held})
+
+
+def test_steps_held_as_columns_are_sent_as_columns_and_written_to_the_same_bytes(
+    tmp_path: pathlib.Path, offloaded: RunLogSink, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("nbmonitor.runs.sidecar.CHUNK_VALUES", 2000)
+    sent: list[object] = []
+    send = WriterProcess.send
+
+    def counted(self: WriterProcess, message: Any, timeout: float) -> int:
+        sent.append(message)
+        return send(self, message, timeout)
+
+    monkeypatch.setattr(WriterProcess, "send", counted)
+    batches = _batches(40)
+    held = [_held_as_columns(b) for b in batches]
+    k = _until_handed_over(offloaded, held)
+    for i, b in enumerate(held[k : k + 10]):
+        offloaded.write(b)
+        offloaded.flush()
+        if i == 5:  # the child dies: what it did not confirm is written here, from columns
+            writer = offloaded._writer
+            assert writer is not None
+            os.kill(writer.pid, signal.SIGKILL)
+            with contextlib.suppress(RuntimeError):  # said once
+                offloaded.settle(30)
+                offloaded.flush()
+    writes = [m for m in sent if isinstance(m, tuple) and m[0] == "write"]
+    assert writes and all(isinstance(m[1]["steps"], RowParts) for m in writes)  # type: ignore[index]
+    offloaded.close({"status": "finished"})
+    _same_run(offloaded.path, _reference(tmp_path / "ref", batches[: k + 10]))
