@@ -5,6 +5,7 @@ skipped where a rule cannot hold (``Outcome.judged`` worked out only when asked)
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 from typing import Any
 
@@ -19,6 +20,7 @@ from nbmonitor.health.rules import loss as loss_rules
 from nbmonitor.health.rules import time as time_rules
 from nbmonitor.health.rules.gradients import ExplodingGradients, GradientSpike
 from nbmonitor.health.rules.loss import LossSpike
+from nbmonitor.health.rules.lr import LrScheduleTooFast
 from nbmonitor.health.view import HealthView
 from nbmonitor.records import OptimizerRecord
 
@@ -230,3 +232,35 @@ def test_the_spike_rules_skip_what_only_a_spike_needs() -> None:
         assert health.check(timed(run.input())) == []
     assert CountedSpike.tails == 0
     assert len(medians) == 1 and minima == []
+
+
+def test_the_schedule_rule_does_not_loop_over_the_new_rows() -> None:
+    """lr_schedule_too_fast brings its peak up to date for all the new rows at once while no
+    lr falls near zero (a slice of a fast loop holds thousands of rows): it runs as many lines
+    for 2,000 new rows as for 50, and keeps the same peak as the row-by-row loop."""
+    ran, peaks = [], []
+    for n in (50, 2000):
+        steps = np.arange(1.0, n + 1)
+        lr = 1e-3 * np.cos(steps / (4 * n))  # a slow decay, nowhere near zero
+        inp = HealthInput(step=n, time=0.0, steps={"step": steps, "lr": lr})
+        rule = LrScheduleTooFast(Health().thresholds)
+        view = HealthView(inp, None, None, 100)
+        lines = 0
+
+        def trace(frame: Any, event: str, _: Any) -> Any:
+            nonlocal lines
+            if frame.f_code.co_filename.endswith("health/rules/lr.py"):
+                lines += event == "line"
+                return trace
+            return None
+
+        sys.settrace(trace)
+        try:
+            outcome = rule.check(view)
+        finally:
+            sys.settrace(None)
+        assert outcome.held == () and outcome.judged("")
+        ran.append(lines)
+        peaks.append((rule._peak, rule._peak_step))
+    assert ran[0] == ran[1], ran
+    assert peaks == [(1e-3 * math.cos(1 / 200), 1.0), (1e-3 * math.cos(1 / 8000), 1.0)]

@@ -54,6 +54,16 @@ def _loss_level(view: HealthView, step: float, before: bool) -> float:
     return statistics.median(seg.tolist()) if seg.size else math.nan
 
 
+def _same(a: FloatArray, b: FloatArray) -> bool:
+    """Whether two arrays hold the same values bit for bit (a NaN equal to itself, -0.0 not
+    to 0.0: what differs only so is worked out again, to the same verdict)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.dtype != np.float64:
+        return bool(np.array_equal(a, b, equal_nan=True))
+    return bool((a.view(np.int64) == b.view(np.int64)).all())
+
+
 @dataclasses.dataclass(frozen=True)
 class _Pull:
     """What the update series says (``WeightDecayTooHigh._pulled``): whether the weights
@@ -106,14 +116,7 @@ class WeightDecayTooHigh(Base):
         """``_pulled``, again only when the series changed."""
         if self._last is not None:
             (s, r, n, w), pull = self._last
-            if (
-                s.shape == steps.shape
-                and r.shape == ratios.shape
-                and w is weights
-                and np.array_equal(s, steps)
-                and np.array_equal(r, ratios, equal_nan=True)
-                and np.array_equal(n, norms, equal_nan=True)
-            ):
+            if w is weights and _same(s, steps) and _same(r, ratios) and _same(n, norms):
                 return pull
         pull = self._pulled(steps, ratios, norms, weights)
         self._last = (steps.copy(), ratios.copy(), norms.copy(), weights), pull

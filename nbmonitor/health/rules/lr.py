@@ -88,6 +88,26 @@ class LrScheduleTooFast(Base):
         self._first = math.nan
         self._low_since = math.nan  # the step the lr fell below COLLAPSED x peak, while it stays
 
+    def _never_low(self, lr: FloatArray, steps: FloatArray) -> bool:
+        """Whether no new lr falls to ``COLLAPSED`` x the peak (the usual case); then the state
+        is brought up to date as the step-by-step loop of ``check`` would, in a few calls for
+        all the new rows (a slice of a fast loop holds thousands)."""
+        finite = np.isfinite(lr)
+        if not finite.all():
+            lr, steps = lr[finite], steps[finite]
+        if not lr.size:
+            return True  # nothing to judge: the loop skips every row
+        peaks = np.maximum.accumulate(np.concatenate(([self._peak], lr)))[1:]
+        if (lr <= COLLAPSED * peaks).any():
+            return False  # the loop, row by row
+        if math.isnan(self._first):
+            self._first = float(lr[0])
+        top = int(np.argmax(lr))  # the first of the largest: a later equal one is not above it
+        if lr[top] > self._peak:
+            self._peak, self._peak_step = float(lr[top]), float(steps[top])
+        self._low_since = math.nan
+        return True
+
     def check(self, view: HealthView) -> Outcome:
         rule = self.name
         lr = lr_column(view)
@@ -95,6 +115,8 @@ class LrScheduleTooFast(Base):
             return nothing(rule)
         t = self.thresholds
         steps = view.step_col
+        if self._never_low(lr[view.new_from :], steps[view.new_from :]):
+            return clear(rule)
         found: tuple[float, float] | None = None  # (step, lr) where it holds
         for i in range(view.new_from, steps.size):
             value = float(lr[i])
