@@ -1,5 +1,6 @@
 """The hand-off from the training thread to the sampler thread: an append-only queue of records
-(``nbmonitor.records``), and the packing of ``mon.log()`` values into one.
+(``nbmonitor.records``) and of blocks of ordinary steps written as columns (``StepBlock``), and
+the packing of ``mon.log()`` values into one record.
 """
 
 from __future__ import annotations
