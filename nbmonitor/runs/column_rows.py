@@ -128,10 +128,12 @@ class ColumnRows(Sequence[dict[str, Any]]):
         keys = parts[0].keys
         if any(p.keys != keys or p.absent for p in parts[1:]):
             return None
-        return cls(
-            {k: list(itertools.chain.from_iterable(p.columns[k] for p in parts)) for k in keys},
-            parts[0].absent,
-        )
+        columns: dict[str, list[Any]] = {}
+        for key in keys:
+            column = columns[key] = list(parts[0].columns[key])
+            for part in parts[1:]:
+                column += part.columns[key]  # a list's extend: a copy of its pointers
+        return cls(columns, parts[0].absent)
 
 
 class RowParts(Sequence[Row]):
