@@ -2,7 +2,8 @@
 nbmonitor at each of them, and nothing more.
 
 It counts optimizer steps (backward passes without an optimizer), micro-batches and samples,
-times each step, and at the end of a step appends one ``StepRecord``. The measurements are
+times each step, and at the end of a step hands its values to the recorder (``Recorder.end_step``:
+a row of columns, or a ``StepRecord``). The measurements are
 probes (``probes/``), each called at the moments it declares and behind its own Guard: a probe
 that keeps failing is switched off while the clock and the other probes go on.
 """

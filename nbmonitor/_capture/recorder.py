@@ -1,5 +1,6 @@
 """The hand-off from the training thread to the sampler thread: an append-only queue of records
-(``nbmonitor.records``), and the packing of ``mon.log()`` values into one.
+(``nbmonitor.records``) and of blocks of ordinary steps written as columns (``StepBlock``), and
+the packing of ``mon.log()`` values into one record.
 """
 
 from __future__ import annotations
@@ -239,7 +240,10 @@ class StepBlock:
         self.taken = end
         nan = math.nan
         lrs: list[tuple[float, ...]] = []
-        changes, rows = list(self.lrs), list(self.lr_rows)
+        # lr_rows first: the training thread appends to lrs, then to lr_rows, so lrs is at
+        # least as long (a change for a row not published yet is past ``end``: unused).
+        rows = list(self.lr_rows)
+        changes = list(self.lrs)[: len(rows)]
         for i, (value, row) in enumerate(zip(changes, rows, strict=True)):
             upto = rows[i + 1] if i + 1 < len(rows) else end
             lrs += [value] * (min(upto, end) - max(row, start))  # (none when negative)

@@ -4,7 +4,7 @@ A fast loop brings a thousand steps a tick, and the sampler reads them as column
 (``_engine/assemble/alike.py``). ``ColumnRows`` carries such rows on as they are, one list per
 key, to everything downstream that can take columns: the store, the span log, the outbox, the
 run log's encoder (``encode.py``: the same bytes, from the columns) and the writer process (a
-dict of lists pickles many times faster than a list of dicts). It is still a ``Sequence`` of
+dict of lists pickles with no dict and no key per row). It is still a ``Sequence`` of
 rows: a consumer that needs rows (an exporter's per-row API) iterates it, and a row's dict is
 made then, for that consumer alone.
 
@@ -128,10 +128,12 @@ class ColumnRows(Sequence[dict[str, Any]]):
         keys = parts[0].keys
         if any(p.keys != keys or p.absent for p in parts[1:]):
             return None
-        return cls(
-            {k: list(itertools.chain.from_iterable(p.columns[k] for p in parts)) for k in keys},
-            parts[0].absent,
-        )
+        columns: dict[str, list[Any]] = {}
+        for key in keys:
+            column = columns[key] = list(parts[0].columns[key])
+            for part in parts[1:]:
+                column += part.columns[key]  # a list's extend: a copy of its pointers
+        return cls(columns, parts[0].absent)
 
 
 class RowParts(Sequence[Row]):

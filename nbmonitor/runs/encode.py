@@ -185,17 +185,26 @@ class LineEncoder:
                     take = min(every - done, stop - start - len(lines))
                     lines += map(text.__mod__, itertools.islice(values, take))
                     done += take
-            # The non-finite values (rare): a column whose sum is not finite holds one.
-            spelled = {
-                i
-                for col in part
-                if not math.isfinite(sum(col))
-                for i, v in enumerate(col)
-                if not math.isfinite(v)
-            }
-            for i in sorted(spelled):
-                lines[i] = template.spell(lines[i], tuple(col[i] for col in part))
-            out.append("".join(lines))
+            block = "".join(lines)
+            # A non-finite value (a column whose sum is not finite holds one; a key logged as
+            # NaN every step, often): spelled as JSON spells it. The keys' text holds no
+            # "nan" or "inf" (template.letters) and a finite float's repr holds neither, so
+            # the whole block is spelled at once, as each of its lines would be.
+            if not all(map(math.isfinite, map(sum, part))):
+                if not template.letters:
+                    block = block.replace("nan", "NaN").replace("inf", "Infinity")
+                else:  # such a key (rare): the values alone, line by line
+                    spelled = {
+                        i
+                        for col in part
+                        if not math.isfinite(sum(col))
+                        for i, v in enumerate(col)
+                        if not math.isfinite(v)
+                    }
+                    for i in sorted(spelled):
+                        lines[i] = template.spell(lines[i], tuple(col[i] for col in part))
+                    block = "".join(lines)
+            out.append(block)
         data = "".join(out).encode()  # ASCII: the keys were escaped, the values are floats
         return data, (_columns_of(rows) if columns else None)
 

@@ -22,7 +22,9 @@ Rows = Sequence[Mapping[str, object]]
 @dataclass(frozen=True)
 class Batch:
     """The new rows of one tick, per stream (``steps``, ``system``, ``events``, ``layers``, ...;
-    see :data:`nbmonitor.runs.format.STREAMS`). A stream with no new rows may be absent."""
+    see :data:`nbmonitor.runs.format.STREAMS`). A stream with no new rows may be absent. A
+    stream's rows may be held as columns (``nbmonitor.runs.column_rows.ColumnRows``, or parts
+    in a ``RowParts``): reading a row makes its dict; a sink that can use the columns checks."""
 
     streams: Mapping[str, Rows] = field(default_factory=dict)
 

@@ -115,3 +115,19 @@ def test_a_batch_of_steps_crosses_as_one_record_with_nothing_made_per_step(
     assert len(rows) == 1000 and made["StepRecord"] == 0  # read as columns, no record made
     assert norms[-1].tolist() == [1000.0] * 3
     assert ring.freed == 999  # the ring rows read are free again (step 1 copied its own)
+
+
+def test_a_learning_rate_change_not_published_yet_is_left_for_the_next_drain() -> None:
+    # The sampler may copy a block's learning rates between the training thread's two appends
+    # (lrs, then lr_rows): a change for a row not published yet must cost nothing.
+    recorder = Recorder()
+    for step in range(1, 5):
+        recorder.end_step(
+            step, 1.0, 0.01, 4, 1, (0.1,), None, None, None, None, math.nan, False, (), 0, None
+        )
+    block = recorder._block
+    assert block is not None and block.n == 2  # steps 2-3 published, 4 held
+    block.lrs.append((0.2,))  # as if the training thread were between its two appends
+    drained = recorder.drain()
+    assert [type(r) for r in drained] == [StepRecord, StepColumns]
+    assert drained[1].lrs == [(0.1,), (0.1,)]

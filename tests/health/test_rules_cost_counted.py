@@ -103,12 +103,18 @@ def test_the_time_rules_do_not_loop_over_the_monitors_busy_spells() -> None:
 
 def test_apart_from_monitor_is_the_spell_by_spell_answer() -> None:
     rng = np.random.default_rng(7)
-    for _ in range(20):
+    for trial in range(40):
         run = quiet_run(int(rng.integers(60, 300)))
         inp = timed(run.input())
-        starts = rng.uniform(1000.0, 1000.0 + run.step, int(rng.integers(1, 64)))
-        spells = tuple((float(a), float(a + rng.uniform(0, 5))) for a in np.sort(starts))
-        spells += ((float(starts.max()), float("inf")),)  # the tick running now
+        ends = inp.steps["time"]
+        if trial % 2:  # overlapping spells, in no order of their ends
+            starts = rng.uniform(ends[0], ends[-1], int(rng.integers(1, 64)))
+            spells = tuple((float(a), float(a + rng.uniform(0, 0.5))) for a in np.sort(starts))
+        else:  # the sampler's: one after another
+            edges = np.sort(rng.uniform(ends[0], ends[-1], 2 * int(rng.integers(1, 64))))
+            spells = tuple(zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True))
+        # The tick running now.
+        spells += ((max(float(ends[-3]), spells[-1][1]), float("inf")),)
         inp = dataclasses.replace(inp, monitor_busy=spells)
         view = HealthView(inp, None, None, 100)
         total = inp.steps["step_time"][-int(rng.integers(10, 200)) :]
