@@ -1,5 +1,6 @@
 """Counting the numpy calls each health rule makes per pass: a figure that does not depend on
-the machine's load (``benchmarks/health_cost.py --calls``, ``tests/health/test_cost_counted.py``).
+the machine's load (``benchmarks/health_cost.py --calls``,
+``tests/health/test_rules_cost_counted.py``).
 
 Numpy's per-call overhead (a few µs: argument parsing, dispatch, a new array) is most of what
 a rule costs on a slice of 16 steps, so the count is what the health stage's CPU follows.

@@ -151,6 +151,7 @@ class StepClock:
         self._pre_step_guard = self._guards["optimizer_pre_step"]
         self._post_step_guard = self._guards["optimizer_post_step"]
         self._loss_guard = self._guards["loss"]
+        self._clip_guard = self._guards["clip"]
         # Per moment, the (guard, bound method) of each probe that acts then, in order: on
         # the step in progress (``_at``), on any step (``_steady``), on a step a sampled probe
         # takes (``_sampled``, every probe), the next of which is ``_next_sampled``.
@@ -652,9 +653,10 @@ class StepClock:
                 at = self._at
                 norms = self._norms_direct
                 if norms is not None and at is self._steady:
-                    # _call() for the one probe due, written out: no dispatch loop a step.
+                    # _call() for the one probe due, written out: no dispatch loop a step (and
+                    # no call when a clip took the norms and there is nothing to check).
                     probe_guard = norms.guard
-                    if probe_guard.on:
+                    if probe_guard.on and (not self.ctx.clips or norms.raise_non_finite):
                         try:
                             norms.pre_step(self.ctx)
                         except NonFiniteError:
@@ -880,42 +882,62 @@ class StepClock:
     def clip_started(self, params: list[torch.Tensor]) -> None:
         # Another model's clip (or one of no parameters) is not this step's; without an
         # optimizer (none adopted, no pass held) a step ends with its backward, before any clip.
-        if params and id(params[0]) in self._param_ids and self._stepping():
-            self._guarded("clip", self._clip_start)
-
-    def _clip_start(self) -> None:
-        ctx = self.ctx
-        ctx.clips += 1
-        if ctx.clips == 1:
-            at = self._at
-            norms = self._norms_direct
-            if norms is not None and at is self._steady:
-                self._call_norms(norms.clip)
-            else:
-                self._call(at["clip"])
-
-    def _call_norms(self, call: Callable[[StepContext], None]) -> None:
-        """``_call`` for the gradient-norm probe alone (a steady step's only probe due then)."""
-        guard = self._norms_direct.guard if self._norms_direct is not None else None
-        if guard is None or not guard.on:
+        # (_guarded() written out: a loop that clips calls this every step.)
+        if not params or id(params[0]) not in self._param_ids:
             return
+        if self.optimizer is None and self._held is None:
+            return  # no optimizer steps the model, nor may be about to (no pass held)
+        guard = self._clip_guard
+        if not guard.on:
+            return
+        ctx = self.ctx
         try:
-            call(self.ctx)
-        except NonFiniteError:
-            raise
-        except Exception as exc:
-            guard.failed(exc)
-        else:
+            ctx.clips += 1
+            if ctx.clips == 1:
+                at = self._at
+                norms = self._norms_direct
+                if norms is not None and at is self._steady:
+                    # _call() for the one probe due, written out.
+                    probe_guard = norms.guard
+                    if probe_guard.on:
+                        try:
+                            norms.clip(ctx)
+                        except NonFiniteError:
+                            raise
+                        except Exception as exc:
+                            probe_guard.failed(exc)
+                        else:
+                            if probe_guard.in_a_row:
+                                probe_guard.ok()
+                else:
+                    self._call(at["clip"])
             if guard.in_a_row:
                 guard.ok()
+        except NonFiniteError:
+            ctx.norms = NO_NORMS
+            raise
+        except Exception as exc:
+            ctx.norms = NO_NORMS
+            guard.failed(exc)
 
     def clip_done(self, params: list[torch.Tensor], total: torch.Tensor, max_norm: object) -> None:
-        if params and id(params[0]) in self._param_ids and self._stepping():
-            self._guarded("clip", lambda: self.ctx.clip_ended(total, max_norm))
-
-    def _stepping(self) -> bool:
-        """An optimizer steps the model, or may be about to (a backward pass is held)."""
-        return self.optimizer is not None or self._held is not None
+        if not params or id(params[0]) not in self._param_ids:
+            return
+        if self.optimizer is None and self._held is None:
+            return
+        guard = self._clip_guard  # _guarded(), written out: no closure at each clip
+        if not guard.on:
+            return
+        try:
+            self.ctx.clip_ended(total, max_norm)
+            if guard.in_a_row:
+                guard.ok()
+        except NonFiniteError:
+            self.ctx.norms = NO_NORMS
+            raise
+        except Exception as exc:
+            self.ctx.norms = NO_NORMS
+            guard.failed(exc)
 
     def scaler_step_started(self, optimizer: object) -> None:
         if self._held is not None and isinstance(optimizer, torch.optim.Optimizer):

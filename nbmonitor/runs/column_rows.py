@@ -4,7 +4,7 @@ A fast loop brings a thousand steps a tick, and the sampler reads them as column
 (``_engine/assemble/alike.py``). ``ColumnRows`` carries such rows on as they are, one list per
 key, to everything downstream that can take columns: the store, the span log, the outbox, the
 run log's encoder (``encode.py``: the same bytes, from the columns) and the writer process (a
-dict of lists pickles many times faster than a list of dicts). It is still a ``Sequence`` of
+dict of lists pickles with no dict and no key per row). It is still a ``Sequence`` of
 rows: a consumer that needs rows (an exporter's per-row API) iterates it, and a row's dict is
 made then, for that consumer alone.
 

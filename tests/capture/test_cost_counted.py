@@ -130,18 +130,25 @@ C_CALLS_AT_DEFAULTS = 30
 # A loop that logs no loss: the root is released into a record by the next forward instead.
 PY_CALLS_WITHOUT_LOG = 24
 C_CALLS_WITHOUT_LOG = 34
+# A loop that clips: the clip's two listeners call the norms' probe and read the total with
+# their guards written out (37 calls before), and the pre-step hook then calls no probe.
+PY_CALLS_WITH_CLIP = 29
+C_CALLS_WITH_CLIP = 36
 
 
 @pytest.mark.parametrize(
-    ("log", "py_ceiling", "c_ceiling"),
+    ("log", "clip", "py_ceiling", "c_ceiling"),
     [
-        (True, PY_CALLS_AT_DEFAULTS, C_CALLS_AT_DEFAULTS),
-        (False, PY_CALLS_WITHOUT_LOG, C_CALLS_WITHOUT_LOG),
+        (True, False, PY_CALLS_AT_DEFAULTS, C_CALLS_AT_DEFAULTS),
+        (False, False, PY_CALLS_WITHOUT_LOG, C_CALLS_WITHOUT_LOG),
+        (True, True, PY_CALLS_WITH_CLIP, C_CALLS_WITH_CLIP),
     ],
-    ids=["defaults", "no-log"],
+    ids=["defaults", "no-log", "clip"],
 )
-def test_python_calls_per_step(tmp_path: Path, log: bool, py_ceiling: int, c_ceiling: int) -> None:
-    step, mon = _loop(tmp_path, True, log=log)
+def test_python_calls_per_step(
+    tmp_path: Path, log: bool, clip: bool, py_ceiling: int, c_ceiling: int
+) -> None:
+    step, mon = _loop(tmp_path, True, log=log, clip=clip)
     calls = collections.Counter[str]()
 
     def profile(frame: FrameType, event: str, arg: object) -> None:
@@ -167,6 +174,7 @@ def test_python_calls_per_step(tmp_path: Path, log: bool, py_ceiling: int, c_cei
     assert "clock.py:_call" not in calls
     assert "backward_loss.py:started" not in calls
     assert "clock.py:_pre_step" not in calls
+    assert "clock.py:_guarded" not in calls and "clock.py:_stepping" not in calls
     if log:
         assert "backward_loss.py:release" not in calls
 

@@ -394,10 +394,11 @@ class LrTooLow(Base):
         if not seen or lr is None:
             return nothing(rule)
         finite = lr[np.isfinite(lr)]
+        top = float(finite.max()) if finite.size else 0.0  # the same for every measured step
         for step, ratios in seen:
             row = int(np.searchsorted(view.step_col, step, side="right")) - 1
             here = float(lr[row]) if row >= 0 else math.nan
-            self._lr_peak = max(self._lr_peak, float(finite.max()) if finite.size else 0.0)
+            self._lr_peak = max(self._lr_peak, top)
             if step < t.min_history or not math.isfinite(here):
                 continue
             middle = _median(np.where(ratios > 0, ratios, np.nan))

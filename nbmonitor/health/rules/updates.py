@@ -22,7 +22,7 @@ from nbmonitor.health.rule import Base, Outcome, nothing
 from nbmonitor.health.rules.gradients import cancelled_biases
 from nbmonitor.health.thresholds import Thresholds
 from nbmonitor.health.view import HealthView
-from nbmonitor.health.window import BoolArray, FloatArray
+from nbmonitor.health.window import BoolArray, FloatArray, IntArray
 from nbmonitor.health.wording import HEALTHY_UPDATE, layer_list, num
 
 
@@ -154,6 +154,19 @@ def loss_falling(view: HealthView, step: int) -> bool:
     return bool(recent < FALLING * earlier)
 
 
+def _lr_so_far(view: HealthView) -> tuple[FloatArray, IntArray, FloatArray] | None:
+    """For each row of the lr column, the largest finite lr up to it (NaN before the first)
+    and the row of the last finite one (-1 before the first), and the column: made once a
+    check for the measured steps it judges (``HealthView.shared``)."""
+    lr = view.column("lr")
+    if lr is None:
+        return None
+    finite = np.isfinite(lr)
+    largest: FloatArray = np.fmax.accumulate(np.where(finite, lr, np.nan))
+    last: IntArray = np.maximum.accumulate(np.where(finite, np.arange(lr.size), -1))
+    return largest, last, lr
+
+
 @functools.lru_cache(maxsize=8)
 def weight_rows(names: tuple[str, ...]) -> BoolArray:
     """Which layers are weights, not biases (read-only: shared between checks)."""
@@ -220,13 +233,14 @@ class UpdateRatioLow(_UpdateRatio):
         judged = np.isfinite(ratios) & (ratios > 0)
         # A schedule that has decayed the learning rate far below its peak (the end of a
         # cosine decay) makes tiny updates on purpose.
-        lr = view.column("lr")
+        lr = view.shared("lr so far", lambda: _lr_so_far(view))
         if lr is not None:
-            seen = lr[: int(np.searchsorted(view.step_col, step, side="right"))]
-            seen = seen[np.isfinite(seen)]
-            if seen.size:
-                self._lr_max = max(self._lr_max, float(seen.max()))
-                if seen[-1] < DECAYED_LR * self._lr_max:
+            # The finite lrs up to ``step``: their largest and the last of them.
+            end = int(np.searchsorted(view.step_col, step, side="right"))
+            last = int(lr[1][end - 1]) if end else -1
+            if last >= 0:
+                self._lr_max = max(self._lr_max, float(lr[0][end - 1]))
+                if lr[2][last] < DECAYED_LR * self._lr_max:
                     return np.zeros_like(judged)
         if view.grads is not None and view.grads.shape[1]:
             latest = view.grads[:, -1]
