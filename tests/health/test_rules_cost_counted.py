@@ -12,13 +12,14 @@ from typing import Any
 import numpy as np
 import pytest
 from benchmarks.numpy_calls import NumpyCalls, count_numpy
+from numpy.lib.stride_tricks import sliding_window_view
 from tests.health.synthetic import Run
 
 from nbmonitor.health import Health, HealthInput
 from nbmonitor.health import rule as rule_module
 from nbmonitor.health.rules import loss as loss_rules
 from nbmonitor.health.rules import time as time_rules
-from nbmonitor.health.rules.gradients import ExplodingGradients, GradientSpike
+from nbmonitor.health.rules.gradients import ExplodingGradients, GradientSpike, _trailing_minima
 from nbmonitor.health.rules.loss import LossSpike
 from nbmonitor.health.rules.lr import LrScheduleTooFast
 from nbmonitor.health.view import HealthView
@@ -270,3 +271,15 @@ def test_the_schedule_rule_does_not_loop_over_the_new_rows() -> None:
         peaks.append((rule._peak, rule._peak_step))
     assert ran[0] == ran[1], ran
     assert peaks == [(1e-3 * math.cos(1 / 200), 1.0), (1e-3 * math.cos(1 / 8000), 1.0)]
+
+
+def test_the_spikes_trailing_minima_are_the_windows_minima() -> None:
+    """gradient_spike's least norm before each new step, in a few calls however many windows
+    (fewer than a window is long, or a wide slice's thousands): each window's minimum."""
+    rng = np.random.default_rng(3)
+    for _ in range(300):
+        window, k = int(rng.integers(1, 40)), int(rng.integers(1, 200))
+        seg = rng.lognormal(0, 1, window + k - 1)
+        seg[rng.random(seg.size) < 0.1] = np.inf  # a gap reads as no value
+        expected = sliding_window_view(seg, window).min(axis=1)
+        assert np.array_equal(_trailing_minima(seg, window), expected)

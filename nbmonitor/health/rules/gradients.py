@@ -363,13 +363,20 @@ RETURN_STEPS = 100_000
 
 
 def _trailing_minima(seg: FloatArray, window: int) -> FloatArray:
-    """``sliding_window_view(seg, window).min(axis=1)`` (no NaN in ``seg``), in a few calls
-    when the windows overlap (fewer of them than ``window``): each is the minimum of the part
-    every window shares, the end of the part before it and the start of the part after it."""
+    """``sliding_window_view(seg, window).min(axis=1)`` (no NaN in ``seg``) in a few calls
+    whatever the number of windows: with fewer windows than ``window``, each is the minimum of
+    the part every window shares, the end of the part before it and the start of the part
+    after it."""
     k = seg.size - window + 1
     if k > window:
-        least: FloatArray = sliding_window_view(seg, window).min(axis=1)
-        return least
+        # More windows than a window is long (a wide slice): blocks of ``window`` values, the
+        # minimum of each block's tail and of the next one's head (van Herk / Gil-Werman).
+        pad = -seg.size % window
+        blocks = (np.concatenate((seg, np.full(pad, np.inf))) if pad else seg).reshape(-1, window)
+        head = np.minimum.accumulate(blocks, axis=1).ravel()
+        tail = np.minimum.accumulate(blocks[:, ::-1], axis=1)[:, ::-1].ravel()
+        wide: FloatArray = np.minimum(tail[:k], head[window - 1 : window - 1 + k])
+        return wide
     least = np.full(k, seg[k - 1 : window].min())
     if k > 1:
         # Window j holds seg[j:k-1] before the shared part and seg[window:window+j] after it.
