@@ -121,3 +121,24 @@ def test_an_lr_far_too_high_is_named_when_its_update_ratios_arrive_a_tick_late()
     assert "lr_too_high" not in rules(first)
     (alert,) = [a for a in health.check(full) if a.rule == "lr_too_high"]
     assert alert.evidence["update_step"] == 1 and alert.step <= 101
+
+
+def test_an_lr_far_too_high_is_named_when_its_update_ratios_come_after_the_last_rows() -> None:
+    # The run's last check (at close) can bring the layer samples with no step row after the
+    # ones already checked: the large update is judged against the rows there are.
+    from dataclasses import replace
+
+    climb = lambda s: np.where(s >= 8, 5.0, 1.0)  # noqa: E731
+    full = data.run(60, loss=climb, ratio=data.flat(0.5), lr=data.flat(1.0))
+    k = len(data.LAYERS)
+    no_ratios = replace(
+        full,
+        update_ratios=np.full(k, np.nan),
+        update_steps=np.zeros(0),
+        update_series=np.zeros((k, 0)),
+        param_series=np.zeros((k, 0)),
+    )
+    health = Health()
+    assert "lr_too_high" not in rules(health.check(no_ratios))
+    (alert,) = [a for a in health.check(full) if a.rule == "lr_too_high"]
+    assert alert.evidence["update_step"] == 1 and alert.step <= 60

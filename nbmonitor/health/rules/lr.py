@@ -259,13 +259,17 @@ class LrTooHigh(Base):
     def check(self, view: HealthView) -> Outcome:
         rule = self.name
         t = self.thresholds
+        found = False
         for measured, ratios in self._ratios.new(view):
             middle = _median(ratios)
             if self._large is None and middle > t.update_ratio_high:
                 largest = float(np.nanmax(ratios))
                 self._large = (measured, middle, largest, self._level_before(view, measured))
+                found = True
         loss = view.column("loss")
-        if self._large is None or loss is None or not view.has_new_rows:
+        # A large update found now is judged now, new rows or not: its ratios can come in a
+        # check after the last steps' rows (the layer samples a tick late, or at close).
+        if self._large is None or loss is None or not (view.has_new_rows or found):
             return nothing(rule)
         at, middle, largest, before = self._large
         if not math.isfinite(before) or before <= 0:
