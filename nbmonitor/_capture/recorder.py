@@ -16,12 +16,16 @@ from nbmonitor._capture.device_value import DeviceValue, HostRing, to_device_val
 from nbmonitor.records import (
     MEASURED_KEYS,
     MEASURED_PREFIX,
+    AuxRecord,
     LogRecord,
+    MemoryRecord,
     NormLayout,
     Pending,
     Record,
+    SpanRecord,
     StepColumns,
     StepRecord,
+    StructureRecord,
 )
 
 
@@ -276,6 +280,11 @@ def _floats(values: tuple[object, ...], width: int) -> bool:
     return True
 
 
+# Records that carry no value of a step's row: the sampler files them apart from the rows
+# (layer samples sorted by step, spans, memory breakdowns, structural facts), so they can wait
+# beside an open block (``Recorder._side``) instead of closing it.
+_SIDE = frozenset((AuxRecord, SpanRecord, MemoryRecord, StructureRecord))
+
 # The rows a StepBlock's columns are made with, and its most (doubling in between): its lists
 # are dropped once it is read whole.
 FIRST_ROWS = 64
@@ -304,6 +313,14 @@ class Recorder:
     held is then the block's last row, published (``StepBlock.n``) when the next is held. A
     record put closes the block (the queue keeps the order made); the next steps are records
     again until two end in a row with nothing put between.
+
+    **Records beside a block** (``_side``): a record that carries no value of a step's row
+    (``_SIDE``: a sampled step's layer samples, memory breakdown and structural facts, a span)
+    put while a block is open does not close it: it waits in a side queue with a mark, the
+    block and its rows written then (or, once something is on the side, the main queue's last
+    item after the usual put), and the sampler drains it after the main queue, once what came
+    before it there is drained (``drain``). So a sampled step is a row of the block like any
+    other, and a tick's steps come as one block.
     """
 
     def __init__(self) -> None:
@@ -322,12 +339,16 @@ class Recorder:
         # whether what it put in _held is there still as far as it knows.
         self._block: StepBlock | None = None
         self._holding = False
+        # Records beside the main queue, each with what must be drained before it: a block
+        # and its rows then, or an item of the main queue (None: nothing).
+        self._side: collections.deque[tuple[Record, object, int]] = collections.deque()
 
     def __len__(self) -> int:
         blocks = sum(b.w - b.taken for b in list(self._queue) if type(b) is StepBlock)
         records = sum(type(b) is not StepBlock for b in list(self._queue))
         held = self._held.get(0)
-        return records + blocks + (held is not None and type(held) is not StepBlock)
+        side = len(self._side)
+        return records + blocks + side + (held is not None and type(held) is not StepBlock)
 
     def _take_held(self) -> StepRecord | StepBlock | None:
         """Take back what is held (training thread): a record is put, a block's last row
@@ -351,7 +372,15 @@ class Recorder:
             block.closed = True
 
     def put(self, record: Record) -> None:
-        """Put ``record``, after the step held (which can get nothing more now)."""
+        """Put ``record``, after the step held (which can get nothing more now); a record of
+        ``_SIDE`` put while a block is open (or others wait beside) goes beside it."""
+        side = record.__class__ in _SIDE
+        if side:
+            block = self._block
+            if block is not None:
+                self._side.append((record, block, block.w))
+                return
+            side = bool(self._side)  # after those waiting beside, in the order put
         # _take_held() and _close_block(), written out: a loop that logs more than its loss
         # puts a record a step.
         previous = self._held.pop(0, None)
@@ -365,6 +394,11 @@ class Recorder:
         self._holding = False
         if self._block is not None:
             self._close_block()
+        if side:
+            queue = self._queue
+            tail = queue[-1] if queue else None
+            self._side.append((record, tail, tail.w if type(tail) is StepBlock else 0))
+            return
         self._queue.append(record)
         if record.step > self._ended:
             self._mixed = True
@@ -547,7 +581,9 @@ class Recorder:
     def drain(self, wait: bool = False) -> list[Record]:
         """Records whose device values have landed, in order; stops at the first that has not
         (and after a block still open: what the training thread puts next comes after it). A
-        block's published rows come as one ``StepColumns`` a drain.
+        block's published rows come as one ``StepColumns`` a drain. Then the records beside
+        (``_side``), in the order put, up to the first whose mark is not drained yet or that
+        has not landed.
 
         With ``wait=True`` (used by close()) it waits for every record instead, the held one
         included.
@@ -583,4 +619,19 @@ class Recorder:
                     break
                 head.wait()
             out.append(queue.popleft())  # type: ignore[arg-type]
+        side = self._side
+        while side:
+            record, mark, rows = side[0]
+            if mark is not None:
+                if type(mark) is StepBlock:
+                    if mark.taken < rows:  # rows put before it not drained yet
+                        break
+                elif any(item is mark for item in queue):
+                    break
+            if not record.ready():
+                if not wait:
+                    break
+                record.wait()
+            out.append(record)
+            side.popleft()
         return out

@@ -131,3 +131,110 @@ def test_a_learning_rate_change_not_published_yet_is_left_for_the_next_drain() -
     drained = recorder.drain()
     assert [type(r) for r in drained] == [StepRecord, StepColumns]
     assert drained[1].lrs == [(0.1,), (0.1,)]
+
+
+def _sampled_run(steps: int, tick: int) -> list[list[Any]]:
+    """A loop whose sampled steps (every 100th and the first ten) put records of their own
+    before they end (update ratios, a structural fact, a memory breakdown) and which times a
+    span every 7 steps, through a Recorder as the clock uses it; one drain every ``tick``
+    steps, the sampler's way. The drains, each a list."""
+    from nbmonitor.memory import MemoryBreakdown
+    from nbmonitor.records import AuxRecord, MemoryRecord, SpanRecord, StructureRecord
+
+    rng = random.Random(1)
+    recorder = Recorder()
+    ring = HostRing(3, torch.float32, rows=2 * tick)
+    drains: list[list[Any]] = []
+    names = ("a", "b", "c")
+    for step in range(1, steps + 1):
+        if step <= 10 or step % 100 == 0:
+            packed = torch.tensor([rng.uniform(0.5, 2.0) for _ in range(6)])
+            recorder.put(AuxRecord(step, "update", names, DeviceValue(packed)))
+            recorder.put(StructureRecord(step, "forward", (("training", True),)))
+            recorder.put(MemoryRecord(MemoryBreakdown((), step=step)))
+        if step % 7 == 0:
+            recorder.put(SpanRecord("data", step, 1000.0 + step, 0.001))
+        row = ring.row()
+        assert row is not None
+        row.copy_(torch.tensor(_values(step, rng)))
+        fields = (step, 1000.0 + step, 0.01, 4, 1, (0.1,))
+        recorder.end_step(*fields, ring, None, None, None, math.nan, False, (), 0, PHASES)
+        if not recorder.fold_loss(step, 1.0 / step):
+            recorder.put(make_log_record(step, {"loss": 1.0 / step}))
+        if step % tick == 0:
+            drains.append(recorder.drain())
+    drains.append(recorder.drain(wait=True))
+    return drains
+
+
+def _read_all(drains: list[list[Any]]) -> dict[str, Any]:
+    from nbmonitor._engine.assemble.spans import span_rows
+    from nbmonitor.records import MemoryRecord
+
+    assembler = StepAssembler()
+    rows: list[dict[str, float]] = []
+    norms: list[tuple[list[int], list[float]]] = []
+    aux: list[tuple[int, str, list[float]]] = []
+    spans: list[dict[str, object]] = []
+    memory: list[int] = []
+    for records in drains:  # a tick each, as the pipeline collects
+        for part in assembler.feed(records):
+            spans += span_rows(part)
+            memory += [r.step for r in part if isinstance(r, MemoryRecord)]
+        rows += assembler.take_final()
+        blocks, tick_aux = assembler.take_layer_blocks()
+        norms += [(list(b.steps), b.norms.ravel().tolist()) for b in blocks]
+        aux += [(r.step, r.kind, values) for r, values in tick_aux]
+    rows += assembler.take_final(everything=True)
+    blocks, tick_aux = assembler.take_layer_blocks()
+    norms += [(list(b.steps), b.norms.ravel().tolist()) for b in blocks]
+    aux += [(r.step, r.kind, values) for r, values in tick_aux]
+    steps = [s for block_steps, _ in norms for s in block_steps]
+    values = np.concatenate([np.asarray(v) for _, v in norms]).reshape(len(steps), -1)
+    structure = assembler.take_structure()
+    return {
+        "rows": rows,
+        "norm_steps": steps,
+        "norms": values,
+        "aux": aux,
+        "spans": spans,
+        "memory": memory,
+        "structure": structure,
+    }
+
+
+def test_a_sampled_step_keeps_the_block_open_and_the_sampler_gets_the_same(
+    monkeypatch: Any,
+) -> None:
+    """2,000 steps of a `tiny`-like tick (~1,030 steps) at layer_every=100: the sampled steps'
+    records wait beside the block instead of closing it, so a tick is one or two blocks (it
+    was one every ~100 steps), and the rows, layer norms, update ratios, spans, memory and
+    structure read are those the records closing the block gave."""
+    import nbmonitor._capture.recorder as recorder_module
+
+    beside = _sampled_run(2000, 1030)
+    monkeypatch.setattr(recorder_module, "_SIDE", frozenset())
+    closing = _sampled_run(2000, 1030)
+    monkeypatch.undo()
+
+    def blocks(drains: list[list[Any]]) -> list[int]:
+        return [sum(isinstance(r, StepColumns) for r in d) for d in drains]
+
+    def step_records(drains: list[list[Any]]) -> int:
+        return sum(isinstance(r, StepRecord) for d in drains for r in d)
+
+    assert blocks(beside)[:1] == [1] and sum(blocks(beside)) <= 3  # counted: one a tick
+    assert sum(blocks(closing)) >= 18  # before: a block between two sampled steps
+    assert step_records(beside) <= 11  # the first ten sampled steps and the next: no block yet
+    assert step_records(closing) >= 20
+    got, want = _read_all(beside), _read_all(closing)
+    assert len(got["rows"]) == 2000
+    assert [list(r) for r in got["rows"]] == [list(r) for r in want["rows"]]
+    for a, b in zip(got["rows"], want["rows"], strict=True):
+        assert a == b or all(a[k] == b[k] or (math.isnan(a[k]) and math.isnan(b[k])) for k in b)
+    assert got["norm_steps"] == want["norm_steps"] == list(range(1, 2001))
+    np.testing.assert_array_equal(got["norms"], want["norms"])
+    assert got["aux"] == want["aux"] and len(got["aux"]) == 30
+    assert got["spans"] == want["spans"] and len(got["spans"]) == 2000 // 7
+    assert got["memory"] == want["memory"] and len(got["memory"]) == 30
+    assert got["structure"] == want["structure"]
