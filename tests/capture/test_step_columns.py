@@ -238,3 +238,91 @@ def test_a_sampled_step_keeps_the_block_open_and_the_sampler_gets_the_same(
     assert got["spans"] == want["spans"] and len(got["spans"]) == 2000 // 7
     assert got["memory"] == want["memory"] and len(got["memory"]) == 30
     assert got["structure"] == want["structure"]
+
+
+def _monitored_run(run_dir: str, beside: bool) -> tuple[list[int], dict[str, list[dict[str, Any]]]]:
+    """1,500 AdamW steps of a small MLP under ``attach`` (defaults: a sampled step every 100
+    and the early schedule), a span every 7 steps; with the sampled steps' records (and the
+    spans) beside the block or closing it. The blocks, step records and drains counted, and the run
+    log's streams read back."""
+    import glob
+    import json
+
+    import nbmonitor
+    import nbmonitor._capture.recorder as recorder_module
+
+    counted = [0, 0, 0]  # blocks, step records, drains
+    original = recorder_module.Recorder.drain
+
+    def drain(self: Recorder, wait: bool = False) -> list[Any]:
+        out = original(self, wait)
+        counted[0] += sum(type(r) is StepColumns for r in out)
+        counted[1] += sum(type(r) is StepRecord for r in out)
+        counted[2] += 1
+        return out
+
+    side = recorder_module._SIDE
+    try:
+        recorder_module.Recorder.drain = drain  # type: ignore[method-assign]
+        if not beside:
+            recorder_module._SIDE = frozenset()
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+        opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+        mon = nbmonitor.attach(model, opt, display=False, run_dir=run_dir)
+        x, y = torch.randn(32, 8), torch.randn(32, 1)
+        for i in range(1, 1501):
+            if i % 7:
+                out = model(x)
+            else:
+                with mon.span("forward"):
+                    out = model(x)
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(out, y)
+            loss.backward()
+            opt.step()
+            mon.log(loss=loss)
+        mon.close()
+    finally:
+        recorder_module.Recorder.drain = original  # type: ignore[method-assign]
+        recorder_module._SIDE = side
+    streams = {}
+    for name in ("steps", "layers", "spans", "memory", "events"):
+        (path,) = glob.glob(f"{run_dir}/*/{name}.jsonl")
+        with open(path) as f:
+            streams[name] = [json.loads(line) for line in f]
+    return counted, streams
+
+
+def _of_the_steps(row: dict[str, Any]) -> dict[str, Any]:
+    """A row less what the clock times (wall, phases, rates) and the thread: the same steps'
+    values in two runs."""
+    timed = ("time", "_s", "start", "dur", "thread", "flops", "mfu")
+    return {k: v for k, v in row.items() if not any(t in k for t in timed)}
+
+
+def test_a_monitored_run_with_sampled_steps_writes_the_same_run_log(tmp_path: Any) -> None:
+    """The same loop under ``attach`` with the sampled steps' records beside the block and
+    closing it writes the same steps, update ratios, spans and memory breakdowns to the run
+    log (the timings aside), and the grad-norm layer row at the end; the per-tick layer
+    snapshots are at the steps the ticks fell on, which no two runs share."""
+    (blocks, records, drains), got = _monitored_run(str(tmp_path / "beside"), beside=True)
+    (_, were_records, _), want = _monitored_run(str(tmp_path / "closing"), beside=False)
+    # A block closed by each span and sampled step, the step after it a record.
+    assert were_records >= 2 * (1500 // 7)
+    # The early schedule's first steps (each sampled: no block open yet; 18 here), and a step
+    # after each drain that handed the held row on; a drain takes at most a closed block and
+    # the open one.
+    assert records <= 30 + drains and 1 <= blocks <= 2 * drains
+    for name in ("steps", "spans", "memory", "events"):
+        assert [_of_the_steps(r) for r in got[name]] == [_of_the_steps(r) for r in want[name]]
+    assert len(got["steps"]) == 1500 and len(got["spans"]) == 1500 // 7
+
+    def updates(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [r for r in rows if not any(k.startswith("grad_norm/") for k in r)]
+
+    def last_grads(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [r for r in rows if r["step"] == 1500 and any("grad_norm/" in k for k in r)]
+
+    assert updates(got["layers"]) == updates(want["layers"]) and len(updates(got["layers"])) == 37
+    assert last_grads(got["layers"]) == last_grads(want["layers"]) != []
