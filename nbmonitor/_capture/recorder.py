@@ -626,7 +626,10 @@ class Recorder:
                 if type(mark) is StepBlock:
                     if mark.taken < rows:  # rows put before it not drained yet
                         break
-                elif any(item is mark for item in queue):
+                # A copy (one C call under the GIL): iterating the deque itself while the
+                # training thread appends to it raises RuntimeError, and the records already
+                # taken out would be lost with it.
+                elif any(item is mark for item in list(queue)):
                     break
             if not record.ready():
                 if not wait:

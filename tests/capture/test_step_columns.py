@@ -304,8 +304,8 @@ def _of_the_steps(row: dict[str, Any]) -> dict[str, Any]:
 def test_a_monitored_run_with_sampled_steps_writes_the_same_run_log(tmp_path: Any) -> None:
     """The same loop under ``attach`` with the sampled steps' records beside the block and
     closing it writes the same steps, update ratios, spans and memory breakdowns to the run
-    log (the timings aside), and the grad-norm layer row at the end; the per-tick layer
-    snapshots are at the steps the ticks fell on, which no two runs share."""
+    log (the timings aside), and a grad-norm layer row of the same layers at the end; the
+    per-tick layer snapshots are at the steps the ticks fell on, which no two runs share."""
     (blocks, records, drains), got = _monitored_run(str(tmp_path / "beside"), beside=True)
     (_, were_records, _), want = _monitored_run(str(tmp_path / "closing"), beside=False)
     # A block closed by each span and sampled step, the step after it a record.
@@ -325,4 +325,11 @@ def test_a_monitored_run_with_sampled_steps_writes_the_same_run_log(tmp_path: An
         return [r for r in rows if r["step"] == 1500 and any("grad_norm/" in k for k in r)]
 
     assert updates(got["layers"]) == updates(want["layers"]) and len(updates(got["layers"])) == 37
-    assert last_grads(got["layers"]) == last_grads(want["layers"]) != []
+    # The grad-norm row a tick writes sums up the steps since the one before (which steps a
+    # tick took differs from run to run, more so on a loaded machine): the same layers at the
+    # last step, not the same values (the hand-driven test above compares the norms).
+    assert (
+        [sorted(r) for r in last_grads(got["layers"])]
+        == [sorted(r) for r in last_grads(want["layers"])]
+        != []
+    )
