@@ -304,7 +304,7 @@ class Recorder:
     that cannot be folded, the next step's own records), when the training thread hands it on
     (``release``: a flush, close), or by the sampler once it has stayed held through a whole
     drain (a loop that stopped, or a step longer than a tick). A step that put records of its
-    own (a sampled step's) is not held: it goes with them. Whoever pops it from ``_held`` (one
+    own (a sampled step's) is not held: it goes with them. Whoever pops it from ``held`` (one
     atomic ``dict.pop``) owns it: the other side then finds nothing to fold into or to put.
 
     **Steps as columns** (``end_step``): once a step ends with the one before it still held
@@ -325,7 +325,10 @@ class Recorder:
 
     def __init__(self) -> None:
         self._queue: collections.deque[Record | StepBlock] = collections.deque()
-        self._held: dict[int, StepRecord | StepBlock] = {}
+        # What is held (key 0), and the block steps are written into (below): read by the
+        # norm probe on the training thread to choose where a step's norms go (public, as an
+        # attribute read: a property would be a call a step); written here only.
+        self.held: dict[int, StepRecord | StepBlock] = {}
         # What the last drain found held (and, for a block, its rows written then): still held
         # at the next, it is handed on there.
         self._seen: StepRecord | StepBlock | None = None
@@ -336,8 +339,8 @@ class Recorder:
         self._mixed = False
         self._ended = -1  # the step of the last step record held or put
         # The training thread's: the block steps are written into (None: records), and
-        # whether what it put in _held is there still as far as it knows.
-        self._block: StepBlock | None = None
+        # whether what it put in held is there still as far as it knows.
+        self.block: StepBlock | None = None
         self._holding = False
         # Records beside the main queue, each with what must be drained before it: a block
         # and its rows then, or an item of the main queue (None: nothing).
@@ -346,17 +349,17 @@ class Recorder:
     def __len__(self) -> int:
         blocks = sum(b.w - b.taken for b in list(self._queue) if type(b) is StepBlock)
         records = sum(type(b) is not StepBlock for b in list(self._queue))
-        held = self._held.get(0)
+        held = self.held.get(0)
         side = len(self._side)
         return records + blocks + side + (held is not None and type(held) is not StepBlock)
 
     def _take_held(self) -> StepRecord | StepBlock | None:
         """Take back what is held (training thread): a record is put, a block's last row
         published; None when nothing was, or the sampler took it (which closed that block)."""
-        previous = self._held.pop(0, None)
+        previous = self.held.pop(0, None)
         if previous is None:
             if self._holding:
-                self._block = None  # the sampler handed it on: its block is closed
+                self.block = None  # the sampler handed it on: its block is closed
         elif type(previous) is StepBlock:
             previous.n = previous.w
         else:
@@ -365,9 +368,9 @@ class Recorder:
         return previous
 
     def _close_block(self) -> None:
-        block = self._block
+        block = self.block
         if block is not None:
-            self._block = None
+            self.block = None
             block.n = block.w
             block.closed = True
 
@@ -376,23 +379,23 @@ class Recorder:
         ``_SIDE`` put while a block is open (or others wait beside) goes beside it."""
         side = record.__class__ in _SIDE
         if side:
-            block = self._block
+            block = self.block
             if block is not None:
                 self._side.append((record, block, block.w))
                 return
             side = bool(self._side)  # after those waiting beside, in the order put
         # _take_held() and _close_block(), written out: a loop that logs more than its loss
         # puts a record a step.
-        previous = self._held.pop(0, None)
+        previous = self.held.pop(0, None)
         if previous is None:
             if self._holding:
-                self._block = None  # the sampler handed it on: its block is closed
+                self.block = None  # the sampler handed it on: its block is closed
         elif previous.__class__ is StepBlock:
             previous.n = previous.w
         else:
             self._queue.append(previous)
         self._holding = False
-        if self._block is not None:
+        if self.block is not None:
             self._close_block()
         if side:
             queue = self._queue
@@ -413,7 +416,7 @@ class Recorder:
             self._mixed = False
             self._queue.append(record)
         else:
-            self._held[0] = record
+            self.held[0] = record
             self._holding = True
 
     def end_step(
@@ -438,17 +441,17 @@ class Recorder:
         steps are written into when it is ordinary, else a record; held either way. (Types
         compared through ``__class__``: no call.)"""
         # _take_held(), written out: one call less a step.
-        previous = self._held.pop(0, None)
+        previous = self.held.pop(0, None)
         if previous is None:
             if self._holding:
-                self._block = None  # the sampler handed it on: its block is closed
+                self.block = None  # the sampler handed it on: its block is closed
         elif previous.__class__ is StepBlock:
             previous.n = previous.w
         else:
             self._queue.append(previous)
         self._holding = False
         self._ended = step
-        block = self._block
+        block = self.block
         ring = norms if norms.__class__ is HostRing else None
         if (
             not self._mixed
@@ -474,7 +477,7 @@ class Recorder:
                 self._close_block()
                 block = None
             if block is None and _floats(lrs, len(lrs)):
-                block = self._block = StepBlock(
+                block = self.block = StepBlock(
                     step,
                     ring,
                     norm_index,
@@ -508,7 +511,7 @@ class Recorder:
                         block.heads[w] = ring.head
                     ring.seq += 1  # the row written is the step's (HostRing.commit)
                 block.w = w + 1
-                self._held[0] = block
+                self.held[0] = block
                 self._holding = True
                 return
         if block is not None:
@@ -536,7 +539,7 @@ class Recorder:
             self._mixed = False
             self._queue.append(record)
         else:
-            self._held[0] = record
+            self.held[0] = record
             self._holding = True
 
     def release(self) -> None:
@@ -545,7 +548,7 @@ class Recorder:
 
     def held_step(self) -> int:
         """The step of the record held (-1: none)."""
-        held = self._held.get(0)
+        held = self.held.get(0)
         if held is None:
             return -1
         return held.step + held.w - 1 if type(held) is StepBlock else held.step
@@ -553,11 +556,11 @@ class Recorder:
     def fold_loss(self, step: int, loss: float | Pending) -> bool:
         """Fold ``loss`` (logged alone for ``step``) into that step's held record; False when
         it is not held or already has one (the caller then puts a LogRecord)."""
-        held = self._held
+        held = self.held
         record = held.pop(0, None)
         if record is None:
             if self._holding:  # the sampler handed it on
-                self._block = None
+                self.block = None
                 self._holding = False
             return False
         if type(record) is StepBlock:
@@ -588,11 +591,11 @@ class Recorder:
         With ``wait=True`` (used by close()) it waits for every record instead, the held one
         included.
         """
-        held = self._held.get(0)
+        held = self.held.get(0)
         if held is not None:
             rows = held.w if type(held) is StepBlock else 0
             if wait or (held is self._seen and rows == self._seen_rows):
-                taken = self._held.pop(0, None)  # None: the training thread took it meanwhile
+                taken = self.held.pop(0, None)  # None: the training thread took it meanwhile
                 if type(taken) is StepBlock:
                     taken.n = taken.w
                     taken.closed = True

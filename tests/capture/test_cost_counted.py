@@ -218,7 +218,7 @@ def test_records_and_hooks_at_defaults(tmp_path: Path) -> None:
     clock = mon.internals.clock()
     clock.recorder.release()
     queue = clock.recorder._queue
-    before, block = len(queue), clock.recorder._block
+    before, block = len(queue), clock.recorder.block
     assert block is not None and block is queue[-1]  # the steps go into columns
     rows = block.w
     for _ in range(STEPS):
@@ -239,7 +239,7 @@ def test_records_and_hooks_at_defaults(tmp_path: Path) -> None:
     mon.close()
     # One row of columns a step, no record: the step, its phases and the loss logged after it
     # folded in.
-    assert kinds == {} and clock.recorder._block is block
+    assert kinds == {} and clock.recorder.block is block
     assert block.w == block.n == rows + STEPS
     assert block.phases is not None
     assert all(isinstance(block.loss[i], float) for i in range(rows, rows + STEPS))

@@ -125,7 +125,7 @@ def test_a_learning_rate_change_not_published_yet_is_left_for_the_next_drain() -
         recorder.end_step(
             step, 1.0, 0.01, 4, 1, (0.1,), None, None, None, None, math.nan, False, (), 0, None
         )
-    block = recorder._block
+    block = recorder.block
     assert block is not None and block.n == 2  # steps 2-3 published, 4 held
     block.lrs.append((0.2,))  # as if the training thread were between its two appends
     drained = recorder.drain()

@@ -315,13 +315,13 @@ class GradNormProbe(ProbeBase):
         recorder = ctx.recorder
         # Into a HostRing row only when the step can be a row of columns (Recorder.end_step:
         # a block is open or the last step is held); else packed as a record's value at once.
-        ctx.norms = self.norm_pass.take(recorder._block is not None or 0 in recorder._held)  # noqa: SLF001
+        ctx.norms = self.norm_pass.take(recorder.block is not None or 0 in recorder.held)
         ctx.cross = self.norm_pass.cross
 
     def pre_step(self, ctx: StepContext) -> None:
         if not ctx.clips:
             recorder = ctx.recorder
-            ctx.norms = self.norm_pass.take(recorder._block is not None or 0 in recorder._held)  # noqa: SLF001
+            ctx.norms = self.norm_pass.take(recorder.block is not None or 0 in recorder.held)
             ctx.cross = self.norm_pass.cross
         # Checked here, not at the clip: a GradScaler's inf step never reaches the optimizer.
         if self.raise_non_finite:
