@@ -5,6 +5,7 @@ looks most like it."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 from tests.health import causes_data as data
@@ -100,24 +101,28 @@ def test_weight_decay_that_collapses_the_weights_is_named_at_the_layers() -> Non
     assert "weight_decay_too_high" not in rules(learning)
 
 
-def test_an_lr_far_too_high_is_named_when_its_update_ratios_arrive_a_tick_late() -> None:
-    # The update ratios come from the layer samples, which can reach a check after the steps
-    # that followed them (a loaded machine): the loss rows already checked must still count.
+def _without_ratios(run: Any) -> Any:
+    """``run`` as a check sees it before its layer samples' update ratios have come."""
     from dataclasses import replace
 
-    climb = lambda s: np.where(s >= 8, 5.0, 1.0)  # noqa: E731
-    full = data.run(130, loss=climb, ratio=data.flat(0.5), lr=data.flat(1.0))
     k = len(data.LAYERS)
-    early = data.run(120, loss=climb, ratio=data.flat(0.5), lr=data.flat(1.0))
-    no_ratios = replace(
-        early,
+    return replace(
+        run,
         update_ratios=np.full(k, np.nan),
         update_steps=np.zeros(0),
         update_series=np.zeros((k, 0)),
         param_series=np.zeros((k, 0)),
     )
+
+
+def test_an_lr_far_too_high_is_named_when_its_update_ratios_arrive_a_tick_late() -> None:
+    # The update ratios come from the layer samples, which can reach a check after the steps
+    # that followed them (a loaded machine): the loss rows already checked must still count.
+    climb = lambda s: np.where(s >= 8, 5.0, 1.0)  # noqa: E731
+    full = data.run(130, loss=climb, ratio=data.flat(0.5), lr=data.flat(1.0))
+    early = data.run(120, loss=climb, ratio=data.flat(0.5), lr=data.flat(1.0))
     health = Health()
-    first = health.check(no_ratios)
+    first = health.check(_without_ratios(early))
     assert "lr_too_high" not in rules(first)
     (alert,) = [a for a in health.check(full) if a.rule == "lr_too_high"]
     assert alert.evidence["update_step"] == 1 and alert.step <= 101
@@ -126,19 +131,9 @@ def test_an_lr_far_too_high_is_named_when_its_update_ratios_arrive_a_tick_late()
 def test_an_lr_far_too_high_is_named_when_its_update_ratios_come_after_the_last_rows() -> None:
     # The run's last check (at close) can bring the layer samples with no step row after the
     # ones already checked: the large update is judged against the rows there are.
-    from dataclasses import replace
-
     climb = lambda s: np.where(s >= 8, 5.0, 1.0)  # noqa: E731
     full = data.run(60, loss=climb, ratio=data.flat(0.5), lr=data.flat(1.0))
-    k = len(data.LAYERS)
-    no_ratios = replace(
-        full,
-        update_ratios=np.full(k, np.nan),
-        update_steps=np.zeros(0),
-        update_series=np.zeros((k, 0)),
-        param_series=np.zeros((k, 0)),
-    )
     health = Health()
-    assert "lr_too_high" not in rules(health.check(no_ratios))
+    assert "lr_too_high" not in rules(health.check(_without_ratios(full)))
     (alert,) = [a for a in health.check(full) if a.rule == "lr_too_high"]
     assert alert.evidence["update_step"] == 1 and alert.step <= 60
