@@ -39,6 +39,8 @@ from nbmonitor._capture.probes import base
 from nbmonitor._capture.probes.grad_norms import NormPass
 
 BOOTSTRAP_RESAMPLES = 4000
+# The block statistics compared: wall (the median and the mean step), CPU a step (thread, process).
+STATS = ("median", "mean", "thread_cpu", "process_cpu")
 
 
 def mlp20(width: int = 256, depth: int = 20) -> torch.nn.Module:
@@ -222,7 +224,10 @@ def run_block(
         norms = NormPass(list(model.parameters()))
     cuda = next(model.parameters()).is_cuda
     times = []
+    cpu = time.thread_time(), time.process_time()
     for i in range(steps + warmup):
+        if i == warmup:
+            cpu = time.thread_time(), time.process_time()
         if i == warmup and cuda:
             torch.cuda.synchronize()
             start = time.perf_counter()
@@ -236,6 +241,7 @@ def run_block(
             opt.zero_grad(set_to_none=True)
         if i >= warmup:  # the first steps of a block warm caches and allocators
             times.append(time.perf_counter() - t0)
+    thread_cpu, process_cpu = time.thread_time() - cpu[0], time.process_time() - cpu[1]
     if cuda:
         # On a GPU the host runs ahead of the device: time the whole block, synchronised.
         torch.cuda.synchronize()
@@ -246,7 +252,15 @@ def run_block(
         naive.close()
     if early is not None:
         early()
-    return {"median": statistics.median(times), "mean": statistics.fmean(times)}
+    return {
+        "median": statistics.median(times),
+        "mean": statistics.fmean(times),
+        # CPU a timed step (the training thread's; the process's, its other threads' too),
+        # which a loaded machine moves less than wall times. With one torch thread
+        # (OMP_NUM_THREADS=1) the training thread's is all of the loop's own work.
+        "thread_cpu": thread_cpu / steps,
+        "process_cpu": process_cpu / steps,
+    }
 
 
 def environment() -> dict[str, Any]:
@@ -325,26 +339,27 @@ def main() -> int:
                     blocks[mode].append(
                         run_block(task, mode, model, loss_fn, opt, args.steps, tmp, args.warmup)
                     )
+                print(f"{task}: round {r + 1} of {args.rounds}", file=sys.stderr, flush=True)
             summary: dict[str, Any] = {"params": params, "param_tensors": tensors}
             for mode in args.modes:
                 summary[mode] = {
                     stat: compare(
                         [b[stat] for b in blocks["baseline"]], [b[stat] for b in blocks[mode]]
                     )
-                    for stat in ("median", "mean")
+                    for stat in STATS
                 }
             results["tasks"][task] = summary
             print(f"{task}: {params:,} params in {tensors} tensors", file=sys.stderr)
             for mode in args.modes:
-                line = f"  {mode:22s}"
-                for stat in ("median", "mean"):
+                print(f"  {mode}", file=sys.stderr)
+                for stat in STATS:
                     c = summary[mode][stat]
                     lo, hi = c["overhead_percent_ci95"]
-                    line += (
-                        f"  {stat} step {c['step_ms']:7.3f} ms {c['overhead_percent']:+6.2f} % "
-                        f"(95 % CI {lo:+.2f}..{hi:+.2f})"
+                    print(
+                        f"    {stat:12s} {c['step_ms']:8.3f} ms {c['overhead_percent']:+6.2f} % "
+                        f"(95 % CI {lo:+.2f}..{hi:+.2f})",
+                        file=sys.stderr,
                     )
-                print(line, file=sys.stderr)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
