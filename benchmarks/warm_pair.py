@@ -4,6 +4,12 @@ takes the gradient norms, stepped in turn (two models, as against the five of ``
 
     python benchmarks/warm_pair.py                  # tiny, 3000 pairs
     python benchmarks/warm_pair.py --twins 5        # with three plain twins stepped between
+    python benchmarks/warm_pair.py --hooks          # and a twin with the same hooks, empty
+
+With ``--hooks`` a third twin carries the hooks nbmonitor registers at defaults, each empty (its
+pre-step one takes the norms, as the norm twin does): ``hooks - norm`` is torch's own dispatch
+of those hooks, ``monitored - hooks`` what nbmonitor does in them (benchmarks/cost.py's floor,
+warm).
 
 With five twins stepped in turn (``--twins 5``, as the floor does) each step runs with its code
 and data evicted by the four others', and nbmonitor's ~30 Python calls a step cost about twice
@@ -26,6 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import nbmonitor
+from cost import _empty_hooks
 from nbmonitor._capture.probes.grad_norms import NormPass
 from overhead import BOOTSTRAP_RESAMPLES, make_task
 
@@ -39,6 +46,8 @@ def _twin(task: str, kind: str, run_dir: str) -> tuple[Callable[[], None], objec
         else None
     )
     norms = NormPass(list(model.parameters()))
+    if kind == "hooks":
+        _empty_hooks(model, opt, norms)
 
     def step() -> None:
         loss = loss_fn(model)
@@ -59,9 +68,11 @@ def main() -> int:
     ap.add_argument("--twins", type=int, default=2, help="2: the pair alone; more: plain twins")
     ap.add_argument("--pairs", type=int, default=3000)
     ap.add_argument("--warmup", type=int, default=150)
+    ap.add_argument("--hooks", action="store_true", help="a twin with the same hooks, empty")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        kinds = ["norm", "monitored"] + ["plain"] * max(0, args.twins - 2)
+        kinds = ["norm", "monitored"] + ["hooks"] * args.hooks
+        kinds += ["plain"] * max(0, args.twins - len(kinds))
         twins = [_twin(args.task, kind, tmp) for kind in kinds]
         for _ in range(args.warmup):
             for step, _ in twins:
@@ -76,15 +87,22 @@ def main() -> int:
         for _, mon in twins:
             if mon is not None:
                 mon.close()  # type: ignore[attr-defined]
-    d = (np.asarray(times[1]) - np.asarray(times[0])) / 1000.0
+    print(
+        f"{args.task}, {len(twins)} twins, {args.pairs} pairs: norm step "
+        f"{statistics.median(times[0]) / 1000:.1f} us; monitored - norm {_diff(times[1], times[0])}"
+    )
+    if args.hooks:
+        hooks, mine = _diff(times[2], times[0]), _diff(times[1], times[2])
+        print(f"  hooks - norm {hooks}, monitored - hooks {mine}")
+    return 0
+
+
+def _diff(a: list[int], b: list[int]) -> str:
+    """The median of the per-pass differences (us) and its 95 % bootstrap interval."""
+    d = (np.asarray(a) - np.asarray(b)) / 1000.0
     rows = np.random.default_rng(0).integers(0, len(d), size=(BOOTSTRAP_RESAMPLES, len(d)))
     lo, hi = np.quantile(np.median(d[rows], axis=1), [0.025, 0.975])
-    print(
-        f"{args.task}, {args.twins} twins, {args.pairs} pairs: norm step "
-        f"{statistics.median(times[0]) / 1000:.1f} us; monitored - norm "
-        f"+{np.median(d):.1f} us [{lo:+.1f} .. {hi:+.1f}]"
-    )
-    return 0
+    return f"{np.median(d):+.1f} us [{lo:+.1f} .. {hi:+.1f}]"
 
 
 if __name__ == "__main__":

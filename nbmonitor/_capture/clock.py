@@ -34,7 +34,16 @@ from nbmonitor._capture.inputs import (
     learning_rates,
     output_loss,
 )
-from nbmonitor._capture.phases import PhaseTimer
+from nbmonitor._capture.phases import (
+    END,
+    FORWARD_END,
+    FORWARD_START,
+    INTO,
+    OPTIMIZER_START,
+    PHASE_ZEROS,
+    EventIntervals,
+    PhaseTimer,
+)
 from nbmonitor._capture.probes.base import NO_NORMS, Probe, StepContext, next_due
 from nbmonitor._capture.probes.grad_norms import GradNormProbe
 from nbmonitor._capture.probes.structure import StructureProbe, optimizer_facts
@@ -56,7 +65,18 @@ _dynamo_frames: Callable[[], object] = getattr(
     lambda: True,
 )
 _grad_enabled = torch.is_grad_enabled
+_Tensor = torch.Tensor  # (one global load where the hooks test a type)
 
+
+# The phase each mark closes, by the mark before it (phases.INTO): the marks the hooks write out
+# while the timer is ``fast``.
+_INTO_FORWARD_START = INTO[FORWARD_START]
+_INTO_FORWARD_END = INTO[FORWARD_END]
+_INTO_OPTIMIZER_START = INTO[OPTIMIZER_START]
+_INTO_END = INTO[END]
+
+# No learning rate is this (StepClock._lr_one before one is read, or with several groups).
+_NOT_SEEN = object()
 
 # What a probe is called with at each moment, in order: (its guard, its bound method).
 _Calls = tuple[tuple[Guard, Callable[..., None]], ...]
@@ -208,6 +228,8 @@ class StepClock:
         # _learning_rates): none yet.
         self._lrs: tuple[float | DeviceValue, ...] = ()
         self._lrs_seen: tuple[object, ...] = ()
+        # The one group's learning rate read last, a number (else _NOT_SEEN: read it again).
+        self._lr_one: object = _NOT_SEEN
         self._step_depth = 0  # optimizer.step() calls under way (see _step_pre)
         # The last step's loss tensor that crossed with its norms (CUDA, _cross): (step, the
         # tensor, its version then, its value in the crossing); mon.log of that tensor for that
@@ -344,7 +366,7 @@ class StepClock:
                     logged = step
             if logged < 0:
                 number: object = value
-                if type(value) is torch.Tensor and value.is_cpu:
+                if type(value) is _Tensor and value.is_cpu:
                     try:
                         number = value.item()
                     except RuntimeError:
@@ -479,7 +501,16 @@ class StepClock:
         try:
             if self._held is not None and self._held.reset():
                 self._release(backward_only=True)
-            self.phases.forward_start()
+            phases = self.phases
+            if phases.fast:  # PhaseTimer.forward_start(), written out
+                t = phases.clock()
+                last = phases.last
+                if last >= 0:
+                    phases.sums[_INTO_FORWARD_START[last]] += t - phases.t
+                phases.t = t
+                phases.last = FORWARD_START
+            else:
+                phases.forward_start()
             if self._step_start is None:
                 self._step_start = self._clock()
             calls = self._at["forward_pre"]
@@ -507,7 +538,16 @@ class StepClock:
             return None
         try:
             # Without an optimizer the step ends with the backward: _backward marks it.
-            self.phases.forward_ended(output, self.optimizer is not None)
+            phases = self.phases
+            if phases.fast:  # PhaseTimer.forward_ended(), written out
+                t = phases.clock()
+                last = phases.last
+                if last >= 0:
+                    phases.sums[_INTO_FORWARD_END[last]] += t - phases.t
+                phases.t = t
+                phases.last = FORWARD_END
+            else:
+                phases.forward_ended(output, self.optimizer is not None)
             # A micro-batch counts once its forward has run (a forward that raised is none).
             ctx = self.ctx
             self._forwarded = True
@@ -517,7 +557,7 @@ class StepClock:
                 self._held.forwarded = True
             # forward_counts(), its usual case written out (one tensor argument): a shape read.
             first = args[0] if args and not kwargs else None
-            if type(first) is torch.Tensor:
+            if type(first) is _Tensor:
                 shape = first.shape
                 if len(shape) == 2 and first.dtype in TOKEN_DTYPES:
                     samples, tokens = shape[0], shape[0] * shape[1]
@@ -525,7 +565,6 @@ class StepClock:
                     samples, tokens = (shape[0] if shape else 1), 0
             else:
                 samples, tokens = forward_counts(args, kwargs)
-            ctx.forward_samples, ctx.forward_tokens = samples, tokens
             if not self._batches_counted:
                 ctx.micro += 1
                 self._samples += samples
@@ -534,6 +573,8 @@ class StepClock:
                 self._loss.release(ctx.step)
             calls = self._at["forward"]
             if calls:
+                # (read by a probe's forward only: the FLOPs count's)
+                ctx.forward_samples, ctx.forward_tokens = samples, tokens
                 self._call(calls, output)
             if self.optimizer is None:
                 loss = output_loss(output)
@@ -619,7 +660,7 @@ class StepClock:
         call of its own), or once its closure returns (``closure_returned``)."""
         if not closure_returned:
             self._step_depth += 1
-            if self._step_depth > 1 or self._absorb or kwargs or len(args) > 1:
+            if self._step_depth > 1 or self._absorb or kwargs or args[1:]:
                 try:
                     if self._step_depth > 1 and inputs.nested_step(optimizer):
                         return None  # a subclass's step() calling super().step(): hooks twice
@@ -677,7 +718,16 @@ class StepClock:
                 self.ctx.norms = NO_NORMS
                 guard.failed(exc)
         # After the probes: their work is "other".
-        self.phases.optimizer_start()
+        phases = self.phases
+        if phases.fast:  # PhaseTimer.optimizer_start(), written out
+            t = phases.clock()
+            last = phases.last
+            if last >= 0:
+                phases.sums[_INTO_OPTIMIZER_START[last]] += t - phases.t
+            phases.t = t
+            phases.last = OPTIMIZER_START
+        else:
+            phases.optimizer_start()
         return None
 
     def _step_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -725,23 +775,38 @@ class StepClock:
         ctx.norms = NO_NORMS
         # On the device and not crossed yet (CUDA): with the loss, now.
         norms = self._cross(taken) if isinstance(taken, tuple) else taken
-        clip_total = None if skipped else ctx.clip_total
-        max_norm = ctx.max_norm
-        ctx.clips, ctx.clip_total, ctx.max_norm = 0, None, math.nan
-        durations = self.phases.step_end(ctx.step, now)
+        if ctx.clips:  # (clip_total and max_norm are set only at a clip: StepContext.clip_ended)
+            clip_total = None if skipped else ctx.clip_total
+            max_norm = ctx.max_norm
+            ctx.clips, ctx.clip_total, ctx.max_norm = 0, None, math.nan
+        else:
+            clip_total, max_norm = None, math.nan
+        phases = self.phases
+        last = phases.last
+        if phases.fast and last >= 0 and phases.guard.on:  # PhaseTimer.step_end(), written out
+            sums = phases.sums
+            sums[_INTO_END[last]] += now - phases.t
+            phases.t = now
+            phases.last = END
+            durations: tuple[float, ...] | EventIntervals | None = tuple(sums)
+            sums[:] = PHASE_ZEROS
+            if phases.device_every and (ctx.step + 1) % phases.device_every == 0:
+                phases.start_device()
+        else:
+            durations = phases.step_end(ctx.step, now)
         optimizer = self.optimizer
         if optimizer is None:
             added: tuple[tuple[int, int, int], ...] = ()
             lrs: tuple[float | DeviceValue, ...] = ()
         else:
             groups = optimizer.param_groups
-            if len(groups) != self._n_groups:
+            n = len(groups)
+            if n != self._n_groups:
                 added = inputs.groups_added(optimizer, self._n_groups, self._param_ids)
                 self._n_groups += len(added)
             else:
                 added = ()
-            seen = self._lrs_seen
-            if len(groups) == 1 == len(seen) and groups[0].get("lr") is seen[0]:
+            if n == 1 and groups[0].get("lr") is self._lr_one:
                 lrs = self._lrs  # _learning_rates(), its usual case written out
             else:
                 lrs = self._learning_rates(optimizer)
@@ -822,6 +887,7 @@ class StepClock:
         raw = tuple(group.get("lr") for group in groups)
         # Python numbers only: a 0-d array or a tensor may change in place.
         self._lrs_seen = raw if all(isinstance(lr, (float, int)) for lr in raw) else ()
+        self._lr_one = self._lrs_seen[0] if len(self._lrs_seen) == 1 else _NOT_SEEN
         self._lrs = lrs
         return lrs
 
@@ -851,7 +917,7 @@ class StepClock:
                 loss = self._loss
                 pending = loss.pending
                 if (
-                    type(tensors) is torch.Tensor
+                    type(tensors) is _Tensor
                     and not keeps_graph
                     and not pending
                     and loss.last_scaled is None

@@ -136,8 +136,11 @@ class Health:
     def _check(self, inp: HealthInput) -> list[Alert]:
         view = HealthView(inp, self._last_step, self._last_layer_step, self.thresholds.window)
         alerts: list[Alert] = []
+        active = self._active
         for outcome in [rule.check(view) for rule in self.rules]:
-            alerts.extend(self._settle(outcome, inp.step))
+            # What ``_settle`` returns at once for (most outcomes), without the call.
+            if outcome.held or (active.get(outcome.rule) and outcome.judged is not never):
+                alerts.extend(self._settle(outcome, inp.step))
         alerts = self.differential.sort(alerts, self._open)
         if view.step_col.size:
             self._last_step = float(view.step_col[-1])

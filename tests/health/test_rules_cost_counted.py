@@ -15,13 +15,14 @@ from benchmarks.numpy_calls import NumpyCalls, count_numpy
 from numpy.lib.stride_tricks import sliding_window_view
 from tests.health.synthetic import Run
 
-from nbmonitor.health import Health, HealthInput
+from nbmonitor.health import Health, HealthInput, slices
 from nbmonitor.health import rule as rule_module
 from nbmonitor.health.rules import loss as loss_rules
 from nbmonitor.health.rules import time as time_rules
 from nbmonitor.health.rules.gradients import ExplodingGradients, GradientSpike, _trailing_minima
 from nbmonitor.health.rules.loss import LossSpike
 from nbmonitor.health.rules.lr import LrScheduleTooFast
+from nbmonitor.health.rules.updates import UpdateRatioHigh, UpdateRatioLow
 from nbmonitor.health.view import HealthView
 from nbmonitor.records import OptimizerRecord
 
@@ -283,3 +284,82 @@ def test_the_spikes_trailing_minima_are_the_windows_minima() -> None:
         seg[rng.random(seg.size) < 0.1] = np.inf  # a gap reads as no value
         expected = sliding_window_view(seg, window).min(axis=1)
         assert np.array_equal(_trailing_minima(seg, window), expected)
+
+
+def test_a_checks_cuts_do_not_read_every_new_row() -> None:
+    """``cuts`` finds the step grid's slices by one search a slice, not the grid point of each
+    of a check's thousands of new rows (``grid_end``: ten array operations over them, and a
+    new array each): two numpy calls and one a slice, and the same slices as the row-by-row
+    reading."""
+    counted = []
+    for n in (300, 7700):
+        steps = np.arange(40_001.0, 40_001.0 + n)
+        counter = NumpyCalls()
+        counter.rule = "cuts"
+        sys.setprofile(counter)
+        try:
+            got = slices.cuts(steps, None, 0, None, final=False)
+        finally:
+            sys.setprofile(None)
+        counted.append(counter.counts.get("cuts", 0) - len(got))
+        ends = slices.grid_end(steps)
+        closes = np.flatnonzero(np.append(ends[1:] != ends[:-1], steps[-1] == ends[-1])) + 1
+        assert [c.end for c in got] == closes.tolist()
+    assert counted == [2, 2], counted
+
+
+def test_grid_point_is_grid_end() -> None:
+    rng = np.random.default_rng(5)
+    steps = np.concatenate(
+        (
+            np.arange(0.0, 70_000.0),
+            [2.0**k + d for k in range(1, 50) for d in (-1.0, 0.0, 1.0)],
+            rng.integers(1, 2**45, 20_000).astype(float),
+        )
+    )
+    assert [slices.grid_point(s) for s in steps.tolist()] == slices.grid_end(steps).tolist()
+
+
+def test_quiet_measured_steps_skip_the_update_rules_verdicts() -> None:
+    """A slice that brings many measured steps with no update ratio near either limit judges
+    none of them one by one (``_judged``: the lr, the loss, the biases, a step at a time); an
+    episode open asks the last step's verdict, which is what the loop over the steps gives."""
+    run = Run()
+    run.add(400)
+    inp = run.input(window=400)
+    names = inp.layer_names
+    update_steps = np.arange(10.0, 401.0, 10.0)
+    series = np.full((len(names), update_steps.size), 1e-3)
+    inp = dataclasses.replace(
+        inp, update_steps=update_steps, update_series=series, update_ratios=series[:, -1]
+    )
+    for cls in (UpdateRatioHigh, UpdateRatioLow):
+        rule = cls(Health().thresholds)
+        calls = 0
+        inner = rule._judged
+
+        def judged(*args: Any, inner: Any = inner) -> Any:
+            nonlocal calls
+            calls += 1
+            return inner(*args)
+
+        rule._judged = judged  # type: ignore[method-assign]
+        view = HealthView(inp, None, None, 512)
+        outcome = rule.check(view)
+        assert outcome.held == () and calls == 0
+        # The loop over every measured step (what a ratio near a limit takes) says the same.
+        slow = cls(Health().thresholds)
+        slow._possible = lambda _view, r: np.ones(r.shape, dtype=bool)  # type: ignore[method-assign]
+        expected = slow.check(HealthView(inp, None, None, 512))
+        assert [outcome.judged(n) for n in names] == [expected.judged(n) for n in names]
+        assert any(outcome.judged(n) for n in names) and calls == 1
+        assert np.array_equal(rule._streak, slow._streak)
+        assert getattr(rule, "_lr_max", None) == getattr(slow, "_lr_max", None)
+        # A ratio beyond the limit on one step: every step judged, as before.
+        beyond = series.copy()
+        beyond[0, -5] = 1.0 if cls is UpdateRatioHigh else 1e-9
+        rule = cls(Health().thresholds)
+        rule._judged = judged  # type: ignore[method-assign]
+        calls = 0
+        rule.check(HealthView(dataclasses.replace(inp, update_series=beyond), None, None, 512))
+        assert calls == sum(1 for s in update_steps if s >= Health().thresholds.min_history)
