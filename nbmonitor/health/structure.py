@@ -13,6 +13,9 @@ graph; whether the gradients were reset since the last step; whether a forward r
 
 from __future__ import annotations
 
+import bisect
+import functools
+import itertools
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -48,21 +51,37 @@ class Structure:
 
     observations: tuple[Observation, ...] = ()
 
+    @functools.cached_property
+    def _by_kind(self) -> dict[str, tuple[Observation, ...]]:
+        """The observations of each kind, in order: made once a snapshot (a pass's rules ask
+        a dozen times, each for one kind of a hundred observations)."""
+        kinds: dict[str, list[Observation]] = {}
+        for o in self.observations:
+            kinds.setdefault(o.kind, []).append(o)
+        return {kind: tuple(kept) for kind, kept in kinds.items()}
+
+    @functools.cached_property
+    def _steps(self) -> list[int] | None:
+        """The observations' steps when in step order (as a snapshot makes them), else None."""
+        steps = [o.step for o in self.observations]
+        return steps if all(a <= b for a, b in itertools.pairwise(steps)) else None
+
     def of(self, kind: str) -> tuple[Observation, ...]:
-        return tuple(o for o in self.observations if o.kind == kind)
+        return self._by_kind.get(kind, ())
 
     def latest(self, kind: str) -> Observation | None:
-        for o in reversed(self.observations):
-            if o.kind == kind:
-                return o
-        return None
+        kept = self._by_kind.get(kind)
+        return kept[-1] if kept else None
 
     def recent(self, kind: str, n: int, key: str | None = None) -> tuple[Observation, ...]:
         """The newest ``n`` observations of ``kind`` (those where ``key`` is known, not
         None, when given), oldest first."""
+        kept = self._by_kind.get(kind, ())
+        if key is None:
+            return kept[max(0, len(kept) - max(n, 1)) :]  # at least one, as the loop below
         out: list[Observation] = []
-        for o in reversed(self.observations):
-            if o.kind == kind and (key is None or o.facts.get(key) is not None):
+        for o in reversed(kept):
+            if o.facts.get(key) is not None:
                 out.append(o)
                 if len(out) >= n:
                     break
@@ -73,7 +92,11 @@ class Structure:
         return streak_step(self.recent(kind, KEEP, key), least, holds)
 
     def until(self, step: float) -> Structure:
-        kept = tuple(o for o in self.observations if o.step <= step)
+        steps = self._steps
+        if steps is None:
+            kept = tuple(o for o in self.observations if o.step <= step)
+        else:
+            kept = self.observations[: bisect.bisect_right(steps, step)]
         return self if len(kept) == len(self.observations) else Structure(kept)
 
     def __bool__(self) -> bool:
@@ -85,12 +108,16 @@ class StructureLog:
 
     def __init__(self) -> None:
         self._kinds: dict[str, deque[Observation]] = {}
+        # The last snapshot, while nothing was added since (a check takes one a tick; the
+        # structure changes on sampled steps only): the same object, its index made once.
+        self._snapshot: Structure | None = None
 
     def add(self, step: int, kind: str, facts: Facts) -> None:
         kept = self._kinds.get(kind)
         if kept is None:
             kept = self._kinds[kind] = deque(maxlen=KEEP)
         kept.append(Observation(step, kind, dict(facts)))
+        self._snapshot = None
 
     def seen(self, kind: str) -> bool:
         """Whether an observation of ``kind`` was taken."""
@@ -99,12 +126,15 @@ class StructureLog:
     def snapshot(self) -> Structure | None:
         if not self._kinds:
             return None
-        everything = [o for kept in self._kinds.values() for o in kept]
-        everything.sort(key=lambda o: o.step)
-        return Structure(tuple(everything))
+        if self._snapshot is None:
+            everything = [o for kept in self._kinds.values() for o in kept]
+            everything.sort(key=lambda o: o.step)
+            self._snapshot = Structure(tuple(everything))
+        return self._snapshot
 
     def clear(self) -> None:
         self._kinds.clear()
+        self._snapshot = None
 
 
 def streak_step(observations: tuple[Observation, ...], least: int, holds: object) -> int | None:

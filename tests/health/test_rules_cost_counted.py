@@ -23,6 +23,7 @@ from nbmonitor.health.rules.gradients import ExplodingGradients, GradientSpike, 
 from nbmonitor.health.rules.loss import LossSpike
 from nbmonitor.health.rules.lr import LrScheduleTooFast
 from nbmonitor.health.rules.updates import UpdateRatioHigh, UpdateRatioLow
+from nbmonitor.health.structure import Observation, Structure, StructureLog
 from nbmonitor.health.view import HealthView
 from nbmonitor.records import OptimizerRecord
 
@@ -363,3 +364,51 @@ def test_quiet_measured_steps_skip_the_update_rules_verdicts() -> None:
         calls = 0
         rule.check(HealthView(dataclasses.replace(inp, update_series=beyond), None, None, 512))
         assert calls == sum(1 for s in update_steps if s >= Health().thresholds.min_history)
+
+
+def test_the_structure_is_read_by_kind_not_scanned_by_each_rule() -> None:
+    """A dozen structural rules each ask a pass's snapshot for one kind of observation, and
+    each slice cuts the snapshot at its step: once the snapshot is indexed (one pass over
+    it), neither runs more lines for 1,000 observations of other kinds than for 10."""
+    ran = []
+    for others in (10, 1000):
+        observations = [Observation(s, "forward", {}) for s in range(others)]
+        observations += [Observation(others + s, "optimizer", {"lr": 0.1}) for s in range(5)]
+        snapshot = Structure(tuple(observations))
+        snapshot.latest("optimizer")  # the index and the steps, made once a snapshot
+        snapshot.until(math.inf)
+        lines = 0
+
+        def trace(frame: Any, event: str, _: Any) -> Any:
+            nonlocal lines
+            if frame.f_code.co_filename.endswith("health/structure.py"):
+                lines += event == "line"
+                return trace
+            return None
+
+        sys.settrace(trace)
+        try:
+            got = snapshot.recent("optimizer", 3, "lr")
+            cut = snapshot.until(others + 2)
+        finally:
+            sys.settrace(None)
+        assert [o.step for o in got] == [others + 2, others + 3, others + 4]
+        assert len(cut.observations) == others + 3
+        ran.append(lines)
+    assert ran[0] == ran[1], ran
+
+
+def test_a_snapshot_is_made_again_only_after_an_observation() -> None:
+    """A check takes the structure's snapshot every tick; it changes on sampled steps only,
+    so the same snapshot (and the index its rules read) serves until one is added."""
+    log = StructureLog()
+    assert log.snapshot() is None
+    log.add(1, "forward", {"a": 1})
+    first = log.snapshot()
+    assert first is not None and log.snapshot() is first
+    log.add(2, "backward", {})
+    second = log.snapshot()
+    assert second is not first and second is not None
+    assert [(o.step, o.kind) for o in second.observations] == [(1, "forward"), (2, "backward")]
+    log.clear()
+    assert log.snapshot() is None
