@@ -108,12 +108,16 @@ class StructureLog:
 
     def __init__(self) -> None:
         self._kinds: dict[str, deque[Observation]] = {}
+        # The last snapshot, while nothing was added since (a check takes one a tick; the
+        # structure changes on sampled steps only): the same object, its index made once.
+        self._snapshot: Structure | None = None
 
     def add(self, step: int, kind: str, facts: Facts) -> None:
         kept = self._kinds.get(kind)
         if kept is None:
             kept = self._kinds[kind] = deque(maxlen=KEEP)
         kept.append(Observation(step, kind, dict(facts)))
+        self._snapshot = None
 
     def seen(self, kind: str) -> bool:
         """Whether an observation of ``kind`` was taken."""
@@ -122,12 +126,15 @@ class StructureLog:
     def snapshot(self) -> Structure | None:
         if not self._kinds:
             return None
-        everything = [o for kept in self._kinds.values() for o in kept]
-        everything.sort(key=lambda o: o.step)
-        return Structure(tuple(everything))
+        if self._snapshot is None:
+            everything = [o for kept in self._kinds.values() for o in kept]
+            everything.sort(key=lambda o: o.step)
+            self._snapshot = Structure(tuple(everything))
+        return self._snapshot
 
     def clear(self) -> None:
         self._kinds.clear()
+        self._snapshot = None
 
 
 def streak_step(observations: tuple[Observation, ...], least: int, holds: object) -> int | None:

@@ -23,7 +23,7 @@ from nbmonitor.health.rules.gradients import ExplodingGradients, GradientSpike, 
 from nbmonitor.health.rules.loss import LossSpike
 from nbmonitor.health.rules.lr import LrScheduleTooFast
 from nbmonitor.health.rules.updates import UpdateRatioHigh, UpdateRatioLow
-from nbmonitor.health.structure import Observation, Structure
+from nbmonitor.health.structure import Observation, Structure, StructureLog
 from nbmonitor.health.view import HealthView
 from nbmonitor.records import OptimizerRecord
 
@@ -396,3 +396,19 @@ def test_the_structure_is_read_by_kind_not_scanned_by_each_rule() -> None:
         assert len(cut.observations) == others + 3
         ran.append(lines)
     assert ran[0] == ran[1], ran
+
+
+def test_a_snapshot_is_made_again_only_after_an_observation() -> None:
+    """A check takes the structure's snapshot every tick; it changes on sampled steps only,
+    so the same snapshot (and the index its rules read) serves until one is added."""
+    log = StructureLog()
+    assert log.snapshot() is None
+    log.add(1, "forward", {"a": 1})
+    first = log.snapshot()
+    assert first is not None and log.snapshot() is first
+    log.add(2, "backward", {})
+    second = log.snapshot()
+    assert second is not first and second is not None
+    assert [(o.step, o.kind) for o in second.observations] == [(1, "forward"), (2, "backward")]
+    log.clear()
+    assert log.snapshot() is None
