@@ -5,11 +5,19 @@ takes the gradient norms, stepped in turn (two models, as against the five of ``
     python benchmarks/warm_pair.py                  # tiny, 3000 pairs
     python benchmarks/warm_pair.py --twins 5        # with three plain twins stepped between
     python benchmarks/warm_pair.py --hooks          # and a twin with the same hooks, empty
+    python benchmarks/warm_pair.py --versus main    # this checkout against a revision, paired
 
 With ``--hooks`` a third twin carries the hooks nbmonitor registers at defaults, each empty (its
 pre-step one takes the norms, as the norm twin does): ``hooks - norm`` is torch's own dispatch
 of those hooks, ``monitored - hooks`` what nbmonitor does in them (benchmarks/cost.py's floor,
 warm).
+
+With ``--versus REV`` the pair is stepped twice over in each pass, once monitored by this
+checkout and once by the revision's nbmonitor (imported under another name, as
+``benchmarks/versus.py`` does; both wrappers of ``torch.autograd.backward`` are in every
+backward), the two pairs' order swapped halfway: ``this - REV`` is the median of the per-pass
+differences between the two monitored steps. Runs of one version after the other move by 2-4 us
+a step on a shared machine, more than most changes here are worth.
 
 With five twins stepped in turn (``--twins 5``, as the floor does) each step runs with its code
 and data evicted by the four others', and nbmonitor's ~30 Python calls a step cost about twice
@@ -20,12 +28,14 @@ what they cost warm: this measure says which of the two a change moved (benchmar
 from __future__ import annotations
 
 import argparse
+import importlib
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,11 +47,13 @@ from nbmonitor._capture.probes.grad_norms import NormPass
 from overhead import BOOTSTRAP_RESAMPLES, make_task
 
 
-def _twin(task: str, kind: str, run_dir: str) -> tuple[Callable[[], None], object]:
+def _twin(
+    task: str, kind: str, run_dir: str, package: Any = nbmonitor
+) -> tuple[Callable[[], None], object]:
     model, loss_fn = make_task(task)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     mon = (
-        nbmonitor.attach(model, opt, run_dir=run_dir, display=False, interval=3600)
+        package.attach(model, opt, run_dir=run_dir, display=False, interval=3600)
         if kind == "monitored"
         else None
     )
@@ -69,7 +81,10 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=3000)
     ap.add_argument("--warmup", type=int, default=150)
     ap.add_argument("--hooks", action="store_true", help="a twin with the same hooks, empty")
+    ap.add_argument("--versus", metavar="REV", help="against a git revision's nbmonitor")
     args = ap.parse_args()
+    if args.versus:
+        return _versus(args)
     with tempfile.TemporaryDirectory() as tmp:
         kinds = ["norm", "monitored"] + ["hooks"] * args.hooks
         kinds += ["plain"] * max(0, args.twins - len(kinds))
@@ -94,6 +109,45 @@ def main() -> int:
     if args.hooks:
         hooks, mine = _diff(times[2], times[0]), _diff(times[1], times[2])
         print(f"  hooks - norm {hooks}, monitored - hooks {mine}")
+    return 0
+
+
+def _versus(args: argparse.Namespace) -> int:
+    from versus import import_revision
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ref = import_revision(args.versus, Path(tmp) / "ref")
+        ours = [_twin(args.task, "norm", tmp), _twin(args.task, "monitored", tmp)]
+        theirs = [_twin(args.task, "norm", tmp), _twin(args.task, "monitored", tmp, ref)]
+        # Each version's wrapper of torch.autograd.backward in every backward (the one attached
+        # second finds the first's in place and leaves it: its listener would never run).
+        intercept: Any = importlib.import_module(f"{ref.__name__}._capture.intercept")
+        if torch.autograd.backward is not intercept.backward:
+            intercept._ORIGINAL_BACKWARD = torch.autograd.backward
+            torch.autograd.backward = intercept.backward
+        for _ in range(args.warmup):
+            for step, _ in ours + theirs:
+                step()
+        clock = time.thread_time_ns
+        times: dict[str, list[int]] = {k: [] for k in ("norm", "this", "norm_ref", "ref")}
+        labelled = [*zip(("norm", "this", "norm_ref", "ref"), ours + theirs, strict=True)]
+        for i in range(args.pairs):
+            order = labelled if i < args.pairs // 2 else labelled[2:] + labelled[:2]
+            for label, (step, _) in order:
+                t = clock()
+                step()
+                times[label].append(clock() - t)
+        for _, mon in ours + theirs:
+            if mon is not None:
+                mon.close()  # type: ignore[attr-defined]
+    this = np.asarray(times["this"]) - np.asarray(times["norm"])
+    theirs_added = np.asarray(times["ref"]) - np.asarray(times["norm_ref"])
+    print(
+        f"{args.task}, {args.pairs} passes of two pairs: this - norm "
+        f"{_diff(times['this'], times['norm'])}; {args.versus} - norm "
+        f"{_diff(times['ref'], times['norm_ref'])}; (this - norm) - ({args.versus} - norm) "
+        f"{_diff(list(this), list(theirs_added))}"
+    )
     return 0
 
 

@@ -45,9 +45,9 @@ from nbmonitor._capture.phases import (
     PhaseTimer,
 )
 from nbmonitor._capture.probes.base import NO_NORMS, Probe, StepContext, next_due
-from nbmonitor._capture.probes.grad_norms import GradNormProbe
+from nbmonitor._capture.probes.grad_norms import GradNormProbe, NormPass
 from nbmonitor._capture.probes.structure import StructureProbe, optimizer_facts
-from nbmonitor._capture.recorder import LogValueError, Recorder, make_log_record
+from nbmonitor._capture.recorder import LogValueError, Recorder, StepBlock, make_log_record
 from nbmonitor.errors import ErrorLog, Guard, NonFiniteError
 from nbmonitor.records import LogRecord
 
@@ -182,6 +182,7 @@ class StepClock:
         # where it is the only probe due before the optimizer step (see _plan_calls).
         self._norms_probe = next((p for p in self.probes if isinstance(p, GradNormProbe)), None)
         self._norms_direct: GradNormProbe | None = None
+        self._norm_pass: NormPass | None = None
         self._plan_calls()
         # The structural watch (probes/structure.py): the clock tells it of a backward's start,
         # a step's start and a scaled loss only while it is armed (a sampled step's).
@@ -372,10 +373,29 @@ class StepClock:
                     except RuntimeError:
                         number = None  # several values: refused below, with its message
                 if type(number) is float:
-                    logged = ctx.step + 1 if ctx.micro else ctx.step
-                    if ctx.micro or not recorder.fold_loss(logged, number):
-                        # (put after the step's record held, if any: in the order logged)
+                    if ctx.micro:  # the step in progress: a record, after the one held
+                        logged = ctx.step + 1
                         recorder.put(LogRecord(logged, {"loss": number}))
+                    else:
+                        logged = ctx.step
+                        # Recorder.fold_loss(), its usual case written out: the step's row,
+                        # held, taken (one atomic pop: the sampler may hand it on) and put
+                        # back with its loss.
+                        held = recorder.held
+                        block = held.pop(0, None)
+                        if (
+                            block.__class__ is StepBlock
+                            and block.step + block.w - 1 == logged
+                            and block.loss[block.w - 1] is None
+                        ):
+                            block.loss[block.w - 1] = number
+                            held[0] = block
+                        else:
+                            if block is not None:
+                                held[0] = block
+                            if not recorder.fold_loss(logged, number):
+                                # (after the step's record held, if any: in the order logged)
+                                recorder.put(LogRecord(logged, {"loss": number}))
             if logged >= 0:
                 # _logged_loss(), written out: no call a step.
                 loss = self._loss
@@ -443,6 +463,15 @@ class StepClock:
             and steady["clip"] == clip_only
             else None
         )
+        # Its pass, taken by the pre-step hook itself when there is nothing to check after it
+        # (GradNormProbe.pre_step's usual case), and how its deferred norms cross (the same
+        # bound method every step: set once, not made a step).
+        direct = self._norms_direct
+        self._norm_pass = None
+        if direct is not None:
+            self.ctx.cross = direct.norm_pass.cross
+            if not direct.raise_non_finite:
+                self._norm_pass = direct.norm_pass
 
     def _plan(self, probes: Sequence[Probe]) -> dict[str, _Calls]:
         return {
@@ -697,9 +726,19 @@ class StepClock:
                     # _call() for the one probe due, written out: no dispatch loop a step (and
                     # no call when a clip took the norms and there is nothing to check).
                     probe_guard = norms.guard
-                    if probe_guard.on and (not self.ctx.clips or norms.raise_non_finite):
+                    ctx = self.ctx
+                    if probe_guard.on and (not ctx.clips or norms.raise_non_finite):
                         try:
-                            norms.pre_step(self.ctx)
+                            norm_pass = self._norm_pass
+                            if norm_pass is not None:
+                                # GradNormProbe.pre_step(), its usual case written out (no
+                                # clip took the norms, none to check): its pass's take().
+                                recorder = self.recorder
+                                ctx.norms = norm_pass.take(
+                                    recorder.block is not None or 0 in recorder.held
+                                )
+                            else:
+                                norms.pre_step(ctx)
                         except NonFiniteError:
                             raise
                         except Exception as exc:

@@ -125,15 +125,17 @@ def test_torch_operators_added_per_step(
 # forward's batch from its first tensor's shape, keeps the backward's root without a call,
 # and drops it when the loop logs the step's loss (nothing for the next forward to release);
 # the optimizer's pre-step hook does the step's pre-step work itself (no call of its own); the
-# hooks write the phase marks' usual case out (PhaseTimer.fast: four calls less a step).
-PY_CALLS_AT_DEFAULTS = 18
+# hooks write the phase marks' usual case out (PhaseTimer.fast: four calls less a step), the
+# pre-step hook takes the norms' pass itself (GradNormProbe.pre_step's usual case) and the
+# logged loss goes into the held row from the clock's log (Recorder.fold_loss's usual case).
+PY_CALLS_AT_DEFAULTS = 16
 C_CALLS_AT_DEFAULTS = 27
 # A loop that logs no loss: the root is released into a record by the next forward instead.
-PY_CALLS_WITHOUT_LOG = 20
+PY_CALLS_WITHOUT_LOG = 19
 C_CALLS_WITHOUT_LOG = 31
 # A loop that clips: the clip's two listeners call the norms' probe and read the total with
 # their guards written out (37 calls before), and the pre-step hook then calls no probe.
-PY_CALLS_WITH_CLIP = 25
+PY_CALLS_WITH_CLIP = 24
 C_CALLS_WITH_CLIP = 33
 
 
@@ -175,6 +177,7 @@ def test_python_calls_per_step(
     assert "clock.py:_call" not in calls
     assert "backward_loss.py:started" not in calls
     assert "clock.py:_pre_step" not in calls
+    assert "grad_norms.py:pre_step" not in calls and "recorder.py:fold_loss" not in calls
     assert "clock.py:_guarded" not in calls and "clock.py:_stepping" not in calls
     # The phase marks written out in the hooks (the backward's end is the gradient's own hook).
     assert not {"forward_start", "forward_ended", "optimizer_start", "step_end"} & {
