@@ -10,6 +10,7 @@ flush already wrote is reported, not written as a second row of that step.
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -142,26 +143,37 @@ class StepAssembler:
         (``StepColumns``, a block of them a record) are read at once, a slice of their own."""
         kinds = list(map(type, records))
         if StepColumns not in kinds:
-            yield from self._feed(records, 0, len(records))
+            yield from self._feed(records, kinds, 0, len(records))
             return
         at = 0
         for i, kind in enumerate(kinds):
             if kind is StepColumns:
                 if at < i:
-                    yield from self._feed(records, at, i)
+                    yield from self._feed(records, kinds, at, i)
                 yield from self._add_block(records, kinds, i)
                 at = i + 1
         if at < len(records):
-            yield from self._feed(records, at, len(records))
+            yield from self._feed(records, kinds, at, len(records))
 
-    def _feed(self, records: Sequence[Record], start: int, stop: int) -> Iterator[Sequence[Record]]:
-        """``feed`` of records ``[start, stop)``, none of them ``StepColumns``."""
+    def _feed(
+        self, records: Sequence[Record], kinds: list[type], start: int, stop: int
+    ) -> Iterator[Sequence[Record]]:
+        """``feed`` of records ``[start, stop)`` (``kinds`` their types), none of them
+        ``StepColumns``."""
         part = records[start:stop] if start or stop < len(records) else records
         if len(part) < SLICE and len(part) < len(records):
             # A few records between steps written as columns (a sampled step's): planning
             # alike runs costs more than it would save.
             self.add(part)
             yield part
+            return
+        if not any(kind in _ROWS for kind in itertools.islice(kinds, start, stop)):
+            # No step's row among them (the sampled steps' records beside a block of steps):
+            # nothing to plan.
+            for at in range(0, len(part), SLICE):
+                piece = part[at : at + SLICE]
+                self.add(piece)
+                yield piece
             return
         done = used = 0  # records [done, at) are added and not yet yielded; their cost
         for segment in alike.plan(part, self._open):
