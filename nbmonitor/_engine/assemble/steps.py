@@ -475,14 +475,24 @@ class StepAssembler:
         """``_finish`` of every row of ``run``, a column at a time: the rows as columns, no
         dict per row (the smoothed loss is absent from the rows before the first finite
         loss, NaN in its column)."""
-        columns = {"step": [float(s) for s in run.steps], **run.values, **run.logged()}
+        columns = {"step": list(map(float, run.steps)), **run.values, **run.logged()}
         loss = columns.get("loss")
         missing = 0
         if loss is not None:
             ema, weight = self._ema, self._ema_weight
             keep, take = SMOOTHING, 1 - SMOOTHING
             smooth: list[float] = []
-            for value in loss:
+            rest: Sequence[float] = loss
+            if weight > 0 and math.isfinite(sum(loss)):
+                # Every loss finite and a smoothed one already (the usual part): the same
+                # operations without the tests a value.
+                append = smooth.append
+                for value in loss:
+                    ema = keep * ema + take * value
+                    weight = keep * weight + take
+                    append(ema / weight)
+                rest = ()
+            for value in rest:
                 if math.isfinite(value):
                     ema = keep * ema + take * value
                     weight = keep * weight + take
@@ -492,7 +502,7 @@ class StepAssembler:
                     smooth.append(math.nan)
                     missing += 1
             self._ema, self._ema_weight = ema, weight
-            if missing < len(loss):
+            if missing < len(smooth):
                 columns["loss_smooth"] = smooth
         for key, column in columns.items():
             if type(column) is not list:  # a column read as an array: the rows hold floats
