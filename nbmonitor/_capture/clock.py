@@ -383,19 +383,18 @@ class StepClock:
                         # back with its loss.
                         held = recorder.held
                         block = held.pop(0, None)
-                        if (
-                            block.__class__ is StepBlock
-                            and block.step + block.w - 1 == logged
-                            and block.loss[block.w - 1] is None
-                        ):
-                            block.loss[block.w - 1] = number
+                        folded = False
+                        if block.__class__ is StepBlock:
+                            last = block.w - 1
+                            column = block.loss
+                            if block.step + last == logged and column[last] is None:
+                                column[last] = number
+                                folded = True
+                        if block is not None:
                             held[0] = block
-                        else:
-                            if block is not None:
-                                held[0] = block
-                            if not recorder.fold_loss(logged, number):
-                                # (after the step's record held, if any: in the order logged)
-                                recorder.put(LogRecord(logged, {"loss": number}))
+                        if not folded and not recorder.fold_loss(logged, number):
+                            # (after the step's record held, if any: in the order logged)
+                            recorder.put(LogRecord(logged, {"loss": number}))
             if logged >= 0:
                 # _logged_loss(), written out: no call a step.
                 loss = self._loss
@@ -801,15 +800,18 @@ class StepClock:
         self, skipped: bool = False, now: float | None = None, wall: float | None = None
     ) -> None:
         self._held = None  # adopted: the passes held are this optimizer step's micro-batches
-        now = self._clock() if now is None else now
-        start = self._last_end if self._last_end is not None else self._step_start
-        step_time = now - start if start is not None else float("nan")
+        if now is None:
+            now = self._clock()
+        start = self._last_end
+        if start is None:
+            start = self._step_start
+        step_time = now - start if start is not None else math.nan
         ctx = self.ctx
-        ctx.step += 1
-        if ctx.step + 1 < self._next_sampled:  # _plan_step(), its usual case inline
+        step = ctx.step = ctx.step + 1
+        if step + 1 < self._next_sampled:  # _plan_step(), its usual case inline
             self._at = self._steady
         else:
-            self._plan_step(ctx.step + 1)
+            self._plan_step(step + 1)
         taken, which, layout = ctx.norms
         ctx.norms = NO_NORMS
         # On the device and not crossed yet (CUDA): with the loss, now.
@@ -829,10 +831,10 @@ class StepClock:
             phases.last = END
             durations: tuple[float, ...] | EventIntervals | None = tuple(sums)
             sums[:] = PHASE_ZEROS
-            if phases.device_every and (ctx.step + 1) % phases.device_every == 0:
+            if phases.device_every and (step + 1) % phases.device_every == 0:
                 phases.start_device()
         else:
-            durations = phases.step_end(ctx.step, now)
+            durations = phases.step_end(step, now)
         optimizer = self.optimizer
         if optimizer is None:
             added: tuple[tuple[int, int, int], ...] = ()
@@ -853,7 +855,7 @@ class StepClock:
         # (Recorder.end_step: a loss logged after step() is folded in; the one held before is
         # put now). Positional, in StepRecord's fields' order: keywords cost more.
         self.recorder.end_step(
-            ctx.step,
+            step,
             self._wall_clock() if wall is None else wall,
             step_time,
             self._samples,
@@ -879,7 +881,7 @@ class StepClock:
             self._pre_handle = None
         if self.step_listeners:
             for listener in tuple(self.step_listeners):
-                listener(ctx.step)
+                listener(step)
 
     def held(self) -> None:
         """A step listener held the loop at this step's end (a pause, a checkpoint): the next

@@ -120,14 +120,25 @@ def cuts(
     if have_times and anchor is None:
         assert times is not None
         anchor = float(times[first]) if math.isfinite(times[first]) else None
+    # Times in order (as a store's are; no NaN): the time grid's next row is one search.
+    ascending = False
+    if have_times:
+        assert times is not None
+        recent = times[first:]
+        ascending = bool((recent[1:] >= recent[:-1]).all())
     row, k = first, 0
     while row < n:
         end = step_ends[k] if k < len(step_ends) else n + 1
         if have_times and anchor is not None:
             assert times is not None
-            late = np.flatnonzero(times[row : min(end, n)] >= anchor + GRID_SECONDS)
-            if late.size:
-                end = row + int(late[0]) + 1
+            if ascending:
+                at = max(row, first + int(recent.searchsorted(anchor + GRID_SECONDS)))
+                if at < min(end, n):
+                    end = at + 1
+            else:
+                late = np.flatnonzero(times[row : min(end, n)] >= anchor + GRID_SECONDS)
+                if late.size:
+                    end = row + int(late[0]) + 1
         if end > n:
             break
         out.append(Cut(end, True))

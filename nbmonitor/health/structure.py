@@ -91,13 +91,29 @@ class Structure:
         """``streak_step`` over every kept observation of ``kind`` (with ``key`` known)."""
         return streak_step(self.recent(kind, KEEP, key), least, holds)
 
+    @functools.cached_property
+    def _kind_steps(self) -> dict[str, list[int]]:
+        return {kind: [o.step for o in kept] for kind, kept in self._by_kind.items()}
+
     def until(self, step: float) -> Structure:
         steps = self._steps
         if steps is None:
             kept = tuple(o for o in self.observations if o.step <= step)
-        else:
-            kept = self.observations[: bisect.bisect_right(steps, step)]
-        return self if len(kept) == len(self.observations) else Structure(kept)
+            return self if len(kept) == len(self.observations) else Structure(kept)
+        n = bisect.bisect_right(steps, step)
+        if n == len(steps):
+            return self
+        cut = Structure(self.observations[:n])
+        # Its index and steps cut alike (each kind's observations are in step order too), so
+        # that each slice of a check does not index its cut anew.
+        index: dict[str, tuple[Observation, ...]] = {}
+        for kind, of_kind in self._kind_steps.items():
+            k = bisect.bisect_right(of_kind, step)
+            if k:
+                index[kind] = self._by_kind[kind][:k]
+        cut.__dict__["_by_kind"] = index
+        cut.__dict__["_steps"] = steps[:n]
+        return cut
 
     def __bool__(self) -> bool:
         return bool(self.observations)
