@@ -440,9 +440,54 @@ class Recorder:
         """A step ended with these values (``StepRecord``'s fields): a row of the block
         steps are written into when it is ordinary, else a record; held either way. (Types
         compared through ``__class__``: no call.)"""
+        held = self.held
+        previous = held.pop(0, None)
+        block = self.block
+        if previous is block and block is not None:
+            # The usual step: the row before is this block's, still held (so nothing was put
+            # since, which would have closed it). Published now; this one goes after it when
+            # it is like it (the checks below, the same as after a record), held in its turn.
+            w = block.n = block.w
+            if (
+                norms is block.ring  # the ring's next row, or no gradient values on either
+                and (norms is not None or clip_norm is None)
+                and not skipped
+                and not groups_added
+                and norm_index is block.index
+                and norms_layout is block.layout
+                and (block.tokens is None) is (not tokens)
+                and (phases.__class__ is tuple if block.phases is not None else phases is None)
+                and (block.clip is None) is (clip_norm is None)
+                and (norms is None or norms.seq == block.first + w)
+                and (lrs is block.lrs[-1] or _floats(lrs, len(block.lrs[-1])))
+                and w < BLOCK_ROWS
+            ):
+                if w == block.cap:
+                    block.grow()
+                block.time[w] = time
+                block.step_time[w] = step_time
+                block.samples[w] = samples
+                block.micro[w] = micro_batches
+                if lrs is not block.lrs[-1]:
+                    block.lrs.append(lrs)  # type: ignore[arg-type]
+                    block.lr_rows.append(w)
+                if block.tokens is not None:
+                    block.tokens[w] = tokens
+                if block.phases is not None:
+                    block.phases[w] = phases  # type: ignore[assignment]
+                if block.clip is not None and block.max_norm is not None:
+                    block.clip[w] = clip_norm
+                    block.max_norm[w] = max_norm
+                if norms is not None:
+                    if block.heads is not None:
+                        block.heads[w] = norms.head
+                    norms.seq += 1  # (HostRing.commit)
+                block.w = w + 1
+                self._ended = step
+                held[0] = block  # (still ``_holding``)
+                return
         # _take_held(), written out: one call less a step.
-        previous = self.held.pop(0, None)
-        if previous is None:
+        elif previous is None:
             if self._holding:
                 self.block = None  # the sampler handed it on: its block is closed
         elif previous.__class__ is StepBlock:
