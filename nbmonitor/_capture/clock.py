@@ -532,9 +532,7 @@ class StepClock:
             phases = self.phases
             if phases.fast:  # PhaseTimer.forward_start(), written out
                 t = phases.clock()
-                last = phases.last
-                if last >= 0:
-                    phases.sums[_INTO_FORWARD_START[last]] += t - phases.t
+                phases.sums[_INTO_FORWARD_START[phases.last]] += t - phases.t
                 phases.t = t
                 phases.last = FORWARD_START
             else:
@@ -569,9 +567,7 @@ class StepClock:
             phases = self.phases
             if phases.fast:  # PhaseTimer.forward_ended(), written out
                 t = phases.clock()
-                last = phases.last
-                if last >= 0:
-                    phases.sums[_INTO_FORWARD_END[last]] += t - phases.t
+                phases.sums[_INTO_FORWARD_END[phases.last]] += t - phases.t
                 phases.t = t
                 phases.last = FORWARD_END
             else:
@@ -759,9 +755,7 @@ class StepClock:
         phases = self.phases
         if phases.fast:  # PhaseTimer.optimizer_start(), written out
             t = phases.clock()
-            last = phases.last
-            if last >= 0:
-                phases.sums[_INTO_OPTIMIZER_START[last]] += t - phases.t
+            phases.sums[_INTO_OPTIMIZER_START[phases.last]] += t - phases.t
             phases.t = t
             phases.last = OPTIMIZER_START
         else:
@@ -823,10 +817,9 @@ class StepClock:
         else:
             clip_total, max_norm = None, math.nan
         phases = self.phases
-        last = phases.last
-        if phases.fast and last >= 0 and phases.guard.on:  # PhaseTimer.step_end(), written out
+        if phases.fast and phases.guard.on:  # PhaseTimer.step_end(), written out
             sums = phases.sums
-            sums[_INTO_END[last]] += now - phases.t
+            sums[_INTO_END[phases.last]] += now - phases.t
             phases.t = now
             phases.last = END
             durations: tuple[float, ...] | EventIntervals | None = tuple(sums)

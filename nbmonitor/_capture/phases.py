@@ -161,8 +161,9 @@ class PhaseTimer:
         # case then works in place (``last``, ``t``, ``sums``); false on a step timed with
         # events, and once the guard is off (seen at the next step's end at the latest).
         self.host = enabled and not self._device
-        # ``host``, past the first step and with the backward's end learned: every mark's usual
-        # case and step_end's, which the step clock then writes out in its hooks (see _fast).
+        # ``host``, past the first step (so a mark was made: ``last`` >= 0) and with the
+        # backward's end learned: every mark's usual case and step_end's, which the step clock
+        # then writes out in its hooks (see _fast).
         self.fast = False
         self.last = -1  # the previous mark; -1 before the first forward
         self.t = 0.0  # when it was made (host clock)
@@ -373,10 +374,9 @@ class PhaseTimer:
 
     def _param_landed(self, param: torch.Tensor) -> None:
         if self.host:  # mark(BACKWARD_END), written out: at every step
+            # (Hooked once a backward has ended: a forward was marked before, last >= 0.)
             t = self.clock()
-            last = self.last
-            if last >= 0:
-                self.sums[_INTO_BACKWARD_END[last]] += t - self.t
+            self.sums[_INTO_BACKWARD_END[self.last]] += t - self.t
             self.t = t
             self.last = BACKWARD_END
         else:
