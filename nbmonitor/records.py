@@ -88,6 +88,12 @@ def squared_norms_split(
     return np.concatenate(parts, axis=-1)
 
 
+# The raw values ``_tail_squares`` squares at once (128 KiB of float64): the squares of a
+# tick's steps made whole are megabytes, each pass over them out of the caches and in freshly
+# mapped memory (a page fault every 4 KiB), which costs more than the numpy calls of pieces.
+SQUARE_CHUNK = 16384
+
+
 def _tail_squares(tail: npt.NDArray[np.floating[Any]], layout: NormLayout) -> list[FloatArray]:
     parts: list[FloatArray] = []
     cut = layout.norms
@@ -96,9 +102,34 @@ def _tail_squares(tail: npt.NDArray[np.floating[Any]], layout: NormLayout) -> li
     if layout.starts:
         # Squares in the values' own precision, sums in float64: biases have thousands of
         # values.
-        squares = np.square(tail[..., cut:])
-        parts.append(np.add.reduceat(squares, layout.offsets, axis=-1, dtype=np.float64))
+        values = tail[..., cut:]
+        offsets = layout.offsets
+        if values.dtype != np.float32:
+            parts.append(np.add.reduceat(np.square(values), offsets, axis=-1, dtype=np.float64))
+        elif values.ndim != 2 or values.size <= SQUARE_CHUNK:
+            parts.append(
+                np.add.reduceat(_float32_squares(values), offsets, axis=-1, dtype=np.float64)
+            )
+        else:
+            sums = np.empty((len(values), len(offsets)))
+            rows = max(1, SQUARE_CHUNK // values.shape[-1])
+            for at in range(0, len(values), rows):
+                squares = _float32_squares(values[at : at + rows])
+                np.add.reduceat(
+                    squares, offsets, axis=-1, dtype=np.float64, out=sums[at : at + rows]
+                )
+            parts.append(sums)
     return parts
+
+
+def _float32_squares(values: npt.NDArray[np.floating[Any]]) -> npt.NDArray[np.float32]:
+    """``np.square(values)`` of float32 ``values``, made in float64 and rounded once: a float32
+    square below float32's normal range (a deep layer's gradients of 1e-20) is a subnormal,
+    which the CPU computes far slower; the float64 square of a float32 is exact, so
+    rounding it gives what float32 arithmetic would, bit for bit."""
+    wide = values.astype(np.float64)
+    np.multiply(wide, wide, out=wide)
+    return wide.astype(np.float32)
 
 
 @dataclass(slots=True)

@@ -34,11 +34,26 @@ from nbmonitor._capture.inputs import (
     learning_rates,
     output_loss,
 )
-from nbmonitor._capture.phases import PhaseTimer
+from nbmonitor._capture.phases import (
+    END,
+    FORWARD_END,
+    FORWARD_START,
+    INTO,
+    OPTIMIZER_START,
+    PHASE_ZEROS,
+    EventIntervals,
+    PhaseTimer,
+)
 from nbmonitor._capture.probes.base import NO_NORMS, Probe, StepContext, next_due
-from nbmonitor._capture.probes.grad_norms import GradNormProbe
+from nbmonitor._capture.probes.grad_norms import GradNormProbe, NormPass
 from nbmonitor._capture.probes.structure import StructureProbe, optimizer_facts
-from nbmonitor._capture.recorder import LogValueError, Recorder, make_log_record
+from nbmonitor._capture.recorder import (
+    BLOCK_ROWS,
+    LogValueError,
+    Recorder,
+    StepBlock,
+    make_log_record,
+)
 from nbmonitor.errors import ErrorLog, Guard, NonFiniteError
 from nbmonitor.records import LogRecord
 
@@ -56,7 +71,18 @@ _dynamo_frames: Callable[[], object] = getattr(
     lambda: True,
 )
 _grad_enabled = torch.is_grad_enabled
+_Tensor = torch.Tensor  # (one global load where the hooks test a type)
 
+
+# The phase each mark closes, by the mark before it (phases.INTO): the marks the hooks write out
+# while the timer is ``fast``.
+_INTO_FORWARD_START = INTO[FORWARD_START]
+_INTO_FORWARD_END = INTO[FORWARD_END]
+_INTO_OPTIMIZER_START = INTO[OPTIMIZER_START]
+_INTO_END = INTO[END]
+
+# No learning rate is this (StepClock._lr_one before one is read, or with several groups).
+_NOT_SEEN = object()
 
 # What a probe is called with at each moment, in order: (its guard, its bound method).
 _Calls = tuple[tuple[Guard, Callable[..., None]], ...]
@@ -162,6 +188,7 @@ class StepClock:
         # where it is the only probe due before the optimizer step (see _plan_calls).
         self._norms_probe = next((p for p in self.probes if isinstance(p, GradNormProbe)), None)
         self._norms_direct: GradNormProbe | None = None
+        self._norm_pass: NormPass | None = None
         self._plan_calls()
         # The structural watch (probes/structure.py): the clock tells it of a backward's start,
         # a step's start and a scaled loss only while it is armed (a sampled step's).
@@ -208,6 +235,8 @@ class StepClock:
         # _learning_rates): none yet.
         self._lrs: tuple[float | DeviceValue, ...] = ()
         self._lrs_seen: tuple[object, ...] = ()
+        # The one group's learning rate read last, a number (else _NOT_SEEN: read it again).
+        self._lr_one: object = _NOT_SEEN
         self._step_depth = 0  # optimizer.step() calls under way (see _step_pre)
         # The last step's loss tensor that crossed with its norms (CUDA, _cross): (step, the
         # tensor, its version then, its value in the crossing); mon.log of that tensor for that
@@ -344,16 +373,34 @@ class StepClock:
                     logged = step
             if logged < 0:
                 number: object = value
-                if type(value) is torch.Tensor and value.is_cpu:
+                if type(value) is _Tensor and value.is_cpu:
                     try:
                         number = value.item()
                     except RuntimeError:
                         number = None  # several values: refused below, with its message
                 if type(number) is float:
-                    logged = ctx.step + 1 if ctx.micro else ctx.step
-                    if ctx.micro or not recorder.fold_loss(logged, number):
-                        # (put after the step's record held, if any: in the order logged)
+                    if ctx.micro:  # the step in progress: a record, after the one held
+                        logged = ctx.step + 1
                         recorder.put(LogRecord(logged, {"loss": number}))
+                    else:
+                        logged = ctx.step
+                        # Recorder.fold_loss(), its usual case written out: the step's row,
+                        # held, taken (one atomic pop: the sampler may hand it on) and put
+                        # back with its loss.
+                        held = recorder.held
+                        block = held.pop(0, None)
+                        folded = False
+                        if block.__class__ is StepBlock:
+                            last = block.w - 1
+                            column = block.loss
+                            if block.step + last == logged and column[last] is None:
+                                column[last] = number
+                                folded = True
+                        if block is not None:
+                            held[0] = block
+                        if not folded and not recorder.fold_loss(logged, number):
+                            # (after the step's record held, if any: in the order logged)
+                            recorder.put(LogRecord(logged, {"loss": number}))
             if logged >= 0:
                 # _logged_loss(), written out: no call a step.
                 loss = self._loss
@@ -421,6 +468,15 @@ class StepClock:
             and steady["clip"] == clip_only
             else None
         )
+        # Its pass, taken by the pre-step hook itself when there is nothing to check after it
+        # (GradNormProbe.pre_step's usual case), and how its deferred norms cross (the same
+        # bound method every step: set once, not made a step).
+        direct = self._norms_direct
+        self._norm_pass = None
+        if direct is not None:
+            self.ctx.cross = direct.norm_pass.cross
+            if not direct.raise_non_finite:
+                self._norm_pass = direct.norm_pass
 
     def _plan(self, probes: Sequence[Probe]) -> dict[str, _Calls]:
         return {
@@ -479,7 +535,14 @@ class StepClock:
         try:
             if self._held is not None and self._held.reset():
                 self._release(backward_only=True)
-            self.phases.forward_start()
+            phases = self.phases
+            if phases.fast:  # PhaseTimer.forward_start(), written out
+                t = phases.clock()
+                phases.sums[_INTO_FORWARD_START[phases.last]] += t - phases.t
+                phases.t = t
+                phases.last = FORWARD_START
+            else:
+                phases.forward_start()
             if self._step_start is None:
                 self._step_start = self._clock()
             calls = self._at["forward_pre"]
@@ -507,7 +570,14 @@ class StepClock:
             return None
         try:
             # Without an optimizer the step ends with the backward: _backward marks it.
-            self.phases.forward_ended(output, self.optimizer is not None)
+            phases = self.phases
+            if phases.fast:  # PhaseTimer.forward_ended(), written out
+                t = phases.clock()
+                phases.sums[_INTO_FORWARD_END[phases.last]] += t - phases.t
+                phases.t = t
+                phases.last = FORWARD_END
+            else:
+                phases.forward_ended(output, self.optimizer is not None)
             # A micro-batch counts once its forward has run (a forward that raised is none).
             ctx = self.ctx
             self._forwarded = True
@@ -517,7 +587,7 @@ class StepClock:
                 self._held.forwarded = True
             # forward_counts(), its usual case written out (one tensor argument): a shape read.
             first = args[0] if args and not kwargs else None
-            if type(first) is torch.Tensor:
+            if type(first) is _Tensor:
                 shape = first.shape
                 if len(shape) == 2 and first.dtype in TOKEN_DTYPES:
                     samples, tokens = shape[0], shape[0] * shape[1]
@@ -525,7 +595,6 @@ class StepClock:
                     samples, tokens = (shape[0] if shape else 1), 0
             else:
                 samples, tokens = forward_counts(args, kwargs)
-            ctx.forward_samples, ctx.forward_tokens = samples, tokens
             if not self._batches_counted:
                 ctx.micro += 1
                 self._samples += samples
@@ -534,6 +603,8 @@ class StepClock:
                 self._loss.release(ctx.step)
             calls = self._at["forward"]
             if calls:
+                # (read by a probe's forward only: the FLOPs count's)
+                ctx.forward_samples, ctx.forward_tokens = samples, tokens
                 self._call(calls, output)
             if self.optimizer is None:
                 loss = output_loss(output)
@@ -619,7 +690,7 @@ class StepClock:
         call of its own), or once its closure returns (``closure_returned``)."""
         if not closure_returned:
             self._step_depth += 1
-            if self._step_depth > 1 or self._absorb or kwargs or len(args) > 1:
+            if self._step_depth > 1 or self._absorb or kwargs or args[1:]:
                 try:
                     if self._step_depth > 1 and inputs.nested_step(optimizer):
                         return None  # a subclass's step() calling super().step(): hooks twice
@@ -656,9 +727,19 @@ class StepClock:
                     # _call() for the one probe due, written out: no dispatch loop a step (and
                     # no call when a clip took the norms and there is nothing to check).
                     probe_guard = norms.guard
-                    if probe_guard.on and (not self.ctx.clips or norms.raise_non_finite):
+                    ctx = self.ctx
+                    if probe_guard.on and (not ctx.clips or norms.raise_non_finite):
                         try:
-                            norms.pre_step(self.ctx)
+                            norm_pass = self._norm_pass
+                            if norm_pass is not None:
+                                # GradNormProbe.pre_step(), its usual case written out (no
+                                # clip took the norms, none to check): its pass's take().
+                                recorder = self.recorder
+                                ctx.norms = norm_pass.take(
+                                    recorder.block is not None or 0 in recorder.held
+                                )
+                            else:
+                                norms.pre_step(ctx)
                         except NonFiniteError:
                             raise
                         except Exception as exc:
@@ -677,7 +758,14 @@ class StepClock:
                 self.ctx.norms = NO_NORMS
                 guard.failed(exc)
         # After the probes: their work is "other".
-        self.phases.optimizer_start()
+        phases = self.phases
+        if phases.fast:  # PhaseTimer.optimizer_start(), written out
+            t = phases.clock()
+            phases.sums[_INTO_OPTIMIZER_START[phases.last]] += t - phases.t
+            phases.t = t
+            phases.last = OPTIMIZER_START
+        else:
+            phases.optimizer_start()
         return None
 
     def _step_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -712,59 +800,132 @@ class StepClock:
         self, skipped: bool = False, now: float | None = None, wall: float | None = None
     ) -> None:
         self._held = None  # adopted: the passes held are this optimizer step's micro-batches
-        now = self._clock() if now is None else now
-        start = self._last_end if self._last_end is not None else self._step_start
-        step_time = now - start if start is not None else float("nan")
+        if now is None:
+            now = self._clock()
+        start = self._last_end
+        if start is None:
+            start = self._step_start
+        step_time = now - start if start is not None else math.nan
         ctx = self.ctx
-        ctx.step += 1
-        if ctx.step + 1 < self._next_sampled:  # _plan_step(), its usual case inline
+        step = ctx.step = ctx.step + 1
+        if step + 1 < self._next_sampled:  # _plan_step(), its usual case inline
             self._at = self._steady
         else:
-            self._plan_step(ctx.step + 1)
+            self._plan_step(step + 1)
         taken, which, layout = ctx.norms
         ctx.norms = NO_NORMS
         # On the device and not crossed yet (CUDA): with the loss, now.
         norms = self._cross(taken) if isinstance(taken, tuple) else taken
-        clip_total = None if skipped else ctx.clip_total
-        max_norm = ctx.max_norm
-        ctx.clips, ctx.clip_total, ctx.max_norm = 0, None, math.nan
-        durations = self.phases.step_end(ctx.step, now)
+        if ctx.clips:  # (clip_total and max_norm are set only at a clip: StepContext.clip_ended)
+            clip_total = None if skipped else ctx.clip_total
+            max_norm = ctx.max_norm
+            ctx.clips, ctx.clip_total, ctx.max_norm = 0, None, math.nan
+        else:
+            clip_total, max_norm = None, math.nan
+        phases = self.phases
+        if phases.fast and phases.guard.on:  # PhaseTimer.step_end(), written out
+            sums = phases.sums
+            sums[_INTO_END[phases.last]] += now - phases.t
+            phases.t = now
+            phases.last = END
+            durations: tuple[float, ...] | EventIntervals | None = tuple(sums)
+            sums[:] = PHASE_ZEROS
+            if phases.device_every and (step + 1) % phases.device_every == 0:
+                phases.start_device()
+        else:
+            durations = phases.step_end(step, now)
         optimizer = self.optimizer
         if optimizer is None:
             added: tuple[tuple[int, int, int], ...] = ()
             lrs: tuple[float | DeviceValue, ...] = ()
         else:
             groups = optimizer.param_groups
-            if len(groups) != self._n_groups:
+            n = len(groups)
+            if n != self._n_groups:
                 added = inputs.groups_added(optimizer, self._n_groups, self._param_ids)
                 self._n_groups += len(added)
             else:
                 added = ()
-            seen = self._lrs_seen
-            if len(groups) == 1 == len(seen) and groups[0].get("lr") is seen[0]:
+            if n == 1 and groups[0].get("lr") is self._lr_one:
                 lrs = self._lrs  # _learning_rates(), its usual case written out
             else:
                 lrs = self._learning_rates(optimizer)
         # The step's one row of columns (or record), held until the next step ends
         # (Recorder.end_step: a loss logged after step() is folded in; the one held before is
-        # put now). Positional, in StepRecord's fields' order: keywords cost more.
-        self.recorder.end_step(
-            ctx.step,
-            self._wall_clock() if wall is None else wall,
-            step_time,
-            self._samples,
-            ctx.micro,
-            lrs,
-            norms,
-            which,
-            layout,
-            clip_total,
-            max_norm,
-            skipped,
-            added,
-            self._tokens,
-            durations,
-        )
+        # put now).
+        if wall is None:
+            wall = self._wall_clock()
+        recorder = self.recorder
+        block = recorder.block
+        written = False
+        if (
+            block is not None
+            and norms is block.ring
+            and norms is not None
+            and clip_total is None
+            and not skipped
+            and not added
+        ):
+            # Recorder.end_step()'s usual case, written out (no call of 15 arguments): the row
+            # before is the open block's, still held, and this one is like it (its gradient
+            # values in the ring's next row, no clip, the same columns and learning rates).
+            # Taken with the same atomic pop (the sampler may hand it on) and put back.
+            held = recorder.held
+            previous = held.pop(0, None)
+            if previous is block:
+                w = block.n = block.w  # the row before, published
+                tokens = self._tokens
+                if (
+                    block.clip is None
+                    and which is block.index
+                    and layout is block.layout
+                    and (block.tokens is None) is (not tokens)
+                    and (
+                        durations.__class__ is tuple
+                        if block.phases is not None
+                        else durations is None
+                    )
+                    and norms.seq == block.first + w
+                    and lrs is block.lrs[-1]
+                    and w < BLOCK_ROWS
+                ):
+                    if w == block.cap:
+                        block.grow()
+                    block.time[w] = wall
+                    block.step_time[w] = step_time
+                    block.samples[w] = self._samples
+                    block.micro[w] = ctx.micro
+                    if block.tokens is not None:
+                        block.tokens[w] = tokens
+                    if block.phases is not None:
+                        block.phases[w] = durations  # type: ignore[assignment]
+                    if block.heads is not None:
+                        block.heads[w] = norms.head
+                    norms.seq += 1  # (HostRing.commit)
+                    block.w = w + 1
+                    recorder.ended = step
+                    written = True
+            if previous is not None:
+                held[0] = previous
+        if not written:
+            # Positional, in StepRecord's fields' order: keywords cost more.
+            recorder.end_step(
+                step,
+                wall,
+                step_time,
+                self._samples,
+                ctx.micro,
+                lrs,
+                norms,
+                which,
+                layout,
+                clip_total,
+                max_norm,
+                skipped,
+                added,
+                self._tokens,
+                durations,
+            )
         self._last_end = now
         self._samples = 0
         self._tokens = 0
@@ -775,7 +936,7 @@ class StepClock:
             self._pre_handle = None
         if self.step_listeners:
             for listener in tuple(self.step_listeners):
-                listener(ctx.step)
+                listener(step)
 
     def held(self) -> None:
         """A step listener held the loop at this step's end (a pause, a checkpoint): the next
@@ -822,6 +983,7 @@ class StepClock:
         raw = tuple(group.get("lr") for group in groups)
         # Python numbers only: a 0-d array or a tensor may change in place.
         self._lrs_seen = raw if all(isinstance(lr, (float, int)) for lr in raw) else ()
+        self._lr_one = self._lrs_seen[0] if len(self._lrs_seen) == 1 else _NOT_SEEN
         self._lrs = lrs
         return lrs
 
@@ -851,7 +1013,7 @@ class StepClock:
                 loss = self._loss
                 pending = loss.pending
                 if (
-                    type(tensors) is torch.Tensor
+                    type(tensors) is _Tensor
                     and not keeps_graph
                     and not pending
                     and loss.last_scaled is None

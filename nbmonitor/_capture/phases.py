@@ -12,8 +12,10 @@ device's time, not the time it took to queue the work. The other steps are timed
 clock (what queueing them took), so that a step costs no event: the time panel says which
 steps were timed on the device.
 
-The timer owns its state: the clock calls one method a mark, and each method's usual case (the
-host clock, the guard on) is written out in it.
+The timer owns its state, and each method's usual case (the host clock, the guard on) is
+written out in it. Once the timer is ``fast`` (the host clock, a step ended, the backward's end
+learned, the guard on) the step clock writes a mark's usual case in its own hook instead of
+calling the method (``last``, ``t``, ``sums``: one call less a mark, five a step).
 """
 
 from __future__ import annotations
@@ -156,12 +158,16 @@ class PhaseTimer:
         # The step in progress is timed with events (the first one too when every step is).
         self._device = self.device_every == 1
         # This step's marks are on the host clock and the timer is on: each method's usual
-        # case then works in place (``_last``, ``_t``, ``_sums``); false on a step timed with
+        # case then works in place (``last``, ``t``, ``sums``); false on a step timed with
         # events, and once the guard is off (seen at the next step's end at the latest).
-        self._host = enabled and not self._device
-        self._last = -1  # the previous mark; -1 before the first forward
-        self._t = 0.0  # when it was made (host clock)
-        self._sums = [0.0] * len(PHASES)
+        self.host = enabled and not self._device
+        # ``host``, past the first step (so a mark was made: ``last`` >= 0) and with the
+        # backward's end learned: every mark's usual case and step_end's, which the step clock
+        # then writes out in its hooks (see _fast).
+        self.fast = False
+        self.last = -1  # the previous mark; -1 before the first forward
+        self.t = 0.0  # when it was made (host clock)
+        self.sums = [0.0] * len(PHASES)
         self._events: list[Any] = []
         self._phases: list[int] = []
         self._data = 0.0  # a step timed with events: its wait for data (host clock)
@@ -185,7 +191,7 @@ class PhaseTimer:
         self._handles: list[RemovableHandle] = []
         # The parameter that marks the backward's end is known: a forward's end is then only a
         # mark.
-        self._learned = False
+        self.learned = False
 
     @property
     def on_device(self) -> bool:
@@ -195,29 +201,29 @@ class PhaseTimer:
     # -- the marks, one method each (the clock's hooks call them at every step) ---------------
 
     def forward_start(self) -> None:
-        if self._host:
+        if self.host:
             t = self.clock()
-            last = self._last
+            last = self.last
             if last >= 0:
-                self._sums[_INTO_FORWARD_START[last]] += t - self._t
-            self._t = t
-            self._last = FORWARD_START
+                self.sums[_INTO_FORWARD_START[last]] += t - self.t
+            self.t = t
+            self.last = FORWARD_START
         else:
             self.mark(FORWARD_START)
 
     def forward_ended(self, output: Any, watch: bool) -> None:
         """Mark a forward's end; with ``watch``, watch its output for the backward's end (until
         the parameter that marks it is known)."""
-        if self._host and self._learned:
+        if self.host and self.learned:
             t = self.clock()
-            last = self._last
+            last = self.last
             if last >= 0:
-                self._sums[_INTO_FORWARD_END[last]] += t - self._t
-            self._t = t
-            self._last = FORWARD_END
+                self.sums[_INTO_FORWARD_END[last]] += t - self.t
+            self.t = t
+            self.last = FORWARD_END
             return
         self.mark(FORWARD_END)
-        if watch and self.enabled and not self._learned and self.guard.on:
+        if watch and self.enabled and not self.learned and self.guard.on:
             try:
                 loss = output_loss(output)
                 self._backward.watch(loss if loss is not None else first_tensor(output))
@@ -225,35 +231,35 @@ class PhaseTimer:
                 self._failed(exc)
 
     def optimizer_start(self) -> None:
-        if self._host:
+        if self.host:
             t = self.clock()
-            last = self._last
+            last = self.last
             if last >= 0:
-                self._sums[_INTO_OPTIMIZER_START[last]] += t - self._t
-            self._t = t
-            self._last = OPTIMIZER_START
+                self.sums[_INTO_OPTIMIZER_START[last]] += t - self.t
+            self.t = t
+            self.last = OPTIMIZER_START
         else:
             self.mark(OPTIMIZER_START)
 
     def held_until(self, now: float) -> None:
         """The loop was held after the step's end until ``now`` (a pause, a checkpoint): the
         wait for the next batch starts now."""
-        self._t = now
+        self.t = now
 
     def step_end(self, step: int, now: float) -> tuple[float, ...] | EventIntervals | None:
         """Mark the end of ``step`` (at ``now``, the clock's reading) and return its phases, for
         its record: seconds per phase, events the sampler reads, or None (none measured: the
         timer off, or no forward seen yet)."""
-        last = self._last
-        if self._host and self._ended and last >= 0 and self.guard.on:
-            sums = self._sums
-            sums[_INTO_END[last]] += now - self._t
-            self._t = now
-            self._last = END
+        last = self.last
+        if self.host and self._ended and last >= 0 and self.guard.on:
+            sums = self.sums
+            sums[_INTO_END[last]] += now - self.t
+            self.t = now
+            self.last = END
             out = tuple(sums)
             sums[:] = PHASE_ZEROS
             if self.device_every and (step + 1) % self.device_every == 0:
-                self._start_device()
+                self.start_device()
             return out
         return self._step_end(step, now)
 
@@ -264,38 +270,42 @@ class PhaseTimer:
             return None
         if not self.guard.on:
             # (a failure the marks did not see: BackwardEnd counts on this guard too)
-            self._host = False
+            self.host = self.fast = False
             return None
-        last = self._last
+        last = self.last
         self.mark(END, now)
         out: tuple[float, ...] | EventIntervals | None = None
         if self._device:
             events, phases = self._events, self._phases
             self._events, self._phases = [], []
             self._device = False
-            self._host = self.guard.on  # the next step on the host clock, from now
-            self._t = now
+            self.host = self.guard.on  # the next step on the host clock, from now
+            self.t = now
             if len(events) > 1 and last >= 0 and self.guard.on:
                 out = EventIntervals(events, phases, not self._ended, self._spare, self._data)
                 self._ended = True
             # else: a mark failed to record (counted): no phases for this step
         elif last >= 0 and self.guard.on:
             first, self._ended = not self._ended, True
-            sums = self._sums
-            self._sums = [0.0] * len(PHASES)
+            sums = self.sums
+            self.sums = [0.0] * len(PHASES)
             if first:  # the first step starts at its forward: what it waited for is unknown
                 sums[DATA] = math.nan
             out = tuple(sums)
         if self.device_every and (step + 1) % self.device_every == 0 and self.guard.on:
-            self._start_device()
+            self.start_device()
+        self._fast()
         return out
 
-    def _start_device(self) -> None:
+    def start_device(self) -> None:
         """Time the next step with events, from its first mark on (a step without two events,
         a mark having failed, has no phases)."""
         self._device = True
-        self._host = False
+        self.host = self.fast = False
         self._events, self._phases = [], []
+
+    def _fast(self) -> None:
+        self.fast = self.host and self._ended and self.learned and self.guard.on
 
     def mark(self, kind: int, now: float | None = None) -> None:
         """The moment ``kind`` happens now (``now``: a clock reading the caller took)."""
@@ -306,22 +316,23 @@ class PhaseTimer:
                 self._mark_event(kind)
             else:
                 t = self.clock() if now is None else now
-                if self._last >= 0:
-                    self._sums[_PHASE[self._last][kind]] += t - self._t
-                self._t = t
-            self._last = kind
+                if self.last >= 0:
+                    self.sums[_PHASE[self.last][kind]] += t - self.t
+                self.t = t
+            self.last = kind
         except Exception as exc:
             self._failed(exc)
 
     def _failed(self, exc: Exception) -> None:
         self.guard.failed(exc)
-        self._host = self._host and self.guard.on
+        self.host = self.host and self.guard.on
+        self._fast()
 
     def current(self) -> int | None:
         """The phase (index into ``PHASES``) the training thread is in now, as its last mark
         says; None before the first forward or with the phases off. Read from the sampler
         thread: one attribute read, nothing done on the training thread for it."""
-        last = self._last
+        last = self.last
         return _AFTER[last] if self.enabled and self.guard.on and last >= 0 else None
 
     def install(self, model: torch.nn.Module | None) -> list[RemovableHandle]:
@@ -348,32 +359,32 @@ class PhaseTimer:
     def _learn(self) -> None:
         # After the first full backward: the parameter whose gradient landed last marks the
         # backward's end from now on.
-        self._learned = True
+        self.learned = True
         for h in self._learning:
             h.remove()
         self._learning.clear()
         last = self._params.get(self._last_param) if self._last_param is not None else None
         self._params.clear()
         if last is None:  # no gradient landed: keep watching each forward's output
-            self._learned = False
+            self.learned = False
             return
         hook = last.register_post_accumulate_grad_hook(self._param_landed)  # type: ignore[no-untyped-call]
         self._handles.append(hook)
+        self._fast()
 
     def _param_landed(self, param: torch.Tensor) -> None:
-        if self._host:  # mark(BACKWARD_END), written out: at every step
+        if self.host:  # mark(BACKWARD_END), written out: at every step
+            # (Hooked once a backward has ended: a forward was marked before, last >= 0.)
             t = self.clock()
-            last = self._last
-            if last >= 0:
-                self._sums[_INTO_BACKWARD_END[last]] += t - self._t
-            self._t = t
-            self._last = BACKWARD_END
+            self.sums[_INTO_BACKWARD_END[self.last]] += t - self.t
+            self.t = t
+            self.last = BACKWARD_END
         else:
             self.mark(BACKWARD_END)
 
     def _backward_end(self) -> None:
         self.mark(BACKWARD_END)
-        if not self._learned:
+        if not self.learned:
             try:
                 self._learn()
             except Exception as exc:
@@ -384,10 +395,10 @@ class PhaseTimer:
         event = spare.pop() if spare else self._new_event()
         event.record()
         if not self._events:  # the step's first: where its first interval starts
-            self._data = self.clock() - self._t  # the wait before it, on the host clock
+            self._data = self.clock() - self.t  # the wait before it, on the host clock
             self._events.append(event)
         elif len(self._events) < MAX_EVENTS:
-            self._phases.append(_PHASE[self._last][kind] if self._last >= 0 else OTHER)
+            self._phases.append(_PHASE[self.last][kind] if self.last >= 0 else OTHER)
             self._events.append(event)
         else:  # forwards without a step (grad-enabled evaluation): bounded, the rest "other"
             self._phases[-1] = OTHER

@@ -337,7 +337,9 @@ class Recorder:
         # with it at once, in the order the records were made (a sampled step's own records);
         # only a step that put nothing of its own is held.
         self._mixed = False
-        self._ended = -1  # the step of the last step record held or put
+        # The step of the last step record held or put (public: the step clock writes an
+        # ordinary step's row itself, StepClock._end_step, and sets it there).
+        self.ended = -1
         # The training thread's: the block steps are written into (None: records), and
         # whether what it put in held is there still as far as it knows.
         self.block: StepBlock | None = None
@@ -403,7 +405,7 @@ class Recorder:
             self._side.append((record, tail, tail.w if type(tail) is StepBlock else 0))
             return
         self._queue.append(record)
-        if record.step > self._ended:
+        if record.step > self.ended:
             self._mixed = True
 
     def hold(self, record: StepRecord) -> None:
@@ -411,7 +413,7 @@ class Recorder:
         that put records of its own is put at once, after them."""
         self._take_held()
         self._close_block()
-        self._ended = record.step
+        self.ended = record.step
         if self._mixed:
             self._mixed = False
             self._queue.append(record)
@@ -440,9 +442,54 @@ class Recorder:
         """A step ended with these values (``StepRecord``'s fields): a row of the block
         steps are written into when it is ordinary, else a record; held either way. (Types
         compared through ``__class__``: no call.)"""
+        held = self.held
+        previous = held.pop(0, None)
+        block = self.block
+        if previous is block and block is not None:
+            # The usual step: the row before is this block's, still held (so nothing was put
+            # since, which would have closed it). Published now; this one goes after it when
+            # it is like it (the checks below, the same as after a record), held in its turn.
+            w = block.n = block.w
+            if (
+                norms is block.ring  # the ring's next row, or no gradient values on either
+                and (norms is not None or clip_norm is None)
+                and not skipped
+                and not groups_added
+                and norm_index is block.index
+                and norms_layout is block.layout
+                and (block.tokens is None) is (not tokens)
+                and (phases.__class__ is tuple if block.phases is not None else phases is None)
+                and (block.clip is None) is (clip_norm is None)
+                and (norms is None or norms.seq == block.first + w)
+                and (lrs is block.lrs[-1] or _floats(lrs, len(block.lrs[-1])))
+                and w < BLOCK_ROWS
+            ):
+                if w == block.cap:
+                    block.grow()
+                block.time[w] = time
+                block.step_time[w] = step_time
+                block.samples[w] = samples
+                block.micro[w] = micro_batches
+                if lrs is not block.lrs[-1]:
+                    block.lrs.append(lrs)  # type: ignore[arg-type]
+                    block.lr_rows.append(w)
+                if block.tokens is not None:
+                    block.tokens[w] = tokens
+                if block.phases is not None:
+                    block.phases[w] = phases  # type: ignore[assignment]
+                if block.clip is not None and block.max_norm is not None:
+                    block.clip[w] = clip_norm
+                    block.max_norm[w] = max_norm
+                if norms is not None:
+                    if block.heads is not None:
+                        block.heads[w] = norms.head
+                    norms.seq += 1  # (HostRing.commit)
+                block.w = w + 1
+                self.ended = step
+                held[0] = block  # (still ``_holding``)
+                return
         # _take_held(), written out: one call less a step.
-        previous = self.held.pop(0, None)
-        if previous is None:
+        elif previous is None:
             if self._holding:
                 self.block = None  # the sampler handed it on: its block is closed
         elif previous.__class__ is StepBlock:
@@ -450,7 +497,7 @@ class Recorder:
         else:
             self._queue.append(previous)
         self._holding = False
-        self._ended = step
+        self.ended = step
         block = self.block
         ring = norms if norms.__class__ is HostRing else None
         if (

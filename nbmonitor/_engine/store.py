@@ -288,8 +288,10 @@ class Store:
             return
         while cap < need:
             cap = min(cap * 2, self._recent_cap)
-        grown = np.full((self._recent.shape[0], cap), _NAN, dtype=np.float64)
+        # Filled once: the rows held copied, NaN after them (np.full would write both).
+        grown = np.empty((self._recent.shape[0], cap), dtype=np.float64)
         grown[:, : self._rows] = self._recent[:, : self._rows]
+        grown[:, self._rows :] = _NAN
         self._recent = grown
 
     def _fold(self) -> None:

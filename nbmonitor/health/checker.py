@@ -136,8 +136,11 @@ class Health:
     def _check(self, inp: HealthInput) -> list[Alert]:
         view = HealthView(inp, self._last_step, self._last_layer_step, self.thresholds.window)
         alerts: list[Alert] = []
+        active = self._active
         for outcome in [rule.check(view) for rule in self.rules]:
-            alerts.extend(self._settle(outcome, inp.step))
+            # What ``_settle`` returns at once for (most outcomes), without the call.
+            if outcome.held or (active.get(outcome.rule) and outcome.judged is not never):
+                alerts.extend(self._settle(outcome, inp.step))
         alerts = self.differential.sort(alerts, self._open)
         if view.step_col.size:
             self._last_step = float(view.step_col[-1])
@@ -190,11 +193,14 @@ class Health:
             and len(new) < len(held)  # it already held for subjects reported before
             and step - self._alerted.get(rule, -math.inf) < self.thresholds.rearm_steps
         )
-        for subject in held:
-            active[subject] = None
-        for subject, clear_since in list(active.items()):
-            if subject in held or not outcome.judged(subject):
+        active.update(dict.fromkeys(held))
+        # Only the subjects that stopped holding can clear (none while every subject of the
+        # episode still holds: a condition over a hundred layers, every pass).
+        stopped = [s for s in active if s not in held] if len(active) > len(held) else []
+        for subject in stopped:
+            if not outcome.judged(subject):
                 continue
+            clear_since = active[subject]
             since = step if clear_since is None else clear_since
             if step - since >= self.thresholds.rearm_steps:
                 del active[subject]

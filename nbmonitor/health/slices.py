@@ -51,6 +51,45 @@ def grid_end(steps: FloatArray) -> FloatArray:
     return np.ceil(steps / every) * every
 
 
+def grid_point(step: float) -> float:
+    """``grid_end`` of one step, in plain floats (the same operations: ``math`` and numpy
+    round alike on these)."""
+    s = max(step, 1.0)
+    every = max(float(GRID_STEPS), 2.0 ** math.floor(math.log2(s)) / GRID_PER_DOUBLING)
+    return math.ceil(step / every) * every
+
+
+def _step_ends(steps: FloatArray, first: int) -> list[int]:
+    """The rows (exclusive ends) at which the step grid closes a slice, from row ``first``.
+
+    A row closes its slice when the next row is in a later one, or when it is the grid point
+    itself (steps are whole numbers: no later step can share its slice). The grid point is
+    never behind a step and is its own (``grid_end``), so on ascending steps the rows of one
+    slice are those up to its grid point: one search a slice, not ``grid_end`` on each of a
+    check's thousands of new rows."""
+    n = steps.size
+    tail = steps[first:]
+    if not (tail[1:] >= tail[:-1]).all():  # not ascending (never from a store): row by row
+        ends = grid_end(tail)
+        closes = np.empty(n - first, dtype=bool)
+        closes[:-1] = ends[1:] != ends[:-1]
+        closes[-1] = steps[-1] == ends[-1]
+        out: list[int] = (np.flatnonzero(closes) + first + 1).tolist()
+        return out
+    out = []
+    row = first
+    last = float(steps[-1])
+    while row < n:
+        point = grid_point(float(steps[row]))
+        if point >= last:
+            if point == last:
+                out.append(n)
+            break
+        row = first + int(tail.searchsorted(point, side="right"))
+        out.append(row)
+    return out
+
+
 @dataclasses.dataclass(frozen=True)
 class Cut:
     """One slice to judge: the rows before ``end``; ``grid`` when it ends at a grid point
@@ -74,27 +113,32 @@ def cuts(
     n = steps.size
     if first >= n:
         return []
-    ends = grid_end(steps[first:])
-    # A row closes its slice when the next row is in a later one, or when it is the grid
-    # point itself (steps are whole numbers: no later step can share its slice).
-    closes = np.empty(n - first, dtype=bool)
-    closes[:-1] = ends[1:] != ends[:-1]
-    closes[-1] = steps[-1] == ends[-1]
-    step_ends = (np.flatnonzero(closes) + first + 1).tolist()
+    step_ends = _step_ends(steps, first)
     out: list[Cut] = []
     have_times = times is not None and times.size == n
     anchor = grid_time
     if have_times and anchor is None:
         assert times is not None
         anchor = float(times[first]) if math.isfinite(times[first]) else None
+    # Times in order (as a store's are; no NaN): the time grid's next row is one search.
+    ascending = False
+    if have_times:
+        assert times is not None
+        recent = times[first:]
+        ascending = bool((recent[1:] >= recent[:-1]).all())
     row, k = first, 0
     while row < n:
         end = step_ends[k] if k < len(step_ends) else n + 1
         if have_times and anchor is not None:
             assert times is not None
-            late = np.flatnonzero(times[row : min(end, n)] >= anchor + GRID_SECONDS)
-            if late.size:
-                end = row + int(late[0]) + 1
+            if ascending:
+                at = max(row, first + int(recent.searchsorted(anchor + GRID_SECONDS)))
+                if at < min(end, n):
+                    end = at + 1
+            else:
+                late = np.flatnonzero(times[row : min(end, n)] >= anchor + GRID_SECONDS)
+                if late.size:
+                    end = row + int(late[0]) + 1
         if end > n:
             break
         out.append(Cut(end, True))
@@ -167,5 +211,6 @@ __all__ = [
     "Cut",
     "cuts",
     "grid_end",
+    "grid_point",
     "until",
 ]

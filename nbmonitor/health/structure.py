@@ -13,6 +13,9 @@ graph; whether the gradients were reset since the last step; whether a forward r
 
 from __future__ import annotations
 
+import bisect
+import functools
+import itertools
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -48,21 +51,37 @@ class Structure:
 
     observations: tuple[Observation, ...] = ()
 
+    @functools.cached_property
+    def _by_kind(self) -> dict[str, tuple[Observation, ...]]:
+        """The observations of each kind, in order: made once a snapshot (a pass's rules ask
+        a dozen times, each for one kind of a hundred observations)."""
+        kinds: dict[str, list[Observation]] = {}
+        for o in self.observations:
+            kinds.setdefault(o.kind, []).append(o)
+        return {kind: tuple(kept) for kind, kept in kinds.items()}
+
+    @functools.cached_property
+    def _steps(self) -> list[int] | None:
+        """The observations' steps when in step order (as a snapshot makes them), else None."""
+        steps = [o.step for o in self.observations]
+        return steps if all(a <= b for a, b in itertools.pairwise(steps)) else None
+
     def of(self, kind: str) -> tuple[Observation, ...]:
-        return tuple(o for o in self.observations if o.kind == kind)
+        return self._by_kind.get(kind, ())
 
     def latest(self, kind: str) -> Observation | None:
-        for o in reversed(self.observations):
-            if o.kind == kind:
-                return o
-        return None
+        kept = self._by_kind.get(kind)
+        return kept[-1] if kept else None
 
     def recent(self, kind: str, n: int, key: str | None = None) -> tuple[Observation, ...]:
         """The newest ``n`` observations of ``kind`` (those where ``key`` is known, not
         None, when given), oldest first."""
+        kept = self._by_kind.get(kind, ())
+        if key is None:
+            return kept[max(0, len(kept) - max(n, 1)) :]  # at least one, as the loop below
         out: list[Observation] = []
-        for o in reversed(self.observations):
-            if o.kind == kind and (key is None or o.facts.get(key) is not None):
+        for o in reversed(kept):
+            if o.facts.get(key) is not None:
                 out.append(o)
                 if len(out) >= n:
                     break
@@ -72,9 +91,29 @@ class Structure:
         """``streak_step`` over every kept observation of ``kind`` (with ``key`` known)."""
         return streak_step(self.recent(kind, KEEP, key), least, holds)
 
+    @functools.cached_property
+    def _kind_steps(self) -> dict[str, list[int]]:
+        return {kind: [o.step for o in kept] for kind, kept in self._by_kind.items()}
+
     def until(self, step: float) -> Structure:
-        kept = tuple(o for o in self.observations if o.step <= step)
-        return self if len(kept) == len(self.observations) else Structure(kept)
+        steps = self._steps
+        if steps is None:
+            kept = tuple(o for o in self.observations if o.step <= step)
+            return self if len(kept) == len(self.observations) else Structure(kept)
+        n = bisect.bisect_right(steps, step)
+        if n == len(steps):
+            return self
+        cut = Structure(self.observations[:n])
+        # Its index and steps cut alike (each kind's observations are in step order too), so
+        # that each slice of a check does not index its cut anew.
+        index: dict[str, tuple[Observation, ...]] = {}
+        for kind, of_kind in self._kind_steps.items():
+            k = bisect.bisect_right(of_kind, step)
+            if k:
+                index[kind] = self._by_kind[kind][:k]
+        cut.__dict__["_by_kind"] = index
+        cut.__dict__["_steps"] = steps[:n]
+        return cut
 
     def __bool__(self) -> bool:
         return bool(self.observations)
@@ -85,12 +124,16 @@ class StructureLog:
 
     def __init__(self) -> None:
         self._kinds: dict[str, deque[Observation]] = {}
+        # The last snapshot, while nothing was added since (a check takes one a tick; the
+        # structure changes on sampled steps only): the same object, its index made once.
+        self._snapshot: Structure | None = None
 
     def add(self, step: int, kind: str, facts: Facts) -> None:
         kept = self._kinds.get(kind)
         if kept is None:
             kept = self._kinds[kind] = deque(maxlen=KEEP)
         kept.append(Observation(step, kind, dict(facts)))
+        self._snapshot = None
 
     def seen(self, kind: str) -> bool:
         """Whether an observation of ``kind`` was taken."""
@@ -99,12 +142,15 @@ class StructureLog:
     def snapshot(self) -> Structure | None:
         if not self._kinds:
             return None
-        everything = [o for kept in self._kinds.values() for o in kept]
-        everything.sort(key=lambda o: o.step)
-        return Structure(tuple(everything))
+        if self._snapshot is None:
+            everything = [o for kept in self._kinds.values() for o in kept]
+            everything.sort(key=lambda o: o.step)
+            self._snapshot = Structure(tuple(everything))
+        return self._snapshot
 
     def clear(self) -> None:
         self._kinds.clear()
+        self._snapshot = None
 
 
 def streak_step(observations: tuple[Observation, ...], least: int, holds: object) -> int | None:

@@ -87,11 +87,10 @@ def test_gradients_that_never_arrived_are_reported_after_ten_steps() -> None:
 
 def test_finite_rows_between_other_records_wait_as_one_slice_in_step_order() -> None:
     f, layers, alerts = flow()
-    update = AuxRecord(3, "update", (), None)  # type: ignore[arg-type]  # value is not read here
-    values = [1.0] * (2 * len(NAMES))
-    f.add([block([1, 2, 3, 4, 5, 6, 7, 8], bad={4: 1})], [(update, values)], step=8)
-    # steps 1-3 were taken before the update of step 3, 4 before the NaN of step 5; 6-8 wait
-    # as one slice of their block, not one object per row
+    forward = AuxRecord(3, "forward", (), None)  # type: ignore[arg-type]  # value is not read here
+    f.add([block([1, 2, 3, 4, 5, 6, 7, 8], bad={4: 1})], [(forward, [])], step=8)
+    # steps 1-2 were taken before the forward check of step 3, 3-4 before the NaN of step 5;
+    # 6-8 wait as one slice of their block, not one object per row
     assert [b.steps for b in f._deferred] == [(6, 7, 8)]
     f.take_waiting()
     steps, norms = layers.recent()
@@ -106,7 +105,7 @@ def test_finite_rows_between_other_records_wait_as_one_slice_in_step_order() -> 
 def test_blocks_cut_where_other_records_fall_give_what_row_by_row_gives(
     seed: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Rising blocks are cut only where an update record or a non-finite step falls between
+    # Rising blocks are cut only where a forward check or a non-finite step falls between
     # their rows (_in_order_cut); row by row (blocks that do not rise) gives the same.
     rng = np.random.default_rng(seed)
     blocks, step = [], 0
@@ -121,12 +120,17 @@ def test_blocks_cut_where_other_records_fall_give_what_row_by_row_gives(
         }
         blocks.append(block(steps, bad))
     updates = sorted(int(s) for s in rng.integers(1, step + 2, int(rng.integers(1, 6))))
-    aux = [(AuxRecord(s, "update", (), None), [float(s)] * (2 * len(NAMES))) for s in updates]  # type: ignore[arg-type]
+    aux = [
+        (AuxRecord(s, "update", (), None), [float(s)] * (2 * len(NAMES)))  # type: ignore[arg-type]
+        if rng.random() < 0.5
+        else (AuxRecord(s, "forward", (), None), [])  # type: ignore[arg-type]
+        for s in updates
+    ]
 
     def run() -> tuple[object, ...]:
         f, layers, alerts = flow()
         calls: list[tuple[str, object]] = []  # what reaches the statistics, in order
-        for name in ("add_grad_norm_rows", "add_grad_norms", "add_update"):
+        for name in ("add_grad_norm_rows", "add_grad_norms", "add_update", "add_forward"):
             method = getattr(layers, name)
 
             def logged(*args: Any, _name: str = name, _method: Any = method) -> Any:
@@ -144,3 +148,30 @@ def test_blocks_cut_where_other_records_fall_give_what_row_by_row_gives(
     cut = run()
     monkeypatch.setattr(layer_flow, "_rising", lambda blocks: False)
     assert cut == run()
+
+
+def test_update_ratios_do_not_cut_the_waiting_rows() -> None:
+    # A sampled step's update ratios (every layer_every steps) touch nothing the gradient
+    # norms do: a tick's finite rows still reach the statistics in one pass.
+    f, layers, _ = flow()
+    calls: list[str] = []
+    for name in ("add_grad_norm_rows", "add_update"):
+        method = getattr(layers, name)
+
+        def logged(*args: Any, _name: str = name, _method: Any = method) -> Any:
+            calls.append(_name)
+            return _method(*args)
+
+        setattr(layers, name, logged)
+    updates = [
+        (AuxRecord(s, "update", (), None), [float(s)] * (2 * len(NAMES)))  # type: ignore[arg-type]
+        for s in (3, 6, 9)
+    ]
+    f.add([block(list(range(1, 10)))], updates, step=9)  # (the no-gradient check at 10 reads)
+    assert calls == ["add_update"] * 3 and f.waiting_values == 9 * len(NAMES)
+    rows = f.take_rows()
+    assert [r["step"] for r in rows] == [3.0, 6.0, 9.0]
+    assert layers.update_ratio.tolist() == [1.0] * len(NAMES)
+    f.take_waiting()
+    assert calls == ["add_update"] * 3 + ["add_grad_norm_rows"]
+    assert layers.recent()[0].tolist() == [float(s) for s in range(1, 10)]

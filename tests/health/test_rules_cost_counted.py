@@ -15,13 +15,15 @@ from benchmarks.numpy_calls import NumpyCalls, count_numpy
 from numpy.lib.stride_tricks import sliding_window_view
 from tests.health.synthetic import Run
 
-from nbmonitor.health import Health, HealthInput
+from nbmonitor.health import Health, HealthInput, slices
 from nbmonitor.health import rule as rule_module
 from nbmonitor.health.rules import loss as loss_rules
 from nbmonitor.health.rules import time as time_rules
 from nbmonitor.health.rules.gradients import ExplodingGradients, GradientSpike, _trailing_minima
 from nbmonitor.health.rules.loss import LossSpike
 from nbmonitor.health.rules.lr import LrScheduleTooFast
+from nbmonitor.health.rules.updates import UpdateRatioHigh, UpdateRatioLow
+from nbmonitor.health.structure import Observation, Structure, StructureLog
 from nbmonitor.health.view import HealthView
 from nbmonitor.records import OptimizerRecord
 
@@ -283,3 +285,158 @@ def test_the_spikes_trailing_minima_are_the_windows_minima() -> None:
         seg[rng.random(seg.size) < 0.1] = np.inf  # a gap reads as no value
         expected = sliding_window_view(seg, window).min(axis=1)
         assert np.array_equal(_trailing_minima(seg, window), expected)
+
+
+def test_a_checks_cuts_do_not_read_every_new_row() -> None:
+    """``cuts`` finds the step grid's slices by one search a slice, not the grid point of each
+    of a check's thousands of new rows (``grid_end``: ten array operations over them, and a
+    new array each): two numpy calls and one a slice, and the same slices as the row-by-row
+    reading."""
+    counted = []
+    for n in (300, 7700):
+        steps = np.arange(40_001.0, 40_001.0 + n)
+        counter = NumpyCalls()
+        counter.rule = "cuts"
+        sys.setprofile(counter)
+        try:
+            got = slices.cuts(steps, None, 0, None, final=False)
+        finally:
+            sys.setprofile(None)
+        counted.append(counter.counts.get("cuts", 0) - len(got))
+        ends = slices.grid_end(steps)
+        closes = np.flatnonzero(np.append(ends[1:] != ends[:-1], steps[-1] == ends[-1])) + 1
+        assert [c.end for c in got] == closes.tolist()
+    assert counted == [2, 2], counted
+
+
+def test_grid_point_is_grid_end() -> None:
+    rng = np.random.default_rng(5)
+    steps = np.concatenate(
+        (
+            np.arange(0.0, 70_000.0),
+            [2.0**k + d for k in range(1, 50) for d in (-1.0, 0.0, 1.0)],
+            rng.integers(1, 2**45, 20_000).astype(float),
+        )
+    )
+    assert [slices.grid_point(s) for s in steps.tolist()] == slices.grid_end(steps).tolist()
+
+
+def test_quiet_measured_steps_skip_the_update_rules_verdicts() -> None:
+    """A slice that brings many measured steps with no update ratio near either limit judges
+    none of them one by one (``_judged``: the lr, the loss, the biases, a step at a time); an
+    episode open asks the last step's verdict, which is what the loop over the steps gives."""
+    run = Run()
+    run.add(400)
+    inp = run.input(window=400)
+    names = inp.layer_names
+    update_steps = np.arange(10.0, 401.0, 10.0)
+    series = np.full((len(names), update_steps.size), 1e-3)
+    inp = dataclasses.replace(
+        inp, update_steps=update_steps, update_series=series, update_ratios=series[:, -1]
+    )
+    for cls in (UpdateRatioHigh, UpdateRatioLow):
+        rule = cls(Health().thresholds)
+        calls = 0
+        inner = rule._judged
+
+        def judged(*args: Any, inner: Any = inner) -> Any:
+            nonlocal calls
+            calls += 1
+            return inner(*args)
+
+        rule._judged = judged  # type: ignore[method-assign]
+        view = HealthView(inp, None, None, 512)
+        outcome = rule.check(view)
+        assert outcome.held == () and calls == 0
+        # The loop over every measured step (what a ratio near a limit takes) says the same.
+        slow = cls(Health().thresholds)
+        slow._possible = lambda _view, r: np.ones(r.shape, dtype=bool)  # type: ignore[method-assign]
+        expected = slow.check(HealthView(inp, None, None, 512))
+        assert [outcome.judged(n) for n in names] == [expected.judged(n) for n in names]
+        assert any(outcome.judged(n) for n in names) and calls == 1
+        assert np.array_equal(rule._streak, slow._streak)
+        assert getattr(rule, "_lr_max", None) == getattr(slow, "_lr_max", None)
+        # A ratio beyond the limit on one step: every step judged, as before.
+        beyond = series.copy()
+        beyond[0, -5] = 1.0 if cls is UpdateRatioHigh else 1e-9
+        rule = cls(Health().thresholds)
+        rule._judged = judged  # type: ignore[method-assign]
+        calls = 0
+        rule.check(HealthView(dataclasses.replace(inp, update_series=beyond), None, None, 512))
+        assert calls == sum(1 for s in update_steps if s >= Health().thresholds.min_history)
+
+
+def test_the_structure_is_read_by_kind_not_scanned_by_each_rule() -> None:
+    """A dozen structural rules each ask a pass's snapshot for one kind of observation, and
+    each slice cuts the snapshot at its step: once the snapshot is indexed (one pass over
+    it), neither runs more lines for 1,000 observations of other kinds than for 10."""
+    ran = []
+    for others in (10, 1000):
+        observations = [Observation(s, "forward", {}) for s in range(others)]
+        observations += [Observation(others + s, "optimizer", {"lr": 0.1}) for s in range(5)]
+        snapshot = Structure(tuple(observations))
+        snapshot.until(-1)  # the index and the steps, made once a snapshot
+        lines = 0
+
+        def trace(frame: Any, event: str, _: Any) -> Any:
+            nonlocal lines
+            if frame.f_code.co_filename.endswith("health/structure.py"):
+                lines += event == "line"
+                return trace
+            return None
+
+        sys.settrace(trace)
+        try:
+            got = snapshot.recent("optimizer", 3, "lr")
+            cut = snapshot.until(others + 2)
+        finally:
+            sys.settrace(None)
+        assert [o.step for o in got] == [others + 2, others + 3, others + 4]
+        assert len(cut.observations) == others + 3
+        assert [o.step for o in cut.recent("optimizer", 5)] == [others, others + 1, others + 2]
+        ran.append(lines)
+    assert ran[0] == ran[1], ran
+
+
+def test_a_snapshot_is_made_again_only_after_an_observation() -> None:
+    """A check takes the structure's snapshot every tick; it changes on sampled steps only,
+    so the same snapshot (and the index its rules read) serves until one is added."""
+    log = StructureLog()
+    assert log.snapshot() is None
+    log.add(1, "forward", {"a": 1})
+    first = log.snapshot()
+    assert first is not None and log.snapshot() is first
+    log.add(2, "backward", {})
+    second = log.snapshot()
+    assert second is not first and second is not None
+    assert [(o.step, o.kind) for o in second.observations] == [(1, "forward"), (2, "backward")]
+    log.clear()
+    assert log.snapshot() is None
+
+
+def test_the_time_grid_searched_is_the_time_grid_read_row_by_row() -> None:
+    """With the rows' times in order, ``cuts`` finds the time grid's next point by one search
+    a slice instead of comparing every row of the slice: the same slices as the row-by-row
+    reading, on runs slow and fast, with steps missing and times repeated."""
+    rng = np.random.default_rng(4)
+    for _ in range(200):
+        n = int(rng.integers(2, 2000))
+        steps = np.cumsum(rng.integers(1, 4, n)).astype(float)
+        times = 1000.0 + np.cumsum(rng.exponential(float(rng.choice([0.01, 0.7, 3.0])), n))
+        times[rng.random(n) < 0.1] = times[0]  # repeated times: in order, not ascending
+        times = np.maximum.accumulate(times)
+        got = [c.end for c in slices.cuts(steps, times, 0, None, final=False)]
+        ends, anchor, row = [], times[0], 0
+        while row < n:
+            late = np.flatnonzero(times[row:] >= anchor + slices.GRID_SECONDS)
+            step = slices.grid_end(steps[row:])
+            closes = np.flatnonzero(np.append(step[1:] != step[:-1], steps[-1] == step[-1]))
+            end = min(
+                row + int(late[0]) + 1 if late.size else n + 1,
+                row + int(closes[0]) + 1 if closes.size else n + 1,
+            )
+            if end > n:
+                break
+            ends.append(end)
+            anchor, row = times[end - 1], end
+        assert got == ends

@@ -2,9 +2,10 @@
 
 Finite gradient norms of a tick wait (bounded) for whoever reads the layers next, and are then
 taken in one numpy pass: per tick that pass was a sixth of the sampler's time, most of it per
-call, not per step. A non-finite step, or forward and update measurements, take the waiting
-ones first, so that everything reaches the statistics in step order and a non-finite gradient
-report names the module of its own episode.
+call, not per step. A non-finite step, or a forward check's measurements, take the waiting
+ones first, so that a non-finite gradient report names the module of its own episode; the
+update ratios and activations of a sampled step touch nothing the gradient norms do and are
+taken as they come.
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ from nbmonitor.records import AuxRecord
 LAYER_DEFER_MAX_VALUES = 2**20
 # Steps after which a trainable parameter that never received a gradient is reported.
 NO_GRAD_AFTER_STEPS = 10
+# The per-layer records that neither read nor change what the gradient norms do (the update
+# ratios and parameter norms, the activations), so that they need not reach the statistics
+# in step order with them; a forward check's (the module a non-finite gradient report names)
+# and a stop's (its alert after the gradients' own) do.
+_APART = frozenset(("update", "activations"))
 
 # (step, time, names of the first bad parameters, first bad forward, forward checked) -> alert
 NonFiniteReport = Callable[
@@ -76,6 +82,13 @@ class LayerFlow:
         """Take one tick's gradient-norm blocks and per-layer records; ``step`` is the newest."""
         if self._first_step is None and blocks and blocks[0].steps:
             self._first_step = blocks[0].steps[0]
+        if aux and any(record.kind in _APART for record, _ in aux):
+            # Taken as they come: no gradient norm waits for them (a sampled step's update
+            # ratios every ``layer_every`` steps would cut a tick's rows into a pass each).
+            for record, values in sorted(aux, key=_aux_step):
+                if record.kind in _APART:
+                    self._take_aux(record, values)
+            aux = [item for item in aux if item[0].kind not in _APART]
         if not aux and all(block.finite.all() for block in blocks):
             for block in blocks:
                 self._defer(block)
@@ -243,6 +256,10 @@ class LayerFlow:
             )
         self._nonfinite_reported = True
         layers.add_grad_norms(step, norms, index)
+
+
+def _aux_step(item: tuple[AuxRecord, list[float]]) -> int:
+    return item[0].step
 
 
 def _rising(blocks: list[LayerNorms]) -> bool:

@@ -10,6 +10,7 @@ flush already wrote is reported, not written as a second row of that step.
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -142,26 +143,37 @@ class StepAssembler:
         (``StepColumns``, a block of them a record) are read at once, a slice of their own."""
         kinds = list(map(type, records))
         if StepColumns not in kinds:
-            yield from self._feed(records, 0, len(records))
+            yield from self._feed(records, kinds, 0, len(records))
             return
         at = 0
         for i, kind in enumerate(kinds):
             if kind is StepColumns:
                 if at < i:
-                    yield from self._feed(records, at, i)
+                    yield from self._feed(records, kinds, at, i)
                 yield from self._add_block(records, kinds, i)
                 at = i + 1
         if at < len(records):
-            yield from self._feed(records, at, len(records))
+            yield from self._feed(records, kinds, at, len(records))
 
-    def _feed(self, records: Sequence[Record], start: int, stop: int) -> Iterator[Sequence[Record]]:
-        """``feed`` of records ``[start, stop)``, none of them ``StepColumns``."""
+    def _feed(
+        self, records: Sequence[Record], kinds: list[type], start: int, stop: int
+    ) -> Iterator[Sequence[Record]]:
+        """``feed`` of records ``[start, stop)`` (``kinds`` their types), none of them
+        ``StepColumns``."""
         part = records[start:stop] if start or stop < len(records) else records
         if len(part) < SLICE and len(part) < len(records):
             # A few records between steps written as columns (a sampled step's): planning
             # alike runs costs more than it would save.
             self.add(part)
             yield part
+            return
+        if not any(kind in _ROWS for kind in itertools.islice(kinds, start, stop)):
+            # No step's row among them (the sampled steps' records beside a block of steps):
+            # nothing to plan.
+            for at in range(0, len(part), SLICE):
+                piece = part[at : at + SLICE]
+                self.add(piece)
+                yield piece
             return
         done = used = 0  # records [done, at) are added and not yet yielded; their cost
         for segment in alike.plan(part, self._open):
@@ -463,14 +475,24 @@ class StepAssembler:
         """``_finish`` of every row of ``run``, a column at a time: the rows as columns, no
         dict per row (the smoothed loss is absent from the rows before the first finite
         loss, NaN in its column)."""
-        columns = {"step": [float(s) for s in run.steps], **run.values, **run.logged()}
+        columns = {"step": list(map(float, run.steps)), **run.values, **run.logged()}
         loss = columns.get("loss")
         missing = 0
         if loss is not None:
             ema, weight = self._ema, self._ema_weight
             keep, take = SMOOTHING, 1 - SMOOTHING
             smooth: list[float] = []
-            for value in loss:
+            rest: Sequence[float] = loss
+            if weight > 0 and math.isfinite(sum(loss)):
+                # Every loss finite and a smoothed one already (the usual part): the same
+                # operations without the tests a value.
+                append = smooth.append
+                for value in loss:
+                    ema = keep * ema + take * value
+                    weight = keep * weight + take
+                    append(ema / weight)
+                rest = ()
+            for value in rest:
                 if math.isfinite(value):
                     ema = keep * ema + take * value
                     weight = keep * weight + take
@@ -480,7 +502,7 @@ class StepAssembler:
                     smooth.append(math.nan)
                     missing += 1
             self._ema, self._ema_weight = ema, weight
-            if missing < len(loss):
+            if missing < len(smooth):
                 columns["loss_smooth"] = smooth
         for key, column in columns.items():
             if type(column) is not list:  # a column read as an array: the rows hold floats

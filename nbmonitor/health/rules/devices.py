@@ -9,6 +9,7 @@ raises each (rule, device) once per episode.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Iterable, Mapping
@@ -35,8 +36,14 @@ _HARD_THROTTLE = 0x008 | 0x020 | 0x040 | 0x080  # hw slowdown, sw/hw thermal, po
 
 def gpu_indices(columns: Columns) -> list[int]:
     """The GPU indices that have columns, in order."""
-    found = (_GPU_KEY.match(key) for key in columns)
-    return sorted(int(m.group(1)) for m in found if m)
+    return list(_gpu_indices(tuple(columns)))
+
+
+@functools.lru_cache(maxsize=8)
+def _gpu_indices(keys: tuple[str, ...]) -> tuple[int, ...]:
+    # The same keys every sample (four device rules a pass read them): matched once.
+    found = (_GPU_KEY.match(key) for key in keys)
+    return tuple(sorted(int(m.group(1)) for m in found if m))
 
 
 def _last_finite(values: npt.NDArray[np.float64] | None) -> float:

@@ -21,6 +21,7 @@ from nbmonitor.health.rule import Base, Outcome, always, clear, nothing
 from nbmonitor.health.rules.updates import weight_rows
 from nbmonitor.health.thresholds import Thresholds
 from nbmonitor.health.view import HealthView
+from nbmonitor.health.window import FloatArray
 from nbmonitor.health.wording import num
 
 # The weights move at a healthy rate when the median weight layer's update ratio is at least
@@ -43,6 +44,17 @@ def chance_classes(loss: float) -> int | None:
         return None
     k = round(math.exp(loss))
     return k if k >= 2 and abs(math.exp(loss) - k) <= CHANCE_MATCH * k else None
+
+
+def sorted_median(values: FloatArray) -> float:
+    """``statistics.median`` of a non-empty array, bit for bit (the middle of the sorted
+    values, or the mean of the two middle ones), in two array calls instead of a Python sort
+    of hundreds of floats (``np.median`` would import ``numpy.ma`` on the sampler thread)."""
+    ordered = np.sort(values)
+    half = ordered.size // 2
+    if ordered.size % 2:
+        return float(ordered[half])
+    return float((ordered[half - 1] + ordered[half]) / 2)
 
 
 class LabelsNotMatching(Base):
@@ -100,9 +112,8 @@ class LabelsNotMatching(Base):
             # Not at a chance level: it must sit where it started, within its own noise (two
             # robust sigmas: a median and a median of deviations of 200 losses, asked only
             # here).
-            values = recent.tolist()
-            centre = statistics.median(values)
-            spread = 1.4826 * statistics.median(abs(v - centre) for v in values)
+            centre = sorted_median(recent)
+            spread = 1.4826 * sorted_median(np.abs(recent - centre))
             if not abs(after - start) <= 2 * spread:
                 return clear(rule)
         first = float(view.step_col[-window])

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import functools
 import statistics
+from collections.abc import Callable
 
 import numpy as np
 
 from nbmonitor.health import alert as subjects
 from nbmonitor.health.alert import Alert
 from nbmonitor.health.doc import SYMPTOM, RuleDoc
-from nbmonitor.health.rule import Base, Outcome, nothing
+from nbmonitor.health.rule import Base, Outcome, no_alerts, nothing
 from nbmonitor.health.rules.gradients import cancelled_biases
 from nbmonitor.health.thresholds import Thresholds
 from nbmonitor.health.view import HealthView
@@ -52,8 +53,16 @@ class _UpdateRatio(Base):
     def _message(self, names: str, extreme: float, step: int) -> str:
         raise NotImplementedError
 
-    def _observations(self, view: HealthView) -> list[tuple[int, FloatArray]]:
-        """The new measured steps and their ratios, oldest first."""
+    def _possible(self, view: HealthView, ratios: FloatArray) -> BoolArray:
+        """Where ``ratios`` (layers x measured steps) could be judged beyond the limit: a
+        superset of ``_judged & _beyond`` that reads the ratios alone."""
+        raise NotImplementedError
+
+    def _note(self, view: HealthView, step: int) -> None:
+        """What ``_judged`` keeps of a measured step beyond its verdict (run-wide state)."""
+
+    def _observations(self, view: HealthView) -> tuple[list[int], FloatArray]:
+        """The new measured steps and their ratios (layers x steps), oldest first."""
         inp = view.inp
         steps, series = inp.update_steps, inp.update_series
         if (
@@ -65,18 +74,19 @@ class _UpdateRatio(Base):
                 steps.size,
             )
         ):
-            fresh = np.flatnonzero(steps > self._last_seen)
-            if fresh.size:
-                self._last_seen = float(steps[fresh[-1]])
-            return [(int(steps[i]), np.asarray(series[:, i], dtype=np.float64)) for i in fresh]
+            at = np.flatnonzero(steps > self._last_seen)
+            if not at.size:
+                return [], np.empty((len(view.layer_names), 0))
+            self._last_seen = float(steps[at[-1]])
+            return [int(x) for x in steps[at].tolist()], np.asarray(series[:, at], dtype=np.float64)
         given = inp.update_ratios
         if given is None or given.shape != (len(view.layer_names),):
-            return []
+            return [], np.empty((len(view.layer_names), 0))
         ratios = np.asarray(given, dtype=np.float64)
         if self._prev is not None and np.array_equal(ratios, self._prev, equal_nan=True):
-            return []
+            return [], np.empty((len(view.layer_names), 0))
         self._prev = ratios.copy()
-        return [(inp.step, ratios)]
+        return [inp.step], ratios[:, None]
 
     def check(self, view: HealthView) -> Outcome:
         rule = self.name
@@ -86,17 +96,32 @@ class _UpdateRatio(Base):
             self._names = names
             self._prev = None
             self._streak = np.zeros(len(names), dtype=np.intp)
-        seen = self._observations(view)
+        seen, block = self._observations(view)
         if not seen:
             return nothing(rule)
+        # The first steps move far by design (Adam's first update is lr per weight;
+        # zero-initialised parts start from nothing): judged from min_history on.
+        late = [k for k, step in enumerate(seen) if step >= t.min_history]
+        if late and not self._possible(view, block[:, late[0] :]).any():
+            # No layer can be beyond the limit on any new measured step: every streak ends,
+            # none holds, and the last step's verdict (which layers were judged) is worked
+            # out only if asked (an episode of the rule open).
+            self._streak = np.zeros_like(self._streak)
+            last, ratios = seen[late[-1]], block[:, late[-1]]
+            self._note(view, last)
+            verdict: list[Callable[[str], bool]] = []
+
+            def judged_late(subject: str) -> bool:
+                if not verdict:
+                    verdict.append(view.layer_judged(self._judged(view, ratios, last)))
+                return verdict[0](subject)
+
+            return Outcome(rule, (), judged_late, no_alerts, spreads=True)
         judged = np.zeros(len(names), dtype=bool)
         # subject -> (step it started to hold, ratio then)
         found: dict[str, tuple[int, float]] = {}
-        for step, ratios in seen:
-            # The first steps move far by design (Adam's first update is lr per weight;
-            # zero-initialised parts start from nothing): judged from min_history on.
-            if step < t.min_history:
-                continue
+        for k in late:
+            step, ratios = seen[k], block[:, k]
             judged = self._judged(view, ratios, step)
             self._streak = np.where(judged & self._beyond(ratios), self._streak + 1, 0)
             for i in np.flatnonzero(self._streak >= t.sustain_steps):
@@ -203,6 +228,12 @@ class UpdateRatioHigh(_UpdateRatio):
     def _beyond(self, ratios: FloatArray) -> BoolArray:
         return ratios > self.thresholds.update_ratio_high
 
+    def _possible(self, view: HealthView, ratios: FloatArray) -> BoolArray:
+        beyond: BoolArray = (ratios > self.thresholds.update_ratio_high) & weight_rows(
+            view.layer_names
+        )[:, None]
+        return beyond
+
     def _extreme(self, values: list[float]) -> float:
         return max(values)
 
@@ -233,15 +264,8 @@ class UpdateRatioLow(_UpdateRatio):
         judged = np.isfinite(ratios) & (ratios > 0)
         # A schedule that has decayed the learning rate far below its peak (the end of a
         # cosine decay) makes tiny updates on purpose.
-        lr = view.shared("lr so far", lambda: _lr_so_far(view))
-        if lr is not None:
-            # The finite lrs up to ``step``: their largest and the last of them.
-            end = int(np.searchsorted(view.step_col, step, side="right"))
-            last = int(lr[1][end - 1]) if end else -1
-            if last >= 0:
-                self._lr_max = max(self._lr_max, float(lr[0][end - 1]))
-                if lr[2][last] < DECAYED_LR * self._lr_max:
-                    return np.zeros_like(judged)
+        if self._decayed(view, step):
+            return np.zeros_like(judged)
         if view.grads is not None and view.grads.shape[1]:
             latest = view.grads[:, -1]
             judged &= np.isfinite(latest) & (latest > 0)
@@ -249,8 +273,31 @@ class UpdateRatioLow(_UpdateRatio):
         # moves while its module's weight learns: nothing is wrong with it.
         return judged & ~cancelled_biases(view.layer_names, judged & self._beyond(ratios), judged)
 
+    def _decayed(self, view: HealthView, step: int) -> bool:
+        """Whether the learning rate at ``step`` has decayed far below the run's largest so
+        far (which it keeps: the largest finite lr up to each measured step judged)."""
+        lr = view.shared("lr so far", lambda: _lr_so_far(view))
+        if lr is None:
+            return False
+        # The finite lrs up to ``step``: their largest and the last of them.
+        end = int(np.searchsorted(view.step_col, step, side="right"))
+        last = int(lr[1][end - 1]) if end else -1
+        if last < 0:
+            return False
+        self._lr_max = max(self._lr_max, float(lr[0][end - 1]))
+        return bool(lr[2][last] < DECAYED_LR * self._lr_max)
+
+    def _note(self, view: HealthView, step: int) -> None:
+        # The largest lr so far grows with the step: the last measured step's is the
+        # largest of them all.
+        self._decayed(view, step)
+
     def _beyond(self, ratios: FloatArray) -> BoolArray:
         return ratios < self.thresholds.update_ratio_low
+
+    def _possible(self, view: HealthView, ratios: FloatArray) -> BoolArray:
+        beyond: BoolArray = (ratios > 0) & (ratios < self.thresholds.update_ratio_low)
+        return beyond
 
     def _extreme(self, values: list[float]) -> float:
         return min(values)
