@@ -13,7 +13,10 @@ baseline block of the same round), for two block statistics: the median step tim
 Modes: baseline (no monitor), attach (defaults), attach_dashboard (defaults with the notebook
 dashboard as the view), attach_layer_every_1 (parameter norms and update
 ratios every step), attach_no_layers (layer_every=0), naive_item (a per-parameter hook that calls
-.item() on each gradient norm, for comparison).
+.item() on each gradient norm, for comparison), norm_only (the plain loop and the gradient norms
+as nbmonitor takes them, nothing else: the floor of a monitor that keeps per-layer gradient
+norms every step), and ``attach+PART+...`` with parts that take one cost out each
+(``attach_options``): a short run's overhead decomposed.
 """
 
 from __future__ import annotations
@@ -32,8 +35,12 @@ import numpy as np
 import torch
 
 import nbmonitor
+from nbmonitor._capture.probes import base
+from nbmonitor._capture.probes.grad_norms import NormPass
 
 BOOTSTRAP_RESAMPLES = 4000
+# The block statistics compared: wall (the median and the mean step), CPU a step (thread, process).
+STATS = ("median", "mean", "thread_cpu", "process_cpu")
 
 
 def mlp20(width: int = 256, depth: int = 20) -> torch.nn.Module:
@@ -153,6 +160,37 @@ class NaiveItemHooks:
             h.remove()
 
 
+def attach_options(mode: str) -> dict[str, Any]:
+    """The attach options of a mode: a name, or ``attach`` and ``+``-joined parts that take
+    one cost out each (``attach+no_layers+slow_sampler``): ``no_layers`` (layer_every=0: no
+    update ratios), ``slow_sampler`` (interval=3600: no sampler tick until close), ``no_flops``
+    (no FLOPs count in the first forward), ``no_early`` (no extra sampling of the first 100
+    steps: layers and memory every ``layer_every`` only)."""
+    kwargs: dict[str, Any] = {}
+    parts = set(mode.split("+")[1:])
+    if mode == "attach_layer_every_1":
+        kwargs["layer_every"] = 1
+    if mode == "attach_no_layers" or "no_layers" in parts:
+        kwargs["layer_every"] = 0
+    if mode == "attach_slow_sampler" or "slow_sampler" in parts:
+        kwargs["interval"] = 3600.0
+    if "no_flops" in parts:
+        kwargs["flops"] = False
+    return kwargs
+
+
+def _early_off() -> Callable[[], None]:
+    """Turns the first steps' extra sampling off (``probes.base``'s schedule read at each
+    call); returns what turns it back on."""
+    saved = (base.EARLY_EVERY_STEP, base.EARLY_STEPS)
+    base.EARLY_EVERY_STEP = base.EARLY_STEPS = 0
+
+    def restore() -> None:
+        base.EARLY_EVERY_STEP, base.EARLY_STEPS = saved
+
+    return restore
+
+
 def run_block(
     task: str,
     mode: str,
@@ -165,18 +203,16 @@ def run_block(
 ) -> dict[str, float]:
     """One block of ``steps`` timed steps after ``warmup`` untimed ones: their median and their
     mean (which includes the steps that a sampler tick slowed down). A monitor samples layers
-    and memory on every step up to 30 and every 10th up to 100: ``warmup=110`` times the
-    steady state alone."""
+    and memory more often in the first 100 steps (``probes.base.due``): ``warmup=110`` times
+    the steady state alone."""
     mon = None
     naive = None
+    norms = None
+    early = None
     if mode.startswith("attach"):
-        kwargs: dict[str, Any] = {}
-        if mode == "attach_layer_every_1":
-            kwargs["layer_every"] = 1
-        elif mode == "attach_no_layers":
-            kwargs["layer_every"] = 0
-        elif mode == "attach_slow_sampler":
-            kwargs["interval"] = 3600.0
+        kwargs = attach_options(mode)
+        if "+no_early" in mode:
+            early = _early_off()
         mon = nbmonitor.attach(model, opt, run_dir=tmp, display=False, **kwargs)
         if mode == "attach_dashboard":
             # What a notebook runs at defaults: the widget dashboard instead of the console
@@ -184,16 +220,28 @@ def run_block(
             mon.dashboard()
     elif mode == "naive_item":
         naive = NaiveItemHooks(model)
+    elif mode == "norm_only":
+        norms = NormPass(list(model.parameters()))
     cuda = next(model.parameters()).is_cuda
     times = []
+    cpu = time.thread_time(), time.process_time()
     for i in range(steps + warmup):
+        if i == warmup:
+            cpu = time.thread_time(), time.process_time()
         if i == warmup and cuda:
             torch.cuda.synchronize()
             start = time.perf_counter()
         t0 = time.perf_counter()
-        train_step(model, loss_fn, opt, mon)
+        if norms is None:
+            train_step(model, loss_fn, opt, mon)
+        else:  # the plain step and the gradient norms nbmonitor takes, nothing else
+            loss_fn(model).backward()
+            norms.take()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
         if i >= warmup:  # the first steps of a block warm caches and allocators
             times.append(time.perf_counter() - t0)
+    thread_cpu, process_cpu = time.thread_time() - cpu[0], time.process_time() - cpu[1]
     if cuda:
         # On a GPU the host runs ahead of the device: time the whole block, synchronised.
         torch.cuda.synchronize()
@@ -202,7 +250,17 @@ def run_block(
         mon.close()
     if naive is not None:
         naive.close()
-    return {"median": statistics.median(times), "mean": statistics.fmean(times)}
+    if early is not None:
+        early()
+    return {
+        "median": statistics.median(times),
+        "mean": statistics.fmean(times),
+        # CPU a timed step (the training thread's; the process's, its other threads' too),
+        # which a loaded machine moves less than wall times. With one torch thread
+        # (OMP_NUM_THREADS=1) the training thread's is all of the loop's own work.
+        "thread_cpu": thread_cpu / steps,
+        "process_cpu": process_cpu / steps,
+    }
 
 
 def environment() -> dict[str, Any]:
@@ -281,26 +339,27 @@ def main() -> int:
                     blocks[mode].append(
                         run_block(task, mode, model, loss_fn, opt, args.steps, tmp, args.warmup)
                     )
+                print(f"{task}: round {r + 1} of {args.rounds}", file=sys.stderr, flush=True)
             summary: dict[str, Any] = {"params": params, "param_tensors": tensors}
             for mode in args.modes:
                 summary[mode] = {
                     stat: compare(
                         [b[stat] for b in blocks["baseline"]], [b[stat] for b in blocks[mode]]
                     )
-                    for stat in ("median", "mean")
+                    for stat in STATS
                 }
             results["tasks"][task] = summary
             print(f"{task}: {params:,} params in {tensors} tensors", file=sys.stderr)
             for mode in args.modes:
-                line = f"  {mode:22s}"
-                for stat in ("median", "mean"):
+                print(f"  {mode}", file=sys.stderr)
+                for stat in STATS:
                     c = summary[mode][stat]
                     lo, hi = c["overhead_percent_ci95"]
-                    line += (
-                        f"  {stat} step {c['step_ms']:7.3f} ms {c['overhead_percent']:+6.2f} % "
-                        f"(95 % CI {lo:+.2f}..{hi:+.2f})"
+                    print(
+                        f"    {stat:12s} {c['step_ms']:8.3f} ms {c['overhead_percent']:+6.2f} % "
+                        f"(95 % CI {lo:+.2f}..{hi:+.2f})",
+                        file=sys.stderr,
                     )
-                print(line, file=sys.stderr)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

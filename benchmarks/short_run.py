@@ -55,6 +55,7 @@ def counts(task: str, steps: int, tmp: str, attach: dict[str, Any]) -> dict[str,
     mon = nbmonitor.attach(model, opt, run_dir=tmp, display=False, **attach)
     clock = mon.internals.clock()
     calls: collections.Counter[str] = collections.Counter()
+    cpu: collections.Counter[str] = collections.Counter()
     sampled: set[int] = set()
     for probe in clock.probes:
         for event in probe.events():
@@ -64,7 +65,11 @@ def counts(task: str, steps: int, tmp: str, attach: dict[str, Any]) -> dict[str,
                 calls[_k] += 1
                 if _k.endswith("post_step") and getattr(_m.__self__, "sampled", False):
                     sampled.add(clock.step + 1)
-                return _m(*args)
+                t = time.thread_time()
+                try:
+                    return _m(*args)
+                finally:
+                    cpu[_k] += time.thread_time() - t
 
             setattr(probe, event, counted)
     clock._plan_calls()  # the counted methods in place of the probes'
@@ -77,6 +82,8 @@ def counts(task: str, steps: int, tmp: str, attach: dict[str, Any]) -> dict[str,
     return {
         "sampled_steps": len(sampled),
         "probe_calls": dict(sorted(calls.items())),
+        # The training thread's CPU in each (with one torch thread, all of the op's work).
+        "probe_cpu_ms": {k: round(v * 1e3, 1) for k, v in sorted(cpu.items())},
         "first_step_imports": first,
     }
 
@@ -96,6 +103,7 @@ def main() -> int:
         c = counts(args.task, args.steps, tmp + "/counts", attach)
         print(f"sampled steps in {args.steps}: {c['sampled_steps']}")
         print("probe calls:", c["probe_calls"])
+        print("probe thread CPU, ms:", c["probe_cpu_ms"])
         print(f"modules imported by the first step: {len(c['first_step_imports'])}")
         if args.rounds < 1:  # the counts alone (--rounds 0): what does not depend on the load
             return 0

@@ -6,11 +6,19 @@ takes the gradient norms, stepped in turn (two models, as against the five of ``
     python benchmarks/warm_pair.py --twins 5        # with three plain twins stepped between
     python benchmarks/warm_pair.py --hooks          # and a twin with the same hooks, empty
     python benchmarks/warm_pair.py --versus main    # this checkout against a revision, paired
+    python benchmarks/warm_pair.py --bytecodes      # Python bytecodes a step, counted, by function
 
 With ``--hooks`` a third twin carries the hooks nbmonitor registers at defaults, each empty (its
 pre-step one takes the norms, as the norm twin does): ``hooks - norm`` is torch's own dispatch
 of those hooks, ``monitored - hooks`` what nbmonitor does in them (benchmarks/cost.py's floor,
 warm).
+
+With ``--bytecodes`` nothing is timed: the Python bytecodes each twin's step executes are
+counted (``sys.settrace`` opcode events, every frame: nbmonitor's and torch's), and the
+monitored twin's excess over the norm twin's is printed by function. Stable on any machine
+(for one Python and torch version): between two hooks torch's own work evicts the
+interpreter's caches, so each bytecode a step runs costs ~20 ns there, several times its warm
+cost (benchmarks/NOTES.md, "The training thread's hooks", fourth session).
 
 With ``--versus REV`` the pair is stepped twice over in each pass, once monitored by this
 checkout and once by the revision's nbmonitor (imported under another name, as
@@ -28,6 +36,7 @@ what they cost warm: this measure says which of the two a change moved (benchmar
 from __future__ import annotations
 
 import argparse
+import collections
 import importlib
 import statistics
 import sys
@@ -35,6 +44,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import numpy as np
@@ -82,9 +92,12 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=150)
     ap.add_argument("--hooks", action="store_true", help="a twin with the same hooks, empty")
     ap.add_argument("--versus", metavar="REV", help="against a git revision's nbmonitor")
+    ap.add_argument("--bytecodes", action="store_true", help="count bytecodes, time nothing")
     args = ap.parse_args()
     if args.versus:
         return _versus(args)
+    if args.bytecodes:
+        return _bytecodes(args)
     with tempfile.TemporaryDirectory() as tmp:
         kinds = ["norm", "monitored"] + ["hooks"] * args.hooks
         kinds += ["plain"] * max(0, args.twins - len(kinds))
@@ -109,6 +122,43 @@ def main() -> int:
     if args.hooks:
         hooks, mine = _diff(times[2], times[0]), _diff(times[1], times[2])
         print(f"  hooks - norm {hooks}, monitored - hooks {mine}")
+    return 0
+
+
+def _bytecodes(args: argparse.Namespace, steps: int = 20) -> int:
+    def count(step: Callable[[], None]) -> collections.Counter[str]:
+        counts: collections.Counter[str] = collections.Counter()
+
+        def trace(frame: FrameType, event: str, arg: object) -> Any:
+            frame.f_trace_opcodes = True
+            if event == "opcode":
+                code = frame.f_code
+                counts[f"{Path(code.co_filename).name}:{code.co_name}"] += 1
+            return trace
+
+        sys.settrace(trace)
+        try:
+            for _ in range(steps):
+                step()
+        finally:
+            sys.settrace(None)
+        return counts
+
+    with tempfile.TemporaryDirectory() as tmp:
+        twins = [_twin(args.task, kind, tmp) for kind in ("norm", "monitored")]
+        for _ in range(args.warmup):
+            for step, _ in twins:
+                step()
+        norm, monitored = (count(step) for step, _ in twins)
+        for _, mon in twins:
+            if mon is not None:
+                mon.close()  # type: ignore[attr-defined]
+    total = (monitored.total() - norm.total()) / steps
+    print(f"{args.task}: monitored - norm {total:+.0f} bytecodes a step")
+    added = {k: (monitored[k] - norm[k]) / steps for k in monitored.keys() | norm.keys()}
+    for name, n in sorted(added.items(), key=lambda kv: -abs(kv[1])):
+        if abs(n) >= 1:
+            print(f"  {n:+7.1f}  {name}")
     return 0
 
 

@@ -47,7 +47,13 @@ from nbmonitor._capture.phases import (
 from nbmonitor._capture.probes.base import NO_NORMS, Probe, StepContext, next_due
 from nbmonitor._capture.probes.grad_norms import GradNormProbe, NormPass
 from nbmonitor._capture.probes.structure import StructureProbe, optimizer_facts
-from nbmonitor._capture.recorder import LogValueError, Recorder, StepBlock, make_log_record
+from nbmonitor._capture.recorder import (
+    BLOCK_ROWS,
+    LogValueError,
+    Recorder,
+    StepBlock,
+    make_log_record,
+)
 from nbmonitor.errors import ErrorLog, Guard, NonFiniteError
 from nbmonitor.records import LogRecord
 
@@ -846,24 +852,80 @@ class StepClock:
                 lrs = self._learning_rates(optimizer)
         # The step's one row of columns (or record), held until the next step ends
         # (Recorder.end_step: a loss logged after step() is folded in; the one held before is
-        # put now). Positional, in StepRecord's fields' order: keywords cost more.
-        self.recorder.end_step(
-            step,
-            self._wall_clock() if wall is None else wall,
-            step_time,
-            self._samples,
-            ctx.micro,
-            lrs,
-            norms,
-            which,
-            layout,
-            clip_total,
-            max_norm,
-            skipped,
-            added,
-            self._tokens,
-            durations,
-        )
+        # put now).
+        if wall is None:
+            wall = self._wall_clock()
+        recorder = self.recorder
+        block = recorder.block
+        written = False
+        if (
+            block is not None
+            and norms is block.ring
+            and norms is not None
+            and clip_total is None
+            and not skipped
+            and not added
+        ):
+            # Recorder.end_step()'s usual case, written out (no call of 15 arguments): the row
+            # before is the open block's, still held, and this one is like it (its gradient
+            # values in the ring's next row, no clip, the same columns and learning rates).
+            # Taken with the same atomic pop (the sampler may hand it on) and put back.
+            held = recorder.held
+            previous = held.pop(0, None)
+            if previous is block:
+                w = block.n = block.w  # the row before, published
+                tokens = self._tokens
+                if (
+                    block.clip is None
+                    and which is block.index
+                    and layout is block.layout
+                    and (block.tokens is None) is (not tokens)
+                    and (
+                        durations.__class__ is tuple
+                        if block.phases is not None
+                        else durations is None
+                    )
+                    and norms.seq == block.first + w
+                    and lrs is block.lrs[-1]
+                    and w < BLOCK_ROWS
+                ):
+                    if w == block.cap:
+                        block.grow()
+                    block.time[w] = wall
+                    block.step_time[w] = step_time
+                    block.samples[w] = self._samples
+                    block.micro[w] = ctx.micro
+                    if block.tokens is not None:
+                        block.tokens[w] = tokens
+                    if block.phases is not None:
+                        block.phases[w] = durations  # type: ignore[assignment]
+                    if block.heads is not None:
+                        block.heads[w] = norms.head
+                    norms.seq += 1  # (HostRing.commit)
+                    block.w = w + 1
+                    recorder.ended = step
+                    written = True
+            if previous is not None:
+                held[0] = previous
+        if not written:
+            # Positional, in StepRecord's fields' order: keywords cost more.
+            recorder.end_step(
+                step,
+                wall,
+                step_time,
+                self._samples,
+                ctx.micro,
+                lrs,
+                norms,
+                which,
+                layout,
+                clip_total,
+                max_norm,
+                skipped,
+                added,
+                self._tokens,
+                durations,
+            )
         self._last_end = now
         self._samples = 0
         self._tokens = 0

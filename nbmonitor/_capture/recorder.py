@@ -337,7 +337,9 @@ class Recorder:
         # with it at once, in the order the records were made (a sampled step's own records);
         # only a step that put nothing of its own is held.
         self._mixed = False
-        self._ended = -1  # the step of the last step record held or put
+        # The step of the last step record held or put (public: the step clock writes an
+        # ordinary step's row itself, StepClock._end_step, and sets it there).
+        self.ended = -1
         # The training thread's: the block steps are written into (None: records), and
         # whether what it put in held is there still as far as it knows.
         self.block: StepBlock | None = None
@@ -403,7 +405,7 @@ class Recorder:
             self._side.append((record, tail, tail.w if type(tail) is StepBlock else 0))
             return
         self._queue.append(record)
-        if record.step > self._ended:
+        if record.step > self.ended:
             self._mixed = True
 
     def hold(self, record: StepRecord) -> None:
@@ -411,7 +413,7 @@ class Recorder:
         that put records of its own is put at once, after them."""
         self._take_held()
         self._close_block()
-        self._ended = record.step
+        self.ended = record.step
         if self._mixed:
             self._mixed = False
             self._queue.append(record)
@@ -483,7 +485,7 @@ class Recorder:
                         block.heads[w] = norms.head
                     norms.seq += 1  # (HostRing.commit)
                 block.w = w + 1
-                self._ended = step
+                self.ended = step
                 held[0] = block  # (still ``_holding``)
                 return
         # _take_held(), written out: one call less a step.
@@ -495,7 +497,7 @@ class Recorder:
         else:
             self._queue.append(previous)
         self._holding = False
-        self._ended = step
+        self.ended = step
         block = self.block
         ring = norms if norms.__class__ is HostRing else None
         if (

@@ -127,8 +127,9 @@ def test_torch_operators_added_per_step(
 # the optimizer's pre-step hook does the step's pre-step work itself (no call of its own); the
 # hooks write the phase marks' usual case out (PhaseTimer.fast: four calls less a step), the
 # pre-step hook takes the norms' pass itself (GradNormProbe.pre_step's usual case) and the
-# logged loss goes into the held row from the clock's log (Recorder.fold_loss's usual case).
-PY_CALLS_AT_DEFAULTS = 16
+# logged loss goes into the held row from the clock's log (Recorder.fold_loss's usual case),
+# and the step's row is written by the step end itself (Recorder.end_step's usual case).
+PY_CALLS_AT_DEFAULTS = 15
 C_CALLS_AT_DEFAULTS = 27
 # A loop that logs no loss: the root is released into a record by the next forward instead.
 PY_CALLS_WITHOUT_LOG = 19
@@ -185,6 +186,8 @@ def test_python_calls_per_step(
     }
     if log:
         assert "backward_loss.py:release" not in calls
+    if log and not clip:  # a row like the one before: written by the step end itself
+        assert "recorder.py:end_step" not in calls
 
 
 # Objects the garbage collector tracks that a step leaves behind (monitored minus plain, the

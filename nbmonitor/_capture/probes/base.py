@@ -62,18 +62,18 @@ def due(step: int, every: int) -> bool:
 
 # A measurement that changes little from one early step to the next (the memory breakdown:
 # parameters, gradients and optimizer state, which exist from the first step's end, and the
-# activations of a batch) is taken on fewer of the early steps ``due`` takes: every one of the
-# first EARLY_DENSE_STEPS (the optimizer's state appears at the first step), then at the powers
-# of two (8, 16, 32, 64), then at every ``every``: 10 of a 200-step run's steps instead of 24.
-EARLY_DENSE_STEPS = 4
+# activations of a batch) is taken on each of the first EARLY_DENSE_STEPS steps (the first
+# forward's activations, the optimizer's state made by the first step and the second step's
+# steady picture) and then every ``every``, as in a long run: a short run pays for the
+# breakdown what a long one does (4 of a 200-step run's steps, where ``due`` takes 24). No
+# health rule reads it; the memory panel and ``mon.memory()`` show the newest.
+EARLY_DENSE_STEPS = 2
 
 
 def due_thin(step: int, every: int) -> bool:
     """Whether ``step`` is taken by a thinner early schedule than ``due``'s (a subset of it, so
     that the clock, which calls sampled probes on the steps ``due`` takes, calls it then)."""
-    if not due(step, every):
-        return False
-    return step <= EARLY_DENSE_STEPS or step % every == 0 or step & (step - 1) == 0
+    return step <= EARLY_DENSE_STEPS or step % every == 0
 
 
 def next_due(step: int, every: int) -> int:

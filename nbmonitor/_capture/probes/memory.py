@@ -1,5 +1,6 @@
-"""What holds memory, on sampled steps (paced like the layer probes but thinner early on,
-``base.due_thin``: the breakdown changes little from one early step to the next): the bytes of
+"""What holds memory, on sampled steps (the first two, then every ``layer_every``: thinner early
+on than the layer probes, ``base.due_thin``, as the breakdown changes little from one early
+step to the next): the bytes of
 the parameters, buffers, gradients and optimizer state (``memory_breakdown.held``) at the end
 of the step, and the activations autograd saved for backward during the step's first
 micro-batch, by top-level module, through ``torch.autograd.graph.saved_tensors_hooks``.
