@@ -333,3 +333,51 @@ def test_a_monitored_run_with_sampled_steps_writes_the_same_run_log(tmp_path: An
         == [sorted(r) for r in last_grads(want["layers"])]
         != []
     )
+
+
+def test_columns_with_a_layout_give_the_norms_records_give() -> None:
+    # A CPU layout (records.NormLayout): squared norms read as floats first (ring.head), then
+    # norms, then the raw values of small tensors, squared and summed by the sampler. Written
+    # as columns, the squares are made from the ring rows where they lie (StepBlock.take):
+    # the same numbers as the records' packed values give, NaN and tiny values included.
+    from nbmonitor.records import NormLayout
+
+    layout = NormLayout(squared=2, norms=2, starts=(0, 5, 8))
+    width = layout.norms + 12
+
+    def feed(columns: bool) -> list[Any]:
+        rng = np.random.default_rng(1)
+        recorder = Recorder()
+        ring = HostRing(width, torch.float32, rows=64)
+        drained: list[Any] = []
+        for step in range(1, 301):
+            # (float32 values: the record's packed row holds them in float32)
+            head = [float(v) for v in rng.uniform(0.1, 3.0, 2).astype(np.float32)]
+            tail = rng.standard_normal(width).astype(np.float32) * np.float32(10.0 ** -(step % 25))
+            if step % 41 == 0:
+                tail[3] = np.nan
+            fields = (step, 1000.0 + step, 0.01, 4, 1, (0.1,))
+            rest = (None, math.nan, False, (), 0, PHASES)
+            if columns:
+                row = ring.row()
+                assert row is not None
+                row.copy_(torch.from_numpy(tail))
+                ring.head = head
+                recorder.end_step(*fields, ring, None, layout, *rest)
+            else:
+                packed = torch.from_numpy(np.concatenate([np.float32(head), tail]))
+                recorder.hold(StepRecord(*fields, DeviceValue(packed), None, layout, *rest))
+            recorder.fold_loss(step, 1.0 / step)
+            if step % 45 == 0:
+                drained += recorder.drain()
+        drained += recorder.drain(wait=True)
+        return drained
+
+    as_columns, as_records = feed(True), feed(False)
+    assert any(isinstance(r, StepColumns) for r in as_columns)
+    rows_c, norms_c = _read(as_columns)
+    rows_r, norms_r = _read(as_records)
+    assert repr(rows_c) == repr(rows_r)
+    assert norms_c.shape == norms_r.shape == (300, 2 + 2 + 3)
+    assert np.array_equal(np.isnan(norms_c), np.isnan(norms_r))
+    assert np.array_equal(norms_c[~np.isnan(norms_c)], norms_r[~np.isnan(norms_r)])

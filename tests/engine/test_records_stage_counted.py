@@ -36,7 +36,7 @@ def test_records_that_make_no_row_are_added_without_planning_alike_runs(
 def test_the_raw_values_are_squared_in_pieces_not_as_one_matrix() -> None:
     # mlp50's tick: 46 steps of 51 biases of 64 values (3,210 raw values a step). Squared
     # whole, the squares were a 590 KB float32 matrix (and more, made in float64); in pieces
-    # the largest temporary is ~200 KB whatever the tick's length.
+    # the temporaries are ~250 KB whatever the tick's length.
     rng = np.random.default_rng(0)
     starts = tuple(range(0, 51 * 64, 64))
     layout = NormLayout(squared=0, norms=51, starts=starts)
@@ -52,4 +52,4 @@ def test_the_raw_values_are_squared_in_pieces_not_as_one_matrix() -> None:
     finally:
         tracemalloc.stop()
     assert out.shape == (46, 102)
-    assert peak < 300_000, peak  # the raw values alone are 601,944 bytes
+    assert peak < 450_000, peak  # the raw values alone are 601,944 bytes; whole, 1.84 MB
