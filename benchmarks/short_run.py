@@ -1,8 +1,8 @@
 """Where a short run's cost goes: 200-step runs of a task, plain and attached (a fresh monitor
 each run) alternated in one process, each step timed; the excess per segment of the run (step
 1, 2-8, 9-30, 31-100, 101-200) is the median over rounds of (attached - plain), and the counts
-that do not depend on the machine's load: sampled steps, probe calls, what the first step and
-the first tick import.
+that depend little on the machine's load: sampled steps, probe calls and each probe's thread
+CPU over the run (with OMP_NUM_THREADS=1, all of its work), what the first step imports.
 
     python benchmarks/short_run.py --task mlp20 --rounds 6
     python benchmarks/short_run.py --attach interval=3600   # the sampler out of it
