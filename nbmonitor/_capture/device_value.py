@@ -10,7 +10,7 @@ as they are and read by the sampler.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -310,23 +310,6 @@ class HostRing:
         row = self.host[self.seq % self.size]
         head = self.head
         return PackedRow(np.array(head, dtype=np.float64) if head else _NO_HEAD, row.copy())
-
-    def reduce(
-        self,
-        start: int,
-        end: int,
-        read: Callable[[npt.NDArray[np.floating[Any]]], npt.NDArray[np.float64]],
-    ) -> npt.NDArray[np.float64]:
-        """``read`` of rows ``[start, end)`` (committed) where they lie, no copy made (a copy
-        where they wrap around the ring's end); the rows up to ``end`` are then free
-        (sampler thread). What ``read`` returns must not be a view of them."""
-        rows = self.size
-        a, b = start % rows, end % rows
-        if a < b:
-            out = read(self.host[a:b])
-            self.freed = end
-            return out
-        return read(self.read(start, end))
 
     def read(self, start: int, end: int) -> npt.NDArray[np.floating[Any]]:
         """Rows ``[start, end)`` (sequence numbers, committed) as a matrix of their own; the

@@ -8,10 +8,8 @@ from __future__ import annotations
 import collections
 import math
 from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 import torch
 
 from nbmonitor._capture.device_value import DeviceValue, HostRing, to_device_value
@@ -19,7 +17,6 @@ from nbmonitor.records import (
     MEASURED_KEYS,
     MEASURED_PREFIX,
     AuxRecord,
-    FloatArray,
     LogRecord,
     MemoryRecord,
     NormLayout,
@@ -29,7 +26,6 @@ from nbmonitor.records import (
     StepColumns,
     StepRecord,
     StructureRecord,
-    squared_norms_split,
 )
 
 
@@ -163,8 +159,8 @@ class StepBlock:
 
     __slots__ = (
         "cap", "clip", "closed", "first", "heads", "index", "layout", "loss", "lr_rows", "lrs",
-        "max_norm", "micro", "n", "phases", "read_layout", "ring", "samples", "step", "step_time",
-        "taken", "time", "tokens", "w",
+        "max_norm", "micro", "n", "phases", "ring", "samples", "step", "step_time", "taken",
+        "time", "tokens", "w",
     )  # fmt: skip
 
     def __init__(
@@ -184,14 +180,6 @@ class StepBlock:
         self.first = ring.seq if ring is not None else 0
         self.index = index
         self.layout = layout
-        # The layout the sampler reads the rows with: every value a squared norm, those of
-        # the raw values made from the ring rows where they lie (``take``), one object a block
-        # (compared by identity first).
-        self.read_layout = (
-            NormLayout(layout.squared + layout.norms + len(layout.starts), 0, ())
-            if ring is not None and layout is not None and (layout.norms or layout.starts)
-            else layout
-        )
         cap = self.cap = FIRST_ROWS
         nan = math.nan
         self.time: list[float] = [nan] * cap
@@ -248,25 +236,11 @@ class StepBlock:
         s = slice(start, end)
         count = end - start
         ring = self.ring
-        head: FloatArray | None = None
-        tail: npt.NDArray[np.floating[Any]] | None = None
-        layout = self.layout
+        head = tail = None
         if ring is not None:
+            tail = ring.read(self.first + start, self.first + end)
             if self.heads is not None:
                 head = np.array(self.heads[s], dtype=np.float64)
-            if self.read_layout is not layout:
-                # The squared norms made now, from the rows where they lie: the raw values
-                # (mlp50: 3,210 a step) are not copied out of the ring first.
-                assert layout is not None
-                given = head if head is not None else np.empty((count, 0))
-
-                def squares(rows: npt.NDArray[np.floating[Any]]) -> FloatArray:
-                    return squared_norms_split(given, rows, layout)
-
-                head = ring.reduce(self.first + start, self.first + end, squares)
-                tail = np.empty((count, 0))
-            else:
-                tail = ring.read(self.first + start, self.first + end)
         self.taken = end
         nan = math.nan
         lrs: list[tuple[float, ...]] = []
@@ -292,7 +266,7 @@ class StepBlock:
             head,
             tail,
             self.index,
-            self.read_layout,
+            self.layout,
         )
 
 
