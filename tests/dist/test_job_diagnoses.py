@@ -37,6 +37,8 @@ class Ranks:
         self.job_dir, self.procs, self.logs = launch_ranks(
             tmp, SCRIPT, [mode, str(steps), str(stall_s)], "g"
         )
+        # The folder the ranks make their runs in: they wait for its ``release`` file.
+        self.runs = self.job_dir.parent
 
     def events(self, rank: int = 0) -> list[dict[str, Any]]:
         path = self.job_dir / f"rank{rank}" / "events.jsonl"
