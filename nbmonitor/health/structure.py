@@ -111,6 +111,8 @@ class Structure:
             k = bisect.bisect_right(of_kind, step)
             if k:
                 index[kind] = self._by_kind[kind][:k]
+        # (functools.cached_property keeps its value in the instance's __dict__, which a
+        # frozen dataclass leaves writable: the cut's two properties given, not worked out)
         cut.__dict__["_by_kind"] = index
         cut.__dict__["_steps"] = steps[:n]
         return cut

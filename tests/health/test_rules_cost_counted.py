@@ -7,7 +7,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
@@ -26,6 +27,8 @@ from nbmonitor.health.rules.updates import UpdateRatioHigh, UpdateRatioLow
 from nbmonitor.health.structure import Observation, Structure, StructureLog
 from nbmonitor.health.view import HealthView
 from nbmonitor.records import OptimizerRecord
+
+T = TypeVar("T")
 
 PHASES = ("data", "forward", "backward", "optimizer")
 
@@ -72,8 +75,9 @@ def test_a_quiet_pass_makes_few_numpy_calls() -> None:
     assert "optimizer_share" not in counts, counts
 
 
-def lines_run(health: Health, inp: HealthInput, module: str) -> int:
-    """How many lines of ``module``'s code one check runs (a count, not a time)."""
+def lines_in(module: str, run: Callable[..., T], *args: Any) -> tuple[int, T]:
+    """How many lines of ``module``'s code ``run(*args)`` runs (a count, not a time), and what
+    it returned."""
     lines = 0
 
     def trace(frame: Any, event: str, _: Any) -> Any:
@@ -85,10 +89,15 @@ def lines_run(health: Health, inp: HealthInput, module: str) -> int:
 
     sys.settrace(trace)
     try:
-        health.check(inp)
+        got = run(*args)
     finally:
         sys.settrace(None)
-    return lines
+    return lines, got
+
+
+def lines_run(health: Health, inp: HealthInput, module: str) -> int:
+    """How many lines of ``module``'s code one check runs."""
+    return lines_in(module, health.check, inp)[0]
 
 
 def test_the_time_rules_do_not_loop_over_the_monitors_busy_spells() -> None:
@@ -254,20 +263,7 @@ def test_the_schedule_rule_does_not_loop_over_the_new_rows() -> None:
         inp = HealthInput(step=n, time=0.0, steps={"step": steps, "lr": lr})
         rule = LrScheduleTooFast(Health().thresholds)
         view = HealthView(inp, None, None, 100)
-        lines = 0
-
-        def trace(frame: Any, event: str, _: Any) -> Any:
-            nonlocal lines
-            if frame.f_code.co_filename.endswith("health/rules/lr.py"):
-                lines += event == "line"
-                return trace
-            return None
-
-        sys.settrace(trace)
-        try:
-            outcome = rule.check(view)
-        finally:
-            sys.settrace(None)
+        lines, outcome = lines_in("health/rules/lr.py", rule.check, view)
         assert outcome.held == () and outcome.judged("")
         ran.append(lines)
         peaks.append((rule._peak, rule._peak_step))
@@ -376,25 +372,12 @@ def test_the_structure_is_read_by_kind_not_scanned_by_each_rule() -> None:
         observations += [Observation(others + s, "optimizer", {"lr": 0.1}) for s in range(5)]
         snapshot = Structure(tuple(observations))
         snapshot.until(-1)  # the index and the steps, made once a snapshot
-        lines = 0
-
-        def trace(frame: Any, event: str, _: Any) -> Any:
-            nonlocal lines
-            if frame.f_code.co_filename.endswith("health/structure.py"):
-                lines += event == "line"
-                return trace
-            return None
-
-        sys.settrace(trace)
-        try:
-            got = snapshot.recent("optimizer", 3, "lr")
-            cut = snapshot.until(others + 2)
-        finally:
-            sys.settrace(None)
+        recent, got = lines_in("health/structure.py", snapshot.recent, "optimizer", 3, "lr")
+        until, cut = lines_in("health/structure.py", snapshot.until, others + 2)
         assert [o.step for o in got] == [others + 2, others + 3, others + 4]
         assert len(cut.observations) == others + 3
         assert [o.step for o in cut.recent("optimizer", 5)] == [others, others + 1, others + 2]
-        ran.append(lines)
+        ran.append(recent + until)
     assert ran[0] == ran[1], ran
 
 
